@@ -1,0 +1,3 @@
+"""entmtp: entropy-scheduled multi-token-prediction self-speculative decoding."""
+
+__version__ = "0.1.0"
