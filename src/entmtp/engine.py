@@ -1,0 +1,324 @@
+"""The decode loop: prefill, then per step choose a tree, draft, verify, accept, commit, record.
+
+Everything else plugs into `decode`: heads draft (heads.py), trees are data (tree.py), acceptance rules
+(accept.py), the KV cache and the verification forward (cache.py), the tree policy (policy.py).
+With no heads the same loop is plain decoding: the root-only tree, one token per step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from .accept import Sampling, accept
+from .cache import BaseModel, commit_path
+from .errors import EntMTPError, PromptError
+from .model import context_window, encode_prompt
+from .policy import StaticPolicy, StepContext, TreePolicy
+from .tree import Tree, load_tree
+
+
+@dataclass
+class Step:
+    """One verification step. Convention: `tokens` = accepted drafts + 1 bonus token (after truncation)."""
+
+    tree: str
+    tree_nodes: int
+    accepted: int  # drafts kept
+    tokens: int  # tokens emitted by this step
+    token_ids: list[int]
+    seconds: dict[str, float] = field(default_factory=dict)  # draft, verify, accept, commit, total
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    steps: list[Step]
+    seconds: float  # wall time of the whole generation, prefill included
+    prefill_seconds: float
+    finish_reason: str  # "eos", "stop", "length"
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def tokens_per_step(self) -> list[int]:
+        return [s.tokens for s in self.steps]
+
+    @property
+    def mean_tokens_per_step(self) -> float:
+        return sum(self.tokens_per_step) / max(1, self.num_steps)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.token_ids) / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "prompt_tokens": self.prompt_tokens,
+            "num_steps": self.num_steps,
+            "tokens_per_step": self.tokens_per_step,
+            "mean_tokens_per_step": self.mean_tokens_per_step,
+            "trees": [s.tree for s in self.steps],
+            "accepted": [s.accepted for s in self.steps],
+            "finish_reason": self.finish_reason,
+            "seconds": self.seconds,
+            "prefill_seconds": self.prefill_seconds,
+            "tokens_per_second": self.tokens_per_second,
+            "step_seconds": [s.seconds for s in self.steps],
+        }
+
+
+@dataclass
+class TokenEvent:
+    """Streamed after the prefill (the first token) and after every step."""
+
+    token_ids: list[int]  # new tokens
+    text: str  # new text (may lag the tokens by an incomplete UTF-8 character)
+    step: Step | None  # None for the token produced by the prefill
+    finish_reason: str | None = None  # set on the last event
+
+
+class Engine:
+    """Self-speculative decoding with Medusa/Hydra heads over a frozen Hugging Face causal LM.
+
+    `tree` is a tree name, a `Tree`, or a `TreePolicy` choosing a tree per step. `heads=None` is plain
+    decoding (one token per step), the baseline for speed and equality.
+    """
+
+    def __init__(self, model, tokenizer, heads=None, tree: str | Tree | TreePolicy = "mc_sim_7b_63"):
+        self.model, self.tokenizer, self.heads = model, tokenizer, heads
+        if heads is None:
+            policy = StaticPolicy(Tree.root_only())
+        elif isinstance(tree, str):
+            policy = StaticPolicy(load_tree(tree))
+        elif isinstance(tree, Tree):
+            policy = StaticPolicy(tree)
+        else:
+            policy = tree
+        self.policy: TreePolicy = policy
+        if heads is not None:
+            heads.bind(model)
+            heads.to(device=model.device, dtype=model.dtype)
+            for t in policy.trees:
+                t.check_fits(heads.config.num_heads, require_contiguous=heads.config.kind == "hydra")
+        offset = heads.config.hidden_state_offset if heads is not None else 0
+        self.base = BaseModel(model, hidden_state_offset=offset)
+        self.window = context_window(model)
+        self.eos_ids = _eos_ids(model, tokenizer)
+
+    # -- public API --------------------------------------------------------------------------------------
+
+    def generate(self, prompt, **kwargs) -> Result:
+        """Generate a completion. `prompt`: a string (chat-templated as one user turn when the tokenizer has
+        a template and chat=True), a list of chat messages, or a list of token ids."""
+        events = list(self.stream(prompt, **kwargs))
+        return events[-1].result  # type: ignore[attr-defined]
+
+    def stream(
+        self,
+        prompt,
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        acceptance: str = "auto",
+        seed: int | None = None,
+        stop: list[str] | None = None,
+        chat: bool = True,
+    ) -> Iterator[TokenEvent]:
+        """Yield a `TokenEvent` per step; the last one carries `.result` (a `Result`)."""
+        ids = list(prompt) if _is_ids(prompt) else encode_prompt(self.tokenizer, prompt, chat=chat)
+        self._check_lengths(len(ids), max_new_tokens)
+        sampling = Sampling(temperature=temperature, acceptance=acceptance)
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        out: list[int] = []
+        steps: list[Step] = []
+        detok = _Detokenizer(self.tokenizer, stop or [])
+        t0 = time.perf_counter()
+        prefill_seconds = 0.0
+        finish = "length"
+        for step, new in decode(self, ids, max_new_tokens, sampling, generator):
+            if step is None:
+                prefill_seconds = time.perf_counter() - t0
+            else:
+                steps.append(step)
+            cut, reason = _find_end(new, self.eos_ids, detok)
+            new = new[:cut]
+            if step is not None and cut < step.tokens:
+                step.tokens, step.token_ids = cut, step.token_ids[:cut]
+            out += new
+            text = detok.push(new)
+            if reason is None and len(out) >= max_new_tokens:
+                reason = "length"
+            if reason is not None:
+                finish = reason
+                break
+            yield TokenEvent(new, text, step)
+        seconds = time.perf_counter() - t0
+        result = Result(detok.final_text(), out, len(ids), steps, seconds, prefill_seconds, finish)
+        last = TokenEvent(new, text, step, finish_reason=finish)
+        last.result = result  # type: ignore[attr-defined]
+        yield last
+
+    # -- checks --------------------------------------------------------------------------------------------
+
+    def _check_lengths(self, prompt_len: int, max_new_tokens: int) -> None:
+        if prompt_len == 0:
+            raise PromptError("the prompt is empty: give some text or token ids")
+        if max_new_tokens <= 0:
+            raise PromptError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if prompt_len >= self.window:
+            raise PromptError(
+                f"the prompt has {prompt_len} tokens but the model's context window is {self.window}: "
+                "shorten the prompt"
+            )
+        if prompt_len + max_new_tokens > self.window:
+            raise PromptError(
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context window "
+                f"({self.window}): use max_new_tokens <= {self.window - prompt_len}"
+            )
+
+
+@torch.inference_mode()
+def decode(
+    engine: Engine, ids: list[int], max_new_tokens: int, sampling: Sampling, generator
+) -> Iterator[tuple[Step | None, list[int]]]:
+    """Yield (None, [first token]) after the prefill, then (Step, new tokens) per speculative step."""
+    base, heads, policy = engine.base, engine.heads, engine.policy
+    dev = base.device
+    cache = base.new_cache()
+    prompt = torch.tensor(ids, device=dev)
+    fwd = base.forward(prompt, torch.arange(len(ids), device=dev), cache)
+    root = accept(Tree.root_only(), prompt[-1:], fwd.logits[-1:], sampling, generator).bonus
+    if heads is not None:
+        heads.reset()
+        heads.extend(fwd.hidden)  # [P, H]
+    root_logits = fwd.logits[-1]  # [V] base distribution the root was drawn from (a scheduler signal)
+    yield None, [root]
+    pos, emitted, plain = len(ids), 1, Tree.root_only()
+    policy.reset()
+    for index in itertools.count():
+        if emitted >= max_new_tokens:
+            return
+        times = {}
+        t = time.perf_counter()
+        # (1) choose a tree (never past the context window)
+        tree = plain if heads is None else policy.choose(StepContext(index, pos, max_new_tokens - emitted, root_logits))
+        if pos + tree.size > engine.window:
+            tree = plain
+        # (2) draft: one token per tree node from the heads
+        root_t = torch.tensor([root], device=dev)
+        if tree.num_nodes:
+            draft = heads.draft(tree, root_t)
+            tokens = torch.cat([root_t, draft.tokens])  # [N+1]
+        else:
+            tokens = root_t
+        times["draft"] = _lap(t, dev)
+        # (3) verify every node in ONE forward: tree mask over the cache, positions = pos + depth
+        is_chain = tree.num_nodes == tree.depth
+        mask = None if is_chain else _tree_mask(tree, pos, dev)
+        fwd = base.forward(tokens, pos + tree.depths.to(dev), cache, mask)
+        times["verify"] = _lap(t, dev) - times["draft"]
+        # (4) accept: the longest path the base model agrees with, plus its bonus token
+        acc = accept(tree, tokens, fwd.logits, sampling, generator)
+        times["accept"] = _lap(t, dev) - times["verify"] - times["draft"]
+        # (5) commit: keep the accepted path in the KV cache and feed its hidden states to the heads
+        path = torch.tensor(acc.path, device=dev)
+        commit_path(cache, pos, path)
+        if heads is not None:
+            heads.extend(fwd.hidden[path])  # [a, H]
+        times["commit"] = _lap(t, dev) - sum(times.values())
+        # (6) record
+        new = tokens[path[1:]].tolist() + [acc.bonus]
+        pos += len(acc.path)
+        emitted += len(new)
+        root, root_logits = acc.bonus, fwd.logits[acc.path[-1]]
+        times["total"] = _lap(t, dev)
+        step = Step(tree.name, tree.num_nodes, len(acc.path) - 1, len(new), new, times)
+        policy.observe(step)
+        yield step, new
+
+
+def _lap(t0: float, dev: torch.device) -> float:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return time.perf_counter() - t0
+
+
+def _tree_mask(tree: Tree, past: int, dev) -> torch.Tensor:
+    mask = torch.ones(tree.size, past + tree.size, dtype=torch.bool, device=dev)  # [n, past + n]
+    mask[:, past:] = tree.mask.to(dev)
+    return mask
+
+
+def _is_ids(prompt) -> bool:
+    return isinstance(prompt, list | tuple) and len(prompt) > 0 and all(isinstance(t, int) for t in prompt)
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(src, "eos_token_id", None)
+        if value is None:
+            continue
+        ids.update([value] if isinstance(value, int) else value)
+    return ids
+
+
+def _find_end(new: list[int], eos_ids: set[int], detok: _Detokenizer) -> tuple[int, str | None]:
+    """How many of `new` to keep, and why generation ends (None: it goes on)."""
+    for i, tok in enumerate(new):
+        if tok in eos_ids:
+            return i + 1, "eos"  # keep the EOS token itself, like transformers' generate
+    cut = detok.stop_cut(new)
+    if cut is not None:
+        return cut, "stop"
+    return len(new), None
+
+
+class _Detokenizer:
+    """Incremental text: decodes the whole output and emits what is new (held back while it ends in an
+    incomplete UTF-8 character). Stop strings end the text just before them."""
+
+    def __init__(self, tokenizer, stop: list[str]):
+        if any(not s for s in stop):
+            raise EntMTPError("stop strings must be non-empty")
+        self.tokenizer, self.stop = tokenizer, stop
+        self.ids: list[int] = []
+        self.sent = 0
+        self.stopped_at: int | None = None
+
+    def _text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def stop_cut(self, new: list[int]) -> int | None:
+        if not self.stop:
+            return None
+        for i in range(1, len(new) + 1):  # the first token that completes a stop string
+            text = self._text(self.ids + new[:i])
+            hits = [text.find(s) for s in self.stop if s in text]
+            if hits:
+                self.stopped_at = min(hits)
+                return i
+        return None
+
+    def push(self, new: list[int]) -> str:
+        self.ids += new
+        text = self.final_text()
+        if text.endswith("\ufffd") and self.stopped_at is None:
+            return ""
+        delta, self.sent = text[self.sent :], len(text)
+        return delta
+
+    def final_text(self) -> str:
+        text = self._text(self.ids)
+        return text[: self.stopped_at] if self.stopped_at is not None else text

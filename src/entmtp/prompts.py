@@ -1,0 +1,54 @@
+"""Benchmark prompt sets (shipped in entmtp/assets/prompts, see PROVENANCE.md there).
+
+Each task is split once, deterministically: the first `CALIB` prompts are the calibration split (for offline
+work such as building a task's tree bank), the rest the test split (for reported numbers). Neither split is
+ever used to train heads.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from importlib import resources
+
+from .errors import DataError
+
+CALIB = 20  # prompts per task reserved for offline calibration
+TASKS = {  # task -> (file, label used in reports)
+    "humaneval": ("humaneval.jsonl.gz", "HumanEval"),
+    "sharegpt": ("sharegpt.jsonl", "ShareGPT"),
+    "gsm8k": ("gsm8k_test.jsonl", "GSM8K"),
+    "writing": ("writingprompts_200.jsonl", "litbench-style (r/WritingPrompts)"),
+    "mt_bench": ("mt_bench.jsonl", "MT-Bench"),
+}
+FOUR_TASKS = ("humaneval", "sharegpt", "gsm8k", "writing")  # the paper's four tasks (LitBench stand-in)
+
+
+def _records(filename: str) -> list[dict]:
+    path = resources.files("entmtp") / "assets" / "prompts" / filename
+    raw = path.read_bytes()
+    if filename.endswith(".gz"):
+        raw = gzip.decompress(raw)
+    return [json.loads(line) for line in raw.decode("utf-8").splitlines() if line.strip()]
+
+
+def _prompt(task: str, rec: dict) -> str:
+    if task == "humaneval":
+        return "Complete the following Python function.\n\n```python\n" + rec["prompt"] + "```"
+    if task == "gsm8k":
+        return rec["question"]
+    if task == "writing":
+        return rec["prompt"]
+    return rec["turns"][0]  # sharegpt, mt_bench: the first user turn
+
+
+def load_prompts(task: str, split: str = "test", n: int | None = None) -> list[str]:
+    """Prompts of `task` ("humaneval", "sharegpt", "gsm8k", "writing", "mt_bench"); split "calib", "test"
+    or "all"; the first `n` of that split (all if None)."""
+    if task not in TASKS:
+        raise DataError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
+    if split not in ("calib", "test", "all"):
+        raise DataError(f"unknown split {split!r}: use calib, test or all")
+    prompts = [_prompt(task, r) for r in _records(TASKS[task][0])]
+    prompts = {"calib": prompts[:CALIB], "test": prompts[CALIB:], "all": prompts}[split]
+    return prompts if n is None else prompts[:n]
