@@ -1,0 +1,644 @@
+"""Self-distillation data: the base model answers training prompts itself, and we keep what the heads learn from.
+
+Layout of a distillation directory (written once, reused by every training run on the same base model):
+
+* ``prompts.jsonl``: the selected prompts in order, each with its split ("val" first, then "train") and
+  whether its response is sampled. Written first; a resumed run reads it back, so shards line up.
+* ``val-00000.safetensors``, ``train-00000.safetensors``, ...: one shard per ``shard_size`` prompts.
+  Each holds whole sequences (prompt + response) concatenated along positions:
+
+  - ``hidden``     [N, H]  bf16: hidden[t], the base hidden state after token x_t (predicts x_{t+1})
+  - ``tokens``     [N]     int32: x_t
+  - ``topk_ids``   [N, K]  int32: the base model's top-k next-token ids at t (rank 0 = its greedy choice)
+  - ``topk_logp``  [N, K]  fp16: their log-probabilities (not renormalised)
+  - ``offsets``    [S+1]   int64: sequence s is positions offsets[s] .. offsets[s+1]-1
+  - ``prompt_lens``[S]     int32: prompt tokens of sequence s; its positions >= prompt_len - 1 are the ones
+    the heads train on (the last prompt position predicts the first response token)
+  - ``sampled``    [S]     uint8: 1 if the response was sampled (T = ``temperature``), 0 if greedy
+
+  A sequence of L tokens (prompt + response) stores positions 0..L-2: every position whose next token
+  exists. The prompt positions are kept as context for heads that read earlier positions (Hydra++'s
+  prefix layer); the loss ignores them.
+* ``manifest.json``: base model, sizes, settings, the shards written so far, ``complete``. Updated after
+  every shard; shards and manifest are written to a temp file and renamed, so a killed run leaves no
+  half-written file, and a rerun skips the shards already listed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from ..errors import DataError, PromptError
+from ..model import encode_prompt
+
+FORMAT = "entmtp-distill"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+PROMPTS = "prompts.jsonl"
+# The repository's shared data directory (train/, gsm8k/): <repo>/../shared/data from src/entmtp/train/.
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[4] / "shared" / "data"
+HIDDEN_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+# ---- training prompts --------------------------------------------------------------------------------
+
+
+def _prompt_text(rec: dict) -> str:
+    """instruction (+ blank line + input) for instruction records, question for GSM8K, prompt/text otherwise."""
+    for key in ("instruction", "question", "prompt", "text"):
+        value = rec.get(key)
+        if isinstance(value, str) and value.strip():
+            extra = rec.get("input") if key == "instruction" else None
+            if isinstance(extra, str) and extra.strip():
+                return value.strip() + "\n\n" + extra.strip()
+            return value.strip()
+    return ""
+
+
+def _read_records(path: Path) -> Iterator[dict]:
+    """Records of a JSON list file or a JSONL file; JSONL lines that do not parse are skipped (alpaca-libre
+    v2 ends in broken lines upstream)."""
+    if path.suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise DataError(f"cannot read prompt file {path} ({e}): give a JSON list or a JSONL file") from e
+        if not isinstance(data, list):
+            raise DataError(f"prompt file {path} is not a JSON list of records: give a list of objects")
+        yield from (r if isinstance(r, dict) else {"prompt": r} for r in data)
+        return
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            yield rec if isinstance(rec, dict) else {"prompt": rec}
+
+
+def read_prompt_file(path: str | os.PathLike[str]) -> list[str]:
+    """Prompts of a user file: JSONL or a JSON list; each record a string or an object with one of
+    instruction(+input), question, prompt or text."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"prompt file {p} does not exist: give a JSONL or JSON file of prompts")
+    prompts = [_prompt_text(r) for r in _read_records(p)]
+    prompts = [t for t in prompts if t]
+    if not prompts:
+        raise DataError(
+            f"prompt file {p} holds no prompts: give records with an instruction, question, prompt or text field"
+        )
+    return prompts
+
+
+def training_prompt_sources(data_dir: str | os.PathLike[str]) -> list[Path]:
+    """The training prompt files under ``data_dir``: train/*.json (GPTeacher), train/alpaca_libre_tasks_v*.jsonl,
+    gsm8k/train.jsonl. Never the benchmark prompt sets."""
+    d = Path(data_dir)
+    if not d.is_dir():
+        raise DataError(
+            f"training data directory {d} does not exist: pass --data-dir (holding train/ and gsm8k/) "
+            f"or --prompts FILE"
+        )
+    files = sorted((d / "train").glob("*.json")) + sorted((d / "train").glob("alpaca_libre_tasks_v*.jsonl"))
+    if (d / "gsm8k" / "train.jsonl").is_file():
+        files.append(d / "gsm8k" / "train.jsonl")
+    if not files:
+        raise DataError(
+            f"no training prompts in {d}: expected train/*.json, train/alpaca_libre_tasks_v*.jsonl or "
+            f"gsm8k/train.jsonl; pass another --data-dir or --prompts FILE"
+        )
+    return files
+
+
+def load_training_prompts(data_dir: str | os.PathLike[str] | None = None, prompts_file=None) -> list[str]:
+    """All training prompts, deduplicated, in file order: from ``prompts_file`` if given, else the data dir."""
+    if prompts_file is not None:
+        prompts = read_prompt_file(prompts_file)
+    else:
+        prompts = []
+        for path in training_prompt_sources(data_dir if data_dir is not None else DEFAULT_DATA_DIR):
+            records = _read_records(path)
+            if path.name.startswith("alpaca_libre"):
+                records = (r for r in records if r.get("status") == "ok")
+            prompts += [t for t in map(_prompt_text, records) if t]
+    prompts = list(dict.fromkeys(prompts))
+    if not prompts:
+        raise DataError("the prompt set is empty: give a data directory or prompt file with prompts in it")
+    return prompts
+
+
+# ---- settings and manifest ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GenSettings:
+    """How the distillation data is made. Stored in the manifest; a rerun must use the same settings."""
+
+    num_prompts: int = (
+        1000  # ~200 response tokens each: ~200k positions, well past where small heads saturate
+    )
+    max_new_tokens: int = 256  # response cap; long enough for GSM8K-style reasoning and short code
+    max_prompt_tokens: int = 256  # longer prompts are skipped (truncating a chat template would break it)
+    sample_fraction: float = 0.25  # some sampled responses: the heads see off-greedy contexts too
+    temperature: float = 0.7  # for the sampled fraction
+    top_k: int = 10  # soft targets kept per position (the KL loss renormalises over them)
+    val_fraction: float = 0.02  # prompts held out for validation (at least one)
+    shard_size: int = 64  # prompts per shard: the unit of resumption
+    seed: int = 0  # prompt shuffle, sampled-or-greedy choice, sampling
+    hidden_dtype: str = "bfloat16"  # storage dtype of hidden states
+    hidden_state_offset: int = 0  # store the hidden state this many layers before the last (0: final, normed)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.num_prompts >= 1, f"num_prompts must be >= 1, got {self.num_prompts}"),
+            (self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
+            (self.max_prompt_tokens >= 1, f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}"),
+            (
+                0.0 <= self.sample_fraction <= 1.0,
+                f"sample_fraction must be in [0, 1], got {self.sample_fraction}",
+            ),
+            (self.temperature > 0, f"temperature must be > 0, got {self.temperature}"),
+            (self.top_k >= 1, f"top_k must be >= 1, got {self.top_k}"),
+            (0.0 <= self.val_fraction < 1.0, f"val_fraction must be in [0, 1), got {self.val_fraction}"),
+            (self.shard_size >= 1, f"shard_size must be >= 1, got {self.shard_size}"),
+            (self.hidden_dtype in HIDDEN_DTYPES, f"hidden_dtype must be one of {list(HIDDEN_DTYPES)}"),
+            (
+                self.hidden_state_offset >= 0,
+                f"hidden_state_offset must be >= 0, got {self.hidden_state_offset}",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise DataError(message)
+
+
+@dataclass
+class Manifest:
+    base_model: str
+    hidden_size: int
+    vocab_size: int
+    settings: dict
+    prompts_sha: str  # sha256 of the selected prompts and splits: a rerun must select the same ones
+    num_val: int
+    num_train: int
+    shards: list[dict] = field(default_factory=list)  # {file, split, sequences, positions, anchors}
+    complete: bool = False
+    skipped_long_prompts: int = 0
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "version": FORMAT_VERSION, **asdict(self)}
+
+    @classmethod
+    def read(cls, directory: str | os.PathLike[str]) -> Manifest:
+        path = Path(directory) / MANIFEST
+        if not path.is_file():
+            raise DataError(
+                f"no distillation data in {directory} ({MANIFEST} missing): generate it first (stage gen)"
+            )
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise DataError(
+                f"cannot read {path} ({e}): delete the directory and generate the data again"
+            ) from e
+        if data.get("format") != FORMAT or data.get("version") != FORMAT_VERSION:
+            raise DataError(
+                f"{path} is not entmtp distillation data version {FORMAT_VERSION}: use another --distill-dir"
+            )
+        fields = {k: v for k, v in data.items() if k not in ("format", "version")}
+        return cls(**fields)
+
+    def write(self, directory: Path) -> None:
+        _write_text_atomic(directory / MANIFEST, json.dumps(self.to_json(), indent=2) + "\n")
+
+    def shard_files(self, split: str) -> list[str]:
+        return sorted(s["file"] for s in self.shards if s["split"] == split)
+
+    def positions(self, split: str) -> int:
+        return sum(s["anchors"] for s in self.shards if s["split"] == split)
+
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = _tmp_name(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _save_tensors_atomic(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    tmp = _tmp_name(path)
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# ---- prompt selection --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Selected:
+    ids: list[int]  # prompt token ids (chat-templated)
+    split: str  # "val" | "train"
+    sampled: bool
+
+
+def select_prompts(tokenizer, prompts: list[str], settings: GenSettings) -> tuple[list[Selected], int]:
+    """Shuffle (seeded), skip prompts over ``max_prompt_tokens``, take ``num_prompts``; the first
+    ``val_fraction`` of them (at least one when there are two or more) is the validation split.
+    Returns (selected, number of long prompts skipped)."""
+    rng = random.Random(settings.seed)
+    order = list(range(len(prompts)))
+    rng.shuffle(order)
+    chosen: list[list[int]] = []
+    skipped = 0
+    for i in order:
+        if len(chosen) == settings.num_prompts:
+            break
+        try:
+            ids = encode_prompt(tokenizer, prompts[i])
+        except PromptError:
+            continue
+        if len(ids) > settings.max_prompt_tokens:
+            skipped += 1
+            continue
+        chosen.append(ids)
+    if not chosen:
+        raise DataError(
+            f"no usable prompt: all {len(prompts)} are empty or longer than max_prompt_tokens="
+            f"{settings.max_prompt_tokens}; raise --max-prompt-tokens or give other prompts"
+        )
+    n = len(chosen)
+    num_val = max(1, round(n * settings.val_fraction)) if n >= 2 and settings.val_fraction > 0 else 0
+    sample_rng = random.Random(settings.seed + 1)
+    selected = [
+        Selected(ids, "val" if j < num_val else "train", sample_rng.random() < settings.sample_fraction)
+        for j, ids in enumerate(chosen)
+    ]
+    return selected, skipped
+
+
+def _prompts_sha(selected: list[Selected]) -> str:
+    h = hashlib.sha256()
+    for s in selected:
+        h.update(json.dumps([s.split, s.sampled, s.ids]).encode())
+    return h.hexdigest()[:16]
+
+
+# ---- generation --------------------------------------------------------------------------------------
+
+
+def eos_ids(model, tokenizer) -> list[int]:
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(src, "eos_token_id", None)
+        if value is not None:
+            ids.update([value] if isinstance(value, int) else value)
+    return sorted(ids)
+
+
+def pad_id(model, tokenizer) -> int:
+    for value in (
+        getattr(tokenizer, "pad_token_id", None),
+        getattr(model.generation_config, "pad_token_id", None),
+        *eos_ids(model, tokenizer),
+    ):
+        if isinstance(value, int):
+            return value
+    return 0
+
+
+@torch.inference_mode()
+def generate_responses(
+    model,
+    tokenizer,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    sample: bool = False,
+    temperature: float = 0.7,
+    batch_size: int = 32,
+) -> list[list[int]]:
+    """Batched KV-cached generation (left padding) of each prompt's response; each response ends at its first
+    EOS (kept) or after ``max_new_tokens``. Greedy unless ``sample``. Prompts are batched by length."""
+    dev = model.device
+    pad = pad_id(model, tokenizer)
+    eos = eos_ids(model, tokenizer)
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+    out: list[list[int]] = [[] for _ in prompts]
+    for b in range(0, len(order), batch_size):
+        idx = order[b : b + batch_size]
+        width = max(len(prompts[i]) for i in idx)
+        ids = torch.full((len(idx), width), pad, dtype=torch.long)  # [B, P] left padded
+        mask = torch.zeros(len(idx), width, dtype=torch.long)
+        for row, i in enumerate(idx):
+            ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i])
+            mask[row, width - len(prompts[i]) :] = 1
+        kwargs = {"temperature": temperature, "top_k": 0, "top_p": 1.0} if sample else {}
+        gen = model.generate(
+            input_ids=ids.to(dev),
+            attention_mask=mask.to(dev),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=1,
+            do_sample=sample,
+            pad_token_id=pad,
+            eos_token_id=eos or None,
+            **kwargs,
+        )[:, width:].tolist()  # [B, new]
+        for row, i in enumerate(idx):
+            resp = gen[row]
+            cut = next((j + 1 for j, t in enumerate(resp) if t in eos), len(resp))
+            out[i] = resp[:cut]
+    return out
+
+
+@torch.inference_mode()
+def base_targets(
+    model, sequences: list[list[int]], *, top_k: int, hidden_state_offset: int = 0, batch_size: int = 8
+) -> list[dict[str, torch.Tensor]]:
+    """One teacher-forced forward per sequence batch (right padding): for positions 0..L-2 of each sequence,
+    the hidden state (on CPU, model dtype), the token, and the base top-k next-token ids and log-probs."""
+    dev = model.device
+    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
+    out = []
+    for b in range(0, len(sequences), batch_size):
+        batch = sequences[b : b + batch_size]
+        width = max(len(s) for s in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)  # [B, L] right padded
+        mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for row, s in enumerate(batch):
+            ids[row, : len(s)] = torch.tensor(s)
+            mask[row, : len(s)] = 1
+        res = decoder(
+            input_ids=ids.to(dev), attention_mask=mask.to(dev), output_hidden_states=hidden_state_offset > 0
+        )
+        last = res.last_hidden_state  # [B, L, H]
+        feats = res.hidden_states[-1 - hidden_state_offset] if hidden_state_offset > 0 else last
+        for row, s in enumerate(batch):
+            n = len(s) - 1  # positions whose next token exists
+            logp = F.log_softmax(lm_head(last[row, :n]).float(), dim=-1)  # [n, V]
+            top_logp, top_ids = logp.topk(top_k, dim=-1)  # [n, K]
+            out.append(
+                {
+                    "hidden": feats[row, :n].cpu(),
+                    "tokens": torch.tensor(s[:n], dtype=torch.int32),
+                    "topk_ids": top_ids.to(torch.int32).cpu(),
+                    "topk_logp": top_logp.to(torch.float16).cpu(),
+                }
+            )
+    return out
+
+
+def _shard_plan(selected: list[Selected], shard_size: int) -> list[tuple[str, list[int]]]:
+    """(file name, indices into selected) per shard: validation shards first, then training shards."""
+    plan = []
+    for split in ("val", "train"):
+        idx = [i for i, s in enumerate(selected) if s.split == split]
+        for n, start in enumerate(range(0, len(idx), shard_size)):
+            plan.append((f"{split}-{n:05d}.safetensors", idx[start : start + shard_size]))
+    return plan
+
+
+def model_name(model) -> str:
+    return str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
+
+
+def generate_data(
+    model,
+    tokenizer,
+    out_dir: str | os.PathLike[str],
+    *,
+    prompts: list[str],
+    settings: GenSettings = GenSettings(),
+    batch_size: int = 32,
+    base_model: str | None = None,
+    progress: bool = True,
+) -> Manifest:
+    """Write (or finish writing) the distillation data for ``prompts`` into ``out_dir``; return its manifest.
+
+    Shards already listed in an existing manifest are kept; a manifest made with other settings, another
+    base model or another prompt selection is refused (use another directory)."""
+    d = Path(out_dir)
+    if d.exists() and not d.is_dir():
+        raise DataError(f"distillation directory {d} is a file: give a directory")
+    selected, skipped = select_prompts(tokenizer, prompts, settings)
+    hidden = model.get_input_embeddings().weight.shape[1]
+    vocab = model.get_output_embeddings().weight.shape[0]
+    name = base_model or model_name(model)
+    fresh = Manifest(
+        base_model=name,
+        hidden_size=hidden,
+        vocab_size=vocab,
+        settings=asdict(settings),
+        prompts_sha=_prompts_sha(selected),
+        num_val=sum(s.split == "val" for s in selected),
+        num_train=sum(s.split == "train" for s in selected),
+        skipped_long_prompts=skipped,
+    )
+    d.mkdir(parents=True, exist_ok=True)
+    if (d / MANIFEST).exists():
+        manifest = Manifest.read(d)
+        _check_same_data(d, manifest, fresh)
+        manifest.shards = [s for s in manifest.shards if (d / s["file"]).is_file()]
+    else:
+        if any(d.glob("*.safetensors")):
+            raise DataError(f"{d} holds shards but no {MANIFEST}: delete them or use another --distill-dir")
+        manifest = fresh
+        lines = [json.dumps({"split": s.split, "sampled": s.sampled, "ids": s.ids}) for s in selected]
+        _write_text_atomic(d / PROMPTS, "\n".join(lines) + "\n")
+        manifest.write(d)
+    done = {s["file"] for s in manifest.shards}
+    plan = [
+        (n, f, idx) for n, (f, idx) in enumerate(_shard_plan(selected, settings.shard_size)) if f not in done
+    ]
+    hidden_dtype = HIDDEN_DTYPES[settings.hidden_dtype]
+    with _GenProgress(progress, len(plan)) as bar:
+        for n, file, idx in plan:
+            t0 = time.perf_counter()
+            torch.manual_seed(
+                settings.seed * 1_000_003 + n
+            )  # sampling repeats whether or not the run resumed
+            prompt_ids = [selected[i].ids for i in idx]
+            responses: list[list[int]] = [[] for _ in idx]
+            for sample in (False, True):
+                group = [j for j, i in enumerate(idx) if selected[i].sampled == sample]
+                if not group:
+                    continue
+                got = generate_responses(
+                    model,
+                    tokenizer,
+                    [prompt_ids[j] for j in group],
+                    max_new_tokens=settings.max_new_tokens,
+                    sample=sample,
+                    temperature=settings.temperature,
+                    batch_size=batch_size,
+                )
+                for j, r in zip(group, got, strict=True):
+                    responses[j] = r
+            seqs = [p + r for p, r in zip(prompt_ids, responses, strict=True)]
+            rows = base_targets(
+                model,
+                seqs,
+                top_k=settings.top_k,
+                hidden_state_offset=settings.hidden_state_offset,
+                batch_size=max(1, batch_size // 4),
+            )
+            lengths = [r["tokens"].shape[0] for r in rows]
+            offsets = torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0)
+            prompt_lens = torch.tensor([len(p) for p in prompt_ids], dtype=torch.int32)
+            tensors = {
+                "hidden": torch.cat([r["hidden"] for r in rows]).to(hidden_dtype),
+                "tokens": torch.cat([r["tokens"] for r in rows]),
+                "topk_ids": torch.cat([r["topk_ids"] for r in rows]),
+                "topk_logp": torch.cat([r["topk_logp"] for r in rows]),
+                "offsets": offsets,
+                "prompt_lens": prompt_lens,
+                "sampled": torch.tensor([selected[i].sampled for i in idx], dtype=torch.uint8),
+            }
+            _save_tensors_atomic(d / file, tensors)
+            new_tokens = sum(len(r) for r in responses)
+            manifest.shards.append(
+                {
+                    "file": file,
+                    "split": file.split("-")[0],
+                    "sequences": len(idx),
+                    "positions": int(offsets[-1]),
+                    "anchors": new_tokens,  # positions >= prompt_len - 1: one per response token
+                    "seconds": round(time.perf_counter() - t0, 2),
+                }
+            )
+            manifest.write(d)
+            bar.advance(new_tokens)
+    manifest.complete = True
+    manifest.write(d)
+    return manifest
+
+
+def _check_same_data(d: Path, old: Manifest, new: Manifest) -> None:
+    fix = "use another --distill-dir, or delete this one to generate it again"
+    if old.base_model != new.base_model or (old.hidden_size, old.vocab_size) != (
+        new.hidden_size,
+        new.vocab_size,
+    ):
+        raise DataError(f"{d} holds data of base model {old.base_model!r}, not {new.base_model!r}: {fix}")
+    diff = {k: (old.settings.get(k), v) for k, v in new.settings.items() if old.settings.get(k) != v}
+    if diff:
+        said = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
+        raise DataError(f"{d} was generated with other settings ({said}): {fix}")
+    if old.prompts_sha != new.prompts_sha:
+        raise DataError(f"{d} was generated from another prompt set (prompt file or data dir changed): {fix}")
+
+
+class _GenProgress:
+    """A rich progress bar over shards showing generated tokens per second (or nothing)."""
+
+    def __init__(self, enabled: bool, shards: int):
+        self.enabled, self.shards = enabled and shards > 0, shards
+        self.tokens, self.t0 = 0, time.perf_counter()
+
+    def __enter__(self) -> _GenProgress:
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(
+                TextColumn("gen shards"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"),
+                TimeRemainingColumn(),
+            )
+            self.bar.__enter__()
+            self.task = self.bar.add_task("gen", total=self.shards, rate="")
+        return self
+
+    def advance(self, tokens: int) -> None:
+        self.tokens += tokens
+        if self.enabled:
+            rate = self.tokens / max(1e-9, time.perf_counter() - self.t0)
+            self.bar.update(self.task, advance=1, rate=f"{self.tokens} tokens, {rate:.0f} tok/s")
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self.bar.__exit__(*exc)
+
+
+# ---- reading -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class SplitData:
+    """All sequences of one split, concatenated along positions (see the module docstring for fields)."""
+
+    hidden: torch.Tensor  # [N, H]
+    tokens: torch.Tensor  # [N] int64
+    topk_ids: torch.Tensor  # [N, K] int64
+    topk_logp: torch.Tensor  # [N, K] float16
+    offsets: torch.Tensor  # [S+1] int64
+    prompt_lens: torch.Tensor  # [S] int64
+
+    @property
+    def num_sequences(self) -> int:
+        return self.prompt_lens.numel()
+
+    @property
+    def num_anchors(self) -> int:
+        """Positions the heads train on: from each sequence's last prompt position on."""
+        lengths = self.offsets[1:] - self.offsets[:-1]
+        return int((lengths - (self.prompt_lens - 1)).clamp(min=0).sum())
+
+
+def load_split(directory: str | os.PathLike[str], split: str, manifest: Manifest | None = None) -> SplitData:
+    """Read every shard of ``split`` ("train" | "val") into memory."""
+    d = Path(directory)
+    manifest = manifest or Manifest.read(d)
+    files = manifest.shard_files(split)
+    if not files:
+        raise DataError(
+            f"{d} has no {split} shards"
+            + ("" if manifest.complete else " (generation has not finished: run the gen stage again)")
+            + ("; generate with more prompts so that some are held out" if split == "val" else "")
+        )
+    parts: dict[str, list[torch.Tensor]] = {}
+    base = 0
+    for file in files:
+        try:
+            shard = load_file(str(d / file))
+        except (OSError, SafetensorError) as e:
+            raise DataError(
+                f"cannot read shard {d / file} ({e}): delete it and its manifest entry, then rerun gen"
+            ) from e
+        shard["offsets"] = shard["offsets"][:-1] + base
+        base += int(shard["tokens"].shape[0])
+        for k, v in shard.items():
+            parts.setdefault(k, []).append(v)
+    return SplitData(
+        hidden=torch.cat(parts["hidden"]),
+        tokens=torch.cat(parts["tokens"]).long(),
+        topk_ids=torch.cat(parts["topk_ids"]).long(),
+        topk_logp=torch.cat(parts["topk_logp"]),
+        offsets=torch.cat([*parts["offsets"], torch.tensor([base])]),
+        prompt_lens=torch.cat(parts["prompt_lens"]).long(),
+    )

@@ -1,0 +1,592 @@
+"""Train draft heads on self-distillation data; the base model stays frozen.
+
+Loss. Head k (1-based) at position t predicts x_{t+k+1}; its target is the base model's distribution at
+position t+k (the one that predicts x_{t+k+1}), stored as top-k ids and log-probs:
+
+* ``kl``: KL(q || p_head) with q the stored top-k renormalised (the base's other tokens carry little mass);
+* ``ce``: cross-entropy to the base's argmax (rank 0), what greedy acceptance checks;
+* ``mix``: their mean.
+
+Heads are weighted ``head_decay ** (k - 1)`` (Medusa's 0.8^k): early heads decide most acceptances.
+
+Batches are windows of one sequence: ``window`` anchor positions (the positions that get a loss) plus the
+K positions after them, which Hydra's heads read as tokens and which hold the targets. Windows are visited
+in a seeded random order, epoch after epoch, so the data position is a pure function of the step and a
+resumed run sees exactly the batches an uninterrupted one would.
+
+Memory: the vocabulary projection of M positions is [M, V]. It is computed ``chunk`` rows at a time; each
+chunk's loss is back-propagated to a detached copy of the features at once (freeing its [chunk, V]
+activations), and the accumulated feature gradients then go through the heads in one backward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import DataError, HeadsError
+from ..heads import HEADS_FILES, Heads, HeadsConfig
+from .data import Manifest, SplitData, _write_text_atomic, load_split
+
+CHECKPOINTS = "checkpoints"
+LOG = "train_log.jsonl"
+LOSSES = ("kl", "ce", "mix")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Optimisation settings. A resumed run must use the same ones (the checkpoint records them)."""
+
+    steps: int = 1000  # optimiser steps; ~8 epochs of the default 1000-prompt data at 1024 positions a step
+    batch_size: int = 8  # windows per step
+    window: int = 128  # anchor positions per window: batch_size * window ~ positions per step
+    lr: float = 1e-3  # Medusa's head learning rate
+    weight_decay: float = 0.0  # the heads are tiny next to the data; no need
+    warmup: float = 0.05  # fraction of steps of linear warm-up
+    min_lr_ratio: float = 0.1  # cosine decays to lr * this
+    loss: str = "kl"
+    head_decay: float = 0.8  # loss weight of head k: head_decay ** (k - 1)
+    grad_clip: float = 1.0
+    chunk: int = 0  # positions per vocab-projection chunk; 0: about 32M logits per chunk
+    eval_every: int = 100  # steps between validation runs (0: only at the end)
+    checkpoint_every: int = 100  # steps between checkpoints (0: only at the end)
+    log_every: int = 10  # steps between learning-curve lines
+    keep_checkpoints: int = 2  # older checkpoints are deleted
+    seed: int = 0  # window order
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise DataError(f"loss {self.loss!r} is unknown: use one of {', '.join(LOSSES)}")
+        for name in ("steps", "batch_size", "window", "log_every", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not (self.lr > 0 and 0 <= self.warmup < 1 and 0 <= self.min_lr_ratio <= 1):
+            raise DataError(
+                f"need lr > 0, 0 <= warmup < 1, 0 <= min_lr_ratio <= 1; got {self.lr}, {self.warmup}, "
+                f"{self.min_lr_ratio}"
+            )
+
+
+@dataclass
+class TrainResult:
+    step: int
+    positions: int  # anchor positions seen (each trains every head that has a target there)
+    loss: float  # mean training loss of the last log interval
+    val_top1: list[float]  # per head, from the last validation run (empty without a val split)
+    seconds: float  # wall time of this call (training only)
+    positions_per_second: float
+    stopped_early: bool  # True when `stop_after` cut the run short
+
+
+# ---- windows and batches -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Windows:
+    start: torch.Tensor  # [W] global index of each window's first position
+    length: torch.Tensor  # [W] positions in the window (anchors + lookahead, cut at the sequence end)
+    lo: torch.Tensor  # [W] first anchor (offset within the window)
+    hi: torch.Tensor  # [W] one past the last anchor
+
+    def __len__(self) -> int:
+        return self.start.numel()
+
+
+def make_windows(data: SplitData, window: int, num_heads: int, whole_sequences: bool = False) -> Windows:
+    """Windows over every sequence's anchors (positions prompt_len-1 .. L-2: each has a next token).
+    ``whole_sequences``: one window per sequence from position 0 (heads with a prefix layer read all
+    earlier positions)."""
+    rows = []
+    for s in range(data.num_sequences):
+        g0, n = int(data.offsets[s]), int(data.offsets[s + 1] - data.offsets[s])
+        first = max(0, int(data.prompt_lens[s]) - 1)
+        last = n - 1  # anchors first .. last-1 have head 1's target inside the sequence
+        if last <= first:
+            continue
+        if whole_sequences:
+            rows.append((g0, n, first, last))
+            continue
+        for a in range(first, last, window):
+            hi = min(window, last - a)
+            rows.append((g0 + a, min(hi + num_heads, n - a), 0, hi))
+    if not rows:
+        raise DataError("the distillation data has no response positions to train on: generate more data")
+    t = torch.tensor(rows, dtype=torch.int64)
+    return Windows(start=t[:, 0], length=t[:, 1], lo=t[:, 2], hi=t[:, 3])
+
+
+@dataclass
+class Batch:
+    hidden: torch.Tensor  # [B, T, H]
+    tokens: torch.Tensor  # [B, T]
+    anchor: torch.Tensor  # [B, T] bool
+    length: torch.Tensor  # [B] window lengths
+    index: torch.Tensor  # [B, T] global position index (targets of head k at j: index + k)
+
+    @property
+    def positions(self) -> int:
+        return int(self.anchor.sum())
+
+
+def make_batch(data: SplitData, windows: Windows, which: torch.Tensor) -> Batch:
+    length = windows.length[which]  # [B]
+    t_max = int(length.max())
+    j = torch.arange(t_max)  # [T]
+    inside = j[None] < length[:, None]  # [B, T]
+    index = torch.where(inside, windows.start[which, None] + j[None], windows.start[which, None])  # [B, T]
+    anchor = (j[None] >= windows.lo[which, None]) & (j[None] < windows.hi[which, None])  # [B, T]
+    return Batch(data.hidden[index], data.tokens[index], anchor, length, index)
+
+
+def window_order(num_windows: int, seed: int, epoch: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(num_windows, generator=g)
+
+
+def batch_windows(num_windows: int, seed: int, step: int, batch_size: int) -> torch.Tensor:
+    """Window ids of batch ``step`` (0-based): consecutive slices of per-epoch seeded permutations."""
+    out, p, end = [], step * batch_size, (step + 1) * batch_size
+    while p < end:
+        epoch, i = divmod(p, num_windows)
+        take = min(end - p, num_windows - i)
+        out.append(window_order(num_windows, seed, epoch)[i : i + take])
+        p += take
+    return torch.cat(out)
+
+
+# ---- loss --------------------------------------------------------------------------------------------
+
+
+def distill_loss(
+    logits: torch.Tensor,  # [M, V] head logits
+    target_ids: torch.Tensor,  # [M, K] base top-k ids (rank 0 = argmax)
+    target_logp: torch.Tensor,  # [M, K] their base log-probs
+    loss: str,
+) -> torch.Tensor:  # [M]
+    logp = F.log_softmax(logits.float(), dim=-1)  # [M, V]
+    picked = logp.gather(1, target_ids)  # [M, K]
+    ce = -picked[:, 0]
+    if loss == "ce":
+        return ce
+    lq = F.log_softmax(target_logp.float(), dim=-1)  # [M, K] renormalised over the top-k
+    kl = (lq.exp() * (lq - picked)).sum(-1)
+    return kl if loss == "kl" else 0.5 * (kl + ce)
+
+
+def _chunk_rows(settings: TrainSettings, vocab: int) -> int:
+    return settings.chunk or max(64, (32 << 20) // vocab)
+
+
+def _autocast(device: torch.device):
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+def _to(batch: Batch, device: torch.device) -> Batch:
+    if device.type == "cpu":
+        return batch
+    move = (
+        (lambda t: t.pin_memory().to(device, non_blocking=True))
+        if device.type == "cuda"
+        else (lambda t: t.to(device))
+    )
+    return Batch(*(move(t) for t in dataclasses.astuple(batch)))
+
+
+def head_weights(num_heads: int, decay: float) -> list[float]:
+    w = [decay**k for k in range(num_heads)]
+    return [x / sum(w) for x in w]
+
+
+def train_step(
+    heads: Heads, data: SplitData, batch: Batch, settings: TrainSettings, device
+) -> tuple[float, list[int], list[int]]:
+    """Forward + backward of one batch (gradients accumulate in the heads). Returns (loss, correct top-1 per
+    head, counted positions per head)."""
+    K = heads.config.num_heads
+    weights = head_weights(K, settings.head_decay)
+    chunk = _chunk_rows(settings, heads.config.vocab_size)
+    j = torch.arange(batch.anchor.shape[1], device=device)
+    with _autocast(device):
+        feats = heads.features(batch.hidden, batch.tokens)  # K x [B, T, H]
+    selected, grads, total, correct, counts = [], [], 0.0, [], []
+    for k in range(1, K + 1):
+        valid = batch.anchor & (j[None] + k < batch.length[:, None])  # [B, T]
+        f = feats[k - 1][valid]  # [M, H]
+        m = f.shape[0]
+        counts.append(m)
+        if m == 0:
+            correct.append(0)
+            continue
+        tgt = (batch.index[valid] + k).cpu()  # [M] global index of the target distribution
+        ids = data.topk_ids[tgt].to(device)  # [M, Kt]
+        logp = data.topk_logp[tgt].to(device)
+        leaf = f.detach().requires_grad_(True)
+        hits = 0
+        for c in range(0, m, chunk):
+            with _autocast(device):
+                logits = heads.project(k - 1, leaf[c : c + chunk])  # [c, V]
+            per_pos = distill_loss(logits, ids[c : c + chunk], logp[c : c + chunk], settings.loss)
+            part = per_pos.sum() * (weights[k - 1] / m)
+            part.backward()
+            total += float(part.detach())
+            hits += int((logits.argmax(-1) == ids[c : c + chunk, 0]).sum())
+        correct.append(hits)
+        selected.append(f)
+        grads.append(leaf.grad)
+    if selected:
+        torch.autograd.backward(selected, grads)
+    return total, correct, counts
+
+
+@torch.no_grad()
+def evaluate_split(heads: Heads, data: SplitData, windows: Windows, settings: TrainSettings, device) -> dict:
+    """Teacher-forced top-1 accuracy (against the base argmax) and loss per head over the whole split."""
+    K = heads.config.num_heads
+    hits, counts, losses = [0] * K, [0] * K, [0.0] * K
+    chunk = _chunk_rows(settings, heads.config.vocab_size)
+    for b in range(0, len(windows), settings.batch_size):
+        batch = _to(
+            make_batch(data, windows, torch.arange(b, min(b + settings.batch_size, len(windows)))), device
+        )
+        j = torch.arange(batch.anchor.shape[1], device=device)
+        with _autocast(device):
+            feats = heads.features(batch.hidden, batch.tokens)
+        for k in range(1, K + 1):
+            valid = batch.anchor & (j[None] + k < batch.length[:, None])
+            f = feats[k - 1][valid]
+            tgt = (batch.index[valid] + k).cpu()
+            ids, logp = data.topk_ids[tgt].to(device), data.topk_logp[tgt].to(device)
+            for c in range(0, f.shape[0], chunk):
+                with _autocast(device):
+                    logits = heads.project(k - 1, f[c : c + chunk])
+                losses[k - 1] += float(
+                    distill_loss(logits, ids[c : c + chunk], logp[c : c + chunk], settings.loss).sum()
+                )
+                hits[k - 1] += int((logits.argmax(-1) == ids[c : c + chunk, 0]).sum())
+            counts[k - 1] += f.shape[0]
+    return {
+        "val_top1": [h / max(1, n) for h, n in zip(hits, counts, strict=True)],
+        "val_loss": [s / max(1, n) for s, n in zip(losses, counts, strict=True)],
+        "val_positions": counts[0],
+    }
+
+
+# ---- schedule and checkpoints ------------------------------------------------------------------------
+
+
+class WarmupCosine:
+    """lr multiplier: linear warm-up over ``warmup`` steps, then cosine from 1 to ``floor`` at ``total``."""
+
+    def __init__(self, total: int, warmup: int, floor: float):
+        self.total, self.warmup, self.floor = total, warmup, floor
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
+        return self.floor + (1 - self.floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _checkpoint_path(directory: Path, step: int) -> Path:
+    return directory / f"step-{step:08d}.pt"
+
+
+def latest_checkpoint(out_dir: str | os.PathLike[str]) -> Path | None:
+    d = Path(out_dir) / CHECKPOINTS
+    found = sorted(d.glob("step-*.pt")) if d.is_dir() else []
+    return found[-1] if found else None
+
+
+def _save_checkpoint(out: Path, state: dict, keep: int) -> Path:
+    d = out / CHECKPOINTS
+    d.mkdir(parents=True, exist_ok=True)
+    path = _checkpoint_path(d, state["step"])
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    for old in sorted(d.glob("step-*.pt"))[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _signature(heads: Heads, manifest: Manifest, settings: TrainSettings) -> dict:
+    """What must not change between a run and its resumption."""
+    keep = {
+        k: v
+        for k, v in asdict(settings).items()
+        if k not in ("eval_every", "checkpoint_every", "log_every", "keep_checkpoints")
+    }
+    return {"heads": asdict(heads.config), "data": manifest.prompts_sha, **keep}
+
+
+def _read_log(path: Path, up_to: int) -> list[str]:
+    if not path.is_file():
+        return []
+    lines = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line)["step"] <= up_to:
+                lines.append(line)
+        except (json.JSONDecodeError, KeyError):
+            continue
+    return lines
+
+
+# ---- the loop ----------------------------------------------------------------------------------------
+
+
+def check_output_dir(out_dir: Path, *, overwrite: bool, resume: bool) -> None:
+    """Refuse a directory that already holds heads (unless overwrite) or a run's checkpoints (unless
+    resume or overwrite)."""
+    held = [n for n in HEADS_FILES if (out_dir / n).exists()]
+    if held and not overwrite:
+        raise HeadsError(
+            f"{out_dir} already holds heads ({', '.join(held)}): pass --overwrite to replace them, or choose "
+            f"another --out"
+        )
+    ckpt = latest_checkpoint(out_dir)
+    if ckpt is not None and not (resume or overwrite):
+        raise HeadsError(
+            f"{out_dir} holds an unfinished training run ({ckpt.name}): pass --resume to continue it or "
+            f"--overwrite to start over"
+        )
+
+
+def check_data_fits(manifest: Manifest, config: HeadsConfig, distill_dir) -> None:
+    if (manifest.hidden_size, manifest.vocab_size) != (config.hidden_size, config.vocab_size):
+        raise DataError(
+            f"distillation data in {distill_dir} is for {manifest.base_model} (hidden {manifest.hidden_size}, "
+            f"vocab {manifest.vocab_size}) but the heads have hidden {config.hidden_size}, vocab "
+            f"{config.vocab_size}: generate data with the heads' base model (another --distill-dir)"
+        )
+    offset = manifest.settings.get("hidden_state_offset", 0)
+    if offset != config.hidden_state_offset:
+        raise DataError(
+            f"distillation data in {distill_dir} stores hidden states at offset {offset} but the heads read "
+            f"offset {config.hidden_state_offset}: generate data with --hidden-state-offset "
+            f"{config.hidden_state_offset}"
+        )
+
+
+def train(
+    model,
+    heads: Heads,
+    distill_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    settings: TrainSettings = TrainSettings(),
+    device: str | torch.device = "cpu",
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    stop_after: int | None = None,
+) -> TrainResult:
+    """Train ``heads`` (bound to the frozen ``model``) on the data in ``distill_dir``; checkpoints and the
+    learning-curve log go to ``out_dir``. The final heads are NOT saved here (see ``train_heads``).
+
+    ``resume``: continue from the latest checkpoint in ``out_dir`` (same settings required).
+    ``stop_after``: stop (with a checkpoint) once this step is reached, as if interrupted.
+    """
+    device = torch.device(device)
+    out = Path(out_dir)
+    manifest = Manifest.read(distill_dir)
+    check_data_fits(manifest, heads.config, distill_dir)
+    heads.bind(model)
+    check_output_dir(out, overwrite=overwrite, resume=resume)
+    train_data = load_split(distill_dir, "train", manifest)
+    val_data = load_split(distill_dir, "val", manifest) if manifest.shard_files("val") else None
+    K = heads.config.num_heads
+    whole = heads.config.head_arch == "prefix-mlp"
+    windows = make_windows(train_data, settings.window, K, whole)
+    val_windows = make_windows(val_data, settings.window, K, whole) if val_data is not None else None
+
+    heads.to(device=device, dtype=torch.float32).train()
+    params = [p for p in heads.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+    warmup = max(1, int(settings.warmup * settings.steps)) if settings.warmup > 0 else 0
+    schedule = WarmupCosine(settings.steps, warmup, settings.min_lr_ratio)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    signature = _signature(heads, manifest, settings)
+
+    step, positions = 0, 0
+    log_path = out / LOG
+    ckpt = latest_checkpoint(out) if resume else None
+    if ckpt is not None:
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        if state["signature"] != signature:
+            diff = sorted(k for k in signature if state["signature"].get(k) != signature[k])
+            raise HeadsError(
+                f"checkpoint {ckpt} was made with other settings ({', '.join(diff)} differ): resume with the "
+                f"same settings, or pass --overwrite to start over"
+            )
+        heads.load_state_dict(state["heads"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        _set_rng_state(state["rng"])
+        step, positions = state["step"], state["positions"]
+        kept = _read_log(log_path, step)
+        _write_text_atomic(log_path, "".join(line + "\n" for line in kept))
+    else:
+        if overwrite:
+            shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
+        out.mkdir(parents=True, exist_ok=True)
+        log_path.unlink(missing_ok=True)
+
+    def checkpoint() -> None:
+        _save_checkpoint(
+            out,
+            {
+                "step": step,
+                "positions": positions,
+                "signature": signature,
+                "heads": heads.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "rng": _rng_state(),
+                "windows_consumed": step * settings.batch_size,
+            },
+            settings.keep_checkpoints,
+        )
+
+    def log(entry: dict) -> None:
+        with log_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    val_top1: list[float] = []
+    if step == 0 and val_data is not None:  # the untrained heads: the learning curve's first point
+        heads.eval()
+        ev = evaluate_split(heads, val_data, val_windows, settings, device)
+        heads.train()
+        val_top1 = ev["val_top1"]
+        log({"step": 0, "positions": 0, "loss": None, **ev})
+
+    end = settings.steps if stop_after is None else min(settings.steps, stop_after)
+    t_start, start_positions = time.perf_counter(), positions
+    interval = {"loss": 0.0, "steps": 0, "hits": [0] * K, "counts": [0] * K}
+    last_loss = float("nan")
+    bar = _TrainProgress(progress, settings.steps, step)
+    try:
+        with bar:
+            while step < end:
+                which = batch_windows(len(windows), settings.seed, step, settings.batch_size)
+                batch = _to(make_batch(train_data, windows, which), device)
+                optimizer.zero_grad(set_to_none=True)
+                loss, hits, counts = train_step(heads, train_data, batch, settings, device)
+                if settings.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
+                optimizer.step()
+                scheduler.step()
+                step += 1
+                positions += counts[0]
+                interval["loss"] += loss
+                interval["steps"] += 1
+                interval["hits"] = [a + b for a, b in zip(interval["hits"], hits, strict=True)]
+                interval["counts"] = [a + b for a, b in zip(interval["counts"], counts, strict=True)]
+                rate = (positions - start_positions) / max(1e-9, time.perf_counter() - t_start)
+                bar.update(step, loss, rate)
+                entry = None
+                if step % settings.log_every == 0 or step == settings.steps:
+                    last_loss = interval["loss"] / interval["steps"]
+                    entry = {
+                        "step": step,
+                        "positions": positions,
+                        "loss": last_loss,
+                        "lr": scheduler.get_last_lr()[0],
+                        "train_top1": [
+                            h / max(1, n) for h, n in zip(interval["hits"], interval["counts"], strict=True)
+                        ],
+                        "positions_per_second": rate,
+                    }
+                    interval = {"loss": 0.0, "steps": 0, "hits": [0] * K, "counts": [0] * K}
+                eval_now = val_data is not None and (
+                    step == settings.steps or (settings.eval_every and step % settings.eval_every == 0)
+                )
+                if eval_now:
+                    heads.eval()
+                    ev = evaluate_split(heads, val_data, val_windows, settings, device)
+                    heads.train()
+                    val_top1 = ev["val_top1"]
+                    entry = {**(entry or {"step": step, "positions": positions}), **ev}
+                    bar.note(f"step {step}: val top-1 " + " ".join(f"{x:.3f}" for x in val_top1))
+                if entry is not None:
+                    log(entry)
+                if step == end or (settings.checkpoint_every and step % settings.checkpoint_every == 0):
+                    checkpoint()
+    except KeyboardInterrupt:
+        checkpoint()  # the completed steps are kept: --resume continues from here
+        raise
+    heads.eval()
+    seconds = time.perf_counter() - t_start
+    done_positions = positions - start_positions
+    return TrainResult(
+        step=step,
+        positions=positions,
+        loss=last_loss,
+        val_top1=val_top1,
+        seconds=seconds,
+        positions_per_second=done_positions / max(1e-9, seconds),
+        stopped_early=step < settings.steps,
+    )
+
+
+class _TrainProgress:
+    """Rich progress bar: step, loss, positions per second (or silence)."""
+
+    def __init__(self, enabled: bool, total: int, start: int):
+        self.enabled, self.total, self.start = enabled, total, start
+
+    def __enter__(self) -> _TrainProgress:
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(
+                TextColumn("train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]}  {task.fields[rate]} pos/s"),
+                TimeRemainingColumn(),
+            )
+            self.bar.__enter__()
+            self.task = self.bar.add_task("train", total=self.total, completed=self.start, loss="-", rate="-")
+        return self
+
+    def update(self, step: int, loss: float, rate: float) -> None:
+        if self.enabled:
+            self.bar.update(self.task, completed=step, loss=f"{loss:.4f}", rate=f"{rate:.0f}")
+
+    def note(self, text: str) -> None:
+        if self.enabled:
+            self.bar.console.log(text)
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self.bar.__exit__(*exc)

@@ -1,0 +1,370 @@
+"""entmtp.train on a tiny random Llama and a character-level ChatML tokenizer: seconds, no real training."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from entmtp.errors import DataError, HeadsError
+from entmtp.heads import HeadsConfig, load_heads, random_heads, save_heads
+from entmtp.train import GenSettings, TrainSettings, generate_data, load_split, load_training_prompts, train
+from entmtp.train import data as data_mod
+from entmtp.train.evaluate import plot_learning_curve, report_markdown, teacher_forced_accuracy
+from entmtp.train.pipeline import add_train_arguments, train_heads
+from entmtp.train.trainer import LOG, batch_windows, make_windows
+
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+PROMPTS = [f"Question {i}: what is {i} plus {2 * i}?" for i in range(12)] + ["Write a poem.", "Say hi."]
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per character; <|im_end|> (id 1) is EOS, <pad> id 2."""
+    specials = ["<|im_start|>", "<|im_end|>", "<pad>", "<unk>"]
+    vocab = {t: i for i, t in enumerate(specials + ["\n"] + [chr(c) for c in range(32, 127)])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<pad>", unk_token="<unk>"
+    )
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+    tok.chat_template = CHATML
+    return tok
+
+
+def tiny_base(seed: int = 0):
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=512,
+        eos_token_id=1,
+        pad_token_id=2,
+        bos_token_id=None,
+    )
+    model = LlamaForCausalLM(config).eval().requires_grad_(False)
+    model.generation_config.eos_token_id = 1
+    model.generation_config.pad_token_id = 2
+    return model, char_tokenizer()
+
+
+GEN = GenSettings(
+    num_prompts=12, max_new_tokens=24, val_fraction=0.2, shard_size=4, sample_fraction=0.25, top_k=5
+)
+FAST = TrainSettings(
+    steps=12, batch_size=4, window=16, lr=1e-2, eval_every=6, checkpoint_every=4, log_every=2
+)
+
+
+@pytest.fixture(scope="module")
+def base():
+    return tiny_base()
+
+
+@pytest.fixture(scope="module")
+def distill(base, tmp_path_factory):
+    model, tok = base
+    d = tmp_path_factory.mktemp("distill")
+    generate_data(
+        model, tok, d, prompts=PROMPTS, settings=GEN, batch_size=3, base_model="tiny", progress=False
+    )
+    return d
+
+
+def medusa(model, num_heads: int = 3, **kw):
+    return random_heads(HeadsConfig.for_model(model, "medusa", num_heads, base_model="tiny", **kw), seed=0)
+
+
+def _weights(heads) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in heads.state_dict().items()}
+
+
+# ---- data ----------------------------------------------------------------------------------------------
+
+
+def test_training_prompt_sources(tmp_path):
+    (tmp_path / "train").mkdir()
+    (tmp_path / "gsm8k").mkdir()
+    gpteacher = [{"instruction": "Fix the code.", "input": "x = = 1", "response": "x = 1"}]
+    (tmp_path / "train" / "gpteacher_codegen.json").write_text(json.dumps(gpteacher))
+    alpaca = [
+        json.dumps({"instruction": "Name a color.", "input": "", "output": "red", "status": "ok"}),
+        json.dumps({"instruction": "Too similar.", "input": "", "output": "x", "status": "too similar"}),
+        '{"instruction": "broken',  # v2 ends in broken lines upstream
+    ]
+    (tmp_path / "train" / "alpaca_libre_tasks_v2.jsonl").write_text("\n".join(alpaca) + "\n")
+    (tmp_path / "gsm8k" / "train.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
+    prompts = load_training_prompts(tmp_path)
+    assert prompts == ["Fix the code.\n\nx = = 1", "Name a color.", "1+1?"]
+    user = tmp_path / "mine.jsonl"
+    user.write_text('"plain string"\n{"prompt": "a prompt"}\n')
+    assert load_training_prompts(prompts_file=user) == ["plain string", "a prompt"]
+
+
+def test_shards_and_manifest(distill):
+    manifest = json.loads((distill / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["base_model"] == "tiny"
+    assert manifest["num_val"] == 2 and manifest["num_train"] == 10  # 20% of 12 held out
+    files = sorted(s["file"] for s in manifest["shards"])
+    assert files == [
+        "train-00000.safetensors",
+        "train-00001.safetensors",
+        "train-00002.safetensors",
+        "val-00000.safetensors",
+    ]
+    shard = load_file(str(distill / "train-00000.safetensors"))
+    n = shard["tokens"].shape[0]
+    assert shard["hidden"].shape == (n, 64) and shard["hidden"].dtype == torch.bfloat16
+    assert shard["topk_ids"].shape == (n, 5) and shard["topk_logp"].dtype == torch.float16
+    assert int(shard["offsets"][-1]) == n and shard["offsets"].numel() == 5
+    train = load_split(distill, "train")
+    assert train.num_sequences == 10
+    assert train.num_anchors == sum(s["anchors"] for s in manifest["shards"] if s["split"] == "train")
+    assert not list(distill.glob(".*tmp*"))
+
+
+def test_greedy_targets_match_tokens(base, distill):
+    """In a greedy response, the stored argmax at t is the next stored token x_{t+1}."""
+    shard = load_file(str(distill / "train-00000.safetensors"))
+    for s in range(4):
+        if shard["sampled"][s]:
+            continue
+        lo, hi = int(shard["offsets"][s]), int(shard["offsets"][s + 1])
+        p = int(shard["prompt_lens"][s])
+        argmax = shard["topk_ids"][lo + p - 1 : hi - 1, 0]
+        tokens = shard["tokens"][lo + p : hi]
+        assert (argmax == tokens).float().mean() > 0.9  # batched vs teacher-forced: all but rare near-ties
+
+
+def test_generation_resumes_and_is_reused(base, distill, tmp_path, monkeypatch):
+    model, tok = base
+    d = tmp_path / "copy"
+    d.mkdir()
+    for f in distill.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    before = load_file(str(d / "train-00001.safetensors"))
+    (d / "train-00001.safetensors").unlink()  # as if killed while writing it
+    calls = []
+    real = data_mod.generate_responses
+    monkeypatch.setattr(data_mod, "generate_responses", lambda *a, **k: calls.append(1) or real(*a, **k))
+    generate_data(
+        model, tok, d, prompts=PROMPTS, settings=GEN, batch_size=3, base_model="tiny", progress=False
+    )
+    assert 1 <= len(calls) <= 2  # one shard again: its greedy group and maybe a sampled group
+    after = load_file(str(d / "train-00001.safetensors"))
+    assert torch.equal(before["tokens"], after["tokens"])  # seeded: the same responses, sampled ones too
+    calls.clear()
+    generate_data(
+        model, tok, d, prompts=PROMPTS, settings=GEN, batch_size=3, base_model="tiny", progress=False
+    )
+    assert calls == []  # complete: reused as is
+    with pytest.raises(DataError, match="other settings.*max_new_tokens"):
+        other = GenSettings(**{**GEN.__dict__, "max_new_tokens": 8})
+        generate_data(model, tok, d, prompts=PROMPTS, settings=other, base_model="tiny", progress=False)
+
+
+# ---- training ------------------------------------------------------------------------------------------
+
+
+def test_windows_cover_every_anchor_once(distill):
+    data = load_split(distill, "train")
+    w = make_windows(data, window=16, num_heads=3)
+    assert (
+        int((w.hi - w.lo).sum()) == data.num_anchors - data.num_sequences
+    )  # the last position has no target
+    order = torch.cat([batch_windows(len(w), 0, s, 5) for s in range(4)])
+    assert order.numel() == 20 and torch.equal(
+        order, torch.cat([batch_windows(len(w), 0, s, 5) for s in range(4)])
+    )
+
+
+def test_loss_decreases(base, distill, tmp_path):
+    model, _ = base
+    heads = medusa(model)
+    settings = TrainSettings(**{**FAST.__dict__, "steps": 30, "eval_every": 30, "checkpoint_every": 0})
+    result = train(model, heads, distill, tmp_path / "run", settings=settings, progress=False)
+    log = [json.loads(line) for line in (tmp_path / "run" / LOG).read_text().splitlines()]
+    losses = [r["loss"] for r in log if r.get("loss") is not None]
+    assert result.step == 30 and len(losses) == 15
+    assert sum(losses[-3:]) / 3 < 0.9 * sum(losses[:3]) / 3
+    assert log[0]["step"] == 0 and len(log[0]["val_top1"]) == 3  # untrained heads: the curve's first point
+    assert len(log[-1]["val_top1"]) == 3 and result.positions_per_second > 0
+    png = plot_learning_curve(tmp_path / "run" / LOG, tmp_path / "run" / "curve.png")
+    assert png is not None and png.stat().st_size > 1000
+
+
+@pytest.mark.parametrize("arch", ["mlp", "prefix-mlp"])
+@pytest.mark.parametrize("loss", ["ce", "mix"])
+def test_hydra_trains(base, distill, tmp_path, arch, loss):
+    model, _ = base
+    heads = random_heads(HeadsConfig.for_model(model, "hydra", 2, head_arch=arch, base_model="tiny"), seed=0)
+    settings = TrainSettings(
+        **{**FAST.__dict__, "steps": 3, "loss": loss, "eval_every": 0, "checkpoint_every": 0}
+    )
+    result = train(model, heads, distill, tmp_path, settings=settings, progress=False)
+    assert result.step == 3 and all(0 <= x <= 1 for x in result.val_top1) and len(result.val_top1) == 2
+
+
+def test_resume_matches_uninterrupted(base, distill, tmp_path):
+    model, _ = base
+    full = medusa(model)
+    train(model, full, distill, tmp_path / "a", settings=FAST, progress=False)
+    part = medusa(model)
+    first = train(model, part, distill, tmp_path / "b", settings=FAST, progress=False, stop_after=6)
+    assert first.stopped_early and first.step == 6
+    with pytest.raises(HeadsError, match="unfinished training run.*--resume"):
+        train(model, medusa(model), distill, tmp_path / "b", settings=FAST, progress=False)
+    resumed = medusa(model)  # fresh weights: everything must come from the checkpoint
+    second = train(model, resumed, distill, tmp_path / "b", settings=FAST, progress=False, resume=True)
+    assert second.step == FAST.steps and not second.stopped_early
+    a, b = _weights(full), _weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    log_a = (tmp_path / "a" / LOG).read_text().splitlines()
+    log_b = (tmp_path / "b" / LOG).read_text().splitlines()
+    assert [json.loads(x)["loss"] for x in log_a] == [json.loads(x)["loss"] for x in log_b]
+    with pytest.raises(HeadsError, match="other settings.*lr"):
+        other = TrainSettings(**{**FAST.__dict__, "lr": 1e-3})
+        train(model, medusa(model), distill, tmp_path / "b", settings=other, progress=False, resume=True)
+
+
+def test_saved_heads_give_identical_logits(base, distill, tmp_path):
+    model, _ = base
+    heads = medusa(model)
+    train(
+        model,
+        heads,
+        distill,
+        tmp_path / "run",
+        settings=TrainSettings(**{**FAST.__dict__, "steps": 3}),
+        progress=False,
+    )
+    save_heads(heads, tmp_path / "heads")
+    loaded = load_heads(tmp_path / "heads").bind(model)
+    hidden, tokens = torch.randn(2, 7, 64), torch.randint(0, 256, (2, 7))
+    with torch.no_grad():
+        for k, (f1, f2) in enumerate(
+            zip(heads.features(hidden, tokens), loaded.features(hidden, tokens), strict=True)
+        ):
+            assert torch.equal(heads.project(k, f1), loaded.project(k, f2))
+
+
+def test_teacher_forced_accuracy_of_an_oracle(base):
+    """Heads whose head 1 is the base model itself (identity feature) are right wherever x_{t+1} repeats
+    as x_{t+2}; check the bookkeeping on a sequence where we know the answers."""
+    model, _ = base
+    heads = medusa(model, num_heads=2).bind(model)  # medusa init: every head is the identity feature
+    decoder = model.get_decoder()
+    prompt = [0, 5, 6, 7]
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(10):  # greedy continuation
+            h = decoder(input_ids=torch.tensor([seq])).last_hidden_state
+            seq.append(int(model.lm_head(h[0, -1]).argmax()))
+    report = teacher_forced_accuracy(model, heads, [(prompt, seq[len(prompt) :])])
+    # head k at t predicts with the base's own next-token distribution; it is right when x_{t+k+1} == x_{t+1}
+    expect = [
+        sum(seq[t + k + 1] == seq[t + 1] for t in range(len(prompt) - 1, len(seq) - k - 1))
+        / (len(seq) - k - len(prompt))
+        for k in (1, 2)
+    ]
+    assert report["top1"] == pytest.approx(expect)
+    assert report["positions"] == [len(seq) - len(prompt) - 1, len(seq) - len(prompt) - 2]
+    assert all(a >= b for a, b in zip(report["top10"], report["top1"], strict=True))
+
+
+# ---- the pipeline and bad input ------------------------------------------------------------------------
+
+
+def test_train_heads_end_to_end(base, tmp_path):
+    pf = tmp_path / "prompts.jsonl"
+    pf.write_text("\n".join(json.dumps({"instruction": p}) for p in PROMPTS) + "\n")
+    kw = dict(
+        base=base, prompts_file=pf, num_prompts=8, max_new_tokens=16, val_fraction=0.25, shard_size=4, steps=4,
+        batch_size=2, window=16, checkpoint_every=2, eval_every=2, num_heads=2, progress=False,
+        eval_prompts=1, eval_max_new_tokens=8, eval_tasks=("gsm8k",), eval_trees=("tree_4", "tree_16"),
+    )  # fmt: skip
+    summary = train_heads("medusa", tmp_path / "out", **kw)
+    out = tmp_path / "out"
+    assert (out / "config.json").is_file() and (out / "heads.safetensors").is_file()
+    assert (out / "learning_curve.png").is_file()
+    assert summary["train"]["step"] == 4 and summary["distill"]["train_positions"] > 0
+    report = json.loads((out / "eval" / "eval.json").read_text())
+    assert report["trees"] == ["tree_4"] and "tree_16" in report["skipped_trees"]  # tree_16 is 3 deep
+    gsm = report["tasks"]["gsm8k"]
+    assert len(gsm["top1"]) == 2 and gsm["speculative"]["tree_4"]["tokens_per_step"] >= 1.0
+    assert "Top-1 accuracy per head" in (out / "eval" / "eval.md").read_text()
+    # the same data trains Hydra heads: the gen stage finds it complete and reuses it
+    hydra = train_heads(
+        "hydra", tmp_path / "hydra", **{**kw, "distill_dir": out / "distill", "stages": "gen,train"}
+    )
+    assert hydra["distill"]["seconds"] < summary["distill"]["seconds"] + 5
+    assert load_heads(tmp_path / "hydra").config.kind == "hydra"
+    with pytest.raises(HeadsError, match="already holds heads.*--overwrite"):
+        train_heads("medusa", out, **kw)
+    assert report_markdown(report).count("| GSM8K |") == 5
+
+
+def test_bad_inputs(base, distill, tmp_path):
+    model, tok = base
+    with pytest.raises(DataError, match="prompt file .*missing.jsonl does not exist"):
+        load_training_prompts(prompts_file=tmp_path / "missing.jsonl")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"answer": "no prompt here"}\n')
+    with pytest.raises(DataError, match="holds no prompts"):
+        load_training_prompts(prompts_file=empty)
+    with pytest.raises(DataError, match="training data directory .* does not exist"):
+        load_training_prompts(tmp_path / "nowhere")
+    with pytest.raises(DataError, match="no distillation data"):
+        train(model, medusa(model), tmp_path / "nodata", tmp_path / "out", progress=False)
+    # heads made for another model
+    other = random_heads(HeadsConfig(kind="medusa", num_heads=2, hidden_size=32, vocab_size=256), seed=0)
+    with pytest.raises((HeadsError, DataError), match="hidden"):
+        train(model, other, distill, tmp_path / "out", progress=False)
+    # an output directory with other heads in it
+    save_heads(medusa(model), tmp_path / "taken")
+    with pytest.raises(HeadsError, match="already holds heads"):
+        train(model, medusa(model), distill, tmp_path / "taken", progress=False)
+    with pytest.raises(DataError, match="loss 'mse' is unknown"):
+        TrainSettings(loss="mse")
+    with pytest.raises(DataError, match="unknown stage"):
+        train_heads("medusa", tmp_path / "x", base=base, stages="gen,fly")
+    # nothing half-written: a failed run leaves no output directory behind
+    with pytest.raises(DataError, match="does not exist"):
+        train_heads(
+            "medusa", tmp_path / "never", base=base, prompts_file=tmp_path / "missing.jsonl", progress=False
+        )
+    assert not (tmp_path / "never").exists()
+    with pytest.raises(DataError, match="no distillation data"):
+        train_heads("medusa", tmp_path / "never2", base=base, stages="train", progress=False)
+    assert not (tmp_path / "never2").exists()
+
+
+def test_cli_arguments():
+    p = argparse.ArgumentParser()
+    add_train_arguments(p)
+    args = p.parse_args(
+        ["--kind", "hydra", "--out", "o", "--steps", "7", "--device", "cuda", "--stages", "train"]
+    )
+    assert (args.kind, args.steps, args.device, args.stages, args.num_heads) == (
+        "hydra",
+        7,
+        "cuda",
+        "train",
+        4,
+    )
+    assert args.eval_prompts == 10 and args.eval_trees == "mc_sim_7b_63,tree_16"
+    assert Path(args.out) == Path("o")
