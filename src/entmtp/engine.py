@@ -151,14 +151,15 @@ class Engine:
                 prefill_seconds = time.perf_counter() - t0
             else:
                 steps.append(step)
+            new = new[: max_new_tokens - len(out)]
             cut, reason = _find_end(new, self.eos_ids, detok)
             new = new[:cut]
+            if reason is None and len(out) + cut == max_new_tokens:
+                reason = "length"
             if step is not None and cut < step.tokens:
                 step.tokens, step.token_ids = cut, step.token_ids[:cut]
             out += new
             text = detok.push(new)
-            if reason is None and len(out) >= max_new_tokens:
-                reason = "length"
             if reason is not None:
                 finish = reason
                 break
@@ -212,7 +213,11 @@ def decode(
         times = {}
         t = time.perf_counter()
         # (1) choose a tree (never past the context window)
-        tree = plain if heads is None else policy.choose(StepContext(index, pos, max_new_tokens - emitted, root_logits))
+        tree = (
+            plain
+            if heads is None
+            else policy.choose(StepContext(index, pos, max_new_tokens - emitted, root_logits))
+        )
         if pos + tree.size > engine.window:
             tree = plain
         # (2) draft: one token per tree node from the heads

@@ -1,0 +1,162 @@
+"""Command line: `entmtp generate`, `entmtp trees`, `entmtp profile`, `entmtp train-heads`, `entmtp eval-heads`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from importlib import resources
+from pathlib import Path
+
+from .errors import EntMTPError
+
+HEAD_KINDS = ("medusa", "hydra")
+
+
+def shipped_heads_dir(kind: str) -> Path:
+    return Path(str(resources.files("entmtp") / "assets" / "heads" / kind))
+
+
+def resolve_heads(spec: str | None, model, dtype=None):
+    """`spec`: medusa | hydra (shipped heads for the embedded model) | none | a heads directory."""
+    from .heads import load_heads
+
+    if spec in (None, "none"):
+        return None
+    path = shipped_heads_dir(spec) if spec in HEAD_KINDS else Path(spec)
+    if spec in HEAD_KINDS and not (path / "config.json").exists():
+        raise EntMTPError(
+            f"no trained {spec} heads ship with this version: train some with `entmtp train-heads --kind {spec}` "
+            "and pass their directory to --heads"
+        )
+    return load_heads(path, dtype=model.dtype, device=model.device)
+
+
+def default_heads() -> str:
+    for kind in ("hydra", "medusa"):
+        if (shipped_heads_dir(kind) / "config.json").exists():
+            return kind
+    return "none"
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model", default=None, help="Hugging Face model id or local path (default: embedded SmolLM2)"
+    )
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def _setup_torch(args) -> None:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+
+def cmd_generate(args) -> int:
+    from .engine import Engine
+    from .model import load_model
+
+    _setup_torch(args)
+    model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
+    heads = resolve_heads(args.heads if args.heads is not None else default_heads(), model)
+    engine = Engine(model, tokenizer, heads=heads, tree=args.tree)
+    kwargs = dict(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        acceptance=args.acceptance,
+        seed=args.seed,
+        stop=args.stop or None,
+        chat=not args.no_chat,
+    )
+    if args.json:
+        result = engine.generate(args.prompt, **kwargs)
+        print(json.dumps(result.to_json()))
+        return 0
+    for event in engine.stream(args.prompt, **kwargs):
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+    result = event.result  # type: ignore[attr-defined]
+    print(
+        f"\n[{len(result.token_ids)} tokens, {result.num_steps} steps, "
+        f"{result.mean_tokens_per_step:.2f} tokens/step, {result.tokens_per_second:.1f} tokens/s, "
+        f"finish: {result.finish_reason}]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_trees(args) -> int:
+    from .tree import list_trees, load_tree
+
+    print(f"{'name':<16} {'nodes':>5}  per depth")
+    for name in list_trees():
+        t = load_tree(name)
+        print(f"{name:<16} {t.num_nodes:>5}  {'/'.join(map(str, t.nodes_per_depth))}")
+    return 0
+
+
+def cmd_profile(args) -> int:
+    from .profile import run_profile
+
+    _setup_torch(args)
+    return run_profile(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="entmtp", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text with speculative decoding")
+    g.add_argument("prompt")
+    g.add_argument(
+        "--heads", default=None, help="medusa | hydra | none | PATH (default: shipped heads, if any)"
+    )
+    g.add_argument("--tree", default="mc_sim_7b_63", help="tree name (see `entmtp trees`) or JSON file")
+    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--acceptance", default="auto", choices=["auto", "greedy", "sample", "typical"])
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the chat template")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    _add_model_args(g)
+    g.set_defaults(func=cmd_generate)
+
+    t = sub.add_parser("trees", help="list the named trees")
+    t.set_defaults(func=cmd_trees)
+
+    p = sub.add_parser("profile", help="per-step cost breakdown (draft/verify/accept/commit) per tree size")
+    p.add_argument(
+        "--heads", default=None, help="medusa | hydra | PATH (default: shipped, else random heads)"
+    )
+    p.add_argument("--trees", default="chain_1,tree_4,tree_16,mc_sim_7b_63")
+    p.add_argument("--steps", type=int, default=40, help="decode steps measured per tree (after warm-up)")
+    p.add_argument("--out", default="runs/profile.json")
+    _add_model_args(p)
+    p.set_defaults(func=cmd_profile)
+
+    from .train import add_eval_arguments, add_train_arguments, run_eval, run_train
+
+    tr = sub.add_parser("train-heads", help="train Medusa or Hydra heads by self-distillation")
+    add_train_arguments(tr)
+    tr.set_defaults(func=run_train)
+    ev = sub.add_parser("eval-heads", help="evaluate trained heads (accuracy, tokens per step)")
+    add_eval_arguments(ev)
+    ev.set_defaults(func=run_eval)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except EntMTPError as e:
+        print(f"entmtp: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Shared fixtures: tiny random base models (Llama, Qwen2), an oracle drafter, the embedded model."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from entmtp.heads import Draft
+
+VOCAB = 256
+
+
+class ByteTokenizer:
+    """Enough of a tokenizer for the engine on tiny models: ids are bytes, no chat template."""
+
+    eos_token_id = None
+    chat_template = None
+
+    def encode(self, text, add_special_tokens=True):
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(i % 256 for i in ids).decode("utf-8", errors="replace")
+
+
+def tiny_model(arch: str = "llama", seed: int = 0, vocab: int = VOCAB):
+    torch.manual_seed(seed)
+    common = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=vocab,
+        max_position_embeddings=512,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model.eval().requires_grad_(False)
+
+
+@dataclass(frozen=True)
+class OracleConfig:
+    num_heads: int
+    kind: str = "medusa"
+    hidden_state_offset: int = 0
+
+
+class OracleHeads(torch.nn.Module):
+    """A drafter that knows the base model's greedy continuation `reference` (prompt + output) and puts the
+    right token at rank `(pos * 7 + depth) % rank_mod` of each head, filling the other ranks with wrong
+    tokens. Rank 0 is not always right, so accepted paths go through side branches and the KV commit must
+    move entries; `wrong_every` makes some depths miss entirely."""
+
+    def __init__(self, reference: list[int], num_heads: int = 5, rank_mod: int = 2, wrong_every: int = 0):
+        super().__init__()
+        self.config = OracleConfig(num_heads)
+        self.reference, self.rank_mod, self.wrong_every = reference, rank_mod, wrong_every
+        self.pos = 0
+
+    def bind(self, model):
+        self.vocab = model.config.vocab_size
+        return self
+
+    def reset(self):
+        self.pos = 0
+
+    def extend(self, hidden):
+        self.pos += hidden.shape[0]
+
+    def draft(self, tree, root_token) -> Draft:
+        tokens = []
+        for node in range(1, tree.size):
+            depth, rank = int(tree.depths[node]), int(tree.ranks[node])
+            # truth after the committed prefix: reference[pos] is the root, reference[pos + d] at depth d
+            idx = self.pos + depth
+            truth = self.reference[idx] if idx < len(self.reference) else 0
+            right_rank = (self.pos * 7 + depth) % self.rank_mod
+            miss = self.wrong_every and (self.pos + depth) % self.wrong_every == 0
+            tokens.append(truth if rank == right_rank and not miss else (truth + 1 + rank) % self.vocab)
+        t = torch.tensor(tokens, dtype=torch.long)
+        return Draft(tokens=t, logprobs=torch.zeros(len(tokens)))
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The embedded SmolLM2-135M-Instruct in float32 (exact-equality tests need fp32)."""
+    from entmtp.model import load_model
+
+    torch.set_num_threads(int(os.environ.get("ENTMTP_TEST_THREADS", "2")))
+    return load_model(dtype="float32")

@@ -1,0 +1,97 @@
+"""Acceptance rules on hand-made logits: greedy picks the longest agreeing path; lossless sampling follows
+the target distribution (checked on many draws, not one); typical acceptance applies its threshold."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from entmtp.accept import Sampling, accept, accept_greedy
+from entmtp.errors import EntMTPError
+from entmtp.tree import Tree
+
+V = 6
+TREE = Tree.from_paths([(0,), (1,), (0, 0), (1, 0), (1, 1)])  # nodes: 0 root, 1 (0,), 2 (1,), 3, 4, 5
+
+
+def onehot_logits(targets):
+    logits = torch.full((len(targets), V), -10.0)
+    logits[torch.arange(len(targets)), torch.tensor(targets)] = 10.0
+    return logits
+
+
+def test_greedy_takes_the_longest_agreeing_path_through_a_side_branch():
+    tokens = torch.tensor([9 % V, 1, 2, 3, 4, 5])  # root, (0,)=1, (1,)=2, (0,0)=3, (1,0)=4, (1,1)=5
+    # base argmax after root is 2 (node 2 right), after node 2 is 5 (node 5 right), after node 5 is 0
+    targets = [2, 0, 5, 0, 0, 0]
+    acc = accept_greedy(TREE, tokens, onehot_logits(targets))
+    assert acc.path == [0, 2, 5] and acc.bonus == 0
+
+
+def test_greedy_rejects_everything_and_keeps_the_bonus():
+    tokens = torch.tensor([0, 1, 2, 3, 4, 5])
+    acc = accept_greedy(TREE, tokens, onehot_logits([4, 0, 0, 0, 0, 0]))
+    assert acc.path == [0] and acc.bonus == 4
+
+
+def test_root_only_tree():
+    acc = accept_greedy(Tree.root_only(), torch.tensor([3]), onehot_logits([1]))
+    assert acc.path == [0] and acc.bonus == 1
+
+
+def _target_probs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.softmax(torch.randn(TREE.size, V, generator=g) * 1.5, dim=-1)  # [N+1, V]
+
+
+@pytest.mark.parametrize("drafts", [[2, 3, 4, 5], [1, 2, 2, 3], [4, 0, 1, 2]])
+def test_sampling_is_lossless_first_token_and_conditional_second_token(drafts):
+    probs = _target_probs()
+    top = int(probs[0].argmax())  # node 1 drafts the likeliest token: many draws condition on it
+    tokens = torch.tensor([0, top, *drafts])
+    logits = torch.log(probs)  # temperature 1
+    g = torch.Generator().manual_seed(123)
+    n = 20000
+    first = torch.zeros(V)
+    second_given = torch.zeros(V)  # second token when the first is node 1's token and node 1 was accepted
+    n_given = 0
+    sampling = Sampling(temperature=1.0)
+    for _ in range(n):
+        acc = accept(TREE, tokens, logits, sampling, g)
+        emitted = tokens[acc.path[1:]].tolist() + [acc.bonus]
+        first[emitted[0]] += 1
+        if len(acc.path) > 1 and acc.path[1] == 1:
+            n_given += 1
+            second_given[emitted[1]] += 1
+    tv = 0.5 * (first / n - probs[0]).abs().sum()
+    assert tv < 0.02, f"first-token distribution off by TV {tv:.3f}"
+    tv2 = 0.5 * (second_given / n_given - probs[1]).abs().sum()
+    tol = 1.5 * math.sqrt(V / n_given)  # ~3x the expected TV of n_given multinomial draws
+    assert n_given > 2000 and tv2 < tol, f"second-token distribution off by TV {tv2:.3f} ({n_given} draws)"
+
+
+def test_typical_acceptance_threshold():
+    # root distribution: entropy-based threshold min(0.09, 0.3 * exp(-H))
+    p = torch.tensor([0.5, 0.3, 0.15, 0.04, 0.01, 0.0])
+    h = -(p[p > 0] * p[p > 0].log()).sum().item()
+    threshold = min(0.09, 0.3 * math.exp(-h))
+    probs = p.repeat(TREE.size, 1)
+    logits = torch.log(probs.clamp_min(1e-30))
+    sampling = Sampling(temperature=1.0, acceptance="typical")
+    g = torch.Generator().manual_seed(0)
+    for tok in range(V):
+        tokens = torch.tensor([0, tok, (tok + 1) % V, 0, 0, 0])
+        acc = accept(TREE, tokens, logits, sampling, g)
+        assert (len(acc.path) > 1 and acc.path[1] == 1) == bool(p[tok] > threshold)
+        assert p[acc.bonus] > threshold  # the bonus is drawn from the passing set
+
+
+def test_sampling_settings_are_validated():
+    with pytest.raises(EntMTPError, match="temperature must be >= 0"):
+        Sampling(temperature=-0.5)
+    with pytest.raises(EntMTPError, match="needs a temperature > 0"):
+        Sampling(temperature=0.0, acceptance="sample")
+    with pytest.raises(EntMTPError, match="unknown acceptance"):
+        Sampling(temperature=1.0, acceptance="beam")

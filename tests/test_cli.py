@@ -1,0 +1,62 @@
+"""CLI contract: `entmtp generate ... --json`, `entmtp trees`, and errors as messages (exit 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from entmtp.cli import main
+
+
+def test_trees_lists_named_trees_with_counts(capsys):
+    assert main(["trees"]) == 0
+    out = capsys.readouterr().out
+    assert "mc_sim_7b_63" in out and "10/28/23/2" in out and "chain_5" in out
+
+
+@pytest.mark.slow
+def test_generate_json_contract(capsys):
+    code = main(
+        [
+            "generate",
+            "What is 2+2?",
+            "--heads",
+            "none",
+            "--max-new-tokens",
+            "8",
+            "--json",
+            "--dtype",
+            "float32",
+        ]
+    )
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("text", "token_ids", "num_steps", "tokens_per_step", "trees", "seconds", "tokens_per_second"):
+        assert key in out
+    assert len(out["token_ids"]) <= 8 and out["num_steps"] == len(out["tokens_per_step"]) == len(out["trees"])
+    assert all(t == 1 for t in out["tokens_per_step"])
+
+
+@pytest.mark.slow
+def test_generate_streams_text_and_stats_line(capsys):
+    assert main(["generate", "Say hello.", "--heads", "none", "--max-new-tokens", "6"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip()
+    assert "tokens/step" in captured.err and "tokens/s" in captured.err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["generate", "", "--heads", "none"], "prompt is empty"),
+        (["generate", "hi", "--heads", "none", "--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+        (["generate", "hi", "--heads", "none", "--max-new-tokens", "100000"], "context window"),
+        (["generate", "hi", "--heads", "/nonexistent/heads"], "/nonexistent/heads"),
+        (["generate", "hi", "--heads", "none", "--dtype", "float32", "--temperature", "-1"], "temperature"),
+    ],
+)
+def test_generate_errors_are_clear(capsys, args, message):
+    assert main(args) == 2
+    assert message in capsys.readouterr().err

@@ -1,0 +1,54 @@
+"""The embedded SmolLM2-135M-Instruct, float32: speculative greedy == plain greedy == transformers' generate
+on 20 prompts of the four benchmark sets, with Medusa and Hydra heads and three trees."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from entmtp.cli import HEAD_KINDS, resolve_heads, shipped_heads_dir
+from entmtp.engine import Engine
+from entmtp.heads import HeadsConfig, random_heads
+from entmtp.model import encode_prompt
+from entmtp.prompts import FOUR_TASKS, load_prompts
+
+pytestmark = pytest.mark.slow
+TREES = ["mc_sim_7b_63", "tree_16", "chain_4"]
+N_NEW = 32
+PROMPTS = [(task, p) for task in FOUR_TASKS for p in load_prompts(task, "calib", n=5)]
+
+
+def heads_for(kind, model):
+    """The shipped trained heads when present (real multi-token acceptance), else random ones."""
+    if (shipped_heads_dir(kind) / "config.json").exists():
+        return resolve_heads(kind, model)
+    cfg = HeadsConfig(kind=kind, num_heads=4, hidden_size=576, vocab_size=49152)
+    return random_heads(cfg, seed=0, init="random")
+
+
+@pytest.fixture(scope="module")
+def engines(embedded):
+    model, tok = embedded
+    plain = Engine(model, tok)
+    spec = {(k, t): Engine(model, tok, heads=heads_for(k, model), tree=t) for k in HEAD_KINDS for t in TREES}
+    return model, tok, plain, spec
+
+
+def test_twenty_prompts_from_four_sets():
+    assert len(PROMPTS) == 20 and {t for t, _ in PROMPTS} == set(FOUR_TASKS)
+
+
+@pytest.mark.parametrize("i", range(len(PROMPTS)))
+def test_speculative_equals_plain_greedy(engines, i):
+    model, tok, plain, spec = engines
+    task, prompt = PROMPTS[i]
+    ref = plain.generate(prompt, max_new_tokens=N_NEW)
+    tree = TREES[i % len(TREES)]
+    for kind in HEAD_KINDS:
+        out = spec[(kind, tree)].generate(prompt, max_new_tokens=N_NEW)
+        assert out.token_ids == ref.token_ids, f"{kind} heads, tree {tree}, {task} prompt {i}"
+        assert out.text == ref.text
+    if i % 5 == 0:  # and plain decoding equals transformers' own generate
+        ids = encode_prompt(tok, prompt)
+        hf = model.generate(torch.tensor([ids]), max_new_tokens=N_NEW, do_sample=False)[0, len(ids) :]
+        assert hf.tolist() == ref.token_ids

@@ -1,0 +1,180 @@
+"""The key oracle: speculative greedy output equals plain greedy output token for token (float32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import ByteTokenizer, OracleHeads, tiny_model
+from entmtp.engine import Engine
+from entmtp.errors import PromptError
+from entmtp.heads import HeadsConfig, random_heads
+from entmtp.tree import Tree, load_tree
+
+TREES = ["mc_sim_7b_63", "tree_16", "tree_4", "chain_5", "chain_1"]
+
+
+def plain_greedy(model, ids, n):
+    return Engine(model, ByteTokenizer()).generate(ids, max_new_tokens=n).token_ids
+
+
+def hf_greedy(model, ids, n):
+    out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None)
+    return out[0, len(ids) :].tolist()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_plain_decoding_equals_transformers_generate(arch):
+    model = tiny_model(arch)
+    ids = list(range(10, 30))
+    assert plain_greedy(model, ids, 40) == hf_greedy(model, ids, 40)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("tree", TREES)
+@pytest.mark.parametrize("rank_mod", [1, 3])
+def test_oracle_drafts_give_identical_output_and_long_steps(arch, tree, rank_mod):
+    model = tiny_model(arch, seed=1)
+    ids = [5, 17, 99, 3, 250, 7, 7, 64]
+    n = 48
+    ref = plain_greedy(model, ids, n)
+    heads = OracleHeads(ids + ref, rank_mod=rank_mod, wrong_every=5)
+    result = Engine(model, ByteTokenizer(), heads=heads, tree=tree).generate(ids, max_new_tokens=n)
+    assert result.token_ids == ref
+    assert sum(result.tokens_per_step) + 1 == len(result.token_ids)  # +1: the prefill's token
+    t = load_tree(tree)
+    if t.topk >= rank_mod:  # the right token is in the tree: steps accept several drafts
+        assert max(result.tokens_per_step) >= min(t.depth, 2) + 1
+        assert result.num_steps < n - 1
+
+
+def test_side_branch_acceptance_moves_cache_entries():
+    """rank_mod=2 puts the truth on rank 1 half the time: accepted paths are not a prefix of node ids."""
+    model = tiny_model("llama", seed=2)
+    ids = list(range(40, 60))
+    ref = plain_greedy(model, ids, 40)
+    heads = OracleHeads(ids + ref, rank_mod=2)
+    steps = []
+    engine = Engine(model, ByteTokenizer(), heads=heads, tree="mc_sim_7b_63")
+    for ev in engine.stream(ids, max_new_tokens=40):
+        if ev.step is not None:
+            steps.append(ev.step)
+    assert ev.result.token_ids == ref
+    assert sum(s.accepted for s in steps) > len(steps)  # many multi-token steps
+
+
+def test_eos_inside_an_accepted_chunk_ends_output_exactly_there():
+    model = tiny_model("llama", seed=3)
+    ids = [1, 2, 3, 4, 5, 6]
+    ref = plain_greedy(model, ids, 40)
+    # make a token first seen at index >= 6 the EOS token: plain decoding stops right after it
+    first = {}
+    for i, tok in enumerate(ref):
+        first.setdefault(tok, i)
+    # chain_5 steps emit tokens 1-6, 7-12, ...: an index that is not a multiple of 6 sits inside a chunk
+    eos_index = next(i for tok, i in first.items() if i >= 6 and i % 6 not in (0, 5))
+    model.generation_config.eos_token_id = ref[eos_index]
+    plain = plain_greedy(model, ids, 40)
+    assert plain == ref[: eos_index + 1]
+    assert hf_greedy_with_eos(model, ids, 40, ref[eos_index]) == plain
+    heads = OracleHeads(ids + ref, rank_mod=1)  # always right: steps accept up to 5 drafts
+    result = Engine(model, ByteTokenizer(), heads=heads, tree="chain_5").generate(ids, max_new_tokens=40)
+    assert result.token_ids == plain
+    assert result.finish_reason == "eos"
+    # the final step accepted drafts past the EOS: the output was cut inside the accepted chunk
+    last = result.steps[-1]
+    assert last.token_ids[-1] == ref[eos_index]
+    assert last.accepted + 1 > last.tokens
+
+
+def hf_greedy_with_eos(model, ids, n, eos):
+    out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=eos)
+    return out[0, len(ids) :].tolist()
+
+
+@pytest.mark.parametrize("kind,arch", [("medusa", "mlp"), ("hydra", "mlp"), ("hydra", "prefix-mlp")])
+@pytest.mark.parametrize("tree", ["mc_sim_7b_63", "tree_8", "chain_4"])
+def test_real_heads_random_weights_identical_output(kind, arch, tree):
+    model = tiny_model("llama", seed=4)
+    cfg = HeadsConfig(kind=kind, num_heads=4, hidden_size=64, vocab_size=256, head_arch=arch)
+    heads = random_heads(cfg, seed=0, init="random")
+    ids = list(range(100, 120))
+    ref = plain_greedy(model, ids, 32)
+    result = Engine(model, ByteTokenizer(), heads=heads, tree=tree).generate(ids, max_new_tokens=32)
+    assert result.token_ids == ref
+
+
+def test_max_new_tokens_is_respected_exactly():
+    model = tiny_model("llama", seed=5)
+    ids = list(range(10))
+    ref = plain_greedy(model, ids, 30)
+    for n in (1, 2, 7, 30):
+        heads = OracleHeads(ids + ref, rank_mod=1)
+        out = Engine(model, ByteTokenizer(), heads=heads, tree="chain_5").generate(ids, max_new_tokens=n)
+        assert out.token_ids == ref[:n]
+        assert out.finish_reason == "length"
+
+
+def test_stop_string_ends_text_before_it():
+    model = tiny_model("llama", seed=6)
+    ids = list(b"hello")
+    full = Engine(model, ByteTokenizer()).generate(ids, max_new_tokens=30)
+    text = full.text
+    stop = text[5:7]
+    assert stop and "\ufffd" not in stop
+    out = Engine(model, ByteTokenizer()).generate(ids, max_new_tokens=30, stop=[stop])
+    assert out.finish_reason == "stop"
+    assert out.text == text[: text.find(stop)]
+
+
+def test_sampling_is_seeded_and_repeatable():
+    model = tiny_model("llama", seed=7)
+    cfg = HeadsConfig(kind="medusa", num_heads=3, hidden_size=64, vocab_size=256)
+    heads = random_heads(cfg, seed=0, init="random")
+    engine = Engine(model, ByteTokenizer(), heads=heads, tree="tree_8")
+    a = engine.generate(list(range(9)), max_new_tokens=20, temperature=0.8, seed=11).token_ids
+    b = engine.generate(list(range(9)), max_new_tokens=20, temperature=0.8, seed=11).token_ids
+    c = engine.generate(list(range(9)), max_new_tokens=20, temperature=0.8, seed=12).token_ids
+    assert a == b and a != c
+
+
+def test_bad_lengths_are_rejected_with_clear_messages():
+    model = tiny_model("llama")
+    engine = Engine(model, ByteTokenizer())
+    with pytest.raises(PromptError, match="max_new_tokens must be >= 1"):
+        engine.generate([1, 2], max_new_tokens=0)
+    with pytest.raises(PromptError, match="context window is 512"):
+        engine.generate(list(range(256)) * 2, max_new_tokens=1)
+    with pytest.raises(PromptError, match="use max_new_tokens <= 412"):
+        engine.generate(list(range(100)), max_new_tokens=500)
+    with pytest.raises(PromptError, match="empty"):
+        engine.generate("   ", max_new_tokens=5)
+
+
+def test_tree_deeper_than_heads_is_rejected():
+    from entmtp.errors import TreeError
+
+    model = tiny_model("llama")
+    cfg = HeadsConfig(kind="medusa", num_heads=2, hidden_size=64, vocab_size=256)
+    with pytest.raises(TreeError, match="depth"):
+        Engine(model, ByteTokenizer(), heads=random_heads(cfg), tree="chain_3")
+
+
+def test_unknown_tree_name_is_rejected():
+    from entmtp.errors import TreeError
+
+    model = tiny_model("llama")
+    cfg = HeadsConfig(kind="medusa", num_heads=2, hidden_size=64, vocab_size=256)
+    with pytest.raises(TreeError, match="mc_sim_7b_63"):
+        Engine(model, ByteTokenizer(), heads=random_heads(cfg), tree="no_such_tree")
+
+
+def test_root_only_tree_is_plain_decoding():
+    model = tiny_model("llama", seed=8)
+    ids = list(range(30, 40))
+    cfg = HeadsConfig(kind="medusa", num_heads=2, hidden_size=64, vocab_size=256)
+    out = Engine(model, ByteTokenizer(), heads=random_heads(cfg), tree=Tree.root_only()).generate(
+        ids, max_new_tokens=12
+    )
+    assert out.token_ids == plain_greedy(model, ids, 12)
+    assert out.tokens_per_step == [1] * 11
