@@ -368,3 +368,22 @@ def test_cli_arguments():
     )
     assert args.eval_prompts == 10 and args.eval_trees == "mc_sim_7b_63,tree_16"
     assert Path(args.out) == Path("o")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_pipeline_on_cuda(tmp_path):
+    model, tok = tiny_base()
+    model.to("cuda")
+    pf = tmp_path / "prompts.jsonl"
+    pf.write_text("\n".join(json.dumps({"instruction": p}) for p in PROMPTS) + "\n")
+    summary = train_heads(
+        "hydra", tmp_path / "out", base=(model, tok), device="cuda", prompts_file=pf, num_prompts=8,
+        max_new_tokens=16, val_fraction=0.25, shard_size=4, steps=20, batch_size=4, window=16, lr=1e-2,
+        eval_every=10, num_heads=2, progress=False, eval_prompts=1, eval_max_new_tokens=8,
+        eval_tasks=("gsm8k",), eval_trees=("tree_4",),
+    )  # fmt: skip
+    log = [json.loads(line) for line in (tmp_path / "out" / LOG).read_text().splitlines()]
+    losses = [r["loss"] for r in log if r.get("loss") is not None]
+    assert summary["train"]["step"] == 20 and losses[-1] < losses[0]
+    assert summary["eval"]["tasks"]["gsm8k"]["speculative"]["tree_4"]["tokens_per_step"] >= 1.0
+    assert load_heads(tmp_path / "out").config.kind == "hydra"
