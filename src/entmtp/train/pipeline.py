@@ -83,6 +83,8 @@ def train_heads(
     eval_tasks: tuple[str, ...] = FOUR_TASKS,
     progress: bool = True,
     stop_after: int | None = None,  # stop training at this step (a resumable checkpoint), as if interrupted
+    gen_time_limit: float | None = None,  # seconds: start no new data shard after this (train on what exists)
+    train_time_limit: float | None = None,  # seconds: plan fewer steps (shorter lr schedule) if needed
 ) -> dict:
     """Generate self-distillation data, train Medusa/Hydra heads on it, save and evaluate them.
 
@@ -144,6 +146,7 @@ def train_heads(
             batch_size=batch,
             base_model=base_name,
             progress=progress,
+            time_limit=gen_time_limit,
         )
         summary["distill"] = {
             "dir": str(distill),
@@ -184,6 +187,7 @@ def train_heads(
             overwrite=overwrite,
             progress=progress,
             stop_after=stop_after,
+            time_limit=train_time_limit,
         )
         summary["train"] = dataclasses.asdict(result)
         plot_learning_curve(out / LOG, out / "learning_curve.png")
@@ -277,6 +281,12 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace heads / checkpoints already in --out")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     _eval_options(p, prefix="eval-")
+    p.add_argument(
+        "--gen-time-limit", type=float, default=None, help="seconds: start no new data shard after"
+    )
+    p.add_argument(
+        "--time-limit", type=float, default=None, help="seconds of training: fewer steps if needed"
+    )
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -345,6 +355,8 @@ def run_train(args) -> int:
         eval_trees=_csv(args.eval_trees),
         eval_tasks=_csv(args.eval_tasks),
         progress=not args.no_progress,
+        gen_time_limit=args.gen_time_limit,
+        train_time_limit=args.time_limit,
     )
     brief = {k: v for k, v in summary.items() if k != "eval"}
     print(json.dumps(brief, indent=2))

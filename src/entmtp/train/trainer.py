@@ -41,6 +41,7 @@ from .data import Manifest, SplitData, _write_text_atomic, load_split
 CHECKPOINTS = "checkpoints"
 LOG = "train_log.jsonl"
 LOSSES = ("kl", "ce", "mix")
+TIME_PROBE_STEPS = 20  # steps timed before a time limit re-plans the run
 
 
 @dataclass(frozen=True)
@@ -411,12 +412,16 @@ def train(
     overwrite: bool = False,
     progress: bool = True,
     stop_after: int | None = None,
+    time_limit: float | None = None,
 ) -> TrainResult:
     """Train ``heads`` (bound to the frozen ``model``) on the data in ``distill_dir``; checkpoints and the
     learning-curve log go to ``out_dir``. The final heads are NOT saved here (see ``train_heads``).
 
     ``resume``: continue from the latest checkpoint in ``out_dir`` (same settings required).
     ``stop_after``: stop (with a checkpoint) once this step is reached, as if interrupted.
+    ``time_limit``: seconds this call may train. After a few steps the pace is measured; if the remaining
+    steps would not fit, fewer are planned and the lr schedule is shortened to end with them (a complete,
+    shorter run, not an interrupted one).
     """
     device = torch.device(device)
     out = Path(out_dir)
@@ -443,7 +448,7 @@ def train(
     log_path = out / LOG
     ckpt = latest_checkpoint(out) if resume else None
     if ckpt is not None:
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        state = torch.load(ckpt, map_location="cpu", weights_only=True)
         if state["signature"] != signature:
             diff = sorted(k for k in signature if state["signature"].get(k) != signature[k])
             raise HeadsError(
@@ -491,8 +496,9 @@ def train(
         val_top1 = ev["val_top1"]
         log({"step": 0, "positions": 0, "loss": None, **ev})
 
-    end = settings.steps if stop_after is None else min(settings.steps, stop_after)
-    t_start, start_positions = time.perf_counter(), positions
+    planned = settings.steps  # may shrink to fit time_limit
+    end = planned if stop_after is None else min(planned, stop_after)
+    t_start, start_positions, start_step = time.perf_counter(), positions, step
     interval = {"loss": 0.0, "steps": 0, "hits": [0] * K, "counts": [0] * K}
     last_loss = float("nan")
     bar = _TrainProgress(progress, settings.steps, step)
@@ -509,6 +515,15 @@ def train(
                 scheduler.step()
                 step += 1
                 positions += counts[0]
+                if time_limit and step - start_step == TIME_PROBE_STEPS:
+                    pace = (time.perf_counter() - t_start) / TIME_PROBE_STEPS  # seconds per step
+                    fit = start_step + int(0.9 * time_limit / pace)  # 10% for evals and checkpoints
+                    if fit < planned:
+                        planned = schedule.total = max(step, fit)
+                        end = min(end, planned)
+                        bar.note(
+                            f"time limit {time_limit:.0f}s: training {planned} steps instead of {settings.steps}"
+                        )
                 interval["loss"] += loss
                 interval["steps"] += 1
                 interval["hits"] = [a + b for a, b in zip(interval["hits"], hits, strict=True)]
@@ -516,7 +531,7 @@ def train(
                 rate = (positions - start_positions) / max(1e-9, time.perf_counter() - t_start)
                 bar.update(step, loss, rate)
                 entry = None
-                if step % settings.log_every == 0 or step == settings.steps:
+                if step % settings.log_every == 0 or step == planned:
                     last_loss = interval["loss"] / interval["steps"]
                     entry = {
                         "step": step,
@@ -530,7 +545,7 @@ def train(
                     }
                     interval = {"loss": 0.0, "steps": 0, "hits": [0] * K, "counts": [0] * K}
                 eval_now = val_data is not None and (
-                    step == settings.steps or (settings.eval_every and step % settings.eval_every == 0)
+                    step == planned or (settings.eval_every and step % settings.eval_every == 0)
                 )
                 if eval_now:
                     heads.eval()
@@ -556,7 +571,7 @@ def train(
         val_top1=val_top1,
         seconds=seconds,
         positions_per_second=done_positions / max(1e-9, seconds),
-        stopped_early=step < settings.steps,
+        stopped_early=step < planned,
     )
 
 
