@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Reproduces the heads shipped in src/entmtp/assets/heads: self-distillation data from the embedded
+# SmolLM2-135M-Instruct, then Medusa and Hydra heads trained on the same data. The shipped heads were made
+# on one H200 with the defaults below (see issue #3's note); on a CPU use DEVICE=cpu and smaller sizes.
+# Time limits bound each stage: generation starts no new shard after GEN_LIMIT seconds, and training plans
+# as many steps (with a full lr schedule) as fit in its limit.
+set -euo pipefail
+DEVICE=${DEVICE:-cuda}
+DATA_DIR=${DATA_DIR:-../shared/data}  # training prompts; never the benchmark sets
+WORK=${WORK:-runs/shipped}
+NUM_PROMPTS=${NUM_PROMPTS:-24000}
+MAX_NEW=${MAX_NEW:-320}
+GEN_BATCH=${GEN_BATCH:-1024}
+GEN_LIMIT=${GEN_LIMIT:-200}
+STEPS=${STEPS:-20000}
+BATCH=${BATCH:-64}
+MEDUSA_LIMIT=${MEDUSA_LIMIT:-100}
+HYDRA_LIMIT=${HYDRA_LIMIT:-120}
+ENTMTP=${ENTMTP:-entmtp}
+
+common=(--device "$DEVICE" --distill-dir "$WORK/distill" --data-dir "$DATA_DIR" --num-prompts "$NUM_PROMPTS"
+        --max-new-tokens "$MAX_NEW" --gen-batch-size "$GEN_BATCH" --shard-size "$GEN_BATCH" --num-heads 4
+        --steps "$STEPS" --batch-size "$BATCH" --checkpoint-every 1000 --eval-every 500
+        --save-dtype bfloat16 --no-progress)
+$ENTMTP train-heads --kind medusa --out "$WORK/medusa" --stages gen,train --gen-time-limit "$GEN_LIMIT" \
+    --time-limit "$MEDUSA_LIMIT" "${common[@]}"
+$ENTMTP train-heads --kind hydra --out "$WORK/hydra" --stages train --time-limit "$HYDRA_LIMIT" "${common[@]}"
