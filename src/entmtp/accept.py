@@ -68,20 +68,24 @@ def accept(
     rule = sampling.rule
     if rule == "greedy":
         return accept_greedy(tree, tokens, logits)
-    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)  # [N+1, V]
+    # Random draws use the caller's CPU generator (seeded runs repeat on any device): sample on the CPU.
+    tokens = tokens.cpu()
+    probs = torch.softmax(logits.float().cpu() / sampling.temperature, dim=-1)  # [N+1, V]
     if rule == "typical":
         return accept_typical(tree, tokens, probs, sampling.typical_eps, sampling.typical_alpha, generator)
     return accept_sample(tree, tokens, probs, generator)
 
 
 def accept_greedy(tree: Tree, tokens: torch.Tensor, logits: torch.Tensor) -> Accepted:
-    target = logits.argmax(dim=-1)  # [N+1] base token after each node
+    # max().indices is argmax (first maximum on ties) and ~4x faster than argmax() on bf16 CPU tensors
+    target = logits.max(dim=-1).indices  # [N+1] base token after each node
     if tree.num_nodes == 0:
         return Accepted([0], int(target[0]))
     # A draft is right when it equals the base argmax at its parent; a path is kept up to its first miss.
-    right = tokens == target[tree.parents.clamp(min=0)]  # [N+1] (root compared to itself: ignored)
+    dev = logits.device  # tree tensors live on the CPU; .to() is a no-op there
+    right = tokens == target[tree.parents.to(dev).clamp(min=0)]  # [N+1] (root compared to itself: ignored)
     right[0] = True
-    rows = tree.retrieve_indices  # [L, D+1], -1 padded
+    rows = tree.retrieve_indices.to(dev)  # [L, D+1], -1 padded
     ok = right[rows.clamp(min=0)] & (rows >= 0)  # [L, D+1]
     lengths = ok.int().cumprod(dim=1).sum(dim=1)  # [L] accepted nodes incl. root
     best = int(lengths.argmax())
@@ -142,10 +146,11 @@ def accept_typical(
     alpha: float,
     generator: torch.Generator | None,
 ) -> Accepted:
+    dev = probs.device
     passing = _typical_ok(probs, eps, alpha)  # [N+1, V]
-    right = passing[tree.parents.clamp(min=0), tokens]  # [N+1]
+    right = passing[tree.parents.to(dev).clamp(min=0), tokens]  # [N+1]
     right[0] = True
-    rows = tree.retrieve_indices
+    rows = tree.retrieve_indices.to(dev)
     ok = right[rows.clamp(min=0)] & (rows >= 0)
     lengths = ok.int().cumprod(dim=1).sum(dim=1)
     best = int(lengths.argmax())
