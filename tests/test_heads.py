@@ -408,3 +408,39 @@ def test_prefix_layer_without_geometry_is_built_at_bind(model, tmp_path):
     assert torch.equal(heads.prefix.self_attn.q_proj.weight, again.prefix.self_attn.q_proj.weight)
     save_heads(heads, tmp_path)
     assert_same_heads(heads, load_heads(tmp_path).bind(model), model)
+
+
+@pytest.mark.parametrize("kind,share", [("medusa", True), ("medusa", False), ("hydra", False)])
+def test_draft_vocabulary_restricts_drafts_and_round_trips(model, prompt, tmp_path, kind, share):
+    from entmtp.heads import frequent_tokens
+
+    heads = make(model, kind, share_lm_head=share)
+    _, hidden, root = prompt
+    heads.extend(hidden)
+    full = heads.draft(UNEVEN, root)
+    heads.set_draft_vocab(torch.arange(V))  # the whole vocabulary: the same drafts
+    same = heads.draft(UNEVEN, root)
+    assert torch.equal(same.tokens, full.tokens)
+    torch.testing.assert_close(same.logprobs, full.logprobs)
+    # a subset without the full-vocabulary top-1 of every depth-1 draft: those tokens can no longer appear
+    banned = set(full.tokens.tolist())
+    vocab = torch.tensor([t for t in range(V) if t not in banned])
+    heads.set_draft_vocab(vocab)
+    sub = heads.draft(UNEVEN, root)
+    assert set(sub.tokens.tolist()) <= set(vocab.tolist())
+    save_heads(heads, tmp_path / "h")
+    loaded = load_heads(tmp_path / "h").bind(model)
+    assert torch.equal(loaded.draft_vocab, vocab)
+    loaded.extend(hidden)
+    assert torch.equal(loaded.draft(UNEVEN, root).tokens, sub.tokens)
+    counts = torch.zeros(V)
+    counts[[5, 9, 9, 9, 7, 7]] += torch.tensor([1.0, 3.0, 3.0, 3.0, 2.0, 2.0])
+    assert frequent_tokens(counts, 2, keep=[0]).tolist() == [0, 7, 9]
+
+
+def test_draft_vocabulary_errors(model):
+    heads = make(model, "medusa")
+    with pytest.raises(HeadsError, match="draft vocabulary"):
+        heads.set_draft_vocab(torch.tensor([0, V]))
+    with pytest.raises(HeadsError, match="draft vocabulary"):
+        heads.set_draft_vocab(torch.tensor([], dtype=torch.long))

@@ -312,7 +312,9 @@ def test_train_heads_end_to_end(base, tmp_path):
         "hydra", tmp_path / "hydra", **{**kw, "distill_dir": out / "distill", "stages": "gen,train"}
     )
     assert hydra["distill"]["seconds"] < summary["distill"]["seconds"] + 5
-    assert load_heads(tmp_path / "hydra").config.kind == "hydra"
+    loaded = load_heads(tmp_path / "hydra")
+    assert loaded.config.kind == "hydra"
+    assert loaded.draft_vocab is not None and 1 in loaded.draft_vocab.tolist()  # EOS always draftable
     with pytest.raises(HeadsError, match="already holds heads.*--overwrite"):
         train_heads("medusa", out, **kw)
     assert report_markdown(report).count("| GSM8K |") == 5

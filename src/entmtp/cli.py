@@ -105,6 +105,13 @@ def cmd_profile(args) -> int:
     return run_profile(args)
 
 
+def cmd_bench(args) -> int:
+    from .bench import run_bench
+
+    _setup_torch(args)
+    return run_bench(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="entmtp", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -137,6 +144,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/profile.json")
     _add_model_args(p)
     p.set_defaults(func=cmd_profile)
+
+    b = sub.add_parser(
+        "bench", help="tokens/s and tokens/step against plain decoding, per task (table + JSON)"
+    )
+    b.add_argument("--heads", default="hydra,medusa", help="comma list: medusa, hydra or heads directories")
+    b.add_argument("--trees", default="chain_3,tree_8,tree_16,mc_sim_7b_63")
+    b.add_argument("--tasks", default="humaneval,sharegpt,gsm8k,writing")
+    b.add_argument("--split", default="test", choices=["calib", "test"])
+    b.add_argument("--num-prompts", type=int, default=10, help="prompts per task")
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--out", default="runs/bench.json")
+    b.add_argument("--no-progress", action="store_true")
+    _add_model_args(b)
+    b.set_defaults(func=cmd_bench)
 
     from .train import add_eval_arguments, add_train_arguments, run_eval, run_train
 

@@ -33,7 +33,7 @@ import os
 import re
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,11 +51,12 @@ FORMAT = "entmtp-heads"
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "heads.safetensors"
+DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # optional: token ids drafts are chosen from
 MEDUSA_SAFETENSORS = "medusa_lm_head.safetensors"
 MEDUSA_PT = "medusa_lm_head.pt"
 HYDRA_PT = "hydra_lm_head.pt"
 # Any of these in a directory means it already holds heads (or a model config we must not clobber).
-HEADS_FILES = (CONFIG_FILE, WEIGHTS_FILE, MEDUSA_SAFETENSORS, MEDUSA_PT, HYDRA_PT)
+HEADS_FILES = (CONFIG_FILE, WEIGHTS_FILE, DRAFT_VOCAB_FILE, MEDUSA_SAFETENSORS, MEDUSA_PT, HYDRA_PT)
 
 KINDS = ("medusa", "hydra")
 HEAD_ARCHS = ("mlp", "prefix-mlp")
@@ -304,6 +305,8 @@ class Heads(nn.Module):
         self._base: _BaseRefs | None = None
         self._feature: torch.Tensor | None = None  # [H]: what the next draft starts from
         self._plans: weakref.WeakKeyDictionary[Tree, dict[torch.device, Any]] = weakref.WeakKeyDictionary()
+        self.draft_vocab: torch.Tensor | None = None  # [Vd] token ids drafts are chosen from (None: all)
+        self._draft_proj: dict[tuple, tuple[torch.Tensor, torch.Tensor | None]] = {}
 
     proj_bias = False  # Medusa's projections have no bias; Hydra's do
 
@@ -437,15 +440,56 @@ class Heads(nn.Module):
         gather = self._plan(tree, feat.device, lambda t, d: t.draft_gather.to(d))  # [N]
         depth = tree.depth
         hs = torch.stack([self.heads[i].blocks(feat) for i in range(depth)])  # [depth, H]
-        logits = self._project_stack(hs)  # [depth, V]
-        top_lp, top_tok = F.log_softmax(logits.float(), dim=-1).topk(tree.topk, dim=-1)  # [depth, topk]
+        logits = self._project_stack(hs)  # [depth, Vd]
+        top_lp, top = F.log_softmax(logits.float(), dim=-1).topk(tree.topk, dim=-1)  # [depth, topk]
+        top_tok = self._draft_ids(top)
         return Draft(tokens=top_tok.reshape(-1)[gather], logprobs=top_lp.reshape(-1)[gather])
 
     def _project_stack(self, hs: torch.Tensor) -> torch.Tensor:
-        """Logits of heads 0..D-1 for hs [D, ..., H] -> [D, ..., V]."""
+        """Draft logits of heads 0..D-1 for hs [D, ..., H] -> [D, ..., Vd] (one matmul when shared)."""
         if self.config.share_lm_head:
-            return self.project(0, hs)
-        return torch.stack([self.project(i, h) for i, h in enumerate(hs)])
+            return self._draft_logits(0, hs)
+        return torch.stack([self._draft_logits(i, h) for i, h in enumerate(hs)])
+
+    def set_draft_vocab(self, ids: torch.Tensor | None) -> None:
+        """Draft only from these token ids (a frequency-ranked subset of the vocabulary, as in FR-Spec).
+
+        The heads' vocab projection is the largest cost of drafting on a CPU (a [V, H] matrix-vector
+        product per head, or per tree level for Hydra); projecting onto a third of the vocabulary that covers
+        nearly every token the model writes cuts it about threefold. Verification still sees the full
+        vocabulary, so outputs are unchanged: a right token outside the subset is only a missed draft."""
+        if ids is not None:
+            ids = torch.as_tensor(ids, dtype=torch.long).flatten().unique()
+            if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size:
+                raise HeadsError(
+                    f"draft vocabulary must be non-empty token ids in 0..{self.config.vocab_size - 1}"
+                )
+        self.draft_vocab = ids
+        self._draft_proj.clear()
+
+    def _draft_logits(self, k: int, feats: torch.Tensor) -> torch.Tensor:
+        """Head k's logits over the draft vocabulary (all of it when none is set): [..., H] -> [..., Vd]."""
+        if self.draft_vocab is None:
+            return self.project(k, feats)
+        proj = self.heads[k].proj
+        layer = proj if proj is not None else self._require_base().lm_head
+        key = (
+            k if proj is not None else -1,
+            layer.weight.device,
+            layer.weight.dtype,
+            layer.weight.data_ptr(),
+        )
+        if key not in self._draft_proj:  # the sliced matrix, built once per device and dtype
+            ids = self.draft_vocab.to(layer.weight.device)
+            bias = layer.bias[ids] if getattr(layer, "bias", None) is not None else None
+            self._draft_proj = {kk: v for kk, v in self._draft_proj.items() if kk[0] != key[0]}
+            self._draft_proj[key] = (layer.weight[ids].contiguous(), bias)  # [Vd, H], [Vd]
+        weight, bias = self._draft_proj[key]
+        return F.linear(feats.to(weight.dtype), weight, bias)
+
+    def _draft_ids(self, top: torch.Tensor) -> torch.Tensor:
+        """Map indices into the draft vocabulary back to token ids."""
+        return top if self.draft_vocab is None else self.draft_vocab.to(top.device)[top]
 
     # ---- training ---------------------------------------------------------------------------------
 
@@ -597,8 +641,11 @@ class HydraHeads(Heads):
         ctx = torch.cat([feat, self._embed(root_token.reshape(1).to(feat.device))[0]])[None]  # [1, 2H]
         for d, plan in enumerate(plans, start=1):
             x = ctx[plan.rows]  # [P, (d+1)H]: the level-(d-1) nodes that have children
-            lp = F.log_softmax(self.project(d - 1, self.heads[d - 1].blocks(x)).float(), dim=-1)  # [P, V]
-            top_lp, top_tok = lp.topk(plan.k, dim=-1)  # [P, k]
+            lp = F.log_softmax(
+                self._draft_logits(d - 1, self.heads[d - 1].blocks(x)).float(), dim=-1
+            )  # [P, Vd]
+            top_lp, top = lp.topk(plan.k, dim=-1)  # [P, k]
+            top_tok = self._draft_ids(top)
             tok = top_tok[plan.parent, plan.rank]  # [n_d]
             tokens[plan.out] = tok
             logprobs[plan.out] = top_lp[plan.parent, plan.rank]
@@ -621,6 +668,15 @@ class HydraHeads(Heads):
             ctx = torch.cat([ctx, emb[:, k : k + t]], dim=-1)  # [B, T, (k+1)H]; tokens[t+k] at t
             out.append(head.blocks(ctx))
         return out
+
+
+def frequent_tokens(counts: torch.Tensor, size: int, keep: Iterable[int] = ()) -> torch.Tensor:
+    """The `size` most frequent token ids by `counts` [V], plus the ids in `keep` (EOS and other special
+    tokens, which must stay draftable however rare): a draft vocabulary for `Heads.set_draft_vocab`."""
+    if size < 1:
+        raise HeadsError(f"draft vocabulary size must be >= 1, got {size}")
+    top = counts.float().topk(min(size, counts.numel())).indices
+    return torch.cat([top, torch.as_tensor(list(keep), dtype=torch.long)]).unique()
 
 
 def _heads_class(config: HeadsConfig) -> type[Heads]:
@@ -715,10 +771,10 @@ def save_heads(heads: Heads, directory: str | os.PathLike[str], *, overwrite: bo
     """Save in our format: ``config.json`` (format, version, HeadsConfig) + ``heads.safetensors``."""
     _check_complete(heads)
     config = {"format": FORMAT, "version": FORMAT_VERSION, **dataclasses.asdict(heads.config)}
-    files = {
-        WEIGHTS_FILE: _tensor_writer(heads.state_dict(), safetensors=True),
-        CONFIG_FILE: _json_writer(config),
-    }
+    files = {WEIGHTS_FILE: _tensor_writer(heads.state_dict(), safetensors=True)}
+    if heads.draft_vocab is not None:
+        files[DRAFT_VOCAB_FILE] = _tensor_writer({"ids": heads.draft_vocab.cpu()}, safetensors=True)
+    files[CONFIG_FILE] = _json_writer(config)
     _write_atomically(directory, files, overwrite)
 
 
@@ -1016,7 +1072,11 @@ def _load_ours(directory: Path, cfg: dict[str, Any]) -> Heads:
         config = HeadsConfig(**fields)
     except TypeError as e:
         raise HeadsError(f"{directory / CONFIG_FILE} is incomplete ({e}): save the heads again") from e
-    return _build(config, _read_weights(path), path)
+    heads = _build(config, _read_weights(path), path)
+    vocab_path = directory / DRAFT_VOCAB_FILE
+    if vocab_path.exists():
+        heads.set_draft_vocab(_read_weights(vocab_path)["ids"])
+    return heads
 
 
 def load_heads(

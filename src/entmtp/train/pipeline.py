@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 
 from ..errors import DataError, HeadsError
-from ..heads import CONFIG_FILE, HeadsConfig, load_heads, random_heads, save_heads
+from ..heads import CONFIG_FILE, HeadsConfig, frequent_tokens, load_heads, random_heads, save_heads
 from ..model import DTYPES, EMBEDDED, load_model
 from ..prompts import FOUR_TASKS, TASKS
-from .data import DEFAULT_DATA_DIR, GenSettings, Manifest, generate_data, load_training_prompts
+from .data import DEFAULT_DATA_DIR, GenSettings, Manifest, generate_data, load_split, load_training_prompts
 from .evaluate import DEFAULT_TREES, evaluate_heads, plot_learning_curve, write_report
 from .trainer import LOG, LOSSES, TrainSettings, check_output_dir, train
 
@@ -83,6 +83,7 @@ def train_heads(
     eval_tasks: tuple[str, ...] = FOUR_TASKS,
     progress: bool = True,
     stop_after: int | None = None,  # stop training at this step (a resumable checkpoint), as if interrupted
+    draft_vocab: int = 16384,  # heads draft from this many most frequent tokens (0: all); see set_draft_vocab
     gen_time_limit: float | None = None,  # seconds: start no new data shard after this (train on what exists)
     train_time_limit: float | None = None,  # seconds: plan fewer steps (shorter lr schedule) if needed
 ) -> dict:
@@ -193,6 +194,10 @@ def train_heads(
         plot_learning_curve(out / LOG, out / "learning_curve.png")
         if result.stopped_early:
             return summary
+        if draft_vocab:  # the tokens the base model itself writes most often (its distillation data)
+            tokens = load_split(distill, "train", manifest).tokens
+            counts = torch.bincount(tokens, minlength=model_obj.config.vocab_size)
+            heads.set_draft_vocab(frequent_tokens(counts, draft_vocab, keep=tokenizer.all_special_ids))
         heads.to(dtype=DTYPES[save_dtype])
         save_heads(heads, out, overwrite=overwrite)
 
@@ -282,6 +287,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     _eval_options(p, prefix="eval-")
     p.add_argument(
+        "--draft-vocab", type=int, default=16384, help="draft from the N most frequent tokens (0: all)"
+    )
+    p.add_argument(
         "--gen-time-limit", type=float, default=None, help="seconds: start no new data shard after"
     )
     p.add_argument(
@@ -355,6 +363,7 @@ def run_train(args) -> int:
         eval_trees=_csv(args.eval_trees),
         eval_tasks=_csv(args.eval_tasks),
         progress=not args.no_progress,
+        draft_vocab=args.draft_vocab,
         gen_time_limit=args.gen_time_limit,
         train_time_limit=args.time_limit,
     )

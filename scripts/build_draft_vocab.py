@@ -1,0 +1,62 @@
+"""Build the draft vocabulary of the shipped heads: the most frequent tokens of the training corpus.
+
+The shipped heads were trained on an H200 whose self-distillation data did not come back, so the counts are
+taken from the training corpus text (prompts and reference responses of ../shared/data: never the benchmark
+sets), tokenized with the embedded model's tokenizer. `entmtp train-heads` instead counts the base model's own
+tokens in its distillation data.
+
+    .venv/bin/python scripts/build_draft_vocab.py --size 16384 [--data-dir ../shared/data]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from entmtp.cli import HEAD_KINDS, shipped_heads_dir
+from entmtp.heads import DRAFT_VOCAB_FILE, frequent_tokens
+from entmtp.model import load_model
+from entmtp.train.data import training_prompt_sources
+
+
+def corpus_texts(data_dir: Path) -> list[str]:
+    texts = []
+    for path in training_prompt_sources(data_dir):
+        raw = path.read_text(encoding="utf-8")
+        rows = json.loads(raw) if path.suffix == ".json" else []
+        if path.suffix == ".jsonl":
+            for line in raw.splitlines():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue  # alpaca-libre v2 ends with broken lines upstream
+        for r in rows:
+            texts += [str(r.get(k, "")) for k in ("instruction", "input", "output", "response", "question", "answer")]
+    return [t for t in texts if t]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", type=int, default=16384)
+    ap.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
+    args = ap.parse_args()
+    _, tok = load_model(dtype="float32")
+    counts = torch.zeros(len(tok), dtype=torch.long)
+    texts = corpus_texts(Path(args.data_dir))
+    for i in range(0, len(texts), 2048):
+        for ids in tok(texts[i : i + 2048], add_special_tokens=False)["input_ids"]:
+            counts += torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=len(tok))
+    ids = frequent_tokens(counts, args.size, keep=tok.all_special_ids)
+    covered = counts[ids].sum().item() / counts.sum().item()
+    print(f"{len(texts)} texts, {counts.sum().item()} tokens; {ids.numel()} draft tokens cover {covered:.4f}")
+    for kind in HEAD_KINDS:
+        save_file({"ids": ids}, str(shipped_heads_dir(kind) / DRAFT_VOCAB_FILE))
+        print(f"wrote {shipped_heads_dir(kind) / DRAFT_VOCAB_FILE}")
+
+
+if __name__ == "__main__":
+    main()
