@@ -60,3 +60,53 @@ def test_generate_streams_text_and_stats_line(capsys):
 def test_generate_errors_are_clear(capsys, args, message):
     assert main(args) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bench_writes_table_and_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    args = [
+        "bench",
+        "--heads",
+        "hydra",
+        "--trees",
+        "chain_2,tree_4",
+        "--tasks",
+        "gsm8k",
+        "--num-prompts",
+        "1",
+        "--max-new-tokens",
+        "12",
+        "--dtype",
+        "float32",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "hydra/tree_4" in printed and "speedup" in printed
+    data = json.loads(out.read_text())
+    rows = data["summary"]["gsm8k"]
+    assert set(rows) == {"plain", "hydra/chain_2", "hydra/tree_4"} and rows["plain"]["speedup"] == 1.0
+    assert rows["plain"]["tokens_per_step"] == 1.0 and rows["hydra/tree_4"]["tokens_per_step"] >= 1.0
+    assert data["mismatches"] == []  # float32: speculative output equals plain output
+
+
+@pytest.mark.slow
+def test_profile_writes_phase_breakdown(tmp_path, capsys):
+    out = tmp_path / "profile.json"
+    assert (
+        main(["profile", "--heads", "medusa", "--trees", "chain_1,tree_4", "--steps", "3", "--out", str(out)])
+        == 0
+    )
+    rows = json.loads(out.read_text())["rows"]
+    assert set(rows) == {"plain", "chain_1", "tree_4"}
+    for r in rows.values():
+        assert r["total"] >= r["verify"] > 0 and r["overhead"] >= 0
+    assert rows["tree_4"]["nodes"] == 4 and rows["plain"]["tokens_per_step"] == 1.0
+
+
+def test_bench_rejects_unknown_task(capsys):
+    assert main(["bench", "--tasks", "nosuchtask", "--heads", "none"]) == 2
+    assert "unknown task 'nosuchtask'" in capsys.readouterr().err

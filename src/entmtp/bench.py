@@ -27,14 +27,16 @@ def run_bench(args) -> int:
     from .cli import resolve_heads
     from .model import load_model
 
+    tasks = args.tasks.split(",")
+    prompts = {t: load_prompts(t, args.split, n=args.num_prompts) for t in tasks}  # bad names fail first
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
     engines = {"plain": Engine(model, tokenizer)}
     for kind in args.heads.split(","):
         heads = resolve_heads(kind, model)
+        if heads is None:
+            continue
         for tree in args.trees.split(","):
             engines[f"{kind}/{tree}"] = Engine(model, tokenizer, heads=heads, tree=tree)
-    tasks = args.tasks.split(",")
-    prompts = {t: load_prompts(t, args.split, n=args.num_prompts) for t in tasks}
     gen = dict(max_new_tokens=args.max_new_tokens)
     for engine in engines.values():  # warm-up (dropped)
         engine.generate("Hello!", max_new_tokens=8)

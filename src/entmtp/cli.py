@@ -17,7 +17,7 @@ def shipped_heads_dir(kind: str) -> Path:
     return Path(str(resources.files("entmtp") / "assets" / "heads" / kind))
 
 
-def resolve_heads(spec: str | None, model, dtype=None):
+def resolve_heads(spec: str | None, model):
     """`spec`: medusa | hydra (shipped heads for the embedded model) | none | a heads directory."""
     from .heads import load_heads
 

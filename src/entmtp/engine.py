@@ -199,6 +199,7 @@ def decode(
     cache = base.new_cache()
     prompt = torch.tensor(ids, device=dev)
     fwd = base.forward(prompt, torch.arange(len(ids), device=dev), cache)
+    # the first token: the acceptance rule on the root-only tree draws it from the last prompt position
     root = accept(Tree.root_only(), prompt[-1:], fwd.logits[-1:], sampling, generator).bonus
     if heads is not None:
         heads.reset()
@@ -210,8 +211,7 @@ def decode(
     for index in itertools.count():
         if emitted >= max_new_tokens:
             return
-        times = {}
-        t = time.perf_counter()
+        clock = _Clock(dev)
         # (1) choose a tree (never past the context window)
         tree = (
             plain
@@ -227,36 +227,52 @@ def decode(
             tokens = torch.cat([root_t, draft.tokens])  # [N+1]
         else:
             tokens = root_t
-        times["draft"] = _lap(t, dev)
+        times = {"draft": clock.lap()}
         # (3) verify every node in ONE forward: tree mask over the cache, positions = pos + depth
         is_chain = tree.num_nodes == tree.depth
         mask = None if is_chain else _tree_mask(tree, pos, dev)
         fwd = base.forward(tokens, pos + tree.depths.to(dev), cache, mask)
-        times["verify"] = _lap(t, dev) - times["draft"]
+        times["verify"] = clock.lap()
         # (4) accept: the longest path the base model agrees with, plus its bonus token
         acc = accept(tree, tokens, fwd.logits, sampling, generator)
-        times["accept"] = _lap(t, dev) - times["verify"] - times["draft"]
+        times["accept"] = clock.lap()
         # (5) commit: keep the accepted path in the KV cache and feed its hidden states to the heads
         path = torch.tensor(acc.path, device=dev)
         commit_path(cache, pos, path)
         if heads is not None:
             heads.extend(fwd.hidden[path])  # [a, H]
-        times["commit"] = _lap(t, dev) - sum(times.values())
+        times["commit"] = clock.lap()
         # (6) record
         new = tokens[path[1:]].tolist() + [acc.bonus]
         pos += len(acc.path)
         emitted += len(new)
         root, root_logits = acc.bonus, fwd.logits[acc.path[-1]]
-        times["total"] = _lap(t, dev)
+        times["total"] = clock.total()
         step = Step(tree.name, tree.num_nodes, len(acc.path) - 1, len(new), new, times)
         policy.observe(step)
         yield step, new
 
 
-def _lap(t0: float, dev: torch.device) -> float:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    return time.perf_counter() - t0
+class _Clock:
+    """Phase timer: lap() = seconds since the previous lap, total() = since start. Synchronises CUDA first so
+    each phase is charged its own kernels (on the CPU there is nothing to wait for)."""
+
+    def __init__(self, dev: torch.device):
+        self.dev = dev
+        self.start = self.last = time.perf_counter()
+
+    def _now(self) -> float:
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize(self.dev)
+        return time.perf_counter()
+
+    def lap(self) -> float:
+        now = self._now()
+        elapsed, self.last = now - self.last, now
+        return elapsed
+
+    def total(self) -> float:
+        return self._now() - self.start
 
 
 def _tree_mask(tree: Tree, past: int, dev) -> torch.Tensor:

@@ -34,7 +34,9 @@ def embedded_gguf() -> Path:
     if os.environ.get("ENTMTP_GGUF"):
         path = Path(os.environ["ENTMTP_GGUF"])
         if not path.is_file():
-            raise EntMTPError(f"ENTMTP_GGUF={path} is not a file: point it at SmolLM2-135M-Instruct.Q4_1.gguf")
+            raise EntMTPError(
+                f"ENTMTP_GGUF={path} is not a file: point it at SmolLM2-135M-Instruct.Q4_1.gguf"
+            )
         return path
     try:
         files = importlib.metadata.files(_EMBEDDED_DIST) or []
