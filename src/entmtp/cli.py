@@ -121,7 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--heads", default=None, help="medusa | hydra | none | PATH (default: shipped heads, if any)"
     )
-    g.add_argument("--tree", default="mc_sim_7b_63", help="tree name (see `entmtp trees`) or JSON file")
+    g.add_argument(
+        "--tree",
+        default="tree_8",
+        help="tree name (see `entmtp trees`) or JSON file; tree_8 was fastest on CPU",
+    )
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--acceptance", default="auto", choices=["auto", "greedy", "sample", "typical"])

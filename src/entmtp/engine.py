@@ -95,7 +95,7 @@ class Engine:
     decoding (one token per step), the baseline for speed and equality.
     """
 
-    def __init__(self, model, tokenizer, heads=None, tree: str | Tree | TreePolicy = "mc_sim_7b_63"):
+    def __init__(self, model, tokenizer, heads=None, tree: str | Tree | TreePolicy = "tree_8"):
         self.model, self.tokenizer, self.heads = model, tokenizer, heads
         if heads is None:
             policy = StaticPolicy(Tree.root_only())
