@@ -111,7 +111,7 @@ def _summarise(rs: list[dict]) -> dict:
 
 
 def _print(summary: dict, args) -> None:
-    console = Console()
+    console = _console()
     for task, rows in summary.items():
         table = Table(
             title=f"{TASKS[task][1]}: {args.num_prompts} {args.split} prompts, {args.max_new_tokens} "
@@ -124,3 +124,9 @@ def _print(summary: dict, args) -> None:
                 name, f"{r['tokens_per_step']:.2f}", f"{r['tokens_per_second']:.1f}", f"{r['speedup']:.2f}x"
             )
         console.print(table)
+
+
+def _console() -> Console:
+    """Full-width tables in logs too (rich would cut columns to 80 characters when not on a terminal)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=160)

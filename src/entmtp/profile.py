@@ -68,10 +68,16 @@ def run_profile(args) -> int:
     for name, r in rows.items():
         cells = [f"{r[p]:.2f}" for p in (*PHASES, "bookkeeping", "overhead", "total")]
         table.add_row(name, str(r["nodes"]), *cells, f"{r['tokens_per_step']:.2f}")
-    Console().print(table)
+    _console().print(table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"heads": spec, "dtype": args.dtype, "threads": torch.get_num_threads(), "steps": args.steps}
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     print(f"wrote {out}")
     return 0
+
+
+def _console() -> Console:
+    """Full-width tables in logs too (rich would cut columns to 80 characters when not on a terminal)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
