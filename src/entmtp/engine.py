@@ -17,7 +17,7 @@ import torch
 from .accept import Sampling, accept
 from .cache import BaseModel, commit_path
 from .errors import EntMTPError, PromptError
-from .model import context_window, encode_prompt
+from .model import context_window, encode_prompt, eos_token_ids
 from .policy import StaticPolicy, StepContext, TreePolicy
 from .tree import Tree, load_tree
 
@@ -114,7 +114,7 @@ class Engine:
         offset = heads.config.hidden_state_offset if heads is not None else 0
         self.base = BaseModel(model, hidden_state_offset=offset)
         self.window = context_window(model)
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.eos_ids = eos_token_ids(model, tokenizer)
 
     # -- public API --------------------------------------------------------------------------------------
 
@@ -283,16 +283,6 @@ def _tree_mask(tree: Tree, past: int, dev) -> torch.Tensor:
 
 def _is_ids(prompt) -> bool:
     return isinstance(prompt, list | tuple) and len(prompt) > 0 and all(isinstance(t, int) for t in prompt)
-
-
-def _eos_ids(model, tokenizer) -> set[int]:
-    ids: set[int] = set()
-    for src in (getattr(model, "generation_config", None), model.config, tokenizer):
-        value = getattr(src, "eos_token_id", None)
-        if value is None:
-            continue
-        ids.update([value] if isinstance(value, int) else value)
-    return ids
 
 
 def _find_end(new: list[int], eos_ids: set[int], detok: _Detokenizer) -> tuple[int, str | None]:

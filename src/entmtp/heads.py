@@ -433,6 +433,9 @@ class Heads(nn.Module):
         if tree.num_nodes == 0:
             empty = torch.empty(0, device=feat.device)
             return Draft(tokens=empty.long(), logprobs=empty.float())
+        return self._draft(tree, feat, root_token)
+
+    def _draft(self, tree: Tree, feat: torch.Tensor, root_token: torch.Tensor) -> Draft:
         return self._draft_parallel(tree, feat)
 
     def _draft_parallel(self, tree: Tree, feat: torch.Tensor) -> Draft:
@@ -625,13 +628,8 @@ class HydraHeads(Heads):
         with torch.no_grad():
             return self._require_base().embed(tokens).to(self.dtype)
 
-    @torch.inference_mode()
-    def draft(self, tree: Tree, root_token: torch.Tensor) -> Draft:
-        self._check_tree(tree)
-        feat = self._require_feature()  # [H]
-        if tree.num_nodes == 0:
-            empty = torch.empty(0, device=feat.device)
-            return Draft(tokens=empty.long(), logprobs=empty.float())
+    def _draft(self, tree: Tree, feat: torch.Tensor, root_token: torch.Tensor) -> Draft:
+        """Level by level: the depth-d nodes' head reads the feature and the tokens of their branch."""
         if not self.grounded:
             return self._draft_parallel(tree, feat)
         plans = self._plan(tree, feat.device, _level_plans)

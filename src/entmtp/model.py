@@ -126,6 +126,16 @@ def load_model(
     return model, tokenizer
 
 
+def eos_token_ids(model, tokenizer) -> set[int]:
+    """Every id that ends generation: the generation config's, the model config's and the tokenizer's."""
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(src, "eos_token_id", None)
+        if value is not None:
+            ids.update([value] if isinstance(value, int) else value)
+    return ids
+
+
 def context_window(model: PreTrainedModel) -> int:
     return int(getattr(model.config, "max_position_embeddings", 2048))
 

@@ -42,7 +42,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..errors import DataError, PromptError
-from ..model import encode_prompt
+from ..model import encode_prompt, eos_token_ids
 
 FORMAT = "entmtp-distill"
 FORMAT_VERSION = 1
@@ -312,12 +312,7 @@ def _prompts_sha(selected: list[Selected]) -> str:
 
 
 def eos_ids(model, tokenizer) -> list[int]:
-    ids: set[int] = set()
-    for src in (getattr(model, "generation_config", None), model.config, tokenizer):
-        value = getattr(src, "eos_token_id", None)
-        if value is not None:
-            ids.update([value] if isinstance(value, int) else value)
-    return sorted(ids)
+    return sorted(eos_token_ids(model, tokenizer))
 
 
 def pad_id(model, tokenizer) -> int:
