@@ -78,7 +78,7 @@ def cmd_generate(args) -> int:
     for event in engine.stream(args.prompt, **kwargs):
         sys.stdout.write(event.text)
         sys.stdout.flush()
-    result = event.result  # type: ignore[attr-defined]
+    result = event.result
     print(
         f"\n[{len(result.token_ids)} tokens, {result.num_steps} steps, "
         f"{result.mean_tokens_per_step:.2f} tokens/step, {result.tokens_per_second:.1f} tokens/s, "

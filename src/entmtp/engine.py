@@ -86,6 +86,7 @@ class TokenEvent:
     text: str  # new text (may lag the tokens by an incomplete UTF-8 character)
     step: Step | None  # None for the token produced by the prefill
     finish_reason: str | None = None  # set on the last event
+    result: Result | None = None  # set on the last event
 
 
 class Engine:
@@ -122,7 +123,7 @@ class Engine:
         """Generate a completion. `prompt`: a string (chat-templated as one user turn when the tokenizer has
         a template and chat=True), a list of chat messages, or a list of token ids."""
         events = list(self.stream(prompt, **kwargs))
-        return events[-1].result  # type: ignore[attr-defined]
+        return events[-1].result
 
     def stream(
         self,
@@ -135,7 +136,7 @@ class Engine:
         stop: list[str] | None = None,
         chat: bool = True,
     ) -> Iterator[TokenEvent]:
-        """Yield a `TokenEvent` per step; the last one carries `.result` (a `Result`)."""
+        """Yield a `TokenEvent` per step; the last one carries `finish_reason` and `result`."""
         ids = list(prompt) if _is_ids(prompt) else encode_prompt(self.tokenizer, prompt, chat=chat)
         self._check_lengths(len(ids), max_new_tokens)
         sampling = Sampling(temperature=temperature, acceptance=acceptance)
@@ -165,10 +166,10 @@ class Engine:
                 break
             yield TokenEvent(new, text, step)
         seconds = time.perf_counter() - t0
+        # decode() stops only past max_new_tokens, which sets reason "length" first: the loop always breaks,
+        # and its last (unyielded) tokens go out with the result.
         result = Result(detok.final_text(), out, len(ids), steps, seconds, prefill_seconds, finish)
-        last = TokenEvent(new, text, step, finish_reason=finish)
-        last.result = result  # type: ignore[attr-defined]
-        yield last
+        yield TokenEvent(new, text, step, finish_reason=finish, result=result)
 
     # -- checks --------------------------------------------------------------------------------------------
 
