@@ -353,6 +353,12 @@ def test_bad_inputs(base, distill, tmp_path):
     with pytest.raises(DataError, match="no distillation data"):
         train_heads("medusa", tmp_path / "never2", base=base, stages="train", progress=False)
     assert not (tmp_path / "never2").exists()
+    with pytest.raises(DataError, match="draft_vocab must be >= 0"):
+        train_heads("medusa", tmp_path / "x", base=base, draft_vocab=-1)
+    with pytest.raises(DataError, match="train_time_limit must be a positive number"):
+        train_heads("medusa", tmp_path / "x", base=base, train_time_limit=0)
+    with pytest.raises(DataError, match="gen_time_limit must be a positive number"):
+        train_heads("medusa", tmp_path / "x", base=base, gen_time_limit=-5)
 
 
 def test_cli_arguments():

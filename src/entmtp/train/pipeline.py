@@ -92,6 +92,11 @@ def train_heads(
     Returns a summary dict: {"distill": manifest summary, "train": TrainResult fields, "eval": report}.
     """
     stages = _stages(stages)
+    if draft_vocab < 0:
+        raise DataError(f"draft_vocab must be >= 0 (0: draft from the whole vocabulary), got {draft_vocab}")
+    for name, limit in (("gen_time_limit", gen_time_limit), ("train_time_limit", train_time_limit)):
+        if limit is not None and not limit > 0:
+            raise DataError(f"{name} must be a positive number of seconds, got {limit}")
     out = Path(out_dir)
     distill = Path(distill_dir) if distill_dir is not None else out / "distill"
     if save_dtype not in DTYPES:
