@@ -11,7 +11,6 @@ tokens in its distillation data.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
@@ -20,23 +19,18 @@ from safetensors.torch import save_file
 from entmtp.cli import HEAD_KINDS, shipped_heads_dir
 from entmtp.heads import DRAFT_VOCAB_FILE, frequent_tokens
 from entmtp.model import load_model
-from entmtp.train.data import training_prompt_sources
+from entmtp.train.data import read_records, training_prompt_sources
 
 
 def corpus_texts(data_dir: Path) -> list[str]:
-    texts = []
-    for path in training_prompt_sources(data_dir):
-        raw = path.read_text(encoding="utf-8")
-        rows = json.loads(raw) if path.suffix == ".json" else []
-        if path.suffix == ".jsonl":
-            for line in raw.splitlines():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue  # alpaca-libre v2 ends with broken lines upstream
-        for r in rows:
-            texts += [str(r.get(k, "")) for k in ("instruction", "input", "output", "response", "question", "answer")]
-    return [t for t in texts if t]
+    keys = ("instruction", "input", "output", "response", "question", "answer")
+    return [
+        str(r[k])
+        for p in training_prompt_sources(data_dir)
+        for r in read_records(p)
+        for k in keys
+        if r.get(k)
+    ]
 
 
 def main() -> None:

@@ -27,7 +27,9 @@ class ByteTokenizer:
         return bytes(i % 256 for i in ids).decode("utf-8", errors="replace")
 
 
-def tiny_model(arch: str = "llama", seed: int = 0, vocab: int = VOCAB):
+def tiny_model(arch: str = "llama", seed: int = 0, vocab: int = VOCAB, **overrides):
+    """A frozen random base model: Llama or Qwen2, 2 layers, hidden 64. `overrides` change its config
+    (e.g. eos_token_id, pad_token_id), and the generation config follows them."""
     torch.manual_seed(seed)
     common = dict(
         hidden_size=64,
@@ -41,12 +43,13 @@ def tiny_model(arch: str = "llama", seed: int = 0, vocab: int = VOCAB):
         bos_token_id=None,
         pad_token_id=None,
     )
+    common.update(overrides)
     if arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
     else:
         model = Qwen2ForCausalLM(Qwen2Config(**common))
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = common["eos_token_id"]
+    model.generation_config.pad_token_id = common["pad_token_id"] if common["pad_token_id"] is not None else 0
     return model.eval().requires_grad_(False)
 
 

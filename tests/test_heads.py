@@ -2,8 +2,9 @@
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, LlamaModel
+from transformers import LlamaConfig, LlamaModel
 
+from conftest import tiny_model
 from entmtp.errors import HeadsError
 from entmtp.heads import (
     HeadsConfig,
@@ -27,17 +28,7 @@ CHAIN = Tree.from_paths([[0], [0, 0], [0, 0, 0]], "chain")
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=H,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=V,
-        max_position_embeddings=256,
-    )
-    return LlamaForCausalLM(config).eval().requires_grad_(False)  # a frozen base, as in training
+    return tiny_model("llama", seed=0, vocab=V)  # a frozen base, as in training
 
 
 @pytest.fixture(scope="module")

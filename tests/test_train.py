@@ -10,8 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
+from conftest import tiny_model
 from entmtp.errors import DataError, HeadsError
 from entmtp.heads import HeadsConfig, load_heads, random_heads, save_heads
 from entmtp.train import GenSettings, TrainSettings, generate_data, load_split, load_training_prompts, train
@@ -43,22 +44,7 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny_base(seed: int = 0):
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=512,
-        eos_token_id=1,
-        pad_token_id=2,
-        bos_token_id=None,
-    )
-    model = LlamaForCausalLM(config).eval().requires_grad_(False)
-    model.generation_config.eos_token_id = 1
-    model.generation_config.pad_token_id = 2
+    model = tiny_model("llama", seed, eos_token_id=1, pad_token_id=2)
     return model, char_tokenizer()
 
 

@@ -68,7 +68,7 @@ def _prompt_text(rec: dict) -> str:
     return ""
 
 
-def _read_records(path: Path) -> Iterator[dict]:
+def read_records(path: Path) -> Iterator[dict]:
     """Records of a JSON list file or a JSONL file; JSONL lines that do not parse are skipped (alpaca-libre
     v2 ends in broken lines upstream)."""
     if path.suffix == ".json":
@@ -97,7 +97,7 @@ def read_prompt_file(path: str | os.PathLike[str]) -> list[str]:
     p = Path(path)
     if not p.is_file():
         raise DataError(f"prompt file {p} does not exist: give a JSONL or JSON file of prompts")
-    prompts = [_prompt_text(r) for r in _read_records(p)]
+    prompts = [_prompt_text(r) for r in read_records(p)]
     prompts = [t for t in prompts if t]
     if not prompts:
         raise DataError(
@@ -133,7 +133,7 @@ def load_training_prompts(data_dir: str | os.PathLike[str] | None = None, prompt
     else:
         prompts = []
         for path in training_prompt_sources(data_dir if data_dir is not None else DEFAULT_DATA_DIR):
-            records = _read_records(path)
+            records = read_records(path)
             if path.name.startswith("alpaca_libre"):
                 records = (r for r in records if r.get("status") == "ok")
             prompts += [t for t in map(_prompt_text, records) if t]
