@@ -110,3 +110,12 @@ def test_profile_writes_phase_breakdown(tmp_path, capsys):
 def test_bench_rejects_unknown_task(capsys):
     assert main(["bench", "--tasks", "nosuchtask", "--heads", "none"]) == 2
     assert "unknown task 'nosuchtask'" in capsys.readouterr().err
+
+
+def test_bad_entmtp_gguf_path_is_named(monkeypatch, tmp_path):
+    from entmtp.errors import EntMTPError
+    from entmtp.model import embedded_gguf
+
+    monkeypatch.setenv("ENTMTP_GGUF", str(tmp_path / "missing.gguf"))
+    with pytest.raises(EntMTPError, match="missing.gguf is not a file"):
+        embedded_gguf()

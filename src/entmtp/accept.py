@@ -20,6 +20,7 @@ Three rules:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -93,6 +94,7 @@ def accept_greedy(tree: Tree, tokens: torch.Tensor, logits: torch.Tensor) -> Acc
     return Accepted(path.tolist(), int(target[path[-1]]))
 
 
+@functools.lru_cache(maxsize=64)  # per tree, built once: trees are frozen and few
 def _children(tree: Tree) -> list[list[int]]:
     kids: list[list[int]] = [[] for _ in range(tree.size)]
     for node, parent in enumerate(tree.parents.tolist()):

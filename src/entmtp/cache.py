@@ -62,10 +62,6 @@ class BaseModel:
         return Forward(logits=self.lm_head(last), hidden=hidden)
 
 
-def cache_length(cache: DynamicCache) -> int:
-    return cache.get_seq_length()
-
-
 def commit_path(cache: DynamicCache, start: int, keep: torch.Tensor) -> None:
     """Keep cache slots `start + keep` (ascending node ids of the accepted path), moved to
     `start .. start + len(keep) - 1`, and drop every slot after them."""

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from .errors import EntMTPError, PromptError
 
@@ -158,7 +158,3 @@ def encode_prompt(tokenizer, prompt: str | list[dict], *, chat: bool = True) -> 
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)
-
-
-def config_of(name_or_path: str) -> object:
-    return AutoConfig.from_pretrained(resolve_model_path(name_or_path))
