@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from entmtp.cli import HEAD_KINDS, resolve_heads, shipped_heads_dir
 from entmtp.engine import Engine
 from entmtp.heads import HeadsConfig, random_heads
 from entmtp.model import encode_prompt
 from entmtp.prompts import FOUR_TASKS, load_prompts
+from entmtp.shipped import HEAD_KINDS, resolve_heads, shipped_heads_dir
 
 pytestmark = pytest.mark.slow
 TREES = ["mc_sim_7b_63", "tree_16", "chain_4"]

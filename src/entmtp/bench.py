@@ -21,10 +21,10 @@ from rich.table import Table
 
 from .engine import Engine
 from .prompts import TASKS, load_prompts
+from .shipped import resolve_heads
 
 
 def run_bench(args) -> int:
-    from .cli import resolve_heads
     from .model import load_model
 
     tasks = args.tasks.split(",")

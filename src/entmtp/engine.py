@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import torch
 
@@ -18,75 +17,9 @@ from .accept import Sampling, accept
 from .cache import BaseModel, commit_path
 from .errors import EntMTPError, PromptError
 from .model import context_window, encode_prompt, eos_token_ids
-from .policy import StaticPolicy, StepContext, TreePolicy
+from .policy import StaticPolicy, TreePolicy
+from .records import Result, Step, StepContext, TokenEvent
 from .tree import Tree, load_tree
-
-
-@dataclass
-class Step:
-    """One verification step. Convention: `tokens` = accepted drafts + 1 bonus token (after truncation)."""
-
-    tree: str
-    tree_nodes: int
-    accepted: int  # drafts kept
-    tokens: int  # tokens emitted by this step
-    token_ids: list[int]
-    seconds: dict[str, float] = field(default_factory=dict)  # draft, verify, accept, commit, total
-
-
-@dataclass
-class Result:
-    text: str
-    token_ids: list[int]
-    prompt_tokens: int
-    steps: list[Step]
-    seconds: float  # wall time of the whole generation, prefill included
-    prefill_seconds: float
-    finish_reason: str  # "eos", "stop", "length"
-
-    @property
-    def num_steps(self) -> int:
-        return len(self.steps)
-
-    @property
-    def tokens_per_step(self) -> list[int]:
-        return [s.tokens for s in self.steps]
-
-    @property
-    def mean_tokens_per_step(self) -> float:
-        return sum(self.tokens_per_step) / max(1, self.num_steps)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return len(self.token_ids) / self.seconds if self.seconds > 0 else 0.0
-
-    def to_json(self) -> dict:
-        return {
-            "text": self.text,
-            "token_ids": self.token_ids,
-            "prompt_tokens": self.prompt_tokens,
-            "num_steps": self.num_steps,
-            "tokens_per_step": self.tokens_per_step,
-            "mean_tokens_per_step": self.mean_tokens_per_step,
-            "trees": [s.tree for s in self.steps],
-            "accepted": [s.accepted for s in self.steps],
-            "finish_reason": self.finish_reason,
-            "seconds": self.seconds,
-            "prefill_seconds": self.prefill_seconds,
-            "tokens_per_second": self.tokens_per_second,
-            "step_seconds": [s.seconds for s in self.steps],
-        }
-
-
-@dataclass
-class TokenEvent:
-    """Streamed after the prefill (the first token) and after every step."""
-
-    token_ids: list[int]  # new tokens
-    text: str  # new text (may lag the tokens by an incomplete UTF-8 character)
-    step: Step | None  # None for the token produced by the prefill
-    finish_reason: str | None = None  # set on the last event
-    result: Result | None = None  # set on the last event
 
 
 class Engine:

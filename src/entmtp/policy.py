@@ -6,23 +6,10 @@ always returns the same tree (what Medusa and Hydra do); the entropy-aware sched
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-import torch
-
+from .records import Step, StepContext
 from .tree import Tree
-
-if TYPE_CHECKING:
-    from .engine import Step
-
-
-@dataclass(frozen=True)
-class StepContext:
-    step: int  # index of the step about to run (0 = first after the prefill)
-    position: int  # tokens in the KV cache
-    remaining: int  # tokens still allowed before max_new_tokens
-    root_logits: torch.Tensor  # [V] base logits the root token was drawn from
 
 
 class TreePolicy(Protocol):

@@ -38,10 +38,10 @@ def profile_engine(engine, steps: int, prompt: str = PROMPT) -> dict:
 def run_profile(args) -> int:
     import torch
 
-    from .cli import default_heads, resolve_heads
     from .engine import Engine
     from .heads import HeadsConfig, random_heads
     from .model import load_model
+    from .shipped import default_heads, resolve_heads
     from .tree import load_tree
 
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)

@@ -24,6 +24,7 @@ from ..errors import DataError, HeadsError
 from ..heads import CONFIG_FILE, HeadsConfig, frequent_tokens, load_heads, random_heads, save_heads
 from ..model import DTYPES, EMBEDDED, load_model
 from ..prompts import FOUR_TASKS, TASKS
+from ..shipped import HEAD_KINDS
 from .data import DEFAULT_DATA_DIR, GenSettings, Manifest, generate_data, load_split, load_training_prompts
 from .evaluate import DEFAULT_TREES, evaluate_heads, plot_learning_curve, write_report
 from .trainer import LOG, LOSSES, TrainSettings, check_output_dir, train
@@ -245,7 +246,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     g, d, t = GenSettings, train_heads.__kwdefaults__, TrainSettings
-    p.add_argument("--kind", required=True, choices=["medusa", "hydra"])
+    p.add_argument("--kind", required=True, choices=list(HEAD_KINDS))
     p.add_argument("--out", required=True, help="output directory: heads, checkpoints, log, eval report")
     _model_args(p)
     p.add_argument("--stages", default="gen,train,eval", help="comma list of gen, train, eval (default: all)")

@@ -1,0 +1,83 @@
+"""Per-step records shared by the engine, policies and benchmarks: a step, a whole generation, a streamed token
+event, and what a policy sees before a step. Convention: tokens per step = accepted drafts + 1 bonus token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Step:
+    """One verification step. Convention: `tokens` = accepted drafts + 1 bonus token (after truncation)."""
+
+    tree: str
+    tree_nodes: int
+    accepted: int  # drafts kept
+    tokens: int  # tokens emitted by this step
+    token_ids: list[int]
+    seconds: dict[str, float] = field(default_factory=dict)  # draft, verify, accept, commit, total
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    steps: list[Step]
+    seconds: float  # wall time of the whole generation, prefill included
+    prefill_seconds: float
+    finish_reason: str  # "eos", "stop", "length"
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def tokens_per_step(self) -> list[int]:
+        return [s.tokens for s in self.steps]
+
+    @property
+    def mean_tokens_per_step(self) -> float:
+        return sum(self.tokens_per_step) / max(1, self.num_steps)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.token_ids) / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "prompt_tokens": self.prompt_tokens,
+            "num_steps": self.num_steps,
+            "tokens_per_step": self.tokens_per_step,
+            "mean_tokens_per_step": self.mean_tokens_per_step,
+            "trees": [s.tree for s in self.steps],
+            "accepted": [s.accepted for s in self.steps],
+            "finish_reason": self.finish_reason,
+            "seconds": self.seconds,
+            "prefill_seconds": self.prefill_seconds,
+            "tokens_per_second": self.tokens_per_second,
+            "step_seconds": [s.seconds for s in self.steps],
+        }
+
+
+@dataclass
+class TokenEvent:
+    """Streamed after the prefill (the first token) and after every step."""
+
+    token_ids: list[int]  # new tokens
+    text: str  # new text (may lag the tokens by an incomplete UTF-8 character)
+    step: Step | None  # None for the token produced by the prefill
+    finish_reason: str | None = None  # set on the last event
+    result: Result | None = None  # set on the last event
+
+
+@dataclass(frozen=True)
+class StepContext:
+    step: int  # index of the step about to run (0 = first after the prefill)
+    position: int  # tokens in the KV cache
+    remaining: int  # tokens still allowed before max_new_tokens
+    root_logits: torch.Tensor  # [V] base logits the root token was drawn from
