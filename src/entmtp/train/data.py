@@ -31,7 +31,6 @@ import json
 import os
 import random
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,9 +38,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from ..errors import DataError, PromptError
+from ..files import save_tensors_atomic, write_text_atomic
 from ..model import encode_prompt, eos_token_ids
 
 FORMAT = "entmtp-distill"
@@ -225,35 +225,13 @@ class Manifest:
         return cls(**fields)
 
     def write(self, directory: Path) -> None:
-        _write_text_atomic(directory / MANIFEST, json.dumps(self.to_json(), indent=2) + "\n")
+        write_text_atomic(directory / MANIFEST, json.dumps(self.to_json(), indent=2) + "\n")
 
     def shard_files(self, split: str) -> list[str]:
         return sorted(s["file"] for s in self.shards if s["split"] == split)
 
     def positions(self, split: str) -> int:
         return sum(s["anchors"] for s in self.shards if s["split"] == split)
-
-
-def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = _tmp_name(path)
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _save_tensors_atomic(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    tmp = _tmp_name(path)
-    try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 # ---- prompt selection --------------------------------------------------------------------------------
@@ -466,7 +444,7 @@ def generate_data(
             raise DataError(f"{d} holds shards but no {MANIFEST}: delete them or use another --distill-dir")
         manifest = fresh
         lines = [json.dumps({"split": s.split, "sampled": s.sampled, "ids": s.ids}) for s in selected]
-        _write_text_atomic(d / PROMPTS, "\n".join(lines) + "\n")
+        write_text_atomic(d / PROMPTS, "\n".join(lines) + "\n")
         manifest.write(d)
     done = {s["file"] for s in manifest.shards}
     plan = [
@@ -518,7 +496,7 @@ def generate_data(
                 "prompt_lens": prompt_lens,
                 "sampled": torch.tensor([selected[i].sampled for i in idx], dtype=torch.uint8),
             }
-            _save_tensors_atomic(d / file, tensors)
+            save_tensors_atomic(d / file, tensors)
             new_tokens = sum(len(r) for r in responses)
             manifest.shards.append(
                 {

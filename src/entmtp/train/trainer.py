@@ -35,8 +35,9 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import DataError, HeadsError
+from ..files import write_text_atomic
 from ..heads import HEADS_FILES, Heads, HeadsConfig
-from .data import Manifest, SplitData, _write_text_atomic, load_split
+from .data import Manifest, SplitData, load_split
 
 CHECKPOINTS = "checkpoints"
 LOG = "train_log.jsonl"
@@ -461,7 +462,7 @@ def train(
         _set_rng_state(state["rng"])
         step, positions = state["step"], state["positions"]
         kept = _read_log(log_path, step)
-        _write_text_atomic(log_path, "".join(line + "\n" for line in kept))
+        write_text_atomic(log_path, "".join(line + "\n" for line in kept))
     else:
         if overwrite:
             shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
