@@ -82,7 +82,7 @@ class OracleHeads(torch.nn.Module):
     def extend(self, hidden):
         self.pos += hidden.shape[0]
 
-    def draft(self, tree, root_token) -> Draft:
+    def draft(self, tree, root_token, probe=None) -> Draft:
         tokens = []
         for node in range(1, tree.size):
             depth, rank = int(tree.depths[node]), int(tree.ranks[node])

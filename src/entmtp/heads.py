@@ -145,6 +145,29 @@ class Draft:
 
 
 @dataclass(frozen=True)
+class Probe:
+    """The heads' top-k candidates that every tree of a bank shares, drafted before the tree is chosen.
+
+    A scheduler reads their probabilities (how sure the heads are right now); the draft of the chosen tree
+    then reuses them instead of drafting them twice. Medusa's heads are independent, so a probe holds every
+    depth at the cost of one draft; Hydra's deeper heads read their branch's tokens, so a probe holds depth 1
+    only (what every tree drafts first) and costs nothing extra.
+    """
+
+    tokens: torch.Tensor  # [Dp, k] int64: rank r of depth d at [d - 1, r]
+    logprobs: torch.Tensor  # [Dp, k] float32: their log-probabilities under the heads
+    context: torch.Tensor | None = None  # Hydra: [1, 2H] the root's branch context, read by head 1
+
+    @property
+    def depth(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def topk(self) -> int:
+        return self.tokens.shape[1]
+
+
+@dataclass(frozen=True)
 class _BaseRefs:
     """The bound base model's parts the heads use. A plain object, so never saved or moved with the heads."""
 
@@ -269,6 +292,11 @@ class _LevelPlan:
     parent: torch.Tensor  # [n_d] int64: each node's parent, as an index into rows
     rank: torch.Tensor  # [n_d] int64: each node's rank among its head's candidates
     k: int  # top-k width this level needs: max rank + 1
+
+
+def _node_index(tree: Tree, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row (depth - 1) and column (rank) of nodes 1..N in a top-k table [depth, k]: [N] each."""
+    return (tree.depths[1:] - 1).to(device), tree.ranks[1:].to(device)
 
 
 def _level_plans(tree: Tree, device: torch.device) -> tuple[_LevelPlan, ...]:
@@ -414,9 +442,10 @@ class Heads(nn.Module):
     def _plan(self, tree: Tree, device: torch.device, build: Callable[[Tree, torch.device], Any]) -> Any:
         """Per-tree index tensors, built on the first draft with that tree and device, then reused."""
         per_tree = self._plans.setdefault(tree, {})
-        if device not in per_tree:
-            per_tree[device] = build(tree, device)
-        return per_tree[device]
+        key = (device, build)
+        if key not in per_tree:
+            per_tree[key] = build(tree, device)
+        return per_tree[key]
 
     def _check_tree(self, tree: Tree) -> None:
         if tree.depth > self.config.num_heads:
@@ -426,27 +455,45 @@ class Heads(nn.Module):
             )
 
     @torch.inference_mode()
-    def draft(self, tree: Tree, root_token: torch.Tensor) -> Draft:
-        """Draft tokens for tree nodes 1..N; ``root_token`` is the base model's next token (node 0)."""
+    def draft(self, tree: Tree, root_token: torch.Tensor, probe: Probe | None = None) -> Draft:
+        """Draft tokens for tree nodes 1..N; ``root_token`` is the base model's next token (node 0).
+        ``probe``: this step's `probe` of a tree that contains ``tree``, reused instead of drafted again."""
         self._check_tree(tree)
         feat = self._require_feature()  # [H]
         if tree.num_nodes == 0:
             empty = torch.empty(0, device=feat.device)
             return Draft(tokens=empty.long(), logprobs=empty.float())
-        return self._draft(tree, feat, root_token)
+        return self._draft(tree, feat, root_token, probe)
 
-    def _draft(self, tree: Tree, feat: torch.Tensor, root_token: torch.Tensor) -> Draft:
-        return self._draft_parallel(tree, feat)
+    @torch.inference_mode()
+    def probe(self, master: Tree, root_token: torch.Tensor) -> Probe:
+        """What every subtree of ``master`` drafts first, with its probabilities (see `Probe`)."""
+        self._check_tree(master)
+        if master.num_nodes == 0:
+            raise HeadsError("probe() needs a tree with at least one node: the root-only tree drafts nothing")
+        return self._probe(master, self._require_feature(), root_token)
 
-    def _draft_parallel(self, tree: Tree, feat: torch.Tensor) -> Draft:
-        """Every head reads the same feature: one top-k table [depth, topk], gathered into the tree."""
-        gather = self._plan(tree, feat.device, lambda t, d: t.draft_gather.to(d))  # [N]
-        depth = tree.depth
+    def _probe(self, master: Tree, feat: torch.Tensor, root_token: torch.Tensor) -> Probe:
+        return Probe(*self._topk_table(feat, master.depth, master.topk))
+
+    def _draft(self, tree: Tree, feat: torch.Tensor, root_token: torch.Tensor, probe: Probe | None) -> Draft:
+        return self._draft_parallel(tree, feat, probe)
+
+    def _topk_table(self, feat: torch.Tensor, depth: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every head reads the same feature: top-k token ids and log-probabilities [depth, k] of heads 1..depth."""
         hs = torch.stack([self.heads[i].blocks(feat) for i in range(depth)])  # [depth, H]
         logits = self._project_stack(hs)  # [depth, Vd]
-        top_lp, top = F.log_softmax(logits.float(), dim=-1).topk(tree.topk, dim=-1)  # [depth, topk]
-        top_tok = self._draft_ids(top)
-        return Draft(tokens=top_tok.reshape(-1)[gather], logprobs=top_lp.reshape(-1)[gather])
+        top_lp, top = F.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)  # [depth, k]
+        return self._draft_ids(top), top_lp
+
+    def _draft_parallel(self, tree: Tree, feat: torch.Tensor, probe: Probe | None = None) -> Draft:
+        """One top-k table [depth, k] (the probe's when it covers the tree), gathered into the tree."""
+        if probe is not None and tree.depth <= probe.depth and tree.topk <= probe.topk:
+            tokens, logprobs = probe.tokens, probe.logprobs
+        else:
+            tokens, logprobs = self._topk_table(feat, tree.depth, tree.topk)
+        depth, rank = self._plan(tree, feat.device, _node_index)  # [N] each
+        return Draft(tokens=tokens[depth, rank], logprobs=logprobs[depth, rank])
 
     def _project_stack(self, hs: torch.Tensor) -> torch.Tensor:
         """Draft logits of heads 0..D-1 for hs [D, ..., H] -> [D, ..., Vd] (one matmul when shared)."""
@@ -628,22 +675,38 @@ class HydraHeads(Heads):
         with torch.no_grad():
             return self._require_base().embed(tokens).to(self.dtype)
 
-    def _draft(self, tree: Tree, feat: torch.Tensor, root_token: torch.Tensor) -> Draft:
+    def _root_context(self, feat: torch.Tensor, root_token: torch.Tensor) -> torch.Tensor:
+        """Level 0 is the root alone: head 1 reads concat(feature, emb(root)) [1, 2H]."""
+        return torch.cat([feat, self._embed(root_token.reshape(1).to(feat.device))[0]])[None]
+
+    def _level_topk(self, d: int, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head d's top-k token ids and log-probabilities for branch contexts x [P, (d+1)H]: [P, k] each."""
+        lp = F.log_softmax(self._draft_logits(d - 1, self.heads[d - 1].blocks(x)).float(), dim=-1)  # [P, Vd]
+        top_lp, top = lp.topk(k, dim=-1)  # [P, k]
+        return self._draft_ids(top), top_lp
+
+    def _probe(self, master: Tree, feat: torch.Tensor, root_token: torch.Tensor) -> Probe:
+        if not self.grounded:
+            return super()._probe(master, feat, root_token)
+        ctx = self._root_context(feat, root_token)  # [1, 2H]
+        k = self._plan(master, feat.device, _level_plans)[0].k
+        return Probe(*self._level_topk(1, ctx, k), context=ctx)
+
+    def _draft(self, tree: Tree, feat: torch.Tensor, root_token: torch.Tensor, probe: Probe | None) -> Draft:
         """Level by level: the depth-d nodes' head reads the feature and the tokens of their branch."""
         if not self.grounded:
-            return self._draft_parallel(tree, feat)
+            return self._draft_parallel(tree, feat, probe)
         plans = self._plan(tree, feat.device, _level_plans)
         tokens = torch.empty(tree.num_nodes, dtype=torch.long, device=feat.device)  # [N]
         logprobs = torch.empty(tree.num_nodes, dtype=torch.float32, device=feat.device)  # [N]
-        # Level 0 is the root alone: head 1 reads concat(feature, emb(root)).
-        ctx = torch.cat([feat, self._embed(root_token.reshape(1).to(feat.device))[0]])[None]  # [1, 2H]
+        reuse = probe is not None and probe.context is not None and plans[0].k <= probe.topk
+        ctx = probe.context if reuse else self._root_context(feat, root_token)  # [1, 2H]
         for d, plan in enumerate(plans, start=1):
             x = ctx[plan.rows]  # [P, (d+1)H]: the level-(d-1) nodes that have children
-            lp = F.log_softmax(
-                self._draft_logits(d - 1, self.heads[d - 1].blocks(x)).float(), dim=-1
-            )  # [P, Vd]
-            top_lp, top = lp.topk(plan.k, dim=-1)  # [P, k]
-            top_tok = self._draft_ids(top)
+            if d == 1 and reuse:  # level 1 (the root's children) is what the probe drafted
+                top_tok, top_lp = probe.tokens, probe.logprobs
+            else:
+                top_tok, top_lp = self._level_topk(d, x, plan.k)  # [P, k] each
             tok = top_tok[plan.parent, plan.rank]  # [n_d]
             tokens[plan.out] = tok
             logprobs[plan.out] = top_lp[plan.parent, plan.rank]

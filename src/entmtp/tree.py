@@ -338,3 +338,22 @@ class TreeBank:
 
     def __repr__(self) -> str:
         return f"TreeBank({self.names})"
+
+
+def union_tree(trees: Iterable[Tree], name: str = "union") -> Tree:
+    """The smallest tree holding every path of ``trees`` (each of them is then a subtree of it)."""
+    paths = {p for t in trees for p in t.paths}
+    if not paths:
+        return Tree.root_only()
+    return Tree(name, tuple(paths))
+
+
+def subtree_index(sub: Tree, master: Tree) -> torch.Tensor:
+    """[n+1] int64: the master node id of each node of ``sub`` (root first); raise if ``sub`` is not inside."""
+    node_of = {p: i + 1 for i, p in enumerate(master.paths)}
+    missing = [p for p in sub.paths if p not in node_of]
+    if missing:
+        raise TreeError(
+            f"tree {sub.name!r} is not a subtree of {master.name!r}: path {_fmt(missing[0])} is missing from it"
+        )
+    return torch.tensor([0] + [node_of[p] for p in sub.paths], dtype=torch.int64)
