@@ -43,7 +43,8 @@ class Engine:
         if heads is not None:
             heads.bind(model)
             heads.to(device=model.device, dtype=model.dtype)
-            for t in policy.trees:
+            master = getattr(policy, "master", None)
+            for t in [*policy.trees, *([master] if master is not None else [])]:
                 t.check_fits(heads.config.num_heads, require_contiguous=heads.config.kind == "hydra")
         offset = heads.config.hidden_state_offset if heads is not None else 0
         self.base = BaseModel(model, hidden_state_offset=offset)
@@ -141,27 +142,27 @@ def decode(
     root_logits = fwd.logits[-1]  # [V] base distribution the root was drawn from (a scheduler signal)
     yield None, [root]
     pos, emitted, plain = len(ids), 1, Tree.root_only()
+    master = getattr(policy, "master", None) if heads is not None else None
     policy.reset()
     for index in itertools.count():
         if emitted >= max_new_tokens:
             return
         clock = _Clock(dev)
-        # (1) choose a tree (never past the context window)
-        tree = (
-            plain
-            if heads is None
-            else policy.choose(StepContext(index, pos, max_new_tokens - emitted, root_logits))
-        )
+        # (1) choose a tree: the policy reads the base distribution at the root and, when it has a master
+        #     tree, the heads' probe of it (what all its subtrees draft first); never past the context window
+        root_t = torch.tensor([root], device=dev)
+        probe = heads.probe(master, root_t) if master is not None else None
+        times = {"probe": clock.lap()}
+        ctx = StepContext(index, pos, max_new_tokens - emitted, root_logits, probe)
+        tree = plain if heads is None else policy.choose(ctx)
         if pos + tree.size > engine.window:
             tree = plain
-        # (2) draft: one token per tree node from the heads
-        root_t = torch.tensor([root], device=dev)
-        if tree.num_nodes:
-            draft = heads.draft(tree, root_t)
-            tokens = torch.cat([root_t, draft.tokens])  # [N+1]
-        else:
-            tokens = root_t
-        times = {"draft": clock.lap()}
+        times["choose"] = clock.lap()
+        # (2) draft: one token per tree node from the heads (the probed ones are reused)
+        tokens = (
+            torch.cat([root_t, heads.draft(tree, root_t, probe).tokens]) if tree.num_nodes else root_t
+        )  # [N+1]
+        times["draft"] = clock.lap()
         # (3) verify every node in ONE forward: tree mask over the cache, positions = pos + depth
         is_chain = tree.num_nodes == tree.depth
         mask = None if is_chain else _tree_mask(tree, pos, dev)
@@ -182,7 +183,8 @@ def decode(
         emitted += len(new)
         root, root_logits = acc.bonus, fwd.logits[acc.path[-1]]
         times["total"] = clock.total()
-        step = Step(tree.name, tree.num_nodes, len(acc.path) - 1, len(new), new, times)
+        signals = getattr(policy, "last_signals", None) or {}
+        step = Step(tree.name, tree.num_nodes, len(acc.path) - 1, len(new), new, times, dict(signals))
         policy.observe(step)
         yield step, new
 

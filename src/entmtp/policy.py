@@ -1,7 +1,7 @@
 """Tree policies: which tree to verify at each step.
 
 A policy chooses a tree before each step and observes the step's outcome after it. The static policy
-always returns the same tree (what Medusa and Hydra do); the entropy-aware scheduler plugs in here.
+always returns the same tree (what Medusa and Hydra do); the scheduling policies live in entmtp.scheduler.
 """
 
 from __future__ import annotations
@@ -13,6 +13,10 @@ from .tree import Tree
 
 
 class TreePolicy(Protocol):
+    """`choose` before each step, `observe` after it. Optional attributes the engine reads: `master` (a tree
+    containing every tree the policy returns: the heads probe it before `choose`, see heads.Probe) and
+    `last_signals` (a dict recorded with the step)."""
+
     trees: list[Tree]  # every tree the policy may return (checked against the heads up front)
 
     def reset(self) -> None: ...

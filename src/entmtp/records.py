@@ -4,8 +4,12 @@ event, and what a policy sees before a step. Convention: tokens per step = accep
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from .heads import Probe
 
 
 @dataclass
@@ -17,7 +21,10 @@ class Step:
     accepted: int  # drafts kept
     tokens: int  # tokens emitted by this step
     token_ids: list[int]
-    seconds: dict[str, float] = field(default_factory=dict)  # draft, verify, accept, commit, total
+    seconds: dict[str, float] = field(
+        default_factory=dict
+    )  # probe, choose, draft, verify, accept, commit, total
+    signals: dict[str, float] = field(default_factory=dict)  # what the policy read before choosing the tree
 
 
 @dataclass
@@ -61,6 +68,7 @@ class Result:
             "prefill_seconds": self.prefill_seconds,
             "tokens_per_second": self.tokens_per_second,
             "step_seconds": [s.seconds for s in self.steps],
+            "signals": [s.signals for s in self.steps],
         }
 
 
@@ -80,4 +88,6 @@ class StepContext:
     step: int  # index of the step about to run (0 = first after the prefill)
     position: int  # tokens in the KV cache
     remaining: int  # tokens still allowed before max_new_tokens
-    root_logits: torch.Tensor  # [V] base logits the root token was drawn from
+    root_logits: torch.Tensor | None  # [V] base logits the root token was drawn from (None in replays)
+    probe: Probe | None = None  # the heads' probe of the policy's master tree, when it has one
+    raw_signals: list[float] | None = None  # replays: recorded (entropy, p0, chain sum, max g_d) instead
