@@ -119,3 +119,93 @@ def test_bad_entmtp_gguf_path_is_named(monkeypatch, tmp_path):
     monkeypatch.setenv("ENTMTP_GGUF", str(tmp_path / "missing.gguf"))
     with pytest.raises(EntMTPError, match="missing.gguf is not a file"):
         embedded_gguf()
+
+
+def test_calibrate_argument_errors_come_before_loading_anything(capsys):
+    assert main(["calibrate", "--latency-only"]) == 2
+    assert "--latency-only re-measures an existing profile: pass it with --profile" in capsys.readouterr().err
+    assert main(["calibrate", "--task", "poetry"]) == 2
+    assert "unknown task 'poetry'" in capsys.readouterr().err
+    assert main(["calibrate", "--task", "gsm8k", "--num-prompts", "50"]) == 2
+    assert "calibration split holds 20 prompts" in capsys.readouterr().err
+    assert main(["calibrate", "--latency-only", "--profile", "/nonexistent/p.json"]) == 2
+    assert "profile /nonexistent/p.json does not exist" in capsys.readouterr().err
+
+
+def test_prompt_files_are_validated(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "fine"}\n{"text": "no prompt field"}\n')
+    assert main(["calibrate", "--task", str(bad)]) == 2
+    assert "line 2 has no non-empty 'prompt' string or 'turns' list" in capsys.readouterr().err
+    assert main(["calibrate", "--task", str(tmp_path / "missing.jsonl")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["--policy", "cost", "--profile", "/nonexistent/p.json"],
+            "profile /nonexistent/p.json does not exist",
+        ),
+        (
+            ["--policy", "dynamic", "--profile", "writing", "--heads", "src/entmtp/assets/heads/hydra"],
+            "shipped profiles exist only for the shipped heads",
+        ),
+    ],
+)
+def test_generate_policy_errors_are_clear(capsys, args, message):
+    code = main(["generate", "hi", "--max-new-tokens", "4", *args])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_calibrate_then_generate_with_every_policy_then_latency_only(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    small = ["--latency-prompts", "1", "--latency-tokens", "6", "--latency-repeats", "1", "--no-progress"]
+    args = [
+        "calibrate",
+        "--heads",
+        "medusa",
+        "--task",
+        "gsm8k",
+        "--num-prompts",
+        "2",
+        "--max-new-tokens",
+        "12",
+    ]
+    assert main([*args, *small, "--dtype", "float32", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "EntMTP*" in printed and "oracle" in printed and "recommended policy" in printed
+    assert out.exists() and out.with_suffix(".png").exists() and (tmp_path / "p.traces.safetensors").exists()
+    plain = ["generate", "What is 7 * 6?", "--max-new-tokens", "16", "--json", "--dtype", "float32"]
+    assert main([*plain, "--heads", "none"]) == 0
+    ref = json.loads(capsys.readouterr().out)["token_ids"]
+    for policy in ("static", "binary", "ladder", "cost", "dynamic"):
+        assert main([*plain, "--heads", "medusa", "--profile", str(out), "--policy", policy]) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert got["token_ids"] == ref, policy
+        assert len(got["trees"]) == len(got["signals"]) == got["num_steps"]
+    before = json.loads(out.read_text())
+    assert (
+        main(
+            [
+                "calibrate",
+                "--heads",
+                "medusa",
+                "--latency-only",
+                "--profile",
+                str(out),
+                *small,
+                "--dtype",
+                "float32",
+            ]
+        )
+        == 0
+    )
+    after = json.loads(out.read_text())
+    assert after["modes"]["greedy"]["growth"] == before["modes"]["greedy"]["growth"]
+    assert after["traces_sha256"] == before["traces_sha256"]

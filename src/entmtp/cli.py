@@ -7,7 +7,7 @@ import json
 import sys
 
 from .errors import EntMTPError
-from .shipped import default_heads, resolve_heads
+from .shipped import HEAD_KINDS, default_heads, resolve_heads
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -32,8 +32,9 @@ def cmd_generate(args) -> int:
 
     _setup_torch(args)
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
-    heads = resolve_heads(args.heads if args.heads is not None else default_heads(), model)
-    engine = Engine(model, tokenizer, heads=heads, tree=args.tree)
+    spec = args.heads if args.heads is not None else default_heads()
+    heads = resolve_heads(spec, model)
+    engine = Engine(model, tokenizer, heads=heads, tree=_tree_or_policy(args, spec, model, heads))
     kwargs = dict(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
@@ -57,6 +58,44 @@ def cmd_generate(args) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _tree_or_policy(args, heads_spec: str, model, heads):
+    """--tree alone: that static tree. Otherwise a scheduling policy from a profile (default: the shipped
+    `mixed` profile of the shipped heads, and the policy it recommends)."""
+    from .scheduler.policies import POLICIES
+    from .scheduler.profiles import resolve_profile, shipped_profiles_dir
+
+    if heads is None:
+        return "tree_8"
+    if args.policy is None and args.tree is not None:
+        return args.tree
+    if args.policy == "static" and args.tree is not None:
+        return args.tree
+    if args.profile is None and heads_spec not in HEAD_KINDS:
+        if args.policy is None:
+            print("entmtp: no --profile for these heads: using the static tree tree_8", file=sys.stderr)
+            return "tree_8"
+        raise EntMTPError(
+            f"--policy {args.policy} needs a profile for these heads: make one with `entmtp calibrate --heads "
+            f"{heads_spec} --task TASK --out P.json` and pass --profile P.json"
+        )
+    if (
+        args.policy is None
+        and args.profile is None
+        and not (shipped_profiles_dir(heads_spec) / "mixed.json").exists()
+    ):
+        print(
+            f"entmtp: no shipped scheduler profile for {heads_spec} heads: using the static tree tree_8",
+            file=sys.stderr,
+        )
+        return "tree_8"
+    profile = resolve_profile(args.profile, heads_spec)
+    profile.check(model, heads)
+    name = args.policy or profile.recommended_policy()
+    if name not in POLICIES:
+        raise EntMTPError(f"unknown policy {name!r}: use one of {', '.join(POLICIES)}")
+    return profile.policy(name)
 
 
 def cmd_trees(args) -> int:
@@ -94,8 +133,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--tree",
-        default="tree_8",
-        help="tree name (see `entmtp trees`) or JSON file; tree_8 was fastest on CPU",
+        default=None,
+        help="a static tree: name (see `entmtp trees`) or JSON file (default: the scheduler, see --policy)",
+    )
+    g.add_argument(
+        "--policy",
+        default=None,
+        choices=["static", "binary", "ladder", "cost", "dynamic"],
+        help="tree scheduling policy (default: the one the profile recommends; static = the profile's EntMTP*)",
+    )
+    g.add_argument(
+        "--profile",
+        default=None,
+        help="scheduler profile: humaneval | sharegpt | gsm8k | writing | mixed (shipped) or a JSON file "
+        "from `entmtp calibrate` (default: mixed)",
     )
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -133,6 +184,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-progress", action="store_true")
     _add_model_args(b)
     b.set_defaults(func=cmd_bench)
+
+    from .scheduler.command import add_calibrate_arguments, run_calibrate
+
+    c = sub.add_parser(
+        "calibrate", help="build a task's scheduler profile (tree bank, frontiers, thresholds)"
+    )
+    add_calibrate_arguments(c)
+    _add_model_args(c)
+    c.set_defaults(func=lambda a: (_setup_torch(a), run_calibrate(a))[1])
 
     from .train import add_eval_arguments, add_train_arguments, run_eval, run_train
 

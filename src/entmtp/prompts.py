@@ -52,3 +52,31 @@ def load_prompts(task: str, split: str = "test", n: int | None = None) -> list[s
     prompts = [_prompt(task, r) for r in _records(TASKS[task][0])]
     prompts = {"calib": prompts[:CALIB], "test": prompts[CALIB:], "all": prompts}[split]
     return prompts if n is None else prompts[:n]
+
+
+def load_prompt_file(path) -> list[str]:
+    """Prompts from a JSONL file: each line an object with a `prompt` string or a `turns` list (first turn)."""
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(
+            f"prompt file {p} does not exist: give a JSONL file with a 'prompt' or 'turns' field per line"
+        )
+    out = []
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{p} line {n} is not JSON ({e}): write one object per line") from e
+        text = rec.get("prompt") if isinstance(rec, dict) else None
+        if text is None and isinstance(rec, dict) and isinstance(rec.get("turns"), list) and rec["turns"]:
+            text = rec["turns"][0]
+        if not isinstance(text, str) or not text.strip():
+            raise DataError(f"{p} line {n} has no non-empty 'prompt' string or 'turns' list: add one")
+        out.append(text)
+    if not out:
+        raise DataError(f"prompt file {p} holds no prompts")
+    return out

@@ -1,0 +1,114 @@
+"""Make the scheduler profiles shipped in src/entmtp/assets/profiles/{hydra,medusa}/ on this machine.
+
+The same as `entmtp calibrate --heads H --task T` for the four tasks and `mixed`, with both shipped head sets,
+except that each task's greedy generations are made once and traced through both head sets (greedy output
+does not depend on the heads), and `mixed` reuses the first 5 traces of each task (its prompts are exactly
+those). Resumable: a profile that exists is skipped. Usage:
+
+    .venv/bin/python scripts/calibrate_shipped.py [--threads 2] [--only hydra/gsm8k ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from rich.progress import Progress
+
+from entmtp.engine import Engine
+from entmtp.model import encode_prompt, load_model
+from entmtp.prompts import CALIB, FOUR_TASKS
+from entmtp.scheduler.calibrate import CalibrationSettings, build_profile
+from entmtp.scheduler.command import calibration_prompts, print_profile
+from entmtp.scheduler.plots import plot_profile
+from entmtp.scheduler.profiles import shipped_profiles_dir
+from entmtp.scheduler.traces import generate_traces
+from entmtp.shipped import HEAD_KINDS, resolve_heads
+
+OUTPUTS = Path("runs/calibration_outputs")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--only", nargs="*", default=None, help="HEADS/TASK pairs to make (default: all)")
+    ap.add_argument(
+        "--outputs-only",
+        action="store_true",
+        help="only make (and cache) the greedy generations; no timing, so it may share the machine",
+    )
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_model()
+    heads = {k: resolve_heads(k, model).bind(model) for k in HEAD_KINDS}
+    settings = CalibrationSettings(max_new_tokens=args.max_new_tokens)
+    share = CALIB // len(FOUR_TASKS)
+    outputs: dict[str, list[list[int]]] = {}
+    traces: dict[tuple[str, str], list] = {}
+    wanted = [(k, t) for t in (*FOUR_TASKS, "mixed") for k in HEAD_KINDS]
+    if args.only:
+        wanted = [w for w in wanted if f"{w[0]}/{w[1]}" in args.only]
+    with Progress() as progress:
+        if args.outputs_only:
+            for task in FOUR_TASKS:
+                _trace_task("hydra", task, model, tokenizer, heads, settings, outputs, traces, progress)
+            return
+        for kind, task in wanted:
+            out = shipped_profiles_dir(kind) / f"{task}.json"
+            if out.exists():
+                progress.console.print(f"{out} exists: skipped")
+                continue
+            t0 = time.perf_counter()
+            ids = [encode_prompt(tokenizer, p) for p in calibration_prompts(task, CALIB)]
+            if task == "mixed":
+                need = [t for t in FOUR_TASKS]
+                for t in need:
+                    _trace_task(kind, t, model, tokenizer, heads, settings, outputs, traces, progress)
+                tr = [x for t in FOUR_TASKS for x in traces[(kind, t)][:share]]
+            else:
+                tr = _trace_task(kind, task, model, tokenizer, heads, settings, outputs, traces, progress)
+            profile, tr = build_profile(
+                model,
+                tokenizer,
+                heads[kind],
+                heads_name=kind,
+                task=task,
+                prompts=ids,
+                settings=settings,
+                progress=progress,
+                traces=tr,
+                log=progress.console.print,
+            )
+            profile.data["calibration"]["trace_seconds"] = None  # traces were shared; see the log for timings
+            out.parent.mkdir(parents=True, exist_ok=True)
+            profile.save(out, tr)
+            plot_profile(profile, out.with_suffix(".png"))
+            print_profile(profile)
+            progress.console.print(f"wrote {out} ({time.perf_counter() - t0:.0f} s)")
+
+
+def _trace_task(kind, task, model, tokenizer, heads, settings, outputs, traces, progress):
+    if (kind, task) in traces:
+        return traces[(kind, task)]
+    ids = [encode_prompt(tokenizer, p) for p in calibration_prompts(task, CALIB)]
+    t0 = time.perf_counter()
+    gen = Engine(model, tokenizer, heads=heads["hydra"], tree="tree_8")
+    cached = OUTPUTS / f"{task}-{settings.max_new_tokens}.json"  # greedy outputs, reused across runs
+    if task not in outputs and cached.exists():
+        outputs[task] = json.loads(cached.read_text())
+    tr, outs = generate_traces(gen, heads[kind], ids, settings.max_new_tokens, progress, outputs.get(task))
+    if task not in outputs:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_text(json.dumps(outs))
+    outputs[task] = outs
+    traces[(kind, task)] = tr
+    progress.console.print(f"traces {kind}/{task}: {len(tr)} prompts in {time.perf_counter() - t0:.0f} s")
+    return tr
+
+
+if __name__ == "__main__":
+    main()

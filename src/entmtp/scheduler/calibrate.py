@@ -1,0 +1,405 @@
+"""`entmtp calibrate`: build a task's scheduler profile on this hardware.
+
+1. traces     greedy generations of the task's calibration prompts, teacher-forced through the heads
+              (traces.py): the rank vector of every position, the probe's probabilities, the raw signals
+2. search     EntMTP's greedy growth per max depth 1..D up to 90 nodes, scored on every position at once;
+              the acceptance frontier, each tree re-scored by simulating its own decodes (search.py)
+3. latency    real decodes of a grid of frontier trees (interleaved, repeated, warm-up dropped): median
+              ms per step against nodes, and measured tokens/s and tokens/step of each
+4. frontier   tokens/s of each measured tree = simulated tokens/step over all calibration positions / its
+              median step latency (the direct tokens/s of a few prompts is kept beside it: on a shared CPU it
+              is far noisier); keep trees faster than every smaller one; the fastest is EntMTP*
+5. tuning     the acceptance model behind `cost`/`dynamic`, thresholds of `binary`/`ladder` swept by replaying
+              the traces (replay.py); every policy and the oracle replayed; the best recommended
+Trade against the paper (union rollouts per growth round): one generation per prompt replaces ~90 rounds of
+union-tree decodes, and scores are exact own-tree numbers rather than union-biased ones. What it gives up:
+typical acceptance at T > 0 is not traced (its accepted path is not fixed by ranks), so profiles hold the
+greedy section, which sampling runs also use.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from rich.progress import Progress
+
+from .. import __version__
+from ..engine import Engine
+from ..errors import EntMTPError
+from ..tree import Tree, load_tree, union_tree
+from .policies import AcceptanceModel, BinaryPolicy, CostPolicy, DynamicPolicy, LadderPolicy, LatencyModel
+from .profiles import FORMAT, VERSION, Profile, hardware, heads_checksum, model_fingerprint
+from .replay import oracle, replay
+from .search import PathCounts, acceptance_frontier, grow, simulate
+from .signals import SIGNALS
+from .traces import MISS, TOPK, Trace, generate_traces
+
+GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 90)  # frontier sizes whose latency is measured
+EDGES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.97, 1.0)  # probability bins
+MASTER_MAX = 64  # nodes of the dynamic policy's master tree
+DEFAULT_TREE = "mc_sim_7b_63"  # Medusa's and Hydra's published default
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    max_new_tokens: int = 128  # per calibration prompt (the paper: 256; halved for a 2-core CPU budget)
+    latency_prompts: int = 2  # prompts decoded per measured tree
+    latency_tokens: int = 48
+    latency_repeats: int = 2  # interleaved rounds; medians over all their steps
+    window: int = 8  # EMA window of the signal policies
+
+
+def measure_trees(
+    model,
+    tokenizer,
+    heads,
+    trees: Sequence[Tree],
+    prompts: Sequence[list[int]],
+    settings: CalibrationSettings,
+    progress: Progress | None = None,
+) -> dict[str, dict]:
+    """Decode `prompts` with every tree (and plain decoding), interleaved prompt by prompt and repeated;
+    per tree the median step latency (ms, first 2 steps of each generation dropped) and measured speed."""
+    engines = {"none": Engine(model, tokenizer)}
+    for t in trees:
+        engines[t.name] = Engine(model, tokenizer, heads=heads, tree=t)
+    for e in engines.values():  # warm-up
+        e.generate(prompts[0], max_new_tokens=8)
+    ms: dict[str, list[float]] = {n: [] for n in engines}
+    speed: dict[str, list[float]] = {n: [] for n in engines}
+    tps: dict[str, list[float]] = {n: [] for n in engines}
+    job = (
+        progress.add_task("latency", total=settings.latency_repeats * len(prompts) * len(engines))
+        if progress
+        else None
+    )
+    for _ in range(settings.latency_repeats):
+        for ids in prompts:
+            for name, e in engines.items():
+                r = e.generate(ids, max_new_tokens=settings.latency_tokens)
+                ms[name] += [1000 * s.seconds["total"] for s in r.steps[2:]]
+                speed[name].append(r.tokens_per_second)
+                tps[name].append(r.mean_tokens_per_step)
+                if progress:
+                    progress.advance(job)
+    out = {}
+    for name, e in engines.items():
+        nodes = 0 if name == "none" else e.policy.trees[0].num_nodes
+        out[name] = {
+            "nodes": nodes,
+            "ms_per_step": statistics.median(ms[name]),
+            "measured_tokens_per_second": statistics.median(speed[name]),
+            "measured_tokens_per_step": statistics.mean(tps[name]),
+        }
+    return out
+
+
+def fit_acceptance(traces: Sequence[Trace], probe_depth: int, num_heads: int) -> AcceptanceModel:
+    """P(node right | parent path right) per depth: by the head's probability of the node's token (binned,
+    made non-decreasing) where the probe covers the depth, and by rank (made non-increasing) everywhere."""
+    ranks = torch.cat([t.ranks for t in traces])  # [N, D]
+    probe = torch.cat([t.probe for t in traces])  # [N, Dp, K]
+    rates, rank_rates = [], []
+    for d in range(num_heads):
+        ok = (ranks[:, :d] < MISS).all(dim=1)  # the parent path was right (some drafted node)
+        sub = ranks[ok, d]
+        counts = torch.bincount(sub[sub < MISS], minlength=TOPK)[:TOPK].float()
+        r = (counts + 0.5) / (len(sub) + 1.0)
+        rank_rates.append(tuple(float(x) for x in np.minimum.accumulate(r.numpy())))
+        if d < probe_depth:
+            q = probe[ok, d].exp()  # [n, K] probabilities of ranks 0..K-1
+            right = sub[:, None] == torch.arange(TOPK)  # [n, K]
+            bins = torch.bucketize(q.flatten(), torch.tensor(EDGES[1:-1]))
+            nb = len(EDGES) - 1
+            hits = torch.bincount(bins, weights=right.flatten().float(), minlength=nb)
+            tot = torch.bincount(bins, minlength=nb).float()
+            centers = torch.tensor([(a + b) / 2 for a, b in zip(EDGES[:-1], EDGES[1:], strict=True)])
+            rate = (hits + 2 * centers) / (tot + 2)  # a weak prior at the bin's centre where data is thin
+            rates.append(tuple(float(x) for x in np.maximum.accumulate(rate.numpy())))
+    return AcceptanceModel(EDGES, tuple(rates), tuple(rank_rates))
+
+
+def _signal_values(traces: Sequence[Trace]) -> dict[str, np.ndarray]:
+    raw = torch.cat([t.raw for t in traces]).numpy()
+    return {"entropy": -raw[:, 0], "path": np.maximum(raw[:, 1], raw[:, 3]), "chain": raw[:, 2]}
+
+
+def signal_stats(traces: Sequence[Trace]) -> dict[str, dict]:
+    """Per signal: quantiles, and correlation with the next step's accepted drafts (greedy chain, all
+    positions: the longest rank-0 prefix)."""
+    ranks = torch.cat([t.ranks for t in traces])
+    chain = (ranks == 0).int().cumprod(dim=1).sum(dim=1).float().numpy()
+    out = {}
+    for name, v in _signal_values(traces).items():
+        corr = float(np.corrcoef(v, chain)[0, 1]) if v.std() > 0 and chain.std() > 0 else 0.0
+        out[name] = {
+            "mean": float(v.mean()),
+            "std": float(v.std()),
+            "quantiles": [float(x) for x in np.quantile(v, [0.1, 0.25, 0.5, 0.75, 0.9])],
+            "corr_with_chain_accepted": corr,
+        }
+    return out
+
+
+def tune(
+    bank: Sequence[Tree],
+    best: Tree,
+    traces: Sequence[Trace],
+    ms_of,
+    window: int,
+    acceptance: AcceptanceModel,
+    master: Tree,
+    latency: LatencyModel,
+) -> tuple[dict, dict]:
+    """Sweep binary and ladder thresholds by replay; replay every policy and the oracle.
+    Returns (thresholds, replays)."""
+    values = _signal_values(traces)
+    qs = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+    grids = {s: sorted({round(float(np.quantile(values[s], q)), 4) for q in qs}) for s in values}
+    grids["accept"] = [0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0]
+    best_i = [t.name for t in bank].index(best.name)
+    smalls = bank[max(0, best_i - 3) : best_i + 1]  # conservative trees: EntMTP* and up to 3 smaller
+    larges = bank[best_i : best_i + 5]  # aggressive trees: EntMTP* and up to 4 larger
+    thresholds: dict[str, dict] = {}
+    replays: dict[str, dict] = {}
+    static = replay(_Static(best), traces, ms_of)
+    replays["static"] = static.to_json()
+    top = None
+    for small, large in itertools.product(smalls, larges):
+        if small.num_nodes >= large.num_nodes:
+            continue
+        for signal in SIGNALS:
+            grid = grids[signal]
+            for i, lo in enumerate(grid):
+                for hi in grid[i : i + 3]:
+                    r = replay(BinaryPolicy(small, large, signal, lo, hi, window), traces, ms_of)
+                    if top is None or r.tokens_per_second > top[0]:
+                        top = (
+                            r.tokens_per_second,
+                            r,
+                            {
+                                "small": small.name,
+                                "large": large.name,
+                                "signal": signal,
+                                "tau_off": lo,
+                                "tau_on": hi,
+                                "window": window,
+                            },
+                        )
+    if top is not None:
+        thresholds["binary"], replays["binary"] = top[2], top[1].to_json()
+    ladder_trees = _unique([bank[0], best, bank[min(best_i + 2, len(bank) - 1)]])
+    if len(ladder_trees) >= 2:
+        top = None
+        for signal in SIGNALS:
+            grid = grids[signal]
+            for th in itertools.combinations(grid, len(ladder_trees) - 1):
+                r = replay(LadderPolicy(ladder_trees, signal, th, window), traces, ms_of)
+                if top is None or r.tokens_per_second > top[0]:
+                    top = (
+                        r.tokens_per_second,
+                        r,
+                        {
+                            "trees": [t.name for t in ladder_trees],
+                            "signal": signal,
+                            "thresholds": list(th),
+                            "window": window,
+                        },
+                    )
+        thresholds["ladder"], replays["ladder"] = top[2], top[1].to_json()
+    replays["cost"] = replay(CostPolicy(bank, acceptance, [ms_of(t) for t in bank]), traces, ms_of).to_json()
+    replays["dynamic"] = replay(DynamicPolicy(master, acceptance, latency), traces, ms_of).to_json()
+    replays["oracle"] = oracle(bank, traces, ms_of).to_json()
+    return thresholds, replays
+
+
+class _Static:
+    def __init__(self, tree: Tree):
+        self.tree, self.trees = tree, [tree]
+
+    def reset(self) -> None:
+        pass
+
+    def choose(self, ctx) -> Tree:
+        return self.tree
+
+    def observe(self, step) -> None:
+        pass
+
+
+def _unique(trees: Sequence[Tree]) -> list[Tree]:
+    return list({t.name: t for t in trees}.values())
+
+
+def _entry(ft, measured: dict | None) -> dict:
+    e = {
+        "name": ft.tree.name,
+        "nodes": ft.tree.num_nodes,
+        "depth": ft.tree.depth,
+        "paths": [list(p) for p in ft.tree.paths],
+        "mean_accepted_all_positions": ft.mean_accepted,
+        "tokens_per_step_simulated": ft.tokens_per_step,
+    }
+    if measured:
+        e.update(measured)
+    return e
+
+
+def build_profile(
+    model,
+    tokenizer,
+    heads,
+    *,
+    heads_name: str,
+    task: str,
+    prompts: Sequence[list[int]],
+    settings: CalibrationSettings = CalibrationSettings(),
+    progress: Progress | None = None,
+    traces: list[Trace] | None = None,
+    log=print,
+) -> tuple[Profile, list[Trace]]:
+    """The whole calibration (see the module docstring). `traces` given: the hardware side only."""
+    from .traces import probe_depth
+
+    t0 = time.perf_counter()
+    if traces is None:
+        gen = Engine(
+            model, tokenizer, heads=heads, tree="tree_8" if heads.config.num_heads >= 3 else "chain_1"
+        )
+        traces, _ = generate_traces(gen, heads, list(prompts), settings.max_new_tokens, progress)
+    if not traces:
+        raise EntMTPError("no calibration generation produced two or more tokens: use other prompts")
+    t_traces = time.perf_counter() - t0
+    counts = PathCounts(traces)
+    D = heads.config.num_heads
+    grown = [grow(counts, d) for d in range(1, D + 1)]
+    frontier = acceptance_frontier(counts, traces, grown)
+    by_nodes = {ft.tree.num_nodes: ft for ft in frontier}
+    grid = sorted({min(by_nodes, key=lambda n: (abs(n - g), n)) for g in GRID})
+    measured_trees = [by_nodes[n].tree for n in grid]
+    reference = load_tree(DEFAULT_TREE)  # the published default, for comparison
+    if reference.depth <= D:
+        measured_trees.append(reference)
+    latency_prompts = list(prompts[: settings.latency_prompts])
+    measured = measure_trees(model, tokenizer, heads, measured_trees, latency_prompts, settings, progress)
+    latency = LatencyModel(
+        [m["nodes"] for m in measured.values()], [m["ms_per_step"] for m in measured.values()]
+    )
+    # throughput of each measured tree: exact simulated tokens/step over all positions / measured step latency
+    speed = {
+        n: by_nodes[n].tokens_per_step * 1000.0 / measured[by_nodes[n].tree.name]["ms_per_step"] for n in grid
+    }
+    throughput, top = [], 0.0
+    for n in grid:
+        if speed[n] > top:
+            top = speed[n]
+            throughput.append(n)
+    best_n = max(throughput, key=lambda n: speed[n])
+    # the bank: every measured frontier tree. The throughput frontier says which static tree is best; a
+    # scheduler also needs the larger trees that only pay on confident steps.
+    bank = [by_nodes[n].tree for n in grid]
+    best = by_nodes[best_n].tree
+    master_n = max(n for n in by_nodes if n <= MASTER_MAX)
+    master = union_tree([*bank, by_nodes[master_n].tree], "master")
+    acceptance = fit_acceptance(traces, probe_depth(heads), D)
+
+    def ms_of(tree: Tree) -> float:
+        m = measured.get(tree.name)
+        return (
+            m["ms_per_step"]
+            if m is not None and m["nodes"] == tree.num_nodes
+            else float(latency(tree.num_nodes))
+        )
+
+    ref = {}
+    if reference.name in measured:
+        tps = simulate(reference, traces).tokens_per_step
+        ref[reference.name] = {
+            "nodes": reference.num_nodes,
+            "tokens_per_step_simulated": tps,
+            "ms_per_step": measured[reference.name]["ms_per_step"],
+            "tokens_per_second": tps * 1000.0 / measured[reference.name]["ms_per_step"],
+        }
+    thresholds, replays = tune(bank, best, traces, ms_of, settings.window, acceptance, master, latency)
+    candidates = {k: v["tokens_per_second"] for k, v in replays.items() if k != "oracle"}
+    recommended = max(candidates, key=candidates.get)
+    plain_ms = measured["none"]["ms_per_step"]
+    data = {
+        "format": FORMAT,
+        "version": VERSION,
+        "task": task,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "model": model_fingerprint(model),
+        "heads": {
+            "name": heads_name,
+            "kind": heads.config.kind,
+            "num_heads": D,
+            "checksum": heads_checksum(heads),
+        },
+        "hardware": hardware(model),
+        "versions": {
+            "entmtp": __version__,
+            "torch": torch.__version__,
+            "transformers": _transformers_version(),
+        },
+        "calibration": {
+            "latency_prompt_ids": [list(map(int, ids)) for ids in latency_prompts],
+            "prompts": len(traces),
+            "positions": counts.positions,
+            "max_new_tokens": settings.max_new_tokens,
+            "latency_prompts": len(latency_prompts),
+            "latency_tokens": settings.latency_tokens,
+            "latency_repeats": settings.latency_repeats,
+            "trace_seconds": t_traces,
+            "seconds": time.perf_counter() - t0,
+        },
+        "latency": {
+            "nodes": [m["nodes"] for m in measured.values()],
+            "ms_per_step": [m["ms_per_step"] for m in measured.values()],
+            "plain_ms_per_step": plain_ms,
+            "trees": measured,
+        },
+        "modes": {
+            "greedy": {
+                "growth": {str(g.max_depth): [list(p) for p in g.order] for g in grown},
+                "acceptance_frontier": [_entry(ft, measured.get(ft.tree.name)) for ft in frontier],
+                "bank": [t.name for t in bank],
+                "throughput_frontier": [
+                    {
+                        "name": by_nodes[n].tree.name,
+                        "nodes": n,
+                        "tokens_per_step_simulated": by_nodes[n].tokens_per_step,
+                        "ms_per_step": measured[by_nodes[n].tree.name]["ms_per_step"],
+                        "tokens_per_second": speed[n],
+                        "measured_tokens_per_second": measured[by_nodes[n].tree.name][
+                            "measured_tokens_per_second"
+                        ],
+                    }
+                    for n in throughput
+                ],
+                "best": best.name,
+                "master": {"name": master.name, "paths": [list(p) for p in master.paths]},
+                "reference": ref,
+                "acceptance_model": acceptance.to_json(),
+                "signals": signal_stats(traces),
+                "thresholds": thresholds,
+                "replay": replays,
+                "recommended_policy": recommended,
+                "plain_tokens_per_second": 1000.0 / plain_ms,
+            }
+        },
+    }
+    log(f"calibrated {heads_name}/{task} in {data['calibration']['seconds']:.0f} s: EntMTP* = {best.name}")
+    return Profile(data), traces
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__

@@ -1,0 +1,212 @@
+"""`entmtp calibrate`: arguments and the run (the CLI only registers them)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from ..errors import EntMTPError
+from ..prompts import CALIB, FOUR_TASKS, TASKS, load_prompt_file, load_prompts
+from .profiles import PROFILE_TASKS, load_profile
+
+
+def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--heads", default="hydra", help="medusa | hydra (shipped) | a heads directory")
+    p.add_argument(
+        "--task",
+        default="mixed",
+        help=f"{' | '.join(PROFILE_TASKS)} (calibration split: the first {CALIB} prompts of each) "
+        "| a JSONL file with a 'prompt' or 'turns' field",
+    )
+    p.add_argument(
+        "--num-prompts",
+        type=int,
+        default=CALIB,
+        help=f"calibration prompts (default {CALIB}; mixed takes an equal share of the four tasks)",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument(
+        "--out", default=None, help="profile JSON to write (default runs/profiles/HEADS-TASK.json)"
+    )
+    p.add_argument(
+        "--latency-only",
+        action="store_true",
+        help="re-measure only the hardware side of --profile here, keeping its calibration traces",
+    )
+    p.add_argument("--profile", default=None, help="with --latency-only: the profile to re-measure")
+    p.add_argument("--latency-prompts", type=int, default=2, help="prompts decoded per measured tree")
+    p.add_argument("--latency-tokens", type=int, default=48, help="new tokens per latency measurement")
+    p.add_argument("--latency-repeats", type=int, default=2, help="interleaved rounds of latency measurement")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def calibration_prompts(task: str, n: int) -> list[str]:
+    if task == "mixed":
+        share = max(1, n // len(FOUR_TASKS))
+        return [p for t in FOUR_TASKS for p in load_prompts(t, "calib", n=share)]
+    if task in TASKS:
+        if n > CALIB:
+            raise EntMTPError(
+                f"--num-prompts {n}: a task's calibration split holds {CALIB} prompts (the rest is "
+                "the test split, never calibrated on); use <= {CALIB} or a prompt file"
+            )
+        return load_prompts(task, "calib", n=n)
+    if Path(task).suffix == ".jsonl" or Path(task).exists():
+        return load_prompt_file(task)[:n]
+    raise EntMTPError(f"unknown task {task!r}: use {', '.join(PROFILE_TASKS)} or a .jsonl prompt file")
+
+
+def run_calibrate(args) -> int:
+    from ..model import encode_prompt, load_model
+    from ..shipped import resolve_heads
+    from .calibrate import CalibrationSettings, build_profile
+    from .plots import plot_profile
+
+    if args.latency_only and not args.profile:
+        raise EntMTPError("--latency-only re-measures an existing profile: pass it with --profile FILE")
+    if (
+        min(args.num_prompts, args.latency_prompts, args.latency_repeats) < 1
+        or min(args.max_new_tokens, args.latency_tokens) < 4
+    ):
+        raise EntMTPError(
+            "--num-prompts, --latency-prompts and --latency-repeats must be >= 1, --max-new-tokens and "
+            "--latency-tokens >= 4"
+        )
+    old = load_profile(args.profile) if args.latency_only else None
+    texts = None if old else calibration_prompts(args.task, args.num_prompts)  # bad tasks fail before loading
+    model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
+    heads = resolve_heads(args.heads, model)
+    if heads is None:
+        raise EntMTPError("calibration needs heads: pass --heads medusa, hydra or a heads directory")
+    heads.bind(model)
+    settings = CalibrationSettings(
+        max_new_tokens=args.max_new_tokens,
+        latency_prompts=args.latency_prompts,
+        latency_tokens=args.latency_tokens,
+        latency_repeats=args.latency_repeats,
+    )
+    with Progress(disable=args.no_progress) as progress:
+        if old is not None:
+            old.check(model, heads, warn_hardware=False)
+            ids = old.data["calibration"]["latency_prompt_ids"]
+            task = old.task
+            profile, traces = build_profile(
+                model,
+                tokenizer,
+                heads,
+                heads_name=old.data["heads"]["name"],
+                task=task,
+                prompts=ids,
+                settings=settings,
+                progress=progress,
+                traces=old.traces(),
+                log=progress.console.print,
+            )
+            profile.data["calibration"].update(
+                {k: old.data["calibration"][k] for k in ("prompts", "max_new_tokens")}
+            )
+        else:
+            task = args.task if args.task in PROFILE_TASKS else Path(args.task).stem
+            ids = [encode_prompt(tokenizer, t) for t in texts]
+            profile, traces = build_profile(
+                model,
+                tokenizer,
+                heads,
+                heads_name=Path(args.heads).name,
+                task=task,
+                prompts=ids,
+                settings=settings,
+                progress=progress,
+                log=progress.console.print,
+            )
+    out = Path(args.out or (old.path if old else f"runs/profiles/{Path(args.heads).name}-{task}.json"))
+    profile.save(out, traces)
+    png = plot_profile(profile, out.with_suffix(".png"))
+    print_profile(profile)
+    print(f"wrote {out}, {profile.sidecar_path()} and {png}")
+    return 0
+
+
+def print_profile(profile) -> None:
+    m = profile.mode("greedy")
+    console = Console() if Console().is_terminal else Console(width=160)
+    lat = profile.data["latency"]["trees"]
+    table = Table(
+        title=f"{profile.data['heads']['name']} / {profile.task}: frontier trees measured here "
+        f"(tokens/s = simulated tokens/step / measured ms per step)"
+    )
+    for col in (
+        "tree",
+        "nodes",
+        "depth",
+        "1+accepted (all pos.)",
+        "tokens/step (own)",
+        "ms/step",
+        "tokens/s",
+        "measured tok/s",
+        "bank",
+    ):
+        table.add_column(col, justify="right")
+    bank = {e["name"] for e in m["throughput_frontier"]}
+    for e in m["acceptance_frontier"]:
+        if e["name"] not in lat:
+            continue
+        ms = lat[e["name"]]["ms_per_step"]
+        mark = "EntMTP*" if e["name"] == m["best"] else ("yes" if e["name"] in bank else "")
+        table.add_row(
+            e["name"],
+            str(e["nodes"]),
+            str(e["depth"]),
+            f"{1 + e['mean_accepted_all_positions']:.2f}",
+            f"{e['tokens_per_step_simulated']:.2f}",
+            f"{ms:.1f}",
+            f"{e['tokens_per_step_simulated'] * 1000 / ms:.1f}",
+            f"{lat[e['name']]['measured_tokens_per_second']:.1f}",
+            mark,
+        )
+    for name, r in m.get("reference", {}).items():
+        table.add_row(
+            name,
+            str(r["nodes"]),
+            "",
+            "",
+            f"{r['tokens_per_step_simulated']:.2f}",
+            f"{r['ms_per_step']:.1f}",
+            f"{r['tokens_per_second']:.1f}",
+            f"{lat[name]['measured_tokens_per_second']:.1f}",
+            "default",
+        )
+    table.add_row(
+        "plain",
+        "0",
+        "",
+        "",
+        "1.00",
+        f"{profile.data['latency']['plain_ms_per_step']:.1f}",
+        f"{m['plain_tokens_per_second']:.1f}",
+        f"{lat['none']['measured_tokens_per_second']:.1f}",
+        "",
+    )
+    console.print(table)
+    rt = Table(title="policies replayed on the calibration traces (decode steps, measured latencies)")
+    for col in ("policy", "tokens/s", "tokens/step", "vs EntMTP*", "settings"):
+        rt.add_column(col, justify="right")
+    base = m["replay"]["static"]["tokens_per_second"]
+    for name, r in m["replay"].items():
+        th = m["thresholds"].get(name, {})
+        setting = ", ".join(f"{k}={v}" for k, v in th.items() if k != "window") if th else ""
+        if name == "static":
+            setting = m["best"]
+        rt.add_row(
+            name,
+            f"{r['tokens_per_second']:.1f}",
+            f"{r['tokens_per_step']:.2f}",
+            f"{r['tokens_per_second'] / base:.3f}x",
+            setting[:70],
+        )
+    console.print(rt)
+    console.print(f"recommended policy: {m['recommended_policy']}")

@@ -1,0 +1,258 @@
+"""Tree policies that schedule: which bank tree to verify at each step, from the online signals.
+
+  static   one tree (EntMTP*, the task's fastest static tree on this hardware, or any named tree)
+  binary   a small and a large tree with hysteresis: switch up when the signal reaches tau_on, back down when
+           it falls below tau_off (tau_off <= tau_on), so a signal oscillating inside the band never flips it
+  ladder   K-1 increasing thresholds over a signal onto K trees sorted by size
+  cost     per step, for every bank tree: expected tokens = 1 + sum over its nodes of the calibrated
+           probability that the node's path is accepted (from the heads' probabilities in this step's probe),
+           divided by the tree's measured step latency; take the best
+  dynamic  the same rule over every subtree of a master tree: the best subtree of n nodes holds the n nodes of
+           highest path probability, so the choice is one sort, a cumsum and an argmax over n
+
+Every policy reads its signals with one host sync per step. `master` is the tree the heads probe before the
+choice (None: the policy needs no probe); every tree a policy returns is a subtree of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..errors import EntMTPError
+from ..records import Step, StepContext
+from ..tree import Tree, subtree_index, union_tree
+from .signals import DEFAULT_WINDOW, SIGNALS, SignalTracker, root_stats
+
+POLICIES = ("static", "binary", "ladder", "cost", "dynamic")
+PROBE_SIGNALS = ("path", "chain")  # signals that need the heads' probabilities before the choice
+
+
+@dataclass(frozen=True)
+class AcceptanceModel:
+    """Calibrated P(node accepted | its parent accepted), per depth.
+
+    For depths the probe covers, by the head's probability q of the node's token, binned at `edges`; for the
+    others (Hydra's deeper heads), by the node's rank. Both are made non-increasing in rank / non-decreasing
+    in q at calibration, so the best n-node subtree is prefix-closed and rank-contiguous.
+    """
+
+    edges: tuple[float, ...]  # [nb + 1] bin edges over q in [0, 1]
+    rates: tuple[tuple[float, ...], ...]  # [D, nb]
+    rank_rates: tuple[tuple[float, ...], ...]  # [D, K]
+
+    def to_json(self) -> dict:
+        return {
+            "edges": list(self.edges),
+            "rates": [list(r) for r in self.rates],
+            "rank_rates": [list(r) for r in self.rank_rates],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> AcceptanceModel:
+        return cls(tuple(d["edges"]), tuple(map(tuple, d["rates"])), tuple(map(tuple, d["rank_rates"])))
+
+
+class LatencyModel:
+    """Measured step latency (ms, drafting included) against tree nodes, interpolated between measurements."""
+
+    def __init__(self, nodes: Sequence[int], ms: Sequence[float]):
+        if len(nodes) == 0 or len(nodes) != len(ms):
+            raise EntMTPError("a latency profile needs as many step times as tree sizes, at least one")
+        order = np.argsort(nodes)
+        self.nodes = np.asarray(nodes, dtype=float)[order]
+        self.ms = np.maximum.accumulate(np.asarray(ms, dtype=float)[order])  # more nodes never cost less
+
+    def __call__(self, nodes) -> np.ndarray:
+        return np.interp(nodes, self.nodes, self.ms)
+
+
+class PathProbabilities:
+    """P(path of node n accepted) for every node of a master tree, from a step's probe: [M+1], root 1."""
+
+    def __init__(self, master: Tree, acceptance: AcceptanceModel):
+        self.depth = master.depths[1:] - 1  # [M] row in the per-depth tables
+        self.rank = master.ranks[1:]  # [M]
+        self.ancestors = master.mask.float()  # [M+1, M+1]: row i sums log-rates over i's path
+        self.edges = torch.tensor(acceptance.edges[1:-1])  # inner edges for bucketize
+        self.rates = torch.tensor(acceptance.rates)  # [D, nb]
+        ranks = torch.tensor(acceptance.rank_rates)  # [D, K]
+        if int(self.depth.max()) >= ranks.shape[0] or int(self.rank.max()) >= ranks.shape[1]:
+            raise EntMTPError(
+                f"the acceptance model covers depth {ranks.shape[0]} and rank {ranks.shape[1] - 1}, less than "
+                f"tree {master.name!r}: calibrate again for these trees"
+            )
+        self.fallback = ranks[self.depth, self.rank]  # [M]
+        self._known: dict[int, torch.Tensor] = {}
+
+    def __call__(self, probe_logprobs: torch.Tensor | None) -> torch.Tensor:
+        f = self.fallback
+        if probe_logprobs is not None:
+            dp = min(probe_logprobs.shape[0], self.rates.shape[0])
+            known = self._known.get(dp)
+            if known is None:
+                known = self._known[dp] = (self.depth < dp).nonzero().flatten()
+            d, r = self.depth[known], self.rank[known]
+            q = probe_logprobs.float().cpu()[d, r].exp()
+            f = f.clone()
+            f[known] = self.rates[d, torch.bucketize(q, self.edges)]
+        logf = torch.cat([torch.zeros(1), f.clamp_min(1e-9).log()])  # [M+1]
+        return (self.ancestors @ logf).exp()
+
+
+class _SignalPolicy:
+    """Shared by the signal-driven policies: the tracker, its reset and observe, the recorded signals."""
+
+    signal = "entropy"
+    master: Tree | None = None
+
+    def __init__(self, trees: Sequence[Tree], window: int):
+        self.trees = list(trees)
+        self.tracker = SignalTracker(window)
+        self.last_signals: dict[str, float] = {}
+
+    def reset(self) -> None:
+        self.tracker.reset()
+
+    def observe(self, step: Step) -> None:
+        self.tracker.observe(step.accepted)
+
+    def _signals(self, ctx: StepContext) -> dict[str, float]:
+        probe = None if ctx.probe is None else ctx.probe.logprobs
+        if ctx.raw_signals is not None:  # a replay supplies the recorded values
+            self.last_signals = self.tracker.update(ctx.raw_signals)
+        else:
+            self.last_signals = self.tracker.read(root_stats(ctx.root_logits), probe)
+        return self.last_signals
+
+
+def _check_signal(signal: str) -> None:
+    if signal not in SIGNALS:
+        raise EntMTPError(f"unknown signal {signal!r}: use one of {', '.join(SIGNALS)}")
+
+
+class BinaryPolicy(_SignalPolicy):
+    """A small and a large tree with hysteresis (tau_off <= tau_on)."""
+
+    def __init__(
+        self,
+        small: Tree,
+        large: Tree,
+        signal: str,
+        tau_off: float,
+        tau_on: float,
+        window: int = DEFAULT_WINDOW,
+    ):
+        _check_signal(signal)
+        if not tau_off <= tau_on:
+            raise EntMTPError(f"binary policy needs tau_off <= tau_on, got {tau_off} > {tau_on}")
+        super().__init__([small, large], window)
+        self.small, self.large, self.signal = small, large, signal
+        self.tau_off, self.tau_on = tau_off, tau_on
+        self.master = union_tree(self.trees, "binary-master") if signal in PROBE_SIGNALS else None
+        self.high = False
+
+    def reset(self) -> None:
+        super().reset()
+        self.high = False
+
+    def choose(self, ctx: StepContext) -> Tree:
+        s = self._signals(ctx)[self.signal]
+        if self.high and s < self.tau_off:
+            self.high = False
+        elif not self.high and s >= self.tau_on:
+            self.high = True
+        return self.large if self.high else self.small
+
+
+class LadderPolicy(_SignalPolicy):
+    """K trees sorted by size; tree i is chosen when thresholds[i-1] <= signal < thresholds[i]."""
+
+    def __init__(
+        self, trees: Sequence[Tree], signal: str, thresholds: Sequence[float], window: int = DEFAULT_WINDOW
+    ):
+        _check_signal(signal)
+        trees = sorted(trees, key=lambda t: t.num_nodes)
+        if len(thresholds) != len(trees) - 1 or list(thresholds) != sorted(set(thresholds)):
+            raise EntMTPError(
+                f"a ladder over {len(trees)} trees needs {len(trees) - 1} strictly increasing thresholds, "
+                f"got {list(thresholds)}"
+            )
+        super().__init__(trees, window)
+        self.signal, self.thresholds = signal, list(thresholds)
+        self.master = union_tree(self.trees, "ladder-master") if signal in PROBE_SIGNALS else None
+
+    def choose(self, ctx: StepContext) -> Tree:
+        s = self._signals(ctx)[self.signal]
+        return self.trees[int(np.searchsorted(self.thresholds, s, side="right"))]
+
+
+class CostPolicy(_SignalPolicy):
+    """Per step, the bank tree of most expected tokens per second (see the module docstring)."""
+
+    def __init__(self, trees: Sequence[Tree], acceptance: AcceptanceModel, ms_per_step: Sequence[float]):
+        if len(ms_per_step) != len(trees) or min(ms_per_step) <= 0:
+            raise EntMTPError("the cost policy needs one positive step latency per bank tree")
+        super().__init__(trees, DEFAULT_WINDOW)
+        self.master = union_tree(self.trees, "cost-master")
+        self.paths = PathProbabilities(self.master, acceptance)
+        member = torch.zeros(len(self.trees), self.master.size)  # [B, M+1]
+        for b, tree in enumerate(self.trees):
+            member[b, subtree_index(tree, self.master)[1:]] = 1.0
+        self.member = member
+        self.inv_ms = 1.0 / torch.tensor(ms_per_step, dtype=torch.float32)  # [B]
+
+    def choose(self, ctx: StepContext) -> Tree:
+        probe = None if ctx.probe is None else ctx.probe.logprobs
+        expected = 1.0 + self.member @ self.paths(probe)  # [B] tokens per step
+        best = int((expected * self.inv_ms).argmax())
+        self.last_signals = {"expected_tokens": float(expected[best])}
+        return self.trees[best]
+
+
+class DynamicPolicy(_SignalPolicy):
+    """Per step, the best subtree of `master` by expected tokens per second (see the module docstring)."""
+
+    def __init__(
+        self,
+        master: Tree,
+        acceptance: AcceptanceModel,
+        latency: LatencyModel,
+        require_contiguous: bool = True,
+    ):
+        super().__init__([master], DEFAULT_WINDOW)
+        self.master = master
+        self.paths = PathProbabilities(master, acceptance)
+        self.inv_ms = torch.tensor(1.0 / latency(np.arange(master.size)), dtype=torch.float32)  # [M+1]
+        self.require_contiguous = require_contiguous
+        self._subtrees: dict[tuple[int, ...], Tree] = {(): Tree.root_only()}
+
+    def choose(self, ctx: StepContext) -> Tree:
+        probe = None if ctx.probe is None else ctx.probe.logprobs
+        p = self.paths(probe)[1:]  # [M]
+        order = torch.sort(p, descending=True, stable=True).indices  # parents before children on ties
+        expected = torch.cat([torch.ones(1), 1.0 + p[order].cumsum(0)])  # [M+1]: best n-node subtree
+        n = (expected * self.inv_ms).argmax()
+        picked = torch.cat([n.reshape(1), order]).tolist()
+        n, ids = picked[0], tuple(sorted(picked[1 : 1 + picked[0]]))
+        self.last_signals = {"expected_tokens": float(expected[n]), "nodes": float(n)}
+        return self._subtree(ids)
+
+    def _subtree(self, ids: tuple[int, ...]) -> Tree:
+        tree = self._subtrees.get(ids)
+        if tree is None:
+            paths = tuple(self.master.paths[i] for i in ids)
+            closed = all(len(p) == 1 or p[:-1] in set(paths) for p in paths)
+            tree = Tree(f"dyn{len(ids)}", paths) if closed else None
+            if tree is None or (self.require_contiguous and not tree.is_rank_contiguous):
+                tree = self._fallback(len(ids))
+            self._subtrees[ids] = tree
+        return tree
+
+    def _fallback(self, n: int) -> Tree:
+        """The first n master nodes in canonical order close to the same size (never reached with monotone
+        acceptance tables; kept so a malformed table cannot build an invalid tree)."""
+        return Tree(f"dyn{n}", self.master.paths[:n]) if n else Tree.root_only()

@@ -1,0 +1,352 @@
+"""Scheduler profiles: one calibrated tree bank per (base model, heads, task, hardware), as files.
+
+A profile is a JSON file (the bank, both frontiers, the latency profile, the acceptance model, the signal
+statistics, the tuned thresholds, the replayed policies, and what it was made from) with a sidecar
+`*.traces.safetensors` holding the calibration traces, so `entmtp calibrate --latency-only` can re-measure
+the hardware side on another machine and re-tune without decoding again. Both are written atomically
+(sidecar first, JSON last, each by rename), and the JSON records the sidecar's sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import warnings
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from ..errors import EntMTPError
+from ..files import save_tensors_atomic, write_text_atomic
+from ..tree import Tree, TreeError
+from .policies import (
+    AcceptanceModel,
+    BinaryPolicy,
+    CostPolicy,
+    DynamicPolicy,
+    LadderPolicy,
+    LatencyModel,
+)
+from .traces import Trace
+
+FORMAT = "entmtp-profile"
+VERSION = 1
+PROFILE_TASKS = ("humaneval", "sharegpt", "gsm8k", "writing", "mixed")
+
+
+class ProfileError(EntMTPError):
+    """A scheduler profile is missing, corrupt, or made for another model or heads."""
+
+
+# ---- fingerprints: what a profile was made from ------------------------------------------------------
+
+
+def model_fingerprint(model) -> dict:
+    cfg = model.config
+    emb = model.get_input_embeddings().weight
+    digest = hashlib.sha256(emb[:64].detach().to(torch.bfloat16).float().cpu().numpy().tobytes()).hexdigest()
+    return {
+        "name": getattr(cfg, "_name_or_path", "") or type(model).__name__,
+        "hidden_size": int(cfg.hidden_size),
+        "vocab_size": int(emb.shape[0]),
+        "num_hidden_layers": int(getattr(cfg, "num_hidden_layers", 0)),
+        "embedding_sha256": digest[:16],
+    }
+
+
+def heads_checksum(heads) -> str:
+    """sha256 of the heads' weights (rounded to bf16, so a float32 load of bf16 weights matches) and draft
+    vocabulary; the same heads loaded on any device or dtype give the same checksum."""
+    h = hashlib.sha256()
+    for name, t in sorted(heads.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().to(torch.bfloat16).float().cpu().numpy().tobytes())
+    if heads.draft_vocab is not None:
+        h.update(heads.draft_vocab.cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def hardware(model) -> dict:
+    dev = model.device if hasattr(model, "device") else torch.device("cpu")
+    if dev.type == "cuda":
+        name = torch.cuda.get_device_name(dev)
+    else:
+        name = _cpu_model()
+    return {
+        "device": dev.type,
+        "name": name,
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "dtype": str(model.dtype).removeprefix("torch."),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# ---- the profile -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Profile:
+    data: dict  # the JSON document
+    path: Path | None = None
+
+    # -- reading --
+    @property
+    def task(self) -> str:
+        return self.data["task"]
+
+    def mode(self, mode: str = "greedy") -> dict:
+        modes = self.data["modes"]
+        if mode not in modes:
+            raise ProfileError(
+                f"profile {self._where()} has no {mode!r} section (it holds {', '.join(modes)})"
+            )
+        return modes[mode]
+
+    def trees(self, mode: str = "greedy") -> dict[str, Tree]:
+        """Every tree the profile names (acceptance frontier, master), by name."""
+        m = self.mode(mode)
+        out = {}
+        for entry in m["acceptance_frontier"]:
+            out[entry["name"]] = Tree(entry["name"], tuple(tuple(p) for p in entry["paths"]))
+        master = m["master"]
+        out[master["name"]] = Tree(master["name"], tuple(tuple(p) for p in master["paths"]))
+        return out
+
+    def bank(self, mode: str = "greedy") -> list[Tree]:
+        """The trees the policies switch between, smallest first: every frontier tree whose latency was
+        measured (the throughput frontier, EntMTP* included, and the larger trees that pay on confident steps)."""
+        trees = self.trees(mode)
+        return [trees[name] for name in self.mode(mode)["bank"]]
+
+    def best_tree(self, mode: str = "greedy") -> Tree:
+        """EntMTP*: the fastest static tree of the task on the calibration hardware."""
+        return self.trees(mode)[self.mode(mode)["best"]]
+
+    def acceptance(self, mode: str = "greedy") -> AcceptanceModel:
+        return AcceptanceModel.from_json(self.mode(mode)["acceptance_model"])
+
+    def latency(self) -> LatencyModel:
+        lat = self.data["latency"]
+        return LatencyModel(lat["nodes"], lat["ms_per_step"])
+
+    def ms_of(self, tree: Tree) -> float:
+        """Measured step latency of a bank tree, else interpolated by its node count."""
+        measured = self.data["latency"]["trees"].get(tree.name)
+        if measured is not None and measured["nodes"] == tree.num_nodes:
+            return measured["ms_per_step"]
+        return float(self.latency()(tree.num_nodes))
+
+    def recommended_policy(self, mode: str = "greedy") -> str:
+        return self.mode(mode).get("recommended_policy", "static")
+
+    def policy(self, name: str, mode: str = "greedy", require_contiguous: bool = True):
+        """A policy object for the engine, built from this profile."""
+        from ..policy import StaticPolicy
+
+        m = self.mode(mode)
+        if name == "static":
+            return StaticPolicy(self.best_tree(mode))
+        trees = self.trees(mode)
+        if name in ("binary", "ladder"):
+            th = m["thresholds"].get(name)
+            if th is None:
+                raise ProfileError(f"profile {self._where()} has no tuned {name} thresholds: calibrate again")
+            if name == "binary":
+                return BinaryPolicy(
+                    trees[th["small"]],
+                    trees[th["large"]],
+                    th["signal"],
+                    th["tau_off"],
+                    th["tau_on"],
+                    window=th.get("window", 8),
+                )
+            return LadderPolicy(
+                [trees[n] for n in th["trees"]], th["signal"], th["thresholds"], window=th.get("window", 8)
+            )
+        if name == "cost":
+            bank = self.bank(mode)
+            return CostPolicy(bank, self.acceptance(mode), [self.ms_of(t) for t in bank])
+        if name == "dynamic":
+            return DynamicPolicy(
+                trees[m["master"]["name"]],
+                self.acceptance(mode),
+                self.latency(),
+                require_contiguous=require_contiguous,
+            )
+        raise ProfileError(f"unknown policy {name!r}: use static, binary, ladder, cost or dynamic")
+
+    def traces(self) -> list[Trace]:
+        """The calibration traces from the sidecar file (checked against the recorded sha256)."""
+        side = self.sidecar_path()
+        if side is None or not side.exists():
+            raise ProfileError(
+                f"profile {self._where()} has no traces file {side}: calibrate again (full run)"
+            )
+        digest = _sha256(side)
+        if digest != self.data["traces_sha256"]:
+            raise ProfileError(
+                f"traces file {side} does not match its profile (sha256 {digest[:12]}...): "
+                "it was changed or truncated; calibrate again"
+            )
+        t = load_file(str(side))
+        out = []
+        for i in range(len(self.data["traces"])):
+            meta = self.data["traces"][i]
+            out.append(
+                Trace(
+                    meta["prompt_len"],
+                    meta["length"],
+                    t[f"{i}.ranks"].long(),
+                    t[f"{i}.probe"].float(),
+                    t[f"{i}.raw"].float(),
+                )
+            )
+        return out
+
+    def sidecar_path(self) -> Path | None:
+        return None if self.path is None else self.path.with_name(self.path.stem + ".traces.safetensors")
+
+    def _where(self) -> str:
+        return str(self.path) if self.path else f"<{self.data.get('task', '?')}>"
+
+    # -- checks --
+    def check(self, model, heads, *, warn_hardware: bool = True) -> None:
+        """Raise ProfileError if made for another base model or heads, or its trees do not fit the heads;
+        warn if made on other hardware (latencies and so the bank may not hold here)."""
+        fix = "calibrate for this model and heads with `entmtp calibrate`, or pass the right --profile"
+        got = model_fingerprint(model)
+        want = self.data["model"]
+        for key in ("hidden_size", "vocab_size", "num_hidden_layers", "embedding_sha256"):
+            if want.get(key) != got[key]:
+                raise ProfileError(
+                    f"profile {self._where()} was made for base model {want.get('name')!r} ({key} {want.get(key)}), "
+                    f"not this one ({got['name']!r}, {key} {got[key]}): {fix}"
+                )
+        checksum = heads_checksum(heads)
+        if self.data["heads"]["checksum"] != checksum:
+            raise ProfileError(
+                f"profile {self._where()} was made for other heads ({self.data['heads']['name']}, checksum "
+                f"{self.data['heads']['checksum']}), not these (checksum {checksum}): {fix}"
+            )
+        contiguous = heads.config.kind == "hydra"
+        for tree in self.trees().values():
+            try:
+                tree.check_fits(heads.config.num_heads, require_contiguous=contiguous)
+            except TreeError as e:
+                raise ProfileError(f"profile {self._where()}: {e}") from None
+        if warn_hardware:
+            here, there = hardware(model), self.data["hardware"]
+            keys = ("device", "name", "threads", "dtype")
+            if any(here[k] != there.get(k) for k in keys):
+                diff = ", ".join(
+                    f"{k} {there.get(k)!r} -> {here[k]!r}" for k in keys if here[k] != there.get(k)
+                )
+                warnings.warn(
+                    f"profile {self._where()} was calibrated on other hardware ({diff}): its latencies and so its "
+                    f"tree choices may not hold here; re-measure them with `entmtp calibrate --latency-only "
+                    f"--profile {self._where()}` (minutes)",
+                    stacklevel=2,
+                )
+
+    # -- writing --
+    def save(self, path: str | os.PathLike[str], traces: list[Trace] | None = None) -> None:
+        """Write atomically: the traces sidecar first, the JSON last (each by rename)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        if traces is not None:
+            side = self.sidecar_path()
+            tensors = {}
+            for i, tr in enumerate(traces):
+                tensors[f"{i}.ranks"] = tr.ranks.to(torch.int16)
+                tensors[f"{i}.probe"] = tr.probe.to(torch.float16)
+                tensors[f"{i}.raw"] = tr.raw.float()
+            save_tensors_atomic(side, tensors)
+            self.data["traces"] = [{"prompt_len": tr.prompt_len, "length": tr.length} for tr in traces]
+            self.data["traces_sha256"] = _sha256(side)
+        write_text_atomic(path, json.dumps(self.data, indent=1) + "\n")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def load_profile(path: str | os.PathLike[str]) -> Profile:
+    """Read and validate a profile file; clear errors for missing, truncated or foreign files."""
+    p = Path(path)
+    if not p.is_file():
+        what = "is a directory" if p.is_dir() else "does not exist"
+        raise ProfileError(
+            f"profile {p} {what}: give a profile JSON written by `entmtp calibrate`, or a task name "
+            f"({', '.join(PROFILE_TASKS)}) for a shipped one"
+        )
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ProfileError(
+            f"profile {p} is corrupt or truncated ({e}): calibrate again with `entmtp calibrate`"
+        ) from e
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ProfileError(
+            f'{p} is not an entmtp scheduler profile (no "format": "{FORMAT}"): '
+            "give a file written by `entmtp calibrate`"
+        )
+    if data.get("version") != VERSION:
+        raise ProfileError(
+            f"profile {p} has format version {data.get('version')}, this entmtp reads {VERSION}: "
+            "calibrate again"
+        )
+    missing = [k for k in ("task", "model", "heads", "hardware", "latency", "modes") if k not in data]
+    if missing:
+        raise ProfileError(
+            f"profile {p} lacks {', '.join(missing)} (truncated or hand-edited): calibrate again"
+        )
+    profile = Profile(data, p)
+    try:
+        for mode in data["modes"]:
+            profile.trees(mode)
+            profile.acceptance(mode)
+        profile.latency()
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProfileError(f"profile {p} is malformed ({type(e).__name__}: {e}): calibrate again") from e
+    return profile
+
+
+def shipped_profiles_dir(heads_kind: str) -> Path:
+    return Path(str(resources.files("entmtp") / "assets" / "profiles" / heads_kind))
+
+
+def resolve_profile(spec: str | os.PathLike[str] | None, heads_spec: str | None) -> Profile:
+    """`spec`: a task name (the shipped profile for the shipped heads `heads_spec`) or a profile file;
+    None = the shipped `mixed` profile."""
+    spec = "mixed" if spec is None else str(spec)
+    if spec in PROFILE_TASKS:
+        if heads_spec not in ("medusa", "hydra"):
+            raise ProfileError(
+                f"shipped profiles exist only for the shipped heads (medusa, hydra), not {heads_spec!r}: "
+                f"calibrate yours with `entmtp calibrate --heads {heads_spec} --task {spec} --out P.json` "
+                "and pass --profile P.json"
+            )
+        path = shipped_profiles_dir(heads_spec) / f"{spec}.json"
+        if not path.exists():
+            raise ProfileError(
+                f"no shipped {spec!r} profile for {heads_spec} heads in this version: make one with "
+                f"`entmtp calibrate --heads {heads_spec} --task {spec}`"
+            )
+        return load_profile(path)
+    return load_profile(spec)

@@ -1,0 +1,141 @@
+"""Offline tree search on calibration traces: EntMTP's greedy growth and the acceptance frontier.
+
+A tree accepts, at a step whose rank vector is R (see traces.py), the longest prefix of R that is one of its
+paths. Over all positions of the traces, a path's value is how often R starts with it (`PathCounts`), and a
+tree's mean accepted length is the sum of its paths' values: so scoring a candidate tree is a sum, and the
+paper's per-round union rollouts are not needed. `simulate` replays whole decodes step by step (the steps a
+tree really takes, each starting where the previous one ended): the debiased, own-tree number.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..tree import RankPath, Tree
+from .traces import MISS, TOPK, Trace
+
+MAX_NODES = 90  # growth history length per max depth (the paper grows to about 90 nodes)
+
+
+class PathCounts:
+    """How many trace positions start with each rank path (every prefix of every rank vector)."""
+
+    def __init__(self, traces: Sequence[Trace]):
+        self.counts: Counter[RankPath] = Counter()
+        self.positions = 0
+        for tr in traces:
+            for row in tr.ranks.tolist():
+                self.positions += 1
+                path: tuple[int, ...] = ()
+                for r in row:
+                    if r >= MISS:
+                        break
+                    path = (*path, r)
+                    self.counts[path] += 1
+
+    def value(self, path: RankPath) -> float:
+        """P(a step's rank vector starts with `path`) = the path's contribution to mean accepted drafts."""
+        return self.counts.get(path, 0) / max(1, self.positions)
+
+    def mean_accepted(self, paths: Sequence[RankPath]) -> float:
+        return sum(self.value(p) for p in paths)
+
+
+@dataclass(frozen=True)
+class Grown:
+    """One greedy growth: the order nodes were added in, for one max depth."""
+
+    max_depth: int
+    order: tuple[RankPath, ...]
+
+    def tree(self, nodes: int, name: str | None = None) -> Tree:
+        return Tree(name or f"d{self.max_depth}n{nodes}", self.order[:nodes])
+
+
+def grow(counts: PathCounts, max_depth: int, max_nodes: int = MAX_NODES, max_rank: int = TOPK) -> Grown:
+    """EntMTP's greedy growth from the one-node tree {(0,)}: each round, every node (root included) may take
+    its next child (rank = its current number of children); add the candidate of highest value; ties go to
+    the smaller rank sum, then the shallower node. Stops early when no candidate was ever accepted."""
+    order: list[RankPath] = [(0,)]
+    children: Counter[RankPath] = Counter({(): 1})
+    while len(order) < max_nodes:
+        best, best_key = None, None
+        for parent in [(), *order]:
+            k = children[parent]
+            if len(parent) >= max_depth or k >= max_rank:
+                continue
+            cand = (*parent, k)
+            key = (-counts.value(cand), sum(cand), len(cand))
+            if best_key is None or key < best_key:
+                best, best_key = cand, key
+        if best is None or best_key[0] == 0:  # nothing left that ever accepts: more nodes only cost
+            break
+        order.append(best)
+        children[best[:-1]] += 1
+    return Grown(max_depth, tuple(order))
+
+
+@dataclass(frozen=True)
+class FrontierTree:
+    tree: Tree
+    mean_accepted: float  # all-position mean accepted drafts (the search's score)
+    tokens_per_step: float  # own-tree simulation over the traces (accepted + bonus per real step)
+
+
+def acceptance_frontier(
+    counts: PathCounts, traces: Sequence[Trace], grown: Sequence[Grown]
+) -> list[FrontierTree]:
+    """Trees of the growth histories not dominated in (nodes, mean accepted): per size the best depth,
+    kept only if it beats every smaller tree. Each is re-scored by simulating its own decodes."""
+    best: dict[int, tuple[float, Tree]] = {}
+    for g in grown:
+        for n in range(1, len(g.order) + 1):
+            score = counts.mean_accepted(g.order[:n])
+            if n not in best or score > best[n][0] + 1e-12:
+                best[n] = (score, g.tree(n))
+    frontier, top = [], -1.0
+    for n in sorted(best):
+        score, tree = best[n]
+        if score > top + 1e-12:
+            top = score
+            tree = Tree(f"n{n}d{tree.depth}", tree.paths)
+            frontier.append(FrontierTree(tree, score, simulate(tree, traces).tokens_per_step))
+    return frontier
+
+
+@dataclass(frozen=True)
+class Simulated:
+    tokens: int  # generated tokens (the prefill's first one excluded)
+    steps: int
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.tokens / max(1, self.steps)
+
+
+def accepted_length(paths: frozenset[RankPath], ranks: Sequence[int]) -> int:
+    """Drafts a tree (its path set) accepts at a step with rank vector `ranks`."""
+    n = 0
+    path: tuple[int, ...] = ()
+    for r in ranks:
+        path = (*path, r)
+        if path not in paths:
+            break
+        n += 1
+    return n
+
+
+def simulate(tree: Tree, traces: Sequence[Trace]) -> Simulated:
+    """Greedy decoding of every trace with `tree`, step by step: exact tokens per step (up to bf16 rounding)."""
+    paths = frozenset(tree.paths)
+    tokens = steps = 0
+    for tr in traces:
+        rows = tr.ranks.tolist()
+        j, end = 0, len(rows)  # row j = root prompt_len + j; the last root is the last token
+        while j < end - 1:
+            a = accepted_length(paths, rows[j])
+            step = min(a + 1, end - 1 - j)
+            tokens, steps, j = tokens + step, steps + 1, j + step
+    return Simulated(tokens, steps)

@@ -1,0 +1,106 @@
+"""Calibration traces: what the heads would have drafted at every position of real greedy generations.
+
+For greedy acceptance, whether a tree accepts a path at a step depends only on one thing per depth: the rank,
+among head d's candidates, of the base model's own token d places after the root, given that the drafts
+before it were right (Hydra's heads read their branch; on an accepted branch those are the true tokens).
+So one forward of the base model over prompt + greedy output, and one teacher-forced pass of the heads, give
+at EVERY position the rank vector that decides every tree's accepted length there: scoring a tree is a
+lookup, simulating a whole decode with any tree or policy is exact, and no union-tree rollout (with its
+optimistic bias, and one decode per search round) is needed. Positions are indexed by the step's root:
+position j is a step whose root is tokens[j] (the base model's token drawn from the logits at j - 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from rich.progress import Progress
+
+from ..cache import BaseModel
+from ..errors import EntMTPError
+from .signals import raw_signals, root_stats
+
+TOPK = 10  # candidates per head recorded; ranks >= TOPK count as misses (no tree here drafts that wide)
+MISS = TOPK  # rank recorded for a token outside the heads' top TOPK (or past the end)
+
+
+@dataclass
+class Trace:
+    """One generation, teacher-forced. Rows are step roots j = prompt_len .. len(tokens) - 1."""
+
+    prompt_len: int
+    length: int  # prompt + output tokens
+    ranks: torch.Tensor  # [R, D] int64: rank of tokens[j + d] under head d at root j; MISS if not in top-k
+    probe: torch.Tensor  # [R, Dp, TOPK] float32: top-k log-probabilities the online probe would see
+    raw: torch.Tensor  # [R, 4] float32: raw signals (entropy, p0, chain sum, max g_d) at root j
+
+    @property
+    def output_tokens(self) -> int:
+        return self.length - self.prompt_len
+
+
+def probe_depth(heads) -> int:
+    """Depths an online probe covers: all for independent (Medusa) heads, 1 for grounded Hydra heads."""
+    return 1 if getattr(heads, "grounded", False) else heads.config.num_heads
+
+
+@torch.inference_mode()
+def trace_generation(base: BaseModel, heads, tokens: list[int], prompt_len: int) -> Trace:
+    """Teacher-force `heads` over one finished generation `tokens` (prompt + greedy output)."""
+    if len(tokens) <= prompt_len + 1:
+        raise EntMTPError("a calibration generation needs at least two output tokens")
+    dev = base.device
+    ids = torch.tensor(tokens, device=dev)
+    L, D, dp = len(tokens), heads.config.num_heads, probe_depth(heads)
+    fwd = base.forward(ids, torch.arange(L, device=dev), base.new_cache())
+    feats = heads.features(fwd.hidden[None].to(heads.dtype), ids[None])  # D x [1, L, H]
+    roots = torch.arange(prompt_len, L, device=dev)  # [R] step roots j; the heads read position j - 1
+    t = roots - 1
+    ranks = torch.full((len(roots), D), MISS, dtype=torch.int64)
+    probe = torch.zeros(len(roots), dp, TOPK)
+    col_of = torch.arange(base.lm_head.weight.shape[0], device=dev)  # token id -> column in the draft logits
+    if heads.draft_vocab is not None:  # -1: not draftable
+        col_of = torch.full_like(col_of, -1)
+        col_of[heads.draft_vocab.to(dev)] = torch.arange(heads.draft_vocab.numel(), device=dev)
+    for d in range(D):  # head d+1 at t predicts tokens[t + d + 2] = tokens[j + d + 1]
+        lp = F.log_softmax(heads._draft_logits(d, feats[d][0, t]).float(), dim=-1)  # [R, Vd]
+        target = t + d + 2
+        valid = target < L
+        col = col_of[ids[target.clamp(max=L - 1)]]  # [R]
+        valid &= col >= 0
+        true_lp = lp.gather(1, col.clamp(min=0)[:, None])  # [R, 1]
+        rank = (lp > true_lp).sum(dim=1)  # [R]
+        rank = torch.where(valid & (rank < TOPK), rank, torch.full_like(rank, MISS))
+        ranks[:, d] = rank.cpu()
+        if d < dp:
+            probe[:, d] = lp.topk(TOPK, dim=-1).values.cpu()
+    raw = raw_signals(root_stats(fwd.logits[t]).cpu(), probe)  # [R, 4]
+    return Trace(prompt_len, L, ranks, probe, raw)
+
+
+def generate_traces(
+    engine,
+    heads,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    progress: Progress | None = None,
+    outputs: list[list[int]] | None = None,
+) -> tuple[list[Trace], list[list[int]]]:
+    """Greedy generations of `prompts` (token ids) with `engine` (any tree: greedy output does not depend on
+    it), then a teacher-forced trace of each through `heads`. `outputs` reuses earlier generations."""
+    task = progress.add_task("calibration traces", total=len(prompts)) if progress else None
+    traces, outs = [], []
+    for i, ids in enumerate(prompts):
+        out = (
+            outputs[i]
+            if outputs is not None
+            else engine.generate(ids, max_new_tokens=max_new_tokens).token_ids
+        )
+        outs.append(out)
+        if len(out) >= 2:
+            traces.append(trace_generation(engine.base, heads, list(ids) + list(out), len(ids)))
+        if progress:
+            progress.advance(task)
+    return traces, outs
