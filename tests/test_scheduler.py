@@ -27,7 +27,7 @@ from entmtp.scheduler.profiles import ProfileError, load_profile
 from entmtp.scheduler.replay import oracle, replay
 from entmtp.scheduler.search import PathCounts, acceptance_frontier, grow, simulate
 from entmtp.scheduler.traces import MISS, TOPK, Trace, trace_generation
-from entmtp.tree import load_tree
+from entmtp.tree import Tree, load_tree
 
 # ---- synthetic traces: heads with known per-rank accuracies ------------------------------------------------
 
@@ -139,12 +139,13 @@ def test_simulation_reproduces_real_decodes_step_for_step(fitted, kind):
 
 
 def small_acceptance(depth: int = 4) -> AcceptanceModel:
-    edges = (0.0, 0.1, 0.5, 1.0)
-    return AcceptanceModel(
-        edges,
-        tuple((0.05, 0.3, 0.8) for _ in range(depth)),
-        tuple(tuple(0.6 / (r + 1) for r in range(TOPK)) for _ in range(depth)),
+    """Two step contexts (head 1 unsure / sure), three probability bins."""
+    ranks = tuple(
+        (tuple(0.3 / (r + 1) for r in range(TOPK)), tuple(0.7 / (r + 1) for r in range(TOPK)))
+        for _ in range(depth)
     )
+    rates = tuple(((0.02, 0.2, 0.6), (0.05, 0.3, 0.9)) for _ in range(depth))
+    return AcceptanceModel((0.0, 0.1, 0.5, 1.0), (0.0, 0.5, 1.0), rates, ranks)
 
 
 def all_policies():
@@ -269,11 +270,15 @@ def test_replay_of_a_static_tree_is_its_simulation():
 
 def test_fitted_acceptance_is_monotone():
     acc = fit_acceptance(synthetic_traces(), probe_depth=3, num_heads=3)
-    for row in acc.rates:
-        assert list(row) == sorted(row)
-    for row in acc.rank_rates:
-        assert list(row) == sorted(row, reverse=True)
-    assert acc.rank_rates[0][0] == pytest.approx(0.5, abs=0.01)  # RANK_P[0]
+    for depth in acc.rates:
+        for row in depth:
+            assert list(row) == sorted(row)
+    for depth in acc.rank_rates:
+        for row in depth:
+            assert list(row) == sorted(row, reverse=True)
+    # the synthetic probe carries no information: every context is the overall rate RANK_P[0]
+    assert acc.rank_rates[0][0][0] == pytest.approx(0.5, abs=0.01)
+    assert AcceptanceModel.from_json(json.loads(json.dumps(acc.to_json()))) == acc
 
 
 # ---- profiles: build, round-trip, policies from them, and every bad file ------------------------------------
@@ -436,3 +441,89 @@ def test_latency_only_keeps_the_traces(tiny_profile, fitted):
     same = [[e[k] for k in stats] for e in new.mode()["acceptance_frontier"]]
     assert same == [[e[k] for k in stats] for e in old.mode()["acceptance_frontier"]]  # the same statistics
     assert new.data["latency"]["trees"].keys() == old.data["latency"]["trees"].keys()
+
+
+# ---- typical acceptance (T > 0): pass masks ----------------------------------------------------------------
+
+
+def typical_trace(rows, masks) -> Trace:
+    n = len(rows)
+    return Trace(
+        1,
+        n + 1,
+        torch.tensor(rows),
+        torch.zeros(n, len(rows[0]), TOPK),
+        torch.zeros(n, 4),
+        torch.tensor(masks),
+    )
+
+
+def test_typical_acceptance_takes_the_deepest_passing_node_below_the_trajectory():
+    from entmtp.scheduler.search import accepted_length
+
+    tree = frozenset(load_tree("mc_sim_7b_63").paths)
+    # depth 1: ranks 0 and 2 pass, the trajectory went through rank 2; depth 2 below it: rank 0 passes
+    assert accepted_length(tree, [2, 0, 5], [0b101, 0b1, 0]) == 2  # (2,) and (2, 0) are in the tree
+    assert (
+        accepted_length(frozenset({(0,), (1,)}), [2, 0, 5], [0b101, 0b1, 0]) == 1
+    )  # (0,) passes; (2,) absent
+    assert accepted_length(tree, [2, 0, 5], [0b001, 0b1, 0]) == 1  # the trajectory's rank 2 did not pass
+    assert (
+        accepted_length(tree, [MISS, 0, 0], [0b010, 0b1, 0b1]) == 1
+    )  # off-trajectory passes count one level
+    assert accepted_length(tree, [0, 0, 0], [0, 0b1, 0b1]) == 0
+
+
+def test_typical_growth_counts_a_depth_once_however_many_siblings_pass():
+    from entmtp.scheduler.search import PassScores
+
+    # every position: ranks 0 and 1 pass at depth 1 (trajectory rank 0); rank 0 passes at depth 2
+    tr = typical_trace([[0, 0]] * 10, [[0b11, 0b1]] * 10)
+    scores = PassScores([tr])
+    g = grow(scores, max_depth=2, max_nodes=5)
+    assert g.order == ((0,), (0, 0))  # (1,) would add nothing: depth 1 is already accepted everywhere
+    assert scores.mean_accepted(g.order) == 2.0
+    assert simulate(Tree("t", g.order), [tr]).tokens_per_step == pytest.approx(9 / 3)  # 3 steps of 3, 3, 3
+
+
+def test_greedy_traces_score_the_same_through_pass_masks():
+    """A greedy trace is a typical trace whose only passing rank is the trajectory's: both scorers agree."""
+    from entmtp.scheduler.search import PassScores
+
+    greedy = synthetic_traces(depth=2, scale=200)[0]
+    bits = torch.where(
+        greedy.ranks < MISS, 1 << greedy.ranks.clamp(max=TOPK - 1), torch.zeros_like(greedy.ranks)
+    )
+    as_typical = Trace(greedy.prompt_len, greedy.length, greedy.ranks, greedy.probe, greedy.raw, bits)
+    a, b = grow(PathCounts([greedy]), 2, 12), grow(PassScores([as_typical]), 2, 12)
+    assert a.order == b.order
+    tree = Tree("t", a.order)
+    assert simulate(tree, [greedy]) == simulate(tree, [as_typical])
+
+
+def test_typical_section_from_sampled_generations(tiny_profile, fitted, tmp_path):
+    from entmtp.scheduler.calibrate import add_typical
+    from entmtp.scheduler.traces import TYPICAL, generate_traces
+
+    model, heads, path, greedy = tiny_profile
+    _, ids, _, _ = fitted
+    engine = Engine(model, ByteTokenizer(), heads=heads["hydra"], tree="tree_8")
+    typical, outs = generate_traces(engine, heads["hydra"], [ids, list(range(30, 44))], 24, sampling=TYPICAL)
+    assert all(t.passmask is not None for t in typical)
+    profile = add_typical(load_profile(path), heads["hydra"], typical, TINY, log=lambda *a: None)
+    out = tmp_path / "typ.json"
+    profile.save(out, greedy, typical)
+    loaded = load_profile(out)
+    assert loaded.mode_for(0.7) == "typical" and loaded.mode_for(0.0) == "greedy"
+    back = loaded.traces("typical")
+    assert all(torch.equal(a.passmask, b.passmask) for a, b in zip(back, typical, strict=True))
+    loaded.check(model, heads["hydra"], warn_hardware=False)
+    bank = {t.name for t in loaded.bank("typical")} | {"master"}
+    for name in ("static", "cost", "dynamic"):
+        policy = loaded.policy(name, "typical")
+        r = Engine(model, ByteTokenizer(), heads=heads["hydra"], tree=policy).generate(
+            ids, max_new_tokens=24, temperature=0.7, acceptance="typical", seed=3
+        )
+        assert len(r.token_ids) == 24
+        if name != "dynamic":
+            assert {s.tree for s in r.steps} <= bank

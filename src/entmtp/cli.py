@@ -92,10 +92,11 @@ def _tree_or_policy(args, heads_spec: str, model, heads):
         return "tree_8"
     profile = resolve_profile(args.profile, heads_spec)
     profile.check(model, heads)
-    name = args.policy or profile.recommended_policy()
+    mode = profile.mode_for(args.temperature)
+    name = args.policy or profile.recommended_policy(mode)
     if name not in POLICIES:
         raise EntMTPError(f"unknown policy {name!r}: use one of {', '.join(POLICIES)}")
-    return profile.policy(name)
+    return profile.policy(name, mode)
 
 
 def cmd_trees(args) -> int:
@@ -175,7 +176,23 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="tokens/s and tokens/step against plain decoding, per task (table + JSON)"
     )
     b.add_argument("--heads", default="hydra,medusa", help="comma list: medusa, hydra or heads directories")
-    b.add_argument("--trees", default="chain_3,tree_8,tree_16,mc_sim_7b_63")
+    b.add_argument(
+        "--trees",
+        default="chain_3,tree_8,tree_16,mc_sim_7b_63",
+        help="static trees (comma list; HEADS:TREE for one heads only)",
+    )
+    b.add_argument(
+        "--policies",
+        default="",
+        help="scheduling policies (comma list of static,binary,ladder,cost,dynamic; HEADS:POLICY for one heads only)",
+    )
+    b.add_argument(
+        "--profile", default="auto", help="auto (each task's shipped profile, else mixed) | TASK | FILE"
+    )
+    b.add_argument("--replay", action="store_true", help="also replay the policies and the oracle (greedy)")
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--acceptance", default="auto", choices=["auto", "greedy", "sample", "typical"])
+    b.add_argument("--seed", type=int, default=0, help="sampling seed of prompt i is seed + i")
     b.add_argument("--tasks", default="humaneval,sharegpt,gsm8k,writing")
     b.add_argument("--split", default="test", choices=["calib", "test"])
     b.add_argument("--num-prompts", type=int, default=10, help="prompts per task")

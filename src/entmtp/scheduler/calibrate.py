@@ -36,12 +36,14 @@ from ..tree import Tree, load_tree, union_tree
 from .policies import AcceptanceModel, BinaryPolicy, CostPolicy, DynamicPolicy, LadderPolicy, LatencyModel
 from .profiles import FORMAT, VERSION, Profile, hardware, heads_checksum, model_fingerprint
 from .replay import oracle, replay
-from .search import PathCounts, acceptance_frontier, grow, simulate
+from .search import Scores, acceptance_frontier, grow, simulate
 from .signals import SIGNALS
-from .traces import MISS, TOPK, Trace, generate_traces
+from .traces import MISS, TOPK, TYPICAL, Trace, generate_traces
 
 GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 90)  # frontier sizes whose latency is measured
 EDGES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.97, 1.0)  # probability bins
+CTX_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.97, 1.0)  # bins of head 1's top-1 probability (step context)
+SHRINK = 20.0  # pseudo-counts pulling a thin (context, bin) cell toward the rate over all contexts
 MASTER_MAX = 64  # nodes of the dynamic policy's master tree
 DEFAULT_TREE = "mc_sim_7b_63"  # Medusa's and Hydra's published default
 
@@ -101,28 +103,48 @@ def measure_trees(
 
 
 def fit_acceptance(traces: Sequence[Trace], probe_depth: int, num_heads: int) -> AcceptanceModel:
-    """P(node right | parent path right) per depth: by the head's probability of the node's token (binned,
-    made non-decreasing) where the probe covers the depth, and by rank (made non-increasing) everywhere."""
+    """P(node right | parent path right) per depth and step context (head 1's top-1 probability, binned at
+    CTX_EDGES): by the head's probability of the node's token (binned at EDGES, made non-decreasing) where the
+    probe covers the depth, by rank (made non-increasing) everywhere. Thin cells shrink toward the rate over
+    all contexts. "Right" is the acceptance rule's: the base token (greedy) or passing the typical test."""
     ranks = torch.cat([t.ranks for t in traces])  # [N, D]
     probe = torch.cat([t.probe for t in traces])  # [N, Dp, K]
+    masks = torch.cat([t.passmask for t in traces]) if traces[0].passmask is not None else None  # [N, D]
+    bit = torch.arange(TOPK)
+    right_all = (
+        ranks[:, :, None] == bit if masks is None else (masks[:, :, None] >> bit) & 1 == 1
+    )  # [N, D, K]
+    on_path = right_all.gather(2, ranks.clamp(max=TOPK - 1)[:, :, None])[:, :, 0] & (ranks < MISS)  # [N, D]
+    ctx = torch.bucketize(probe[:, 0, 0].exp(), torch.tensor(CTX_EDGES[1:-1]))  # [N]
+    n_ctx, nb = len(CTX_EDGES) - 1, len(EDGES) - 1
+    centers = torch.tensor([(a + b) / 2 for a, b in zip(EDGES[:-1], EDGES[1:], strict=True)])
     rates, rank_rates = [], []
     for d in range(num_heads):
-        ok = (ranks[:, :d] < MISS).all(dim=1)  # the parent path was right (some drafted node)
-        sub = ranks[ok, d]
-        counts = torch.bincount(sub[sub < MISS], minlength=TOPK)[:TOPK].float()
-        r = (counts + 0.5) / (len(sub) + 1.0)
-        rank_rates.append(tuple(float(x) for x in np.minimum.accumulate(r.numpy())))
+        ok = on_path[:, :d].all(dim=1)  # the parent path (the trajectory's) was right
+        right, c = right_all[ok, d].float(), ctx[ok]  # [n, K], [n]
+        overall = (right.sum(dim=0) + 0.5) / (len(right) + 1.0)  # [K]
+        per_rank = []
+        for k in range(n_ctx):
+            sub = right[c == k]
+            r = (sub.sum(dim=0) + SHRINK * overall) / (len(sub) + SHRINK)
+            per_rank.append(tuple(float(x) for x in np.minimum.accumulate(r.numpy())))
+        rank_rates.append(tuple(per_rank))
         if d < probe_depth:
-            q = probe[ok, d].exp()  # [n, K] probabilities of ranks 0..K-1
-            right = sub[:, None] == torch.arange(TOPK)  # [n, K]
-            bins = torch.bucketize(q.flatten(), torch.tensor(EDGES[1:-1]))
-            nb = len(EDGES) - 1
-            hits = torch.bincount(bins, weights=right.flatten().float(), minlength=nb)
-            tot = torch.bincount(bins, minlength=nb).float()
-            centers = torch.tensor([(a + b) / 2 for a, b in zip(EDGES[:-1], EDGES[1:], strict=True)])
-            rate = (hits + 2 * centers) / (tot + 2)  # a weak prior at the bin's centre where data is thin
-            rates.append(tuple(float(x) for x in np.maximum.accumulate(rate.numpy())))
-    return AcceptanceModel(EDGES, tuple(rates), tuple(rank_rates))
+            bins = torch.bucketize(probe[ok, d].exp(), torch.tensor(EDGES[1:-1]))  # [n, K]
+            hits_all = torch.bincount(bins.flatten(), weights=right.flatten(), minlength=nb)
+            tot_all = torch.bincount(bins.flatten(), minlength=nb).float()
+            prior = (hits_all + 2 * centers) / (
+                tot_all + 2
+            )  # a weak prior at the bin's centre where data is thin
+            per_q = []
+            for k in range(n_ctx):
+                b, w = bins[c == k].flatten(), right[c == k].flatten()
+                hits = torch.bincount(b, weights=w, minlength=nb)
+                tot = torch.bincount(b, minlength=nb).float()
+                rate = (hits + SHRINK * prior) / (tot + SHRINK)
+                per_q.append(tuple(float(x) for x in np.maximum.accumulate(rate.numpy())))
+            rates.append(tuple(per_q))
+    return AcceptanceModel(EDGES, CTX_EDGES, tuple(rates), tuple(rank_rates))
 
 
 def _signal_values(traces: Sequence[Trace]) -> dict[str, np.ndarray]:
@@ -251,6 +273,95 @@ def _entry(ft, measured: dict | None) -> dict:
     return e
 
 
+def search(traces: Sequence[Trace], num_heads: int):
+    """Greedy growth per max depth 1..num_heads and the acceptance frontier, under the traces' acceptance rule."""
+    scores = Scores.for_traces(traces)
+    grown = [grow(scores, d) for d in range(1, num_heads + 1)]
+    return scores, grown, acceptance_frontier(scores, traces, grown)
+
+
+def _grid(frontier) -> list[int]:
+    """The frontier sizes nearest to GRID: the trees whose latency is measured and which form the bank."""
+    sizes = [ft.tree.num_nodes for ft in frontier]
+    return sorted({min(sizes, key=lambda n: (abs(n - g), n)) for g in GRID})
+
+
+def build_section(traces: Sequence[Trace], grown, frontier, measured: dict, heads, window: int) -> dict:
+    """One acceptance mode's part of a profile: frontiers, bank, EntMTP*, acceptance model, tuned policies.
+    `measured` holds the step latencies measured on this hardware (by tree name; others are interpolated)."""
+    from .traces import probe_depth
+
+    by_nodes = {ft.tree.num_nodes: ft for ft in frontier}
+    grid = _grid(frontier)
+    latency = LatencyModel(
+        [m["nodes"] for m in measured.values()], [m["ms_per_step"] for m in measured.values()]
+    )
+
+    def ms_of(tree: Tree) -> float:
+        m = measured.get(tree.name)
+        return (
+            m["ms_per_step"]
+            if m is not None and m["nodes"] == tree.num_nodes
+            else float(latency(tree.num_nodes))
+        )
+
+    # throughput of each bank tree: simulated tokens/step over all calibration positions / step latency
+    speed = {n: by_nodes[n].tokens_per_step * 1000.0 / ms_of(by_nodes[n].tree) for n in grid}
+    throughput, top = [], 0.0
+    for n in grid:
+        if speed[n] > top:
+            top = speed[n]
+            throughput.append(n)
+    best = by_nodes[max(throughput, key=lambda n: speed[n])].tree
+    # the bank: every measured frontier tree, and the root-only tree (plain decoding). The throughput frontier
+    # says which static tree is best; a scheduler also needs the larger trees that only pay on confident steps.
+    bank = [Tree.root_only()] + [by_nodes[n].tree for n in grid]  # root-only: do not draft when hopeless
+    master_n = max(n for n in by_nodes if n <= MASTER_MAX)
+    master = union_tree([*bank, by_nodes[master_n].tree], "master")
+    acceptance = fit_acceptance(traces, probe_depth(heads), heads.config.num_heads)
+    reference, ref = load_tree(DEFAULT_TREE), {}
+    if reference.name in measured:
+        tps = simulate(reference, traces).tokens_per_step
+        ms = measured[reference.name]["ms_per_step"]
+        ref[reference.name] = {
+            "nodes": reference.num_nodes,
+            "tokens_per_step_simulated": tps,
+            "ms_per_step": ms,
+            "tokens_per_second": tps * 1000.0 / ms,
+        }
+    thresholds, replays = tune(bank, best, traces, ms_of, window, acceptance, master, latency)
+    candidates = {k: v["tokens_per_second"] for k, v in replays.items() if k != "oracle"}
+
+    def frontier_entry(n: int) -> dict:
+        tree = by_nodes[n].tree
+        m = measured.get(tree.name) if measured.get(tree.name, {}).get("nodes") == n else None
+        return {
+            "name": tree.name,
+            "nodes": n,
+            "tokens_per_step_simulated": by_nodes[n].tokens_per_step,
+            "ms_per_step": ms_of(tree),
+            "tokens_per_second": speed[n],
+            "measured_tokens_per_second": m["measured_tokens_per_second"] if m else None,
+        }
+
+    return {
+        "growth": {str(g.max_depth): [list(p) for p in g.order] for g in grown},
+        "acceptance_frontier": [_entry(ft, measured.get(ft.tree.name)) for ft in frontier],
+        "bank": [t.name for t in bank],
+        "throughput_frontier": [frontier_entry(n) for n in throughput],
+        "best": best.name,
+        "master": {"name": master.name, "paths": [list(p) for p in master.paths]},
+        "reference": ref,
+        "acceptance_model": acceptance.to_json(),
+        "signals": signal_stats(traces),
+        "thresholds": thresholds,
+        "replay": replays,
+        "recommended_policy": max(candidates, key=candidates.get),
+        "plain_tokens_per_second": 1000.0 / measured["none"]["ms_per_step"],
+        "positions": sum(len(t.ranks) for t in traces),
+    }
+
+
 def build_profile(
     model,
     tokenizer,
@@ -264,72 +375,30 @@ def build_profile(
     traces: list[Trace] | None = None,
     log=print,
 ) -> tuple[Profile, list[Trace]]:
-    """The whole calibration (see the module docstring). `traces` given: the hardware side only."""
-    from .traces import probe_depth
-
+    """The greedy calibration and the hardware side (see the module docstring). `traces` given: the
+    hardware side only (`--latency-only`). `add_typical` adds the T > 0 section."""
     t0 = time.perf_counter()
     if traces is None:
-        gen = Engine(
-            model, tokenizer, heads=heads, tree="tree_8" if heads.config.num_heads >= 3 else "chain_1"
+        traces, _ = generate_traces(
+            generation_engine(model, tokenizer, heads),
+            heads,
+            list(prompts),
+            settings.max_new_tokens,
+            progress,
         )
-        traces, _ = generate_traces(gen, heads, list(prompts), settings.max_new_tokens, progress)
     if not traces:
         raise EntMTPError("no calibration generation produced two or more tokens: use other prompts")
     t_traces = time.perf_counter() - t0
-    counts = PathCounts(traces)
     D = heads.config.num_heads
-    grown = [grow(counts, d) for d in range(1, D + 1)]
-    frontier = acceptance_frontier(counts, traces, grown)
+    scores, grown, frontier = search(traces, D)
     by_nodes = {ft.tree.num_nodes: ft for ft in frontier}
-    grid = sorted({min(by_nodes, key=lambda n: (abs(n - g), n)) for g in GRID})
-    measured_trees = [by_nodes[n].tree for n in grid]
+    measured_trees = [by_nodes[n].tree for n in _grid(frontier)]
     reference = load_tree(DEFAULT_TREE)  # the published default, for comparison
     if reference.depth <= D:
         measured_trees.append(reference)
     latency_prompts = list(prompts[: settings.latency_prompts])
     measured = measure_trees(model, tokenizer, heads, measured_trees, latency_prompts, settings, progress)
-    latency = LatencyModel(
-        [m["nodes"] for m in measured.values()], [m["ms_per_step"] for m in measured.values()]
-    )
-    # throughput of each measured tree: exact simulated tokens/step over all positions / measured step latency
-    speed = {
-        n: by_nodes[n].tokens_per_step * 1000.0 / measured[by_nodes[n].tree.name]["ms_per_step"] for n in grid
-    }
-    throughput, top = [], 0.0
-    for n in grid:
-        if speed[n] > top:
-            top = speed[n]
-            throughput.append(n)
-    best_n = max(throughput, key=lambda n: speed[n])
-    # the bank: every measured frontier tree. The throughput frontier says which static tree is best; a
-    # scheduler also needs the larger trees that only pay on confident steps.
-    bank = [by_nodes[n].tree for n in grid]
-    best = by_nodes[best_n].tree
-    master_n = max(n for n in by_nodes if n <= MASTER_MAX)
-    master = union_tree([*bank, by_nodes[master_n].tree], "master")
-    acceptance = fit_acceptance(traces, probe_depth(heads), D)
-
-    def ms_of(tree: Tree) -> float:
-        m = measured.get(tree.name)
-        return (
-            m["ms_per_step"]
-            if m is not None and m["nodes"] == tree.num_nodes
-            else float(latency(tree.num_nodes))
-        )
-
-    ref = {}
-    if reference.name in measured:
-        tps = simulate(reference, traces).tokens_per_step
-        ref[reference.name] = {
-            "nodes": reference.num_nodes,
-            "tokens_per_step_simulated": tps,
-            "ms_per_step": measured[reference.name]["ms_per_step"],
-            "tokens_per_second": tps * 1000.0 / measured[reference.name]["ms_per_step"],
-        }
-    thresholds, replays = tune(bank, best, traces, ms_of, settings.window, acceptance, master, latency)
-    candidates = {k: v["tokens_per_second"] for k, v in replays.items() if k != "oracle"}
-    recommended = max(candidates, key=candidates.get)
-    plain_ms = measured["none"]["ms_per_step"]
+    section = build_section(traces, grown, frontier, measured, heads, settings.window)
     data = {
         "format": FORMAT,
         "version": VERSION,
@@ -351,7 +420,7 @@ def build_profile(
         "calibration": {
             "latency_prompt_ids": [list(map(int, ids)) for ids in latency_prompts],
             "prompts": len(traces),
-            "positions": counts.positions,
+            "positions": scores.positions,
             "max_new_tokens": settings.max_new_tokens,
             "latency_prompts": len(latency_prompts),
             "latency_tokens": settings.latency_tokens,
@@ -362,41 +431,62 @@ def build_profile(
         "latency": {
             "nodes": [m["nodes"] for m in measured.values()],
             "ms_per_step": [m["ms_per_step"] for m in measured.values()],
-            "plain_ms_per_step": plain_ms,
+            "plain_ms_per_step": measured["none"]["ms_per_step"],
             "trees": measured,
         },
-        "modes": {
-            "greedy": {
-                "growth": {str(g.max_depth): [list(p) for p in g.order] for g in grown},
-                "acceptance_frontier": [_entry(ft, measured.get(ft.tree.name)) for ft in frontier],
-                "bank": [t.name for t in bank],
-                "throughput_frontier": [
-                    {
-                        "name": by_nodes[n].tree.name,
-                        "nodes": n,
-                        "tokens_per_step_simulated": by_nodes[n].tokens_per_step,
-                        "ms_per_step": measured[by_nodes[n].tree.name]["ms_per_step"],
-                        "tokens_per_second": speed[n],
-                        "measured_tokens_per_second": measured[by_nodes[n].tree.name][
-                            "measured_tokens_per_second"
-                        ],
-                    }
-                    for n in throughput
-                ],
-                "best": best.name,
-                "master": {"name": master.name, "paths": [list(p) for p in master.paths]},
-                "reference": ref,
-                "acceptance_model": acceptance.to_json(),
-                "signals": signal_stats(traces),
-                "thresholds": thresholds,
-                "replay": replays,
-                "recommended_policy": recommended,
-                "plain_tokens_per_second": 1000.0 / plain_ms,
-            }
-        },
+        "modes": {"greedy": section},
     }
-    log(f"calibrated {heads_name}/{task} in {data['calibration']['seconds']:.0f} s: EntMTP* = {best.name}")
+    log(
+        f"calibrated {heads_name}/{task} in {data['calibration']['seconds']:.0f} s: EntMTP* = {section['best']}"
+    )
     return Profile(data), traces
+
+
+def generation_engine(model, tokenizer, heads) -> Engine:
+    """The engine calibration generations are made with (any tree gives the same greedy output; a small one
+    is fast on every device)."""
+    return Engine(model, tokenizer, heads=heads, tree="tree_8" if heads.config.num_heads >= 3 else "chain_1")
+
+
+def add_typical(
+    profile: Profile,
+    heads,
+    traces: list[Trace],
+    settings: CalibrationSettings = CalibrationSettings(),
+    log=print,
+) -> Profile:
+    """Add the T > 0 section (typical acceptance) from `typical_traces` made by `generate_traces(...,
+    sampling=...)`; step latencies come from the profile's greedy-side measurements (a tree's step costs the
+    same whatever the acceptance rule), so nothing is timed again."""
+    if not traces or traces[0].passmask is None:
+        raise EntMTPError("add_typical needs traces of typical-acceptance generations (with pass masks)")
+    _, grown, frontier = search(traces, heads.config.num_heads)
+    section = build_section(traces, grown, frontier, profile.data["latency"]["trees"], heads, settings.window)
+    section["sampling"] = {
+        "temperature": TYPICAL.temperature,
+        "acceptance": "typical",
+        "typical_eps": TYPICAL.typical_eps,
+        "typical_alpha": TYPICAL.typical_alpha,
+    }
+    profile.data["modes"]["typical"] = section
+    log(f"typical section for {profile.data['heads']['name']}/{profile.task}: EntMTP* = {section['best']}")
+    return profile
+
+
+def retune(
+    profile: Profile, heads, settings: CalibrationSettings = CalibrationSettings(), log=print
+) -> Profile:
+    """Re-derive every section of a profile from its stored traces and measured latencies: the search, the
+    frontiers, the acceptance model and the tuned thresholds (seconds; nothing is decoded or timed)."""
+    measured = profile.data["latency"]["trees"]
+    for mode, old in list(profile.data["modes"].items()):
+        traces = profile.traces(mode)
+        _, grown, frontier = search(traces, heads.config.num_heads)
+        section = build_section(traces, grown, frontier, measured, heads, settings.window)
+        section.update({k: old[k] for k in ("sampling", "traces") if k in old})
+        profile.data["modes"][mode] = section
+        log(f"retuned {profile.data['heads']['name']}/{profile.task} ({mode}): EntMTP* = {section['best']}")
+    return profile
 
 
 def _transformers_version() -> str:

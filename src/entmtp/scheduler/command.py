@@ -37,10 +37,20 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="re-measure only the hardware side of --profile here, keeping its calibration traces",
     )
-    p.add_argument("--profile", default=None, help="with --latency-only: the profile to re-measure")
+    p.add_argument("--profile", default=None, help="with --latency-only or --retune: the profile to update")
+    p.add_argument(
+        "--retune",
+        action="store_true",
+        help="re-derive --profile from its stored traces and latencies (after an entmtp upgrade; no decoding)",
+    )
     p.add_argument("--latency-prompts", type=int, default=2, help="prompts decoded per measured tree")
     p.add_argument("--latency-tokens", type=int, default=48, help="new tokens per latency measurement")
     p.add_argument("--latency-repeats", type=int, default=2, help="interleaved rounds of latency measurement")
+    p.add_argument(
+        "--greedy-only",
+        action="store_true",
+        help="skip the T=0.7 typical-acceptance section (its sampled generations double the decoding time)",
+    )
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -63,11 +73,13 @@ def calibration_prompts(task: str, n: int) -> list[str]:
 def run_calibrate(args) -> int:
     from ..model import encode_prompt, load_model
     from ..shipped import resolve_heads
-    from .calibrate import CalibrationSettings, build_profile
+    from .calibrate import CalibrationSettings, add_typical, build_profile, generation_engine, retune
     from .plots import plot_profile
+    from .traces import TYPICAL, generate_traces
 
-    if args.latency_only and not args.profile:
-        raise EntMTPError("--latency-only re-measures an existing profile: pass it with --profile FILE")
+    if (args.latency_only or args.retune) and not args.profile:
+        flag = "--latency-only" if args.latency_only else "--retune"
+        raise EntMTPError(f"{flag} updates an existing profile: pass it with --profile FILE")
     if (
         min(args.num_prompts, args.latency_prompts, args.latency_repeats) < 1
         or min(args.max_new_tokens, args.latency_tokens) < 4
@@ -76,7 +88,7 @@ def run_calibrate(args) -> int:
             "--num-prompts, --latency-prompts and --latency-repeats must be >= 1, --max-new-tokens and "
             "--latency-tokens >= 4"
         )
-    old = load_profile(args.profile) if args.latency_only else None
+    old = load_profile(args.profile) if args.latency_only or args.retune else None
     texts = None if old else calibration_prompts(args.task, args.num_prompts)  # bad tasks fail before loading
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
     heads = resolve_heads(args.heads, model)
@@ -89,42 +101,57 @@ def run_calibrate(args) -> int:
         latency_tokens=args.latency_tokens,
         latency_repeats=args.latency_repeats,
     )
+    if args.retune:
+        old.check(model, heads, warn_hardware=False)
+        retune(old, heads, settings)
+        old.save(old.path)
+        plot_profile(old, old.path.with_suffix(".png"))
+        print_profile(old)
+        print(f"wrote {old.path} and {old.path.with_suffix('.png')}")
+        return 0
     with Progress(disable=args.no_progress) as progress:
+        log = progress.console.print
         if old is not None:
             old.check(model, heads, warn_hardware=False)
-            ids = old.data["calibration"]["latency_prompt_ids"]
-            task = old.task
-            profile, traces = build_profile(
-                model,
-                tokenizer,
-                heads,
-                heads_name=old.data["heads"]["name"],
-                task=task,
-                prompts=ids,
-                settings=settings,
-                progress=progress,
-                traces=old.traces(),
-                log=progress.console.print,
+            ids, task, name = (
+                old.data["calibration"]["latency_prompt_ids"],
+                old.task,
+                old.data["heads"]["name"],
             )
+            greedy, typical = old.traces(), old.traces("typical") if "typical" in old.data["modes"] else None
+        else:
+            task = args.task if args.task in PROFILE_TASKS else Path(args.task).stem
+            ids, name = [encode_prompt(tokenizer, t) for t in texts], Path(args.heads).name
+            greedy = typical = None
+        profile, greedy = build_profile(
+            model,
+            tokenizer,
+            heads,
+            heads_name=name,
+            task=task,
+            prompts=ids,
+            settings=settings,
+            progress=progress,
+            traces=greedy,
+            log=log,
+        )
+        if old is not None:  # what the traces were made from stays as it was
             profile.data["calibration"].update(
                 {k: old.data["calibration"][k] for k in ("prompts", "max_new_tokens")}
             )
-        else:
-            task = args.task if args.task in PROFILE_TASKS else Path(args.task).stem
-            ids = [encode_prompt(tokenizer, t) for t in texts]
-            profile, traces = build_profile(
-                model,
-                tokenizer,
+        elif not args.greedy_only:
+            typical, _ = generate_traces(
+                generation_engine(model, tokenizer, heads),
                 heads,
-                heads_name=Path(args.heads).name,
-                task=task,
-                prompts=ids,
-                settings=settings,
-                progress=progress,
-                log=progress.console.print,
+                ids,
+                settings.max_new_tokens,
+                progress,
+                sampling=TYPICAL,
             )
+        if typical:
+            add_typical(profile, heads, typical, settings, log=log)
     out = Path(args.out or (old.path if old else f"runs/profiles/{Path(args.heads).name}-{task}.json"))
-    profile.save(out, traces)
+    profile.save(out, greedy, typical)
     png = plot_profile(profile, out.with_suffix(".png"))
     print_profile(profile)
     print(f"wrote {out}, {profile.sidecar_path()} and {png}")
@@ -192,21 +219,24 @@ def print_profile(profile) -> None:
         "",
     )
     console.print(table)
-    rt = Table(title="policies replayed on the calibration traces (decode steps, measured latencies)")
-    for col in ("policy", "tokens/s", "tokens/step", "vs EntMTP*", "settings"):
-        rt.add_column(col, justify="right")
-    base = m["replay"]["static"]["tokens_per_second"]
-    for name, r in m["replay"].items():
-        th = m["thresholds"].get(name, {})
-        setting = ", ".join(f"{k}={v}" for k, v in th.items() if k != "window") if th else ""
-        if name == "static":
-            setting = m["best"]
-        rt.add_row(
-            name,
-            f"{r['tokens_per_second']:.1f}",
-            f"{r['tokens_per_step']:.2f}",
-            f"{r['tokens_per_second'] / base:.3f}x",
-            setting[:70],
+    for mode, sec in profile.data["modes"].items():
+        rt = Table(
+            title=f"{mode}: policies replayed on the calibration traces (decode steps, measured latencies)"
         )
-    console.print(rt)
-    console.print(f"recommended policy: {m['recommended_policy']}")
+        for col in ("policy", "tokens/s", "tokens/step", "vs EntMTP*", "settings"):
+            rt.add_column(col, justify="right")
+        base = sec["replay"]["static"]["tokens_per_second"]
+        for name, r in sec["replay"].items():
+            th = sec["thresholds"].get(name, {})
+            setting = ", ".join(f"{k}={v}" for k, v in th.items() if k != "window") if th else ""
+            if name == "static":
+                setting = f"EntMTP* = {sec['best']}"
+            rt.add_row(
+                name,
+                f"{r['tokens_per_second']:.1f}",
+                f"{r['tokens_per_step']:.2f}",
+                f"{r['tokens_per_second'] / base:.3f}x",
+                setting[:80],
+            )
+        console.print(rt)
+        console.print(f"{mode}: recommended policy {sec['recommended_policy']}")

@@ -28,32 +28,44 @@ from ..tree import Tree, subtree_index, union_tree
 from .signals import DEFAULT_WINDOW, SIGNALS, SignalTracker, root_stats
 
 POLICIES = ("static", "binary", "ladder", "cost", "dynamic")
-PROBE_SIGNALS = ("path", "chain")  # signals that need the heads' probabilities before the choice
+PROBE_SIGNALS = ("path", "chain")
+MAX_SUBTREES = 4096  # distinct subtrees the dynamic policy keeps built (each holds its masks and plans)  # signals that need the heads' probabilities before the choice
 
 
 @dataclass(frozen=True)
 class AcceptanceModel:
-    """Calibrated P(node accepted | its parent accepted), per depth.
+    """Calibrated P(node accepted | its parent accepted), per depth and per step context.
 
-    For depths the probe covers, by the head's probability q of the node's token, binned at `edges`; for the
-    others (Hydra's deeper heads), by the node's rank. Both are made non-increasing in rank / non-decreasing
-    in q at calibration, so the best n-node subtree is prefix-closed and rank-contiguous.
+    The context of a step is how sure head 1 is of its top candidate (the probe's first probability, which
+    every policy with a master tree sees, Hydra included), binned at `ctx_edges`: on a step where head 1 is
+    sure, the deeper heads are right more often too. Within a context, a node's rate comes from the head's
+    probability q of the node's token, binned at `edges`, for depths the probe covers, and from the node's
+    rank for the others (Hydra's deeper heads). Rates are made non-decreasing in q and non-increasing in rank
+    at calibration, so the best n-node subtree is prefix-closed and rank-contiguous.
     """
 
     edges: tuple[float, ...]  # [nb + 1] bin edges over q in [0, 1]
-    rates: tuple[tuple[float, ...], ...]  # [D, nb]
-    rank_rates: tuple[tuple[float, ...], ...]  # [D, K]
+    ctx_edges: tuple[float, ...]  # [C + 1] bin edges over head 1's top-1 probability
+    rates: tuple[tuple[tuple[float, ...], ...], ...]  # [Dq, C, nb]
+    rank_rates: tuple[tuple[tuple[float, ...], ...], ...]  # [D, C, K]
 
     def to_json(self) -> dict:
+        def lists(x):
+            return [lists(v) for v in x] if isinstance(x, tuple) else x
+
         return {
             "edges": list(self.edges),
-            "rates": [list(r) for r in self.rates],
-            "rank_rates": [list(r) for r in self.rank_rates],
+            "ctx_edges": list(self.ctx_edges),
+            "rates": lists(self.rates),
+            "rank_rates": lists(self.rank_rates),
         }
 
     @classmethod
     def from_json(cls, d: dict) -> AcceptanceModel:
-        return cls(tuple(d["edges"]), tuple(map(tuple, d["rates"])), tuple(map(tuple, d["rank_rates"])))
+        def nested(x):
+            return tuple(nested(v) for v in x) if isinstance(x, list) else float(x)
+
+        return cls(tuple(d["edges"]), tuple(d["ctx_edges"]), nested(d["rates"]), nested(d["rank_rates"]))
 
 
 class LatencyModel:
@@ -78,27 +90,32 @@ class PathProbabilities:
         self.rank = master.ranks[1:]  # [M]
         self.ancestors = master.mask.float()  # [M+1, M+1]: row i sums log-rates over i's path
         self.edges = torch.tensor(acceptance.edges[1:-1])  # inner edges for bucketize
-        self.rates = torch.tensor(acceptance.rates)  # [D, nb]
-        ranks = torch.tensor(acceptance.rank_rates)  # [D, K]
-        if int(self.depth.max()) >= ranks.shape[0] or int(self.rank.max()) >= ranks.shape[1]:
+        self.ctx_edges = torch.tensor(acceptance.ctx_edges[1:-1])
+        self.rates = torch.tensor(acceptance.rates).reshape(
+            -1, len(acceptance.ctx_edges) - 1, len(acceptance.edges) - 1
+        )
+        ranks = torch.tensor(acceptance.rank_rates)  # [D, C, K]
+        if int(self.depth.max()) >= ranks.shape[0] or int(self.rank.max()) >= ranks.shape[2]:
             raise EntMTPError(
-                f"the acceptance model covers depth {ranks.shape[0]} and rank {ranks.shape[1] - 1}, less than "
+                f"the acceptance model covers depth {ranks.shape[0]} and rank {ranks.shape[2] - 1}, less than "
                 f"tree {master.name!r}: calibrate again for these trees"
             )
-        self.fallback = ranks[self.depth, self.rank]  # [M]
+        self.by_rank = ranks[self.depth, :, self.rank]  # [M, C]
         self._known: dict[int, torch.Tensor] = {}
 
     def __call__(self, probe_logprobs: torch.Tensor | None) -> torch.Tensor:
-        f = self.fallback
-        if probe_logprobs is not None:
-            dp = min(probe_logprobs.shape[0], self.rates.shape[0])
+        if probe_logprobs is None:  # no context: the average over contexts
+            f = self.by_rank.mean(dim=1)
+        else:
+            lp = probe_logprobs.float().cpu()  # [Dp, k]
+            c = int(torch.bucketize(lp[0, 0].exp(), self.ctx_edges))
+            f = self.by_rank[:, c].clone()  # [M]
+            dp = min(lp.shape[0], self.rates.shape[0])
             known = self._known.get(dp)
             if known is None:
                 known = self._known[dp] = (self.depth < dp).nonzero().flatten()
             d, r = self.depth[known], self.rank[known]
-            q = probe_logprobs.float().cpu()[d, r].exp()
-            f = f.clone()
-            f[known] = self.rates[d, torch.bucketize(q, self.edges)]
+            f[known] = self.rates[d, c, torch.bucketize(lp[d, r].exp(), self.edges)]
         logf = torch.cat([torch.zeros(1), f.clamp_min(1e-9).log()])  # [M+1]
         return (self.ancestors @ logf).exp()
 
@@ -244,6 +261,8 @@ class DynamicPolicy(_SignalPolicy):
     def _subtree(self, ids: tuple[int, ...]) -> Tree:
         tree = self._subtrees.get(ids)
         if tree is None:
+            if len(self._subtrees) >= MAX_SUBTREES:  # bounded memory on long runs; hot subtrees come back
+                self._subtrees = {(): Tree.root_only()}
             paths = tuple(self.master.paths[i] for i in ids)
             closed = all(len(p) == 1 or p[:-1] in set(paths) for p in paths)
             tree = Tree(f"dyn{len(ids)}", paths) if closed else None

@@ -123,6 +123,7 @@ class Profile:
         out = {}
         for entry in m["acceptance_frontier"]:
             out[entry["name"]] = Tree(entry["name"], tuple(tuple(p) for p in entry["paths"]))
+        out["none"] = Tree.root_only()  # plain decoding: in every bank
         master = m["master"]
         out[master["name"]] = Tree(master["name"], tuple(tuple(p) for p in master["paths"]))
         return out
@@ -150,6 +151,10 @@ class Profile:
         if measured is not None and measured["nodes"] == tree.num_nodes:
             return measured["ms_per_step"]
         return float(self.latency()(tree.num_nodes))
+
+    def mode_for(self, temperature: float) -> str:
+        """The section a run uses: `typical` (calibrated at T=0.7) for any T > 0 when the profile has it."""
+        return "typical" if temperature > 0 and "typical" in self.data["modes"] else "greedy"
 
     def recommended_policy(self, mode: str = "greedy") -> str:
         return self.mode(mode).get("recommended_policy", "static")
@@ -190,8 +195,8 @@ class Profile:
             )
         raise ProfileError(f"unknown policy {name!r}: use static, binary, ladder, cost or dynamic")
 
-    def traces(self) -> list[Trace]:
-        """The calibration traces from the sidecar file (checked against the recorded sha256)."""
+    def traces(self, mode: str = "greedy") -> list[Trace]:
+        """The calibration traces of a mode from the sidecar file (checked against the recorded sha256)."""
         side = self.sidecar_path()
         if side is None or not side.exists():
             raise ProfileError(
@@ -204,16 +209,20 @@ class Profile:
                 "it was changed or truncated; calibrate again"
             )
         t = load_file(str(side))
+        prefix = "" if mode == "greedy" else f"{mode}."
+        metas = self.data["traces"] if mode == "greedy" else self.mode(mode).get("traces", [])
         out = []
-        for i in range(len(self.data["traces"])):
-            meta = self.data["traces"][i]
+        for i, meta in enumerate(metas):
+            key = f"{prefix}{i}"
+            mask = t.get(f"{key}.passmask")
             out.append(
                 Trace(
                     meta["prompt_len"],
                     meta["length"],
-                    t[f"{i}.ranks"].long(),
-                    t[f"{i}.probe"].float(),
-                    t[f"{i}.raw"].float(),
+                    t[f"{key}.ranks"].long(),
+                    t[f"{key}.probe"].float(),
+                    t[f"{key}.raw"].float(),
+                    None if mask is None else mask.long(),
                 )
             )
         return out
@@ -244,7 +253,7 @@ class Profile:
                 f"{self.data['heads']['checksum']}), not these (checksum {checksum}): {fix}"
             )
         contiguous = heads.config.kind == "hydra"
-        for tree in self.trees().values():
+        for tree in (t for mode in self.data["modes"] for t in self.trees(mode).values()):
             try:
                 tree.check_fits(heads.config.num_heads, require_contiguous=contiguous)
             except TreeError as e:
@@ -264,20 +273,33 @@ class Profile:
                 )
 
     # -- writing --
-    def save(self, path: str | os.PathLike[str], traces: list[Trace] | None = None) -> None:
-        """Write atomically: the traces sidecar first, the JSON last (each by rename)."""
+    def save(
+        self,
+        path: str | os.PathLike[str],
+        traces: list[Trace] | None = None,
+        typical_traces: list[Trace] | None = None,
+    ) -> None:
+        """Write atomically: the traces sidecar first (greedy traces, and the typical section's when it has
+        one), the JSON last (each by rename)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         if traces is not None:
             side = self.sidecar_path()
             tensors = {}
-            for i, tr in enumerate(traces):
-                tensors[f"{i}.ranks"] = tr.ranks.to(torch.int16)
-                tensors[f"{i}.probe"] = tr.probe.to(torch.float16)
-                tensors[f"{i}.raw"] = tr.raw.float()
+            for prefix, trs in (("", traces), ("typical.", typical_traces or [])):
+                for i, tr in enumerate(trs):
+                    tensors[f"{prefix}{i}.ranks"] = tr.ranks.to(torch.int16)
+                    tensors[f"{prefix}{i}.probe"] = tr.probe.to(torch.float16)
+                    tensors[f"{prefix}{i}.raw"] = tr.raw.float()
+                    if tr.passmask is not None:
+                        tensors[f"{prefix}{i}.passmask"] = tr.passmask.to(torch.int16)
             save_tensors_atomic(side, tensors)
             self.data["traces"] = [{"prompt_len": tr.prompt_len, "length": tr.length} for tr in traces]
+            if typical_traces:
+                self.mode("typical")["traces"] = [
+                    {"prompt_len": t.prompt_len, "length": t.length} for t in typical_traces
+                ]
             self.data["traces_sha256"] = _sha256(side)
         write_text_atomic(path, json.dumps(self.data, indent=1) + "\n")
 

@@ -55,6 +55,7 @@ def replay(policy, traces: Sequence[Trace], ms_of: Callable[[Tree], float]) -> R
     for tr in traces:
         policy.reset()
         rows, raw = tr.ranks.tolist(), tr.raw.tolist()
+        masks = tr.passmask.tolist() if tr.passmask is not None else [None] * len(rows)
         j, end, index = 0, len(rows), 0
         while j < end - 1:
             ctx = StepContext(
@@ -69,7 +70,7 @@ def replay(policy, traces: Sequence[Trace], ms_of: Callable[[Tree], float]) -> R
             paths = paths_of.get(id(tree))
             if paths is None:
                 paths = paths_of[id(tree)] = frozenset(tree.paths)
-            a = accepted_length(paths, rows[j])
+            a = accepted_length(paths, rows[j], masks[j])
             n = min(a + 1, end - 1 - j)
             policy.observe(Step(tree.name, tree.num_nodes, a, n, []))
             out.tokens, out.steps, out.ms = out.tokens + n, out.steps + 1, out.ms + ms_of(tree)
@@ -85,13 +86,14 @@ def oracle(bank: Sequence[Tree], traces: Sequence[Trace], ms_of: Callable[[Tree]
     costs = [ms_of(t) for t in bank]
     for tr in traces:
         rows = tr.ranks.tolist()
+        masks = tr.passmask.tolist() if tr.passmask is not None else [None] * len(rows)
         end = len(rows)
         time = [0.0] * end  # time[j]: least ms to emit every token after root j
         pick = [0] * end
         for j in range(end - 2, -1, -1):
             best = None
             for b, paths in enumerate(sets):
-                n = min(accepted_length(paths, rows[j]) + 1, end - 1 - j)
+                n = min(accepted_length(paths, rows[j], masks[j]) + 1, end - 1 - j)
                 t = costs[b] + time[j + n]
                 if best is None or t < best:
                     best, pick[j] = t, b
@@ -99,7 +101,7 @@ def oracle(bank: Sequence[Tree], traces: Sequence[Trace], ms_of: Callable[[Tree]
         j = 0
         while j < end - 1:
             b = pick[j]
-            n = min(accepted_length(sets[b], rows[j]) + 1, end - 1 - j)
+            n = min(accepted_length(sets[b], rows[j], masks[j]) + 1, end - 1 - j)
             out.tokens, out.steps, out.ms = out.tokens + n, out.steps + 1, out.ms + costs[b]
             out.usage[bank[b].name] = out.usage.get(bank[b].name, 0) + 1
             j += n

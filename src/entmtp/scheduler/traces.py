@@ -18,12 +18,16 @@ import torch
 import torch.nn.functional as F
 from rich.progress import Progress
 
+from ..accept import Sampling, _typical_ok
 from ..cache import BaseModel
 from ..errors import EntMTPError
 from .signals import raw_signals, root_stats
 
 TOPK = 10  # candidates per head recorded; ranks >= TOPK count as misses (no tree here drafts that wide)
 MISS = TOPK  # rank recorded for a token outside the heads' top TOPK (or past the end)
+TYPICAL = Sampling(
+    temperature=0.7, acceptance="typical"
+)  # the paper's sampling setting (eps 0.09, alpha 0.3)
 
 
 @dataclass
@@ -35,6 +39,9 @@ class Trace:
     ranks: torch.Tensor  # [R, D] int64: rank of tokens[j + d] under head d at root j; MISS if not in top-k
     probe: torch.Tensor  # [R, Dp, TOPK] float32: top-k log-probabilities the online probe would see
     raw: torch.Tensor  # [R, 4] float32: raw signals (entropy, p0, chain sum, max g_d) at root j
+    # typical acceptance only: bit r of [j, d - 1] is set when head d's rank-r candidate below the trajectory's
+    # own depth-(d-1) prefix passes the typical test (see search.accepted_length)
+    passmask: torch.Tensor | None = None  # [R, D] int64
 
     @property
     def output_tokens(self) -> int:
@@ -47,8 +54,13 @@ def probe_depth(heads) -> int:
 
 
 @torch.inference_mode()
-def trace_generation(base: BaseModel, heads, tokens: list[int], prompt_len: int) -> Trace:
-    """Teacher-force `heads` over one finished generation `tokens` (prompt + greedy output)."""
+def trace_generation(
+    base: BaseModel, heads, tokens: list[int], prompt_len: int, sampling: Sampling | None = None
+) -> Trace:
+    """Teacher-force `heads` over one finished generation `tokens` (prompt + output). Greedy by default; with
+    typical `sampling` (the output sampled with it), also the pass masks of typical acceptance, which for
+    paths off the sampled trajectory are known one level deep only (their base distributions were never
+    computed): a decode is simulated as if each step had emitted the trajectory's tokens."""
     if len(tokens) <= prompt_len + 1:
         raise EntMTPError("a calibration generation needs at least two output tokens")
     dev = base.device
@@ -60,6 +72,13 @@ def trace_generation(base: BaseModel, heads, tokens: list[int], prompt_len: int)
     t = roots - 1
     ranks = torch.full((len(roots), D), MISS, dtype=torch.int64)
     probe = torch.zeros(len(roots), dp, TOPK)
+    typical = sampling is not None and sampling.rule == "typical"
+    passmask = torch.zeros(len(roots), D, dtype=torch.int64) if typical else None
+    if typical:  # which tokens pass after each position: p(x) > min(eps, alpha * exp(-H(p))) at temperature T
+        off = prompt_len  # only positions after the prompt are ever a draft's parent
+        probs = torch.softmax(fwd.logits[off:].float() / sampling.temperature, dim=-1)  # [L - off, V]
+        passing = _typical_ok(probs, sampling.typical_eps, sampling.typical_alpha)  # [L - off, V]
+        bits = 2 ** torch.arange(TOPK, device=dev)  # [K]
     col_of = torch.arange(base.lm_head.weight.shape[0], device=dev)  # token id -> column in the draft logits
     if heads.draft_vocab is not None:  # -1: not draftable
         col_of = torch.full_like(col_of, -1)
@@ -74,10 +93,16 @@ def trace_generation(base: BaseModel, heads, tokens: list[int], prompt_len: int)
         rank = (lp > true_lp).sum(dim=1)  # [R]
         rank = torch.where(valid & (rank < TOPK), rank, torch.full_like(rank, MISS))
         ranks[:, d] = rank.cpu()
+        top_lp, top = lp.topk(TOPK, dim=-1)  # [R, K]
         if d < dp:
-            probe[:, d] = lp.topk(TOPK, dim=-1).values.cpu()
+            probe[:, d] = top_lp.cpu()
+        if typical:  # head d+1's candidates below the trajectory prefix, judged after position t + d + 1
+            ids_k = heads.draft_vocab.to(dev)[top] if heads.draft_vocab is not None else top  # [R, K]
+            parent = (t + d + 1).clamp(max=L - 1) - off  # t + d + 1 >= prompt_len
+            ok = passing[parent[:, None], ids_k] & (t + d + 1 < L)[:, None]  # [R, K]
+            passmask[:, d] = (ok.long() * bits).sum(dim=1).cpu()
     raw = raw_signals(root_stats(fwd.logits[t]).cpu(), probe)  # [R, 4]
-    return Trace(prompt_len, L, ranks, probe, raw)
+    return Trace(prompt_len, L, ranks, probe, raw, passmask)
 
 
 def generate_traces(
@@ -87,20 +112,29 @@ def generate_traces(
     max_new_tokens: int,
     progress: Progress | None = None,
     outputs: list[list[int]] | None = None,
+    sampling: Sampling | None = None,
 ) -> tuple[list[Trace], list[list[int]]]:
-    """Greedy generations of `prompts` (token ids) with `engine` (any tree: greedy output does not depend on
-    it), then a teacher-forced trace of each through `heads`. `outputs` reuses earlier generations."""
+    """Generations of `prompts` (token ids) with `engine` (greedy, whose output does not depend on the tree;
+    or `sampling`, seeded by prompt index), then a teacher-forced trace of each through `heads`. `outputs`
+    reuses earlier generations."""
     task = progress.add_task("calibration traces", total=len(prompts)) if progress else None
     traces, outs = [], []
     for i, ids in enumerate(prompts):
-        out = (
-            outputs[i]
-            if outputs is not None
-            else engine.generate(ids, max_new_tokens=max_new_tokens).token_ids
-        )
+        if outputs is not None:
+            out = outputs[i]
+        elif sampling is None:
+            out = engine.generate(ids, max_new_tokens=max_new_tokens).token_ids
+        else:
+            out = engine.generate(
+                ids,
+                max_new_tokens=max_new_tokens,
+                temperature=sampling.temperature,
+                acceptance=sampling.acceptance,
+                seed=i,
+            ).token_ids
         outs.append(out)
         if len(out) >= 2:
-            traces.append(trace_generation(engine.base, heads, list(ids) + list(out), len(ids)))
+            traces.append(trace_generation(engine.base, heads, list(ids) + list(out), len(ids), sampling))
         if progress:
             progress.advance(task)
     return traces, outs
