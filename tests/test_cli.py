@@ -123,7 +123,7 @@ def test_bad_entmtp_gguf_path_is_named(monkeypatch, tmp_path):
 
 def test_calibrate_argument_errors_come_before_loading_anything(capsys):
     assert main(["calibrate", "--latency-only"]) == 2
-    assert "--latency-only re-measures an existing profile: pass it with --profile" in capsys.readouterr().err
+    assert "--latency-only updates an existing profile: pass it with --profile" in capsys.readouterr().err
     assert main(["calibrate", "--task", "poetry"]) == 2
     assert "unknown task 'poetry'" in capsys.readouterr().err
     assert main(["calibrate", "--task", "gsm8k", "--num-prompts", "50"]) == 2
@@ -179,7 +179,7 @@ def test_calibrate_then_generate_with_every_policy_then_latency_only(tmp_path, c
     ]
     assert main([*args, *small, "--dtype", "float32", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "EntMTP*" in printed and "oracle" in printed and "recommended policy" in printed
+    assert "EntMTP*" in printed and "oracle" in printed and "typical: recommended policy" in printed
     assert out.exists() and out.with_suffix(".png").exists() and (tmp_path / "p.traces.safetensors").exists()
     plain = ["generate", "What is 7 * 6?", "--max-new-tokens", "16", "--json", "--dtype", "float32"]
     assert main([*plain, "--heads", "none"]) == 0
@@ -189,6 +189,40 @@ def test_calibrate_then_generate_with_every_policy_then_latency_only(tmp_path, c
         got = json.loads(capsys.readouterr().out)
         assert got["token_ids"] == ref, policy
         assert len(got["trees"]) == len(got["signals"]) == got["num_steps"]
+    sampled = [*plain, "--heads", "medusa", "--profile", str(out), "--policy", "cost"]
+    assert main([*sampled, "--temperature", "0.7", "--acceptance", "typical", "--seed", "1"]) == 0
+    typical_bank = set(json.loads(out.read_text())["modes"]["typical"]["bank"])
+    assert set(json.loads(capsys.readouterr().out)["trees"]) <= typical_bank  # T > 0 uses the typical section
+    bench = tmp_path / "bench.json"
+    args = [
+        "bench",
+        "--heads",
+        "medusa",
+        "--trees",
+        "tree_4",
+        "--policies",
+        "static,binary,cost,dynamic",
+        "--replay",
+    ]
+    more = ["--profile", str(out), "--tasks", "gsm8k", "--num-prompts", "1", "--max-new-tokens", "12"]
+    assert main([*args, *more, "--dtype", "float32", "--out", str(bench), "--no-progress"]) == 0
+    data = json.loads(bench.read_text())
+    rows = data["summary"]["gsm8k"]
+    assert set(rows) == {
+        "plain",
+        "medusa/tree_4",
+        "medusa/static",
+        "medusa/binary",
+        "medusa/cost",
+        "medusa/dynamic",
+    }
+    assert data["mismatches"] == []  # float32: every policy's output equals plain decoding
+    assert rows["medusa/dynamic"]["choose_ms_per_step"] > 0 and rows["plain"]["choose_ms_per_step"] >= 0
+    rep = data["replays"]["gsm8k"]["medusa"]
+    assert rep["oracle"]["tokens_per_second"] >= max(
+        rep[p]["tokens_per_second"] for p in ("static", "binary", "cost")
+    )
+    assert "replayed" in capsys.readouterr().out
     before = json.loads(out.read_text())
     assert (
         main(
@@ -209,3 +243,18 @@ def test_calibrate_then_generate_with_every_policy_then_latency_only(tmp_path, c
     after = json.loads(out.read_text())
     assert after["modes"]["greedy"]["growth"] == before["modes"]["greedy"]["growth"]
     assert after["traces_sha256"] == before["traces_sha256"]
+    assert set(after["modes"]) == {"greedy", "typical"}  # the T=0.7 section is kept and re-derived
+    assert (
+        main(["calibrate", "--heads", "medusa", "--retune", "--profile", str(out), "--dtype", "float32"]) == 0
+    )
+    retuned = json.loads(out.read_text())
+    assert retuned["latency"] == after["latency"] and retuned["modes"]["typical"]["traces"]
+
+
+def test_bench_items_can_name_one_heads():
+    from entmtp.bench import _for_heads
+
+    spec = "mc_sim_7b_63,hydra:tree_4,medusa:chain_2"
+    assert _for_heads(spec, "hydra") == ["mc_sim_7b_63", "tree_4"]
+    assert _for_heads(spec, "medusa") == ["mc_sim_7b_63", "chain_2"]
+    assert _for_heads("", "hydra") == []

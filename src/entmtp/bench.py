@@ -1,8 +1,11 @@
 """End-to-end speed benchmark: tokens/s and tokens/step of speculative decoding against plain decoding, per task.
 
-`entmtp bench` runs, for every prompt, plain decoding and every (heads, tree) configuration back to back in
-the same process (so machine load hits all of them alike), checks that greedy outputs are identical, prints a
-table per task and writes everything as JSON. One warm-up generation per configuration is dropped.
+`entmtp bench` runs, for every prompt, plain decoding and every configuration (heads with a static tree, heads
+with a scheduling policy from a profile) back to back in the same process (so machine load hits all of them
+alike), checks that greedy outputs are identical, prints a table per task and writes everything as JSON. One
+warm-up generation per configuration is dropped. With `--replay`, the plain greedy outputs are also traced
+through the heads and every policy and the hindsight oracle are replayed on them with the profile's measured
+latencies (decode steps only): the oracle is a measurement, not a method one can run.
 Convention: tokens per step = accepted drafts + 1 bonus token; tokens/s counts every generated token over the
 whole generation's wall time (prefill included).
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 import platform
 import statistics
+import warnings
 from pathlib import Path
 
 import torch
@@ -25,54 +29,84 @@ from .shipped import resolve_heads
 
 
 def run_bench(args) -> int:
-    from .model import load_model
+    from .model import encode_prompt, load_model
+    from .scheduler.profiles import PROFILE_TASKS, resolve_profile
 
     tasks = args.tasks.split(",")
     prompts = {t: load_prompts(t, args.split, n=args.num_prompts) for t in tasks}  # bad names fail first
+    policies = {kind: _for_heads(args.policies, kind) for kind in args.heads.split(",")}
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
-    engines = {"plain": Engine(model, tokenizer)}
-    for kind in args.heads.split(","):
-        heads = resolve_heads(kind, model)
-        if heads is None:
-            continue
-        for tree in args.trees.split(","):
-            engines[f"{kind}/{tree}"] = Engine(model, tokenizer, heads=heads, tree=tree)
-    gen = dict(max_new_tokens=args.max_new_tokens)
-    for engine in engines.values():  # warm-up (dropped)
+    heads = {kind: h for kind in args.heads.split(",") if (h := resolve_heads(kind, model)) is not None}
+    static = {"plain": Engine(model, tokenizer)}
+    for kind, h in heads.items():
+        for tree in _for_heads(args.trees, kind):
+            static[f"{kind}/{tree}"] = Engine(model, tokenizer, heads=h, tree=tree)
+
+    def profile_for(kind: str, task: str):
+        spec = args.profile if args.profile != "auto" else (task if task in PROFILE_TASKS else "mixed")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore" if args.dtype != "bfloat16" else "default")
+            p = resolve_profile(spec, kind)
+            p.check(model, heads[kind])
+        return p
+
+    profiles = {(k, t): profile_for(k, t) for k in heads for t in tasks if policies[k]}
+    gen = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, acceptance=args.acceptance)
+    for engine in static.values():  # warm-up (dropped)
         engine.generate("Hello!", max_new_tokens=8)
 
-    runs: dict[str, dict[str, list[dict]]] = {t: {name: [] for name in engines} for t in tasks}
+    runs: dict[str, dict[str, list[dict]]] = {t: {} for t in tasks}
+    replays: dict[str, dict] = {}
     mismatches = []
-    total = sum(len(p) for p in prompts.values()) * len(engines)
+    n_configs = len(static) + sum(len(policies[k]) for k in heads)
+    total = sum(len(p) for p in prompts.values()) * n_configs
     with Progress(disable=args.no_progress) as bar:
         job = bar.add_task("bench", total=total)
         for task in tasks:
+            engines = dict(static)
+            for kind in heads:
+                for pol in policies[kind]:
+                    engines[f"{kind}/{pol}"] = Engine(
+                        model, tokenizer, heads=heads[kind], tree=_policy(profiles[(kind, task)], pol, args)
+                    )
+            outputs = []
             for i, prompt in enumerate(prompts[task]):
                 ref = None
                 for name, engine in engines.items():
-                    r = engine.generate(prompt, **gen)
-                    runs[task][name].append(
-                        {
-                            "prompt": i,
-                            "tokens": len(r.token_ids),
-                            "steps": r.num_steps,
-                            "seconds": r.seconds,
-                            "tokens_per_step": r.mean_tokens_per_step,
-                        }
-                    )
-                    ref = r.token_ids if ref is None else ref
-                    if r.token_ids != ref:
-                        mismatches.append({"task": task, "prompt": i, "config": name})
+                    r = engine.generate(prompt, seed=args.seed + i, **gen)
+                    runs[task].setdefault(name, []).append(_record(i, r))
+                    if ref is None:
+                        ref = r.token_ids
+                        outputs.append((encode_prompt(tokenizer, prompt), r.token_ids))
+                    elif args.temperature == 0 and r.token_ids != ref:
+                        diff = (k for k, (a, b) in enumerate(zip(r.token_ids, ref, strict=False)) if a != b)
+                        first = next(diff, min(len(r.token_ids), len(ref)))
+                        mismatches.append(
+                            {"task": task, "prompt": i, "config": name, "first_difference": first}
+                        )
                     bar.advance(job)
+                    bar.update(job, description=f"bench {task} {name}")
+            if args.replay and args.temperature == 0:
+                replays[task] = {
+                    k: _replays(
+                        profiles[(k, task)],
+                        heads[k],
+                        Engine(model, tokenizer, heads=heads[k]),
+                        outputs,
+                        policies[k],
+                    )
+                    for k in heads
+                    if policies[k]
+                }
 
     summary = {t: {name: _summarise(rs) for name, rs in runs[t].items()} for t in tasks}
     for t in tasks:
         base = summary[t]["plain"]["tokens_per_second"]
         for row in summary[t].values():
             row["speedup"] = row["tokens_per_second"] / base if base else 0.0
-    _print(summary, args)
+    _print(summary, replays, args)
     if mismatches:  # bf16 rounds one-token and many-token forwards differently: rare divergences are expected
-        n_spec = sum(len(p) for p in prompts.values()) * (len(engines) - 1)
+        n_spec = sum(len(p) for p in prompts.values()) * (n_configs - 1)
         print(
             f"{len(mismatches)} of {n_spec} speculative runs differ from plain decoding ({args.dtype}: "
             "one-token and many-token forwards round differently; float32 runs are bit-exact)"
@@ -87,43 +121,126 @@ def run_bench(args) -> int:
         "max_new_tokens": args.max_new_tokens,
         "num_prompts": args.num_prompts,
         "split": args.split,
+        "temperature": args.temperature,
+        "acceptance": args.acceptance,
+        "profiles": {f"{k}/{t}": str(p.path) for (k, t), p in profiles.items()},
         "torch": torch.__version__,
     }
     out.write_text(
-        json.dumps({"meta": meta, "summary": summary, "runs": runs, "mismatches": mismatches}, indent=1)
+        json.dumps(
+            {"meta": meta, "summary": summary, "replays": replays, "runs": runs, "mismatches": mismatches},
+            indent=1,
+        )
     )
     print(f"wrote {out}")
     return 0
+
+
+def _for_heads(spec: str, kind: str) -> list[str]:
+    """Items of a comma list for heads `kind`: plain items apply to every heads, `kind:item` to one."""
+    out = []
+    for item in (x for x in spec.split(",") if x):
+        only, sep, rest = item.partition(":")
+        if not sep:
+            out.append(item)
+        elif only == kind:
+            out.append(rest)
+    return out
+
+
+def _policy(profile, name: str, args):
+    return profile.policy(name, profile.mode_for(args.temperature))
+
+
+def _record(i: int, r) -> dict:
+    sched = [s.seconds.get("choose", 0.0) for s in r.steps]
+    probe = [s.seconds.get("probe", 0.0) for s in r.steps]
+    step = [s.seconds["total"] for s in r.steps]
+    usage: dict[str, int] = {}
+    for s in r.steps:
+        usage[s.tree] = usage.get(s.tree, 0) + 1
+    return {
+        "prompt": i,
+        "tokens": len(r.token_ids),
+        "steps": r.num_steps,
+        "seconds": r.seconds,
+        "prefill_seconds": r.prefill_seconds,
+        "tokens_per_step": r.mean_tokens_per_step,
+        "choose_seconds": sum(sched),
+        "probe_seconds": sum(probe),
+        "step_seconds": sum(step),
+        "trees": usage,
+    }
+
+
+def _replays(profile, heads, engine, outputs, policies) -> dict:
+    """Trace the plain greedy outputs through the heads; replay each policy and the oracle on them."""
+    from .scheduler.replay import oracle, replay
+    from .scheduler.traces import trace_generation
+
+    traces = [
+        trace_generation(engine.base, heads, ids + out, len(ids)) for ids, out in outputs if len(out) >= 2
+    ]
+    out = {p: replay(profile.policy(p), traces, profile.ms_of).to_json() for p in policies}
+    out["oracle"] = oracle(profile.bank(), traces, profile.ms_of).to_json()
+    return out
 
 
 def _summarise(rs: list[dict]) -> dict:
     tokens = sum(r["tokens"] for r in rs)
     seconds = sum(r["seconds"] for r in rs)
     steps = sum(r["steps"] for r in rs)
+    step_seconds = sum(r["step_seconds"] for r in rs)
+    usage: dict[str, int] = {}
+    for r in rs:
+        for k, v in r["trees"].items():
+            usage[k] = usage.get(k, 0) + v
     return {
         "prompts": len(rs),
         "tokens": tokens,
         "seconds": seconds,
         "tokens_per_second": tokens / seconds if seconds else 0.0,
+        "decode_tokens_per_second": (tokens - len(rs)) / step_seconds if step_seconds else 0.0,
         "tokens_per_step": (tokens - len(rs)) / steps if steps else 1.0,  # the prefill's token has no step
         "median_prompt_tokens_per_second": statistics.median(r["tokens"] / r["seconds"] for r in rs),
+        "choose_ms_per_step": 1000 * sum(r["choose_seconds"] for r in rs) / max(1, steps),
+        "probe_ms_per_step": 1000 * sum(r["probe_seconds"] for r in rs) / max(1, steps),
+        "ms_per_step": 1000 * step_seconds / max(1, steps),
+        "tree_usage": usage,
     }
 
 
-def _print(summary: dict, args) -> None:
+def _print(summary: dict, replays: dict, args) -> None:
     console = _console()
     for task, rows in summary.items():
         table = Table(
-            title=f"{TASKS[task][1]}: {args.num_prompts} {args.split} prompts, {args.max_new_tokens} "
-            f"new tokens, {args.dtype}, {torch.get_num_threads()} threads"
+            title=f"{TASKS[task][1]}: {args.num_prompts} {args.split} prompts, {args.max_new_tokens} new tokens, "
+            f"T={args.temperature} {args.acceptance}, {args.dtype}, {torch.get_num_threads()} threads"
         )
-        for col in ("config", "tokens/step", "tokens/s", "speedup"):
+        for col in ("config", "tokens/step", "tokens/s", "speedup", "ms/step", "choose ms/step"):
             table.add_column(col, justify="right")
         for name, r in rows.items():
             table.add_row(
-                name, f"{r['tokens_per_step']:.2f}", f"{r['tokens_per_second']:.1f}", f"{r['speedup']:.2f}x"
+                name,
+                f"{r['tokens_per_step']:.2f}",
+                f"{r['tokens_per_second']:.1f}",
+                f"{r['speedup']:.2f}x",
+                f"{r['ms_per_step']:.1f}",
+                f"{r['choose_ms_per_step']:.3f}",
             )
         console.print(table)
+        for kind, rep in replays.get(task, {}).items():
+            rt = Table(
+                title=f"{TASKS[task][1]}, {kind}: policies replayed on the plain outputs (decode steps, "
+                "the profile's latencies)"
+            )
+            for col in ("policy", "tokens/s", "tokens/step", "vs static"):
+                rt.add_column(col, justify="right")
+            base = rep.get("static", {}).get("tokens_per_second")
+            for name, r in rep.items():
+                ratio = f"{r['tokens_per_second'] / base:.3f}x" if base else ""
+                rt.add_row(name, f"{r['tokens_per_second']:.1f}", f"{r['tokens_per_step']:.2f}", ratio)
+            console.print(rt)
 
 
 def _console() -> Console:

@@ -20,6 +20,30 @@ TASKS = {  # task -> (file, label used in reports)
     "gsm8k": ("gsm8k_test.jsonl", "GSM8K"),
     "writing": ("writingprompts_200.jsonl", "litbench-style (r/WritingPrompts)"),
     "mt_bench": ("mt_bench.jsonl", "MT-Bench"),
+    # Spec-Bench's copy-heavy categories (development set): the records of one category each
+    "specbench-translation": ("specbench_dev.jsonl", "Spec-Bench translation"),
+    "specbench-summarization": ("specbench_dev.jsonl", "Spec-Bench summarization"),
+    "specbench-qa": ("specbench_dev.jsonl", "Spec-Bench QA"),
+    "specbench-rag": ("specbench_dev.jsonl", "Spec-Bench RAG"),
+    "specbench-math": ("specbench_dev.jsonl", "Spec-Bench math reasoning"),
+    "specbench-mtbench": ("specbench_dev.jsonl", "Spec-Bench MT-Bench"),
+}
+SPECBENCH = {  # task -> Spec-Bench categories
+    "specbench-translation": ("translation",),
+    "specbench-summarization": ("summarization",),
+    "specbench-qa": ("qa",),
+    "specbench-rag": ("rag",),
+    "specbench-math": ("math_reasoning",),
+    "specbench-mtbench": (
+        "writing",
+        "roleplay",
+        "reasoning",
+        "math",
+        "coding",
+        "extraction",
+        "stem",
+        "humanities",
+    ),
 }
 FOUR_TASKS = ("humaneval", "sharegpt", "gsm8k", "writing")  # the paper's four tasks (LitBench stand-in)
 
@@ -39,7 +63,7 @@ def _prompt(task: str, rec: dict) -> str:
         return rec["question"]
     if task == "writing":
         return rec["prompt"]
-    return rec["turns"][0]  # sharegpt, mt_bench: the first user turn
+    return rec["turns"][0]  # sharegpt, mt_bench, specbench: the first user turn
 
 
 def load_prompts(task: str, split: str = "test", n: int | None = None) -> list[str]:
@@ -49,7 +73,10 @@ def load_prompts(task: str, split: str = "test", n: int | None = None) -> list[s
         raise DataError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
     if split not in ("calib", "test", "all"):
         raise DataError(f"unknown split {split!r}: use calib, test or all")
-    prompts = [_prompt(task, r) for r in _records(TASKS[task][0])]
+    records = _records(TASKS[task][0])
+    if task in SPECBENCH:
+        records = [r for r in records if r["category"] in SPECBENCH[task]]
+    prompts = [_prompt(task, r) for r in records]
     prompts = {"calib": prompts[:CALIB], "test": prompts[CALIB:], "all": prompts}[split]
     return prompts if n is None else prompts[:n]
 
