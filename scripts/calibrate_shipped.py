@@ -5,7 +5,9 @@ except that each task's greedy generations are made once and traced through both
 does not depend on the heads), and `mixed` reuses the first 5 traces of each task (its prompts are exactly
 those). Resumable: a profile that exists is skipped. Usage:
 
-    .venv/bin/python scripts/calibrate_shipped.py [--threads 2] [--only hydra/gsm8k ...]
+    .venv/bin/python scripts/calibrate_shipped.py [--threads 2] [--only hydra/gsm8k ...]   # greedy + latency
+    .venv/bin/python scripts/calibrate_shipped.py --typical     # then the T=0.7 typical sections
+    .venv/bin/python scripts/calibrate_shipped.py --retune      # re-derive all from stored traces
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ from rich.progress import Progress
 from entmtp.engine import Engine
 from entmtp.model import encode_prompt, load_model
 from entmtp.prompts import CALIB, FOUR_TASKS
-from entmtp.scheduler.calibrate import CalibrationSettings, build_profile
+from entmtp.scheduler.calibrate import CalibrationSettings, add_typical, build_profile, retune
 from entmtp.scheduler.command import calibration_prompts, print_profile
 from entmtp.scheduler.plots import plot_profile
-from entmtp.scheduler.profiles import shipped_profiles_dir
-from entmtp.scheduler.traces import generate_traces
+from entmtp.scheduler.profiles import Profile, load_profile, shipped_profiles_dir
+from entmtp.scheduler.traces import TYPICAL, generate_traces
 from entmtp.shipped import HEAD_KINDS, resolve_heads
 
 OUTPUTS = Path("runs/calibration_outputs")
@@ -41,6 +43,15 @@ def main() -> None:
         action="store_true",
         help="only make (and cache) the greedy generations; no timing, so it may share the machine",
     )
+    ap.add_argument(
+        "--typical",
+        action="store_true",
+        help="add the T=0.7 typical-acceptance section to the existing profiles (sampled generations, no timing)",
+    )
+    ap.add_argument("--typical-prompts", type=int, default=12, help="sampled calibration prompts per task")
+    ap.add_argument(
+        "--retune", action="store_true", help="re-derive existing profiles from their traces (no decoding)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model()
@@ -53,6 +64,18 @@ def main() -> None:
     if args.only:
         wanted = [w for w in wanted if f"{w[0]}/{w[1]}" in args.only]
     with Progress() as progress:
+        if args.retune:
+            for kind, task in wanted:
+                path = shipped_profiles_dir(kind) / f"{task}.json"
+                # read without validation: a profile of an older format is exactly what a retune renews
+                profile = Profile(json.loads(path.read_text()), path)
+                retune(profile, heads[kind], settings, log=progress.console.print)
+                profile.save(path)
+                plot_profile(profile, path.with_suffix(".png"))
+            return
+        if args.typical:
+            _add_typical(args, model, tokenizer, heads, settings, wanted, progress)
+            return
         if args.outputs_only:
             for task in FOUR_TASKS:
                 _trace_task("hydra", task, model, tokenizer, heads, settings, outputs, traces, progress)
@@ -89,6 +112,32 @@ def main() -> None:
             plot_profile(profile, out.with_suffix(".png"))
             print_profile(profile)
             progress.console.print(f"wrote {out} ({time.perf_counter() - t0:.0f} s)")
+
+
+def _add_typical(args, model, tokenizer, heads, settings, wanted, progress) -> None:
+    """Sampled (T=0.7, typical) generations of the first --typical-prompts calibration prompts of each task,
+    made once with Hydra heads and tree_8 and traced through both head sets; `mixed` takes an equal share."""
+    n = args.typical_prompts
+    share = max(1, n // len(FOUR_TASKS))
+    gen = Engine(model, tokenizer, heads=heads["hydra"], tree="tree_8")
+    outs: dict[str, list[list[int]]] = {}
+    for kind, task in wanted:
+        path = shipped_profiles_dir(kind) / f"{task}.json"
+        profile = load_profile(path)
+        if "typical" in profile.data["modes"]:
+            progress.console.print(f"{path} has a typical section: skipped")
+            continue
+        t0 = time.perf_counter()
+        typical = []
+        for t in FOUR_TASKS if task == "mixed" else (task,):
+            ids = [encode_prompt(tokenizer, p) for p in calibration_prompts(t, CALIB)][:n]
+            tr, outs[t] = generate_traces(
+                gen, heads[kind], ids, settings.max_new_tokens, progress, outs.get(t), TYPICAL
+            )
+            typical += tr[:share] if task == "mixed" else tr
+        add_typical(profile, heads[kind], typical, settings, log=progress.console.print)
+        profile.save(path, profile.traces(), typical)
+        progress.console.print(f"typical section of {path} ({time.perf_counter() - t0:.0f} s)")
 
 
 def _trace_task(kind, task, model, tokenizer, heads, settings, outputs, traces, progress):
