@@ -55,7 +55,7 @@ def plot_profile(profile, path: str | Path, mode: str = "greedy") -> Path:
         [e["tokens_per_second"] for e in bank],
         "o",
         color="tab:blue",
-        label="throughput frontier (bank)",
+        label="throughput frontier",
     )
     best = next(e for e in bank if e["name"] == m["best"])
     ax2.plot(
