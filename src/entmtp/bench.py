@@ -181,8 +181,9 @@ def _replays(profile, heads, engine, outputs, policies) -> dict:
     traces = [
         trace_generation(engine.base, heads, ids + out, len(ids)) for ids, out in outputs if len(out) >= 2
     ]
-    out = {p: replay(profile.policy(p), traces, profile.ms_of).to_json() for p in policies}
-    out["oracle"] = oracle(profile.bank(), traces, profile.ms_of).to_json()
+    ms_of = profile.latency().ms_of
+    out = {p: replay(profile.policy(p), traces, ms_of).to_json() for p in policies}
+    out["oracle"] = oracle(profile.bank(), traces, ms_of).to_json()
     return out
 
 

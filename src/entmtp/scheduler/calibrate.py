@@ -12,9 +12,9 @@
 5. tuning     the acceptance model behind `cost`/`dynamic`, thresholds of `binary`/`ladder` swept by replaying
               the traces (replay.py); every policy and the oracle replayed; the best recommended
 Trade against the paper (union rollouts per growth round): one generation per prompt replaces ~90 rounds of
-union-tree decodes, and scores are exact own-tree numbers rather than union-biased ones. What it gives up:
-typical acceptance at T > 0 is not traced (its accepted path is not fixed by ranks), so profiles hold the
-greedy section, which sampling runs also use.
+union-tree decodes, and greedy scores are exact own-tree numbers rather than union-biased ones. What it gives
+up: typical acceptance at T > 0 (`add_typical`) is traced on sampled generations whose off-trajectory paths
+are known one level deep only, so its section is an approximation (see traces.trace_generation).
 """
 
 from __future__ import annotations
@@ -32,13 +32,14 @@ from rich.progress import Progress
 from .. import __version__
 from ..engine import Engine
 from ..errors import EntMTPError
+from ..policy import StaticPolicy
 from ..tree import Tree, load_tree, union_tree
 from .policies import AcceptanceModel, BinaryPolicy, CostPolicy, DynamicPolicy, LadderPolicy, LatencyModel
 from .profiles import FORMAT, VERSION, Profile, hardware, heads_checksum, model_fingerprint
 from .replay import oracle, replay
 from .search import Scores, acceptance_frontier, grow, simulate
 from .signals import SIGNALS
-from .traces import MISS, TOPK, TYPICAL, Trace, generate_traces
+from .traces import MISS, TOPK, TYPICAL, Trace, generate_traces, probe_depth
 
 GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 90)  # frontier sizes whose latency is measured
 EDGES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.97, 1.0)  # probability bins
@@ -173,14 +174,14 @@ def tune(
     bank: Sequence[Tree],
     best: Tree,
     traces: Sequence[Trace],
-    ms_of,
+    latency: LatencyModel,
     window: int,
     acceptance: AcceptanceModel,
     master: Tree,
-    latency: LatencyModel,
 ) -> tuple[dict, dict]:
     """Sweep binary and ladder thresholds by replay; replay every policy and the oracle.
     Returns (thresholds, replays)."""
+    ms_of = latency.ms_of
     values = _signal_values(traces)
     qs = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
     grids = {s: sorted({round(float(np.quantile(values[s], q)), 4) for q in qs}) for s in values}
@@ -190,7 +191,7 @@ def tune(
     larges = bank[best_i : best_i + 5]  # aggressive trees: EntMTP* and up to 4 larger
     thresholds: dict[str, dict] = {}
     replays: dict[str, dict] = {}
-    static = replay(_Static(best), traces, ms_of)
+    static = replay(StaticPolicy(best), traces, ms_of)
     replays["static"] = static.to_json()
     top = None
     for small, large in itertools.product(smalls, larges):
@@ -241,20 +242,6 @@ def tune(
     return thresholds, replays
 
 
-class _Static:
-    def __init__(self, tree: Tree):
-        self.tree, self.trees = tree, [tree]
-
-    def reset(self) -> None:
-        pass
-
-    def choose(self, ctx) -> Tree:
-        return self.tree
-
-    def observe(self, step) -> None:
-        pass
-
-
 def _unique(trees: Sequence[Tree]) -> list[Tree]:
     return list({t.name: t for t in trees}.values())
 
@@ -289,21 +276,10 @@ def _grid(frontier) -> list[int]:
 def build_section(traces: Sequence[Trace], grown, frontier, measured: dict, heads, window: int) -> dict:
     """One acceptance mode's part of a profile: frontiers, bank, EntMTP*, acceptance model, tuned policies.
     `measured` holds the step latencies measured on this hardware (by tree name; others are interpolated)."""
-    from .traces import probe_depth
-
     by_nodes = {ft.tree.num_nodes: ft for ft in frontier}
     grid = _grid(frontier)
-    latency = LatencyModel(
-        [m["nodes"] for m in measured.values()], [m["ms_per_step"] for m in measured.values()]
-    )
-
-    def ms_of(tree: Tree) -> float:
-        m = measured.get(tree.name)
-        return (
-            m["ms_per_step"]
-            if m is not None and m["nodes"] == tree.num_nodes
-            else float(latency(tree.num_nodes))
-        )
+    latency = LatencyModel.from_measured(measured)
+    ms_of = latency.ms_of
 
     # throughput of each bank tree: simulated tokens/step over all calibration positions / step latency
     speed = {n: by_nodes[n].tokens_per_step * 1000.0 / ms_of(by_nodes[n].tree) for n in grid}
@@ -329,7 +305,7 @@ def build_section(traces: Sequence[Trace], grown, frontier, measured: dict, head
             "ms_per_step": ms,
             "tokens_per_second": tps * 1000.0 / ms,
         }
-    thresholds, replays = tune(bank, best, traces, ms_of, window, acceptance, master, latency)
+    thresholds, replays = tune(bank, best, traces, latency, window, acceptance, master)
     candidates = {k: v["tokens_per_second"] for k, v in replays.items() if k != "oracle"}
 
     def frontier_entry(n: int) -> dict:

@@ -62,7 +62,7 @@ def calibration_prompts(task: str, n: int) -> list[str]:
         if n > CALIB:
             raise EntMTPError(
                 f"--num-prompts {n}: a task's calibration split holds {CALIB} prompts (the rest is "
-                "the test split, never calibrated on); use <= {CALIB} or a prompt file"
+                f"the test split, never calibrated on); use <= {CALIB} or a prompt file"
             )
         return load_prompts(task, "calib", n=n)
     if Path(task).suffix == ".jsonl" or Path(task).exists():

@@ -142,15 +142,8 @@ class Profile:
         return AcceptanceModel.from_json(self.mode(mode)["acceptance_model"])
 
     def latency(self) -> LatencyModel:
-        lat = self.data["latency"]
-        return LatencyModel(lat["nodes"], lat["ms_per_step"])
-
-    def ms_of(self, tree: Tree) -> float:
-        """Measured step latency of a bank tree, else interpolated by its node count."""
-        measured = self.data["latency"]["trees"].get(tree.name)
-        if measured is not None and measured["nodes"] == tree.num_nodes:
-            return measured["ms_per_step"]
-        return float(self.latency()(tree.num_nodes))
+        """The step latencies measured at calibration (`ms_of(tree)`: a tree's own, else interpolated)."""
+        return LatencyModel.from_measured(self.data["latency"]["trees"])
 
     def mode_for(self, temperature: float) -> str:
         """The section a run uses: `typical` (calibrated at T=0.7) for any T > 0 when the profile has it."""
@@ -185,7 +178,8 @@ class Profile:
             )
         if name == "cost":
             bank = self.bank(mode)
-            return CostPolicy(bank, self.acceptance(mode), [self.ms_of(t) for t in bank])
+            ms_of = self.latency().ms_of
+            return CostPolicy(bank, self.acceptance(mode), [ms_of(t) for t in bank])
         if name == "dynamic":
             return DynamicPolicy(
                 trees[m["master"]["name"]],
