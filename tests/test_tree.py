@@ -35,7 +35,6 @@ def test_small_tree_by_hand():
     assert tree.mask.dtype == torch.bool
     assert tree.retrieve_indices.tolist() == [[0, 2, -1], [0, 1, 3], [0, 1, 4]]
     # flattened [depth, topk] table with topk = 2: (d - 1) * 2 + rank
-    assert tree.draft_gather.tolist() == [0, 1, 2, 3]
     assert tree.level_slices == (slice(1, 3), slice(3, 5))
     assert tree.nodes_per_depth == (2, 2)
     assert tree.is_rank_contiguous
@@ -43,11 +42,9 @@ def test_small_tree_by_hand():
     assert json.loads(tree.to_json()) == [[0], [1], [0, 0], [0, 1]]
 
 
-def test_wide_tree_draft_gather_uses_global_topk():
-    # (2,) makes topk 3, so depth-2 nodes start at flat index 3
+def test_wide_tree_topk_is_the_widest_rank():
     tree = Tree.from_paths([(0,), (2,), (1,), (0, 0), (2, 0)])
     assert tree.topk == 3
-    assert tree.draft_gather.tolist() == [0, 1, 2, 3, 3]
     assert tree.parents.tolist() == [-1, 0, 0, 0, 1, 3]
 
 
@@ -64,7 +61,6 @@ def test_chain_by_hand():
         [T, T, T, T],
     ]
     assert tree.retrieve_indices.tolist() == [[0, 1, 2, 3]]
-    assert tree.draft_gather.tolist() == [0, 1, 2]
     assert tree.level_slices == (slice(1, 2), slice(2, 3), slice(3, 4))
     assert tree.nodes_per_depth == (1, 1, 1)
     assert tree.is_rank_contiguous
@@ -96,7 +92,6 @@ def test_root_only():
     assert tree.num_nodes == 0 and tree.size == 1 and tree.depth == 0 and tree.topk == 0
     assert tree.mask.tolist() == [[True]]
     assert tree.retrieve_indices.tolist() == [[0]]
-    assert tree.draft_gather.shape == (0,)
     assert tree.level_slices == () and tree.nodes_per_depth == ()
     assert tree.is_rank_contiguous
     tree.check_fits(num_heads=0, topk=0, require_contiguous=True)
@@ -148,7 +143,6 @@ def test_structure_properties(paths):
     for i, p in enumerate(tree.paths, start=1):
         assert parents[i] == node_of[p[:-1]] and parents[i] < i
         assert depths[i] == len(p) and tree.ranks[i] == p[-1]
-        assert tree.draft_gather[i - 1] == (len(p) - 1) * tree.topk + p[-1]
     # every node attends to exactly its ancestors and itself; its position is its depth
     for i in range(n + 1):
         anc = _ancestors(parents, i)
@@ -186,7 +180,7 @@ def test_input_order_does_not_matter(paths, rnd: random.Random):
     rnd.shuffle(shuffled)
     a, b = Tree.from_paths(paths), Tree.from_paths([list(p) for p in shuffled])
     assert a.paths == b.paths
-    for attr in ("depths", "parents", "ranks", "mask", "retrieve_indices", "draft_gather"):
+    for attr in ("depths", "parents", "ranks", "lookup", "mask", "retrieve_indices"):
         assert torch.equal(getattr(a, attr), getattr(b, attr)), attr
     assert a.level_slices == b.level_slices
     assert Tree.from_paths(json.loads(a.to_json())).paths == a.paths
@@ -199,10 +193,10 @@ def test_input_order_does_not_matter(paths, rnd: random.Random):
     "paths, kwargs, message",
     [
         ([], {}, r"tree is empty: give at least one path, e.g. \[\[0\]\]"),
-        ([(0,), ()], {}, r"path \(\) is not a non-empty list of integer ranks"),
-        ([(0,), (0, "1")], {}, r"path \(0, '1'\) is not a non-empty list of integer ranks"),
+        ([(0,), ()], {}, r"path \(\) is not a non-empty list of ranks"),
+        ([(0,), (0, "1")], {}, r"path \(0, '1'\) has element '1': a lookup rank is written"),
         ([(0,), 3], {}, r"path 3 is not a non-empty list"),
-        ([(True,)], {}, r"path \(True,\) is not a non-empty list of integer ranks"),
+        ([(True,)], {}, r"path \(True,\) is not a non-empty list of ranks"),
         ([(0.0,)], {}, r"path \(0.0,\) is not"),
         ("[[0]]", {}, r"a tree is a list of paths like \[\[0\], \[0, 0\]\], got str"),
         ([(0,), (0, -1)], {}, r"path \(0, -1\) has negative rank -1: ranks count from 0"),

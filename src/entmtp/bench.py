@@ -24,6 +24,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from .engine import Engine
+from .errors import EntMTPError
+from .lookup import Lookup
 from .prompts import TASKS, load_prompts
 from .shipped import resolve_heads
 
@@ -34,13 +36,23 @@ def run_bench(args) -> int:
 
     tasks = args.tasks.split(",")
     prompts = {t: load_prompts(t, args.split, n=args.num_prompts) for t in tasks}  # bad names fail first
-    policies = {kind: _for_heads(args.policies, kind) for kind in args.heads.split(",")}
+    kinds = [k for k in args.heads.split(",") if k and k != "none"]
+    policies = {kind: _for_heads(args.policies, kind) for kind in kinds}
+    peers = _check_peers(args.peers)
+    lookup_only = [x for x in args.lookup_only.split(",") if x]
+    for x in lookup_only:
+        if x not in LOOKUP_VARIANTS:
+            raise EntMTPError(f"unknown --lookup-only variant {x!r}: use {' or '.join(LOOKUP_VARIANTS)}")
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
-    heads = {kind: h for kind in args.heads.split(",") if (h := resolve_heads(kind, model)) is not None}
+    heads = {kind: h for kind in kinds if (h := resolve_heads(kind, model)) is not None}
     static = {"plain": Engine(model, tokenizer)}
+    static |= {name: peer for name, peer in _peers(peers, model, tokenizer).items()}
+    for x in lookup_only:
+        static[LOOKUP_VARIANTS[x]] = Engine(model, tokenizer, lookup=_lookup(x, args))
     for kind, h in heads.items():
-        for tree in _for_heads(args.trees, kind):
-            static[f"{kind}/{tree}"] = Engine(model, tokenizer, heads=h, tree=tree)
+        for item in _for_heads(args.trees, kind):
+            tree, lookup = _split_lookup(item, args)
+            static[f"{kind}/{item}"] = Engine(model, tokenizer, heads=h, tree=tree, lookup=lookup)
 
     def profile_for(kind: str, task: str):
         spec = args.profile if args.profile != "auto" else (task if task in PROFILE_TASKS else "mixed")
@@ -52,8 +64,9 @@ def run_bench(args) -> int:
 
     profiles = {(k, t): profile_for(k, t) for k in heads for t in tasks if policies[k]}
     gen = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, acceptance=args.acceptance)
+    hello = encode_prompt(tokenizer, "Hello!")
     for engine in static.values():  # warm-up (dropped)
-        engine.generate("Hello!", max_new_tokens=8)
+        engine.generate(hello, max_new_tokens=8)
 
     runs: dict[str, dict[str, list[dict]]] = {t: {} for t in tasks}
     replays: dict[str, dict] = {}
@@ -65,19 +78,30 @@ def run_bench(args) -> int:
         for task in tasks:
             engines = dict(static)
             for kind in heads:
-                for pol in policies[kind]:
-                    engines[f"{kind}/{pol}"] = Engine(
-                        model, tokenizer, heads=heads[kind], tree=_policy(profiles[(kind, task)], pol, args)
+                for item in policies[kind]:
+                    pol, lookup = _split_lookup(item, args)
+                    engines[f"{kind}/{item}"] = Engine(
+                        model,
+                        tokenizer,
+                        heads=heads[kind],
+                        tree=_policy(profiles[(kind, task)], pol, args),
+                        lookup=lookup,
                     )
             outputs = []
             for i, prompt in enumerate(prompts[task]):
                 ref = None
+                ids = encode_prompt(tokenizer, prompt)
                 for name, engine in engines.items():
-                    r = engine.generate(prompt, seed=args.seed + i, **gen)
+                    kw = (
+                        gen
+                        if isinstance(engine, Engine)
+                        else {k: v for k, v in gen.items() if k != "acceptance"}
+                    )
+                    r = engine.generate(ids, seed=args.seed + i, **kw)
                     runs[task].setdefault(name, []).append(_record(i, r))
                     if ref is None:
                         ref = r.token_ids
-                        outputs.append((encode_prompt(tokenizer, prompt), r.token_ids))
+                        outputs.append((ids, r.token_ids))
                     elif args.temperature == 0 and r.token_ids != ref:
                         diff = (k for k, (a, b) in enumerate(zip(r.token_ids, ref, strict=False)) if a != b)
                         first = next(diff, min(len(r.token_ids), len(ref)))
@@ -136,6 +160,48 @@ def run_bench(args) -> int:
     return 0
 
 
+LOOKUP_VARIANTS = {"adaptive": "lookup", "fixed": "lookup-fixed"}  # --lookup-only item -> config name
+PEERS = ("hf-generate", "hf-prompt-lookup", "llama-cpp")
+
+
+def _lookup(variant: str, args) -> Lookup:
+    return Lookup(tokens=args.lookup_tokens, adaptive=variant == "adaptive", node_cost=args.lookup_node_cost)
+
+
+def _split_lookup(item: str, args) -> tuple[str, Lookup | None]:
+    """`tree_8+lookup` -> ("tree_8", adaptive lookup); `tree_8+lookup-fixed` -> fixed-length lookup."""
+    for suffix, variant in (("+lookup-fixed", "fixed"), ("+lookup", "adaptive")):
+        if item.endswith(suffix):
+            return item[: -len(suffix)], _lookup(variant, args)
+    return item, None
+
+
+def _check_peers(spec: str) -> list[str]:
+    peers = [p for p in spec.split(",") if p]
+    for p in peers:
+        if p not in PEERS:
+            raise EntMTPError(f"unknown peer {p!r}: use {', '.join(PEERS)}")
+    return peers
+
+
+def _peers(names: list[str], model, tokenizer) -> dict:
+    """Peer decoders by config name; an optional one that is not installed is skipped with its install hint."""
+    from .peers import HFGenerate, LlamaCppPlain, PeerUnavailable
+
+    out: dict = {}
+    for name in names:
+        if name == "hf-generate":
+            out[name] = HFGenerate(model, tokenizer)
+        elif name == "hf-prompt-lookup":
+            out[name] = HFGenerate(model, tokenizer, prompt_lookup_tokens=10)
+        else:
+            try:
+                out[name] = LlamaCppPlain(n_threads=torch.get_num_threads())
+            except PeerUnavailable as e:
+                print(f"entmtp: skipping peer {name}: {e}")
+    return out
+
+
 def _for_heads(spec: str, kind: str) -> list[str]:
     """Items of a comma list for heads `kind`: plain items apply to every heads, `kind:item` to one."""
     out = []
@@ -160,6 +226,7 @@ def _record(i: int, r) -> dict:
     for s in r.steps:
         usage[s.tree] = usage.get(s.tree, 0) + 1
     return {
+        "lookup_tokens": sum(s.lookup_accepted for s in r.steps),
         "prompt": i,
         "tokens": len(r.token_ids),
         "steps": r.num_steps,
@@ -182,7 +249,7 @@ def _replays(profile, heads, engine, outputs, policies) -> dict:
         trace_generation(engine.base, heads, ids + out, len(ids)) for ids, out in outputs if len(out) >= 2
     ]
     ms_of = profile.latency().ms_of
-    out = {p: replay(profile.policy(p), traces, ms_of).to_json() for p in policies}
+    out = {p: replay(profile.policy(p), traces, ms_of).to_json() for p in policies if "+" not in p}
     out["oracle"] = oracle(profile.bank(), traces, ms_of).to_json()
     return out
 
@@ -192,6 +259,8 @@ def _summarise(rs: list[dict]) -> dict:
     seconds = sum(r["seconds"] for r in rs)
     steps = sum(r["steps"] for r in rs)
     step_seconds = sum(r["step_seconds"] for r in rs)
+    if not steps:  # a peer: no per-step records
+        step_seconds = seconds
     usage: dict[str, int] = {}
     for r in rs:
         for k, v in r["trees"].items():
@@ -202,7 +271,8 @@ def _summarise(rs: list[dict]) -> dict:
         "seconds": seconds,
         "tokens_per_second": tokens / seconds if seconds else 0.0,
         "decode_tokens_per_second": (tokens - len(rs)) / step_seconds if step_seconds else 0.0,
-        "tokens_per_step": (tokens - len(rs)) / steps if steps else 1.0,  # the prefill's token has no step
+        "tokens_per_step": (tokens - len(rs)) / steps if steps else float("nan"),  # prefill's token: no step
+        "lookup_share": sum(r["lookup_tokens"] for r in rs) / max(1, tokens),
         "median_prompt_tokens_per_second": statistics.median(r["tokens"] / r["seconds"] for r in rs),
         "choose_ms_per_step": 1000 * sum(r["choose_seconds"] for r in rs) / max(1, steps),
         "probe_ms_per_step": 1000 * sum(r["probe_seconds"] for r in rs) / max(1, steps),
@@ -218,16 +288,26 @@ def _print(summary: dict, replays: dict, args) -> None:
             title=f"{TASKS[task][1]}: {args.num_prompts} {args.split} prompts, {args.max_new_tokens} new tokens, "
             f"T={args.temperature} {args.acceptance}, {args.dtype}, {torch.get_num_threads()} threads"
         )
-        for col in ("config", "tokens/step", "tokens/s", "speedup", "ms/step", "choose ms/step"):
+        for col in (
+            "config",
+            "tokens/step",
+            "tokens/s",
+            "speedup",
+            "ms/step",
+            "choose ms/step",
+            "lookup share",
+        ):
             table.add_column(col, justify="right")
         for name, r in rows.items():
+            peer = r["tokens_per_step"] != r["tokens_per_step"]  # NaN: no per-step records
             table.add_row(
                 name,
-                f"{r['tokens_per_step']:.2f}",
+                "" if peer else f"{r['tokens_per_step']:.2f}",
                 f"{r['tokens_per_second']:.1f}",
                 f"{r['speedup']:.2f}x",
-                f"{r['ms_per_step']:.1f}",
-                f"{r['choose_ms_per_step']:.3f}",
+                "" if peer else f"{r['ms_per_step']:.1f}",
+                "" if peer else f"{r['choose_ms_per_step']:.3f}",
+                f"{r['lookup_share']:.0%}" if r["lookup_share"] else "",
             )
         console.print(table)
         for kind, rep in replays.get(task, {}).items():

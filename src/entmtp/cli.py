@@ -34,7 +34,8 @@ def cmd_generate(args) -> int:
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
     spec = args.heads if args.heads is not None else default_heads()
     heads = resolve_heads(spec, model)
-    engine = Engine(model, tokenizer, heads=heads, tree=_tree_or_policy(args, spec, model, heads))
+    tree = _tree_or_policy(args, spec, model, heads)
+    engine = Engine(model, tokenizer, heads=heads, tree=tree, lookup=_lookup(args))
     kwargs = dict(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
@@ -60,6 +61,43 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _lookup(args):
+    """--lookup and its settings -> a `Lookup` (None without --lookup)."""
+    from .lookup import Lookup
+
+    if not args.lookup:
+        return None
+    return Lookup(
+        max_ngram=args.lookup_ngram,
+        tokens=args.lookup_tokens,
+        adaptive=not args.lookup_fixed,
+        node_cost=args.lookup_node_cost,
+    )
+
+
+def add_lookup_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--lookup",
+        action="store_true",
+        help="add prompt-lookup drafts (copies from the prompt and output) to every step's tree; with "
+        "--heads none: prompt lookup decoding for any model",
+    )
+    p.add_argument("--lookup-tokens", type=int, default=10, help="most lookup tokens per step (default 10)")
+    p.add_argument("--lookup-ngram", type=int, default=3, help="longest n-gram matched (default 3)")
+    p.add_argument(
+        "--lookup-fixed",
+        action="store_true",
+        help="always draft --lookup-tokens lookup tokens when there is a match (default: sized per step)",
+    )
+    p.add_argument(
+        "--lookup-node-cost",
+        type=float,
+        default=0.08,
+        help="cost of one more verified token as a fraction of a one-token step, for sizing the lookup "
+        "branch (default 0.08, a 2-core CPU; ~0.01 on a GPU)",
+    )
+
+
 def _tree_or_policy(args, heads_spec: str, model, heads):
     """--tree alone: that static tree. Otherwise a scheduling policy from a profile (default: the shipped
     `mixed` profile of the shipped heads, and the policy it recommends)."""
@@ -67,7 +105,7 @@ def _tree_or_policy(args, heads_spec: str, model, heads):
     from .scheduler.profiles import resolve_profile, shipped_profiles_dir
 
     if heads is None:
-        return "tree_8"
+        return args.tree  # None: plain decoding (or prompt lookup with --lookup); a tree of lookup nodes
     if args.policy is None and args.tree is not None:
         return args.tree
     if args.policy == "static" and args.tree is not None:
@@ -135,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--tree",
         default=None,
-        help="a static tree: name (see `entmtp trees`) or JSON file (default: the scheduler, see --policy)",
+        help='a static tree: name (see `entmtp trees`) or JSON file of paths; "L0" elements are prompt-lookup '
+        'nodes, e.g. [[0], [0, "L0"], ["L0"]] (default: the scheduler, see --policy)',
     )
     g.add_argument(
         "--policy",
@@ -149,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="scheduler profile: humaneval | sharegpt | gsm8k | writing | mixed (shipped) or a JSON file "
         "from `entmtp calibrate` (default: mixed)",
     )
+    add_lookup_arguments(g)
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--acceptance", default="auto", choices=["auto", "greedy", "sample", "typical"])
@@ -189,6 +229,21 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--profile", default="auto", help="auto (each task's shipped profile, else mixed) | TASK | FILE"
     )
+    b.add_argument(
+        "--peers",
+        default="",
+        help="peer decoders on the same prompt ids (comma list): hf-generate (transformers' generate), "
+        "hf-prompt-lookup (its prompt lookup decoding, 10 tokens), llama-cpp (plain decoding of the GGUF; "
+        "needs `pip install llama-cpp-python`)",
+    )
+    b.add_argument(
+        "--lookup-only",
+        default="",
+        help="entmtp prompt lookup without heads (comma list): adaptive (branch sized per step), fixed; "
+        "TREE+lookup in --trees and POLICY+lookup in --policies add a lookup branch to heads configs",
+    )
+    b.add_argument("--lookup-tokens", type=int, default=10, help="most lookup tokens per step")
+    b.add_argument("--lookup-node-cost", type=float, default=0.08, help="see `entmtp generate --help`")
     b.add_argument("--replay", action="store_true", help="also replay the policies and the oracle (greedy)")
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--acceptance", default="auto", choices=["auto", "greedy", "sample", "typical"])

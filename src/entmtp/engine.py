@@ -1,8 +1,9 @@
 """The decode loop: prefill, then per step choose a tree, draft, verify, accept, commit, record.
 
-Everything else plugs into `decode`: heads draft (heads.py), trees are data (tree.py), acceptance rules
-(accept.py), the KV cache and the verification forward (cache.py), the tree policy (policy.py).
-With no heads the same loop is plain decoding: the root-only tree, one token per step.
+Everything else plugs into `decode`: heads draft (heads.py), prompt lookup drafts (lookup.py), trees are
+data (tree.py), acceptance rules (accept.py), the KV cache and the verification forward (cache.py), the tree
+policy (policy.py; lookup branches: scheduler/hybrid.py). With no heads and no lookup the same loop is plain
+decoding: the root-only tree, one token per step.
 """
 
 from __future__ import annotations
@@ -16,36 +17,58 @@ import torch
 from .accept import Sampling, accept
 from .cache import BaseModel, commit_path
 from .errors import EntMTPError, PromptError
+from .lookup import Lookup, NgramIndex, draft_lookup, source_depths
 from .model import context_window, encode_prompt, eos_token_ids
 from .policy import StaticPolicy, TreePolicy
 from .records import Result, Step, StepContext, TokenEvent
-from .tree import Tree, load_tree
+from .tree import Tree, load_tree, prune
 
 
 class Engine:
     """Self-speculative decoding with Medusa/Hydra heads over a frozen Hugging Face causal LM.
 
-    `tree` is a tree name, a `Tree`, or a `TreePolicy` choosing a tree per step. `heads=None` is plain
-    decoding (one token per step), the baseline for speed and equality.
+    `tree` is a tree name, a `Tree` (hybrid trees with lookup nodes too), or a `TreePolicy` choosing a tree
+    per step. `lookup` (a `Lookup`, or True for the defaults) adds a prompt-lookup branch to every step's tree,
+    its length chosen per step (scheduler.hybrid). `heads=None` and no lookup is plain decoding (one token per
+    step), the baseline for speed and equality; `heads=None` with `lookup` is prompt lookup decoding.
     """
 
-    def __init__(self, model, tokenizer, heads=None, tree: str | Tree | TreePolicy = "tree_8"):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        heads=None,
+        tree: str | Tree | TreePolicy | None = None,
+        lookup: Lookup | bool | None = None,
+    ):
         self.model, self.tokenizer, self.heads = model, tokenizer, heads
+        self.lookup = Lookup() if lookup is True else (lookup or None)
+        if tree is None:  # the default: tree_8 with heads, else the root alone
+            tree = "tree_8" if heads is not None else Tree.root_only()
+        if isinstance(tree, str):
+            tree = load_tree(tree)
+        policy: TreePolicy = StaticPolicy(tree) if isinstance(tree, Tree) else tree
+        master = getattr(policy, "master", None)
+        trees = [*policy.trees, *([master] if master is not None else [])]
         if heads is None:
-            policy = StaticPolicy(Tree.root_only())
-        elif isinstance(tree, str):
-            policy = StaticPolicy(load_tree(tree))
-        elif isinstance(tree, Tree):
-            policy = StaticPolicy(tree)
+            if any(t.heads_tree.num_nodes for t in trees):
+                t = next(t for t in trees if t.heads_tree.num_nodes)
+                raise EntMTPError(
+                    f"tree {t.name!r} has head nodes but no heads were given: pass heads, or use a tree of "
+                    'lookup nodes only (like [["L0"], ["L0", "L0"]]) or lookup=True for prompt lookup'
+                )
         else:
-            policy = tree
-        self.policy: TreePolicy = policy
-        if heads is not None:
             heads.bind(model)
             heads.to(device=model.device, dtype=model.dtype)
-            master = getattr(policy, "master", None)
-            for t in [*policy.trees, *([master] if master is not None else [])]:
+            for t in trees:
                 t.check_fits(heads.config.num_heads, require_contiguous=heads.config.kind == "hydra")
+        if self.lookup is not None:
+            from .scheduler.hybrid import HybridPolicy
+
+            policy = HybridPolicy(policy, self.lookup)
+        self.policy = policy
+        self.uses_lookup = self.lookup is not None or any(t.num_lookup for t in trees)
+        self.max_ngram = self.lookup.max_ngram if self.lookup is not None else Lookup.max_ngram
         offset = heads.config.hidden_state_offset if heads is not None else 0
         self.base = BaseModel(model, hidden_state_offset=offset)
         self.window = context_window(model)
@@ -143,8 +166,9 @@ def decode(
     yield None, [root]
     pos, emitted, plain = len(ids), 1, Tree.root_only()
     master = getattr(policy, "master", None) if heads is not None else None
+    index = NgramIndex([*ids, root], engine.max_ngram) if engine.uses_lookup else None  # prompt + output
     policy.reset()
-    for index in itertools.count():
+    for step_i in itertools.count():
         if emitted >= max_new_tokens:
             return
         clock = _Clock(dev)
@@ -153,15 +177,14 @@ def decode(
         root_t = torch.tensor([root], device=dev)
         probe = heads.probe(master, root_t) if master is not None else None
         times = {"probe": clock.lap()}
-        ctx = StepContext(index, pos, max_new_tokens - emitted, root_logits, probe)
-        tree = plain if heads is None else policy.choose(ctx)
+        ctx = StepContext(step_i, pos, max_new_tokens - emitted, root_logits, probe, lookup=index)
+        tree = policy.choose(ctx)
         if pos + tree.size > engine.window:
             tree = plain
         times["choose"] = clock.lap()
-        # (2) draft: one token per tree node from the heads (the probed ones are reused)
-        tokens = (
-            torch.cat([root_t, heads.draft(tree, root_t, probe).tokens]) if tree.num_nodes else root_t
-        )  # [N+1]
+        # (2) draft: one token per tree node from the heads (the probed ones are reused) and the lookup
+        #     index; lookup nodes the context has no continuation for are dropped from the tree
+        tree, tokens = _draft(heads, tree, root_t, probe, index)  # tokens [N+1]
         times["draft"] = clock.lap()
         # (3) verify every node in ONE forward: tree mask over the cache, positions = pos + depth
         is_chain = tree.num_nodes == tree.depth
@@ -176,17 +199,39 @@ def decode(
         commit_path(cache, pos, path)
         if heads is not None:
             heads.extend(fwd.hidden[path])  # [a, H]
+        new = tokens[path[1:]].tolist() + [acc.bonus]
+        if index is not None:
+            index.extend(new)
         times["commit"] = clock.lap()
         # (6) record
-        new = tokens[path[1:]].tolist() + [acc.bonus]
         pos += len(acc.path)
         emitted += len(new)
         root, root_logits = acc.bonus, fwd.logits[acc.path[-1]]
         times["total"] = clock.total()
         signals = getattr(policy, "last_signals", None) or {}
         step = Step(tree.name, tree.num_nodes, len(acc.path) - 1, len(new), new, times, dict(signals))
+        if tree.num_lookup:
+            step.lookup_nodes = tree.num_lookup
+            step.lookup_accepted = int(tree.lookup[acc.path].sum())
+            step.sources = source_depths(tree, tokens.tolist(), new)
         policy.observe(step)
         yield step, new
+
+
+def _draft(
+    heads, tree: Tree, root_t: torch.Tensor, probe, index: NgramIndex | None
+) -> tuple[Tree, torch.Tensor]:
+    """The step's tree (lookup nodes without a proposal dropped) and its tokens [N+1], root first."""
+    if tree.num_lookup == 0:
+        tokens = torch.cat([root_t, heads.draft(tree, root_t, probe).tokens]) if tree.num_nodes else root_t
+        return tree, tokens
+    toks: list[int | None] = [int(root_t)] + [None] * tree.num_nodes
+    if tree.heads_tree.num_nodes:
+        drafted = heads.draft(tree.heads_tree, root_t, probe).tokens.tolist()
+        for node, t in zip(tree.head_nodes[1:].tolist(), drafted, strict=True):
+            toks[node] = t
+    keep = draft_lookup(tree, toks, index)
+    return prune(tree, tuple(keep)), torch.tensor([toks[0], *(toks[i] for i in keep)], device=root_t.device)
 
 
 class _Clock:

@@ -10,6 +10,7 @@ import torch
 
 if TYPE_CHECKING:
     from .heads import Probe
+    from .lookup import NgramIndex
 
 
 @dataclass
@@ -25,6 +26,9 @@ class Step:
         default_factory=dict
     )  # probe, choose, draft, verify, accept, commit, total
     signals: dict[str, float] = field(default_factory=dict)  # what the policy read before choosing the tree
+    lookup_nodes: int = 0  # drafted nodes that came from prompt lookup (hybrid trees)
+    lookup_accepted: int = 0  # of the accepted drafts, how many came from prompt lookup
+    sources: dict[str, int] = field(default_factory=dict)  # hybrid trees: lookup.source_depths of the step
 
 
 @dataclass
@@ -69,6 +73,7 @@ class Result:
             "tokens_per_second": self.tokens_per_second,
             "step_seconds": [s.seconds for s in self.steps],
             "signals": [s.signals for s in self.steps],
+            "lookup_accepted": [s.lookup_accepted for s in self.steps],
         }
 
 
@@ -91,3 +96,4 @@ class StepContext:
     root_logits: torch.Tensor | None  # [V] base logits the root token was drawn from (None in replays)
     probe: Probe | None = None  # the heads' probe of the policy's master tree, when it has one
     raw_signals: list[float] | None = None  # replays: recorded (entropy, p0, chain sum, max g_d) instead
+    lookup: NgramIndex | None = None  # the n-gram index of prompt + output, when the engine drafts lookups

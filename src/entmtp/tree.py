@@ -8,11 +8,19 @@ A tree is a list of paths of top-k ranks, the same syntax as Medusa's ``medusa_c
 Path ``(i,)`` is the rank-i candidate of head 1 (depth 1), ``(i, j)`` the rank-j candidate of head 2
 drafted below it (depth 2), and so on. A tree must be prefix-closed: every path's parent is in it too.
 
+Hybrid trees add prompt-lookup nodes (see lookup.py), written ``"L<r>"``: the rank-r continuation that the
+context's n-gram index proposes after the node's branch. ``["L0"]`` is the lookup's best next token after the
+root, ``["L0", "L0"]`` the one after that, ``[0, "L0"]`` the lookup continuing the branch of head 1's top
+candidate. Lookup nodes may hang below head nodes, never the other way round (a head drafts from the base
+model's hidden state, which a lookup token does not have), and their depth is not bounded by the heads::
+
+    [[0], [1], [0, 0], ["L0"], ["L0", "L0"], ["L0", "L0", "L0"]]
+
 Node numbering (used by every tensor below):
 
 * node 0 is the implicit ROOT: the base model's own next token, depth 0, parent -1;
-* nodes 1..N are the paths in canonical order, sorted by ``(len(path), path)``, so the nodes of each
-  depth are contiguous (``level_slices``) and every parent has a smaller id than its children.
+* nodes 1..N are the paths in canonical order, sorted by ``(len(path), path)`` (head ranks before lookup
+  ranks at each position), so the nodes of each depth are contiguous (``level_slices``) and every parent has a smaller id than its children.
 
 For the example above: 0 = root, 1 = (0,), 2 = (1,), 3 = (0, 0), 4 = (0, 1).
 
@@ -23,6 +31,7 @@ a run may switch between; switching trees is taking another reference from the b
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -38,12 +47,34 @@ from entmtp.errors import TreeError
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
-RankPath = tuple[int, ...]  # one path of top-k ranks, e.g. (0, 1)
+RankPath = tuple[int | str, ...]  # one path: head ranks (ints) then lookup ranks ("L0"), e.g. (0, 1, "L0")
+LOOKUP = "L"  # prefix of a lookup rank in a path
 
 
 def _fmt(path: RankPath) -> str:
-    """Show a path the way users write it: (0,) or (0, 1); the root is ()."""
+    """Show a path the way users write it: (0,) or (0, 'L0'); the root is ()."""
     return repr(tuple(path))
+
+
+def _lookup_rank(e) -> int | None:
+    """The rank of a lookup element "L<r>", else None."""
+    if isinstance(e, str) and len(e) > 1 and e[0] == LOOKUP and e[1:].isdigit() and e[1:].isascii():
+        return int(e[1:])
+    return None
+
+
+def _key(path: RankPath) -> tuple:
+    """Canonical order: by length, then element by element with head ranks before lookup ranks."""
+    return (len(path), tuple((0, e) if isinstance(e, int) else (1, _lookup_rank(e)) for e in path))
+
+
+def _rank(e: int | str) -> int:
+    return e if isinstance(e, int) else _lookup_rank(e)  # type: ignore[return-value]
+
+
+def _head_depth(path: RankPath) -> int:
+    """How many leading elements are head ranks (all of them for a heads-only path)."""
+    return next((i for i, e in enumerate(path) if not isinstance(e, int)), len(path))
 
 
 def _validate(
@@ -57,32 +88,44 @@ def _validate(
         ok = (
             isinstance(raw, list | tuple)
             and len(raw) > 0
-            and all(isinstance(r, int) and not isinstance(r, bool) for r in raw)
+            and all((isinstance(r, int) and not isinstance(r, bool)) or isinstance(r, str) for r in raw)
         )
         if not ok:
             raise TreeError(
-                f"path {raw!r} is not a non-empty list of integer ranks: write each path like [0] or [0, 1]"
+                f"path {raw!r} is not a non-empty list of ranks: write each path like [0], [0, 1] or "
+                '[0, "L0"] (integers: head ranks; "L<r>": lookup ranks)'
             )
-        path = tuple(int(r) for r in raw)
+        path = tuple(int(r) if isinstance(r, int) else r for r in raw)
         for r in path:
-            if r < 0:
+            if isinstance(r, str) and _lookup_rank(r) is None:
+                raise TreeError(
+                    f'path {_fmt(path)} has element {r!r}: a lookup rank is written "L" and a number, '
+                    'like "L0" (the lookup\'s best continuation) or "L1"'
+                )
+            if isinstance(r, int) and r < 0:
                 raise TreeError(
                     f"path {_fmt(path)} has negative rank {r}: ranks count from 0 (0 = a head's top-1 candidate)"
                 )
-            if max_topk is not None and r >= max_topk:
+            if isinstance(r, int) and max_topk is not None and r >= max_topk:
                 raise TreeError(
                     f"path {_fmt(path)} uses rank {r} but the heads keep only the top {max_topk} "
                     f"candidates: use ranks < {max_topk}"
                 )
-        if max_depth is not None and len(path) > max_depth:
+        heads = _head_depth(path)
+        if any(isinstance(r, int) for r in path[heads:]):
             raise TreeError(
-                f"path {_fmt(path)} has depth {len(path)} but the heads predict only {max_depth} tokens "
+                f"path {_fmt(path)} has a head rank after a lookup rank: heads draft only below the root or "
+                'other head nodes, so write head ranks first (e.g. [0, "L0"], not ["L0", 0])'
+            )
+        if max_depth is not None and heads > max_depth:
+            raise TreeError(
+                f"path {_fmt(path)} has depth {heads} but the heads predict only {max_depth} tokens "
                 f"ahead: use a tree of depth <= {max_depth}"
             )
         if path in seen:
             raise TreeError(f"path {_fmt(path)} appears twice: list each path once")
         seen.add(path)
-    canonical = tuple(sorted(seen, key=lambda p: (len(p), p)))
+    canonical = tuple(sorted(seen, key=_key))
     for path in canonical:
         if len(path) > 1 and path[:-1] not in seen:
             raise TreeError(
@@ -107,14 +150,20 @@ class Tree:
 
     depths: torch.Tensor = field(init=False)  # [N+1] int64; root 0. Also the position offset of each node
     parents: torch.Tensor = field(init=False)  # [N+1] int64; root -1
-    ranks: torch.Tensor = field(init=False)  # [N+1] int64; root 0; rank of the node in its head's top-k
+    ranks: torch.Tensor = field(
+        init=False
+    )  # [N+1] int64; root 0; rank among its head's (or lookup's) candidates
+    lookup: torch.Tensor = field(
+        init=False
+    )  # [N+1] bool; True for lookup nodes ("L<r>"), False for heads and root
     mask: torch.Tensor = field(init=False)  # [N+1, N+1] bool; mask[i, j] iff j is i or an ancestor of i
     retrieve_indices: torch.Tensor = field(init=False)  # [num_leaves, depth+1] int64; root..leaf, -1 padded
-    draft_gather: torch.Tensor = field(init=False)  # [N] int64; node i -> (depth_i - 1) * topk + rank_i
     level_slices: tuple[slice, ...] = field(init=False)  # [depth]; level_slices[d - 1] = node ids of depth d
     nodes_per_depth: tuple[int, ...] = field(init=False)  # [depth]; node count of depth 1..depth
-    topk: int = field(init=False)  # max rank + 1 (0 for the root-only tree)
-    is_rank_contiguous: bool = field(init=False)  # every parent's children have ranks exactly 0..m-1
+    heads_tree: Tree = field(init=False)  # the head nodes alone (self when there is no lookup node)
+    head_nodes: torch.Tensor = field(init=False)  # [Nh+1] int64: node id here of each heads_tree node
+    topk: int = field(init=False)  # max head rank + 1 (0 without head nodes)
+    is_rank_contiguous: bool = field(init=False)  # every parent's head children have ranks exactly 0..m-1
 
     def __post_init__(self, _allow_empty: bool) -> None:
         paths = _validate(self.paths)  # direct construction is validated too
@@ -124,9 +173,10 @@ class Tree:
         node_of = {p: i + 1 for i, p in enumerate(paths)}
         depths = [0] + [len(p) for p in paths]
         parents = [-1] + [node_of.get(p[:-1], 0) for p in paths]
-        ranks = [0] + [p[-1] for p in paths]
+        ranks = [0] + [_rank(p[-1]) for p in paths]
+        is_head = [False] + [isinstance(p[-1], int) for p in paths]
         depth = max(depths)
-        topk = max(ranks) + 1 if n else 0
+        topk = max((r for r, h in zip(ranks, is_head, strict=True) if h), default=-1) + 1
 
         mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)  # [N+1, N+1]
         mask[0, 0] = True
@@ -153,7 +203,14 @@ class Tree:
             start += count
 
         contiguous = all(
-            sorted(ranks[c] for c in kids) == list(range(len(kids))) for kids in children.values()
+            sorted(ranks[c] for c in kids if is_head[c]) == list(range(sum(is_head[c] for c in kids)))
+            for kids in children.values()
+        )
+        head_ids = [0] + [i for i in range(1, n + 1) if is_head[i]]
+        heads_tree = (
+            self
+            if len(head_ids) == n + 1
+            else Tree(self.name, tuple(paths[i - 1] for i in head_ids[1:]), True)
         )
 
         set_ = object.__setattr__  # frozen dataclass: fields are set once, here
@@ -161,12 +218,14 @@ class Tree:
         set_(self, "depths", torch.tensor(depths, dtype=torch.int64))  # [N+1]
         set_(self, "parents", torch.tensor(parents, dtype=torch.int64))  # [N+1]
         set_(self, "ranks", torch.tensor(ranks, dtype=torch.int64))  # [N+1]
+        set_(self, "lookup", ~torch.tensor(is_head))  # [N+1]
+        self.lookup[0] = False
         set_(self, "mask", mask)  # [N+1, N+1]
         set_(self, "retrieve_indices", torch.tensor(rows, dtype=torch.int64))  # [num_leaves, depth+1]
-        gather = [(depths[i] - 1) * topk + ranks[i] for i in range(1, n + 1)]
-        set_(self, "draft_gather", torch.tensor(gather, dtype=torch.int64))  # [N]
         set_(self, "level_slices", tuple(level_slices))
         set_(self, "nodes_per_depth", tuple(s.stop - s.start for s in level_slices))
+        set_(self, "heads_tree", heads_tree)
+        set_(self, "head_nodes", torch.tensor(head_ids, dtype=torch.int64))  # [Nh+1]
         set_(self, "topk", topk)
         set_(self, "is_rank_contiguous", contiguous)
 
@@ -206,8 +265,13 @@ class Tree:
 
     @property
     def depth(self) -> int:
-        """Longest path (0 for the root-only tree); the tree needs at least this many heads."""
+        """Longest path (0 for the root-only tree); without lookup nodes, the heads it needs."""
         return len(self.nodes_per_depth)
+
+    @property
+    def num_lookup(self) -> int:
+        """Lookup nodes ("L<r>") among the N drafted nodes."""
+        return self.num_nodes - self.heads_tree.num_nodes
 
     def check_fits(self, num_heads: int, topk: int | None = None, require_contiguous: bool = False) -> None:
         """Raise TreeError if the tree asks for more heads or candidates than the drafter has.
@@ -215,23 +279,24 @@ class Tree:
         ``require_contiguous``: Hydra drafts each child from its parent's sequence, so every parent's
         children must have ranks 0..m-1 with no gap.
         """
-        if self.depth > num_heads:
-            deepest = self.paths[-1]
+        heads = self.heads_tree
+        if heads.depth > num_heads:
+            deepest = heads.paths[-1]
             raise TreeError(
-                f"tree {self.name!r} has depth {self.depth} (path {_fmt(deepest)}) but the heads predict only "
+                f"tree {self.name!r} has depth {heads.depth} (path {_fmt(deepest)}) but the heads predict only "
                 f"{num_heads} tokens ahead: use a tree of depth <= {num_heads}"
             )
         if topk is not None and self.topk > topk:
-            widest = next(p for p in self.paths if max(p) >= topk)
+            widest = next(p for p in heads.paths if max(p) >= topk)
             raise TreeError(
                 f"tree {self.name!r} uses rank {self.topk - 1} (path {_fmt(widest)}) but the drafter keeps "
                 f"only the top {topk} candidates: use ranks < {topk} or raise topk"
             )
         if require_contiguous and not self.is_rank_contiguous:
-            for parent in range(self.size):
-                kids = sorted(int(r) for r in self.ranks[1:][self.parents[1:] == parent])
+            for parent in range(heads.size):
+                kids = sorted(int(r) for r in heads.ranks[1:][heads.parents[1:] == parent])
                 if kids != list(range(len(kids))):
-                    where = "the root" if parent == 0 else f"node {_fmt(self.paths[parent - 1])}"
+                    where = "the root" if parent == 0 else f"node {_fmt(heads.paths[parent - 1])}"
                     raise TreeError(
                         f"tree {self.name!r} is not rank-contiguous, which Hydra drafting requires: the "
                         f"children of {where} have ranks {kids}, expected {list(range(len(kids)))}; "
@@ -357,3 +422,35 @@ def subtree_index(sub: Tree, master: Tree) -> torch.Tensor:
             f"tree {sub.name!r} is not a subtree of {master.name!r}: path {_fmt(missing[0])} is missing from it"
         )
     return torch.tensor([0] + [node_of[p] for p in sub.paths], dtype=torch.int64)
+
+
+def with_lookup(tree: Tree, tokens: int, branches: int = 1) -> Tree:
+    """``tree`` plus ``branches`` lookup chains of ``tokens`` nodes from the root: chain b starts with the
+    lookup's rank-b next token and continues with its best continuation ("L<b>", "L0", "L0", ...)."""
+    if tokens < 0 or branches < 1:
+        raise TreeError(f"a lookup branch needs tokens >= 0 and branches >= 1, got {tokens} and {branches}")
+    if tokens == 0:
+        return tree
+    chains = [(f"{LOOKUP}{b}",) + (f"{LOOKUP}0",) * (tokens - 1) for b in range(branches)]
+    paths = set(tree.paths) | {c[:i] for c in chains for i in range(1, tokens + 1)}
+    suffix = f"L{tokens}" if branches == 1 else f"L{branches}x{tokens}"
+    return _sharing_heads(Tree(f"{tree.name}+{suffix}" if tree.num_nodes else suffix, tuple(paths)), tree)
+
+
+@functools.lru_cache(maxsize=1024)
+def prune(tree: Tree, keep: tuple[int, ...]) -> Tree:
+    """The subtree of nodes ``keep`` (ascending node ids, root excluded, prefix-closed), under the same name:
+    what a step verifies when the lookup has no proposal for some of its nodes. Cached per (tree, keep)."""
+    if len(keep) == tree.num_nodes:
+        return tree
+    if len(keep) == tree.heads_tree.num_nodes:  # no lookup node left: the heads' own tree
+        return tree.heads_tree if tree.heads_tree.num_nodes else Tree.root_only()
+    return _sharing_heads(Tree(tree.name, tuple(tree.paths[i - 1] for i in keep)), tree)
+
+
+def _sharing_heads(tree: Tree, source: Tree) -> Tree:
+    """``tree`` with ``source``'s heads_tree object when both hold the same head nodes, so that what the heads
+    build once per tree (drafting plans) is reused across the hybrid and pruned trees of one heads tree."""
+    if tree.heads_tree.paths == source.heads_tree.paths and tree.heads_tree is not tree:
+        object.__setattr__(tree, "heads_tree", source.heads_tree)
+    return tree

@@ -1,0 +1,163 @@
+"""Prompt-lookup drafts: copy what already followed the current text's last n-gram in the context.
+
+Heads guess what the model would write; lookup copies what is already in the prompt and output (a document
+being summarised, code being edited, a list being repeated). The index maps every n-gram (n = 1..max_ngram)
+of the context to the positions where it ends, and grows by O(max_ngram) dictionary updates per new token,
+so a query never rescans the context.
+
+A query takes the tokens just before a tree node (the context plus the drafted branch above it) and ranks the
+tokens that followed earlier occurrences of their longest matching suffix: the longest n first, then by how
+often each continuation occurred, then by recency; shorter matches add candidates the longer ones lack. Node
+"L<r>" of a tree (tree.py) gets the rank-r candidate; a node with no candidate is dropped from the step's tree
+(`tree.prune`), so a lookup branch costs nothing where the context has no match.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .errors import EntMTPError
+from .tree import Tree
+
+MAX_OCCURRENCES = 64  # most recent occurrences of an n-gram read per query (bounds a query on long contexts)
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """How the engine drafts lookup nodes, and (for `--lookup`) the branch it adds to every step's tree.
+
+    max_ngram: longest suffix matched (transformers' prompt lookup uses 2, vLLM's n-gram drafter up to 4)
+    tokens: most lookup tokens per step (the branch length; transformers' default is 10)
+    branches: distinct first tokens the branch may start with (1 = prompt lookup's single continuation)
+    adaptive: choose the branch length per step from the match and the acceptance so far (scheduler.hybrid);
+        False = always `tokens` nodes, as prompt lookup decoding does
+    node_cost: what one more verified token costs, as a fraction of a one-token step (the adaptive rule's
+        cost model): 0.08 on a 2-core CPU with SmolLM2-135M in bf16 (+~3 ms on a ~36 ms step, `entmtp
+        profile`), near 0 on a GPU up to ~64 tokens
+    """
+
+    max_ngram: int = 3
+    tokens: int = 10
+    branches: int = 1
+    adaptive: bool = True
+    node_cost: float = 0.08
+
+    def __post_init__(self):
+        if self.max_ngram < 1 or self.tokens < 1 or self.branches < 1:
+            raise EntMTPError(
+                f"lookup needs max_ngram >= 1, tokens >= 1 and branches >= 1, got {self.max_ngram}, "
+                f"{self.tokens} and {self.branches}"
+            )
+        if not self.node_cost >= 0:
+            raise EntMTPError(
+                f"lookup node_cost must be >= 0 (a fraction of a one-token step), got {self.node_cost}"
+            )
+
+
+class NgramIndex:
+    """The n-grams of a growing token sequence (n = 1..max_ngram) -> the positions where they end."""
+
+    def __init__(self, tokens: Iterable[int] = (), max_ngram: int = 3):
+        self.max_ngram = max_ngram
+        self.tokens: list[int] = []
+        self.ends: dict[tuple[int, ...], list[int]] = {}
+        self.extend(tokens)
+
+    def extend(self, new: Iterable[int]) -> None:
+        toks, ends = self.tokens, self.ends
+        for t in new:
+            toks.append(int(t))
+            i = len(toks)
+            for n in range(1, min(self.max_ngram, i) + 1):
+                key = tuple(toks[i - n : i])
+                hit = ends.get(key)
+                if hit is None:
+                    ends[key] = [i - 1]
+                else:
+                    hit.append(i - 1)
+
+    def candidates(self, tail: Sequence[int], k: int) -> tuple[list[int], int]:
+        """Up to k distinct next tokens after ``tail`` (the last tokens before the node, most recent last),
+        best first, and the length of the longest suffix of ``tail`` that occurred with a continuation."""
+        out: list[int] = []
+        match = 0
+        size = len(self.tokens)
+        for n in range(min(self.max_ngram, len(tail)), 0, -1):
+            ends = self.ends.get(tuple(tail[len(tail) - n :]))
+            if not ends:
+                continue
+            counts: dict[int, int] = {}
+            for e in reversed(ends[-MAX_OCCURRENCES:]):  # most recent first: dict order breaks count ties
+                if e + 1 < size:
+                    t = self.tokens[e + 1]
+                    counts[t] = counts.get(t, 0) + 1
+            if not counts:
+                continue
+            match = max(match, n)
+            for t in sorted(counts, key=counts.__getitem__, reverse=True):  # stable: recency within a count
+                if t not in out:
+                    out.append(t)
+            if len(out) >= k:
+                break
+        return out[:k], match
+
+
+def draft_lookup(tree: Tree, tokens: list[int | None], index: NgramIndex) -> list[int]:
+    """Fill the lookup nodes of ``tokens`` ([N+1], root and head drafts set, lookup nodes None) in place;
+    return the ids (ascending, root excluded) of the nodes that have a token, parents before children."""
+    parents, ranks, lookup = tree.parents.tolist(), tree.ranks.tolist(), tree.lookup.tolist()
+    widths = _widths(tree)
+    n_tail = index.max_ngram
+    context = index.tokens[-n_tail:]  # ends with the root: it is emitted and indexed before the step
+    branch: list[list[int]] = [[]] + [None] * tree.num_nodes  # type: ignore[list-item]  # tokens below root
+    found: dict[int, list[int]] = {}  # parent node -> its ranked lookup candidates
+    keep = []
+    for i in range(1, tree.size):
+        p = parents[i]
+        if branch[p] is None:  # parent dropped: so is the node
+            continue
+        if lookup[i]:
+            cands = found.get(p)
+            if cands is None:
+                tail = (context + branch[p])[-n_tail:]
+                cands = found[p] = index.candidates(tail, widths[p])[0]
+            if ranks[i] >= len(cands):
+                continue
+            tokens[i] = cands[ranks[i]]
+        branch[i] = branch[p] + [tokens[i]]  # type: ignore[list-item]
+        keep.append(i)
+    return keep
+
+
+def source_depths(tree: Tree, tokens: Sequence[int], new: Sequence[int]) -> dict[str, int]:
+    """How far each draft source was right this step: "heads", the depth of the deepest head node whose whole
+    branch matches the emitted tokens ``new``; "lookup", the most lookup nodes on such a branch. Both are
+    exact counterfactuals for greedy decoding: what a tree of that source alone would have accepted."""
+    parents, lookup, depths = tree.parents.tolist(), tree.lookup.tolist(), tree.depths.tolist()
+    right = [True] + [False] * tree.num_nodes
+    run = [0] * tree.size  # lookup nodes on the branch
+    best = {"heads": 0, "lookup": 0}
+    for i in range(1, tree.size):
+        d = depths[i]
+        if not right[parents[i]] or d > len(new) or tokens[i] != new[d - 1]:
+            continue
+        right[i] = True
+        run[i] = run[parents[i]] + lookup[i]
+        if lookup[i]:
+            best["lookup"] = max(best["lookup"], run[i])
+        else:
+            best["heads"] = max(best["heads"], d)
+    return best
+
+
+@functools.lru_cache(maxsize=256)
+def _widths(tree: Tree) -> dict[int, int]:
+    """Per parent node: how many lookup candidates its lookup children need (max rank + 1)."""
+    out: dict[int, int] = {}
+    for i in range(1, tree.size):
+        if tree.lookup[i]:
+            p = int(tree.parents[i])
+            out[p] = max(out.get(p, 0), int(tree.ranks[i]) + 1)
+    return out
