@@ -258,3 +258,84 @@ def test_bench_items_can_name_one_heads():
     assert _for_heads(spec, "hydra") == ["mc_sim_7b_63", "tree_4"]
     assert _for_heads(spec, "medusa") == ["mc_sim_7b_63", "chain_2"]
     assert _for_heads("", "hydra") == []
+
+
+REPEAT = "Repeat this list exactly, twice: red, green, blue, yellow, purple, orange."
+
+
+def _json_ids(capsys, args):
+    assert main(["generate", REPEAT, "--max-new-tokens", "40", "--json", "--dtype", "float32", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.slow
+def test_generate_with_lookup_equals_plain_greedy(tmp_path, capsys):
+    plain = _json_ids(capsys, ["--heads", "none"])["token_ids"]
+    lookup_tree = tmp_path / "copy3.json"
+    lookup_tree.write_text(json.dumps([["L0"], ["L0", "L0"], ["L0", "L0", "L0"]]))
+    hybrid_tree = tmp_path / "hybrid.json"
+    hybrid_tree.write_text(json.dumps([[0], [1], [0, 0], [0, "L0"], ["L0"], ["L0", "L0"]]))
+    runs = {
+        "lookup": ["--heads", "none", "--lookup"],
+        "lookup-fixed": ["--heads", "none", "--lookup", "--lookup-fixed", "--lookup-tokens", "6"],
+        "lookup tree file": ["--heads", "none", "--tree", str(lookup_tree)],
+        "hydra + lookup": ["--heads", "hydra", "--tree", "tree_4", "--lookup"],
+        "hybrid tree file": ["--heads", "hydra", "--tree", str(hybrid_tree)],
+        "scheduled + lookup": ["--heads", "hydra", "--policy", "dynamic", "--lookup"],
+    }
+    for name, args in runs.items():
+        out = _json_ids(capsys, args)
+        assert out["token_ids"] == plain, name
+    assert sum(out["lookup_accepted"]) > 0 and out["num_steps"] < len(plain) - 1  # it copied the list
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('[["L0", 0]]', "head rank after a lookup rank"),
+        ('[["Lx"]]', 'a lookup rank is written "L" and a number'),
+        ('[[0], [0, "L0"]', "is not valid JSON"),
+    ],
+)
+def test_generate_rejects_malformed_hybrid_tree_files(tmp_path, capsys, content, message):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    assert main(["generate", "hi", "--heads", "hydra", "--tree", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "bad.json" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--peers", "vllm"], "unknown peer 'vllm'"),
+        (["--lookup-only", "sometimes"], "unknown --lookup-only variant 'sometimes'"),
+    ],
+)
+def test_bench_rejects_unknown_peers_and_lookup_variants(capsys, args, message):
+    assert main(["bench", "--tasks", "gsm8k", "--heads", "none", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bench_runs_peers_lookup_and_hybrids(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    args = ["bench", "--heads", "hydra", "--trees", "tree_4,tree_4+lookup", "--policies", "static+lookup"]
+    args += ["--peers", "hf-generate,hf-prompt-lookup,llama-cpp", "--lookup-only", "adaptive,fixed"]
+    args += ["--tasks", "specbench-summarization", "--num-prompts", "1", "--max-new-tokens", "24"]
+    args += ["--dtype", "float32", "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "lookup share" in printed
+    data = json.loads(out.read_text())
+    rows = data["summary"]["specbench-summarization"]
+    expected = {"plain", "hf-generate", "hf-prompt-lookup", "lookup", "lookup-fixed", "hydra/tree_4"}
+    expected |= {"hydra/tree_4+lookup", "hydra/static+lookup"}
+    try:
+        import llama_cpp  # noqa: F401
+
+        expected.add("llama-cpp")
+    except ImportError:
+        assert "skipping peer llama-cpp" in printed and "pip install llama-cpp-python" in printed
+    assert set(rows) == expected
+    assert data["mismatches"] == []  # float32: every method, peers included, gives plain greedy's output

@@ -295,3 +295,27 @@ def test_fixed_length_policy_always_adds_the_full_branch_when_there_is_a_match()
     policy.reset()
     tree = policy.choose(_ctx(NgramIndex([1, 2, 3, 1, 2], max_ngram=2)))
     assert tree.num_lookup == 5 and tree.name == "L5"
+
+
+def test_hybrid_policy_takes_plain_steps_when_the_heads_keep_missing_and_retries_them_later():
+    base = load_tree("tree_8")
+    policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8))
+    policy.reset()
+    nothing = NgramIndex([1, 2, 3, 4])  # no match: no lookup branch
+    tree = _run(policy, nothing, 16, heads_depth=0, lookup_right=False)
+    assert tree.num_nodes == 0  # the heads were always wrong: a plain step costs less
+    assert policy.last_signals["heads"] == 0.0
+    retried = 0
+    for _ in range(80):  # plain steps verify no head: their evidence ages back towards the prior
+        policy.observe(_step(tree, 0, 0, 0))
+        tree = policy.choose(_ctx(nothing))
+        retried += tree is base
+    assert 1 <= retried <= 10  # tried again now and then, dropped again as long as the heads miss
+
+
+def test_free_verification_copies_the_whole_branch():
+    """node_cost 0 (a GPU, where verifying a few more tokens is nearly free): any chance of a hit pays."""
+    policy = HybridPolicy(StaticPolicy(load_tree("tree_8")), Lookup(tokens=6, node_cost=0.0))
+    policy.reset()
+    tree = policy.choose(_ctx(NgramIndex([1, 2, 3, 1, 2], max_ngram=2)))
+    assert tree.num_lookup == 6 and tree.heads_tree.num_nodes == 8

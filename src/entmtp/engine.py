@@ -65,7 +65,7 @@ class Engine:
         if self.lookup is not None:
             from .scheduler.hybrid import HybridPolicy
 
-            policy = HybridPolicy(policy, self.lookup)
+            policy = HybridPolicy(policy, self.lookup, getattr(policy, "latency", None))
         self.policy = policy
         self.uses_lookup = self.lookup is not None or any(t.num_lookup for t in trees)
         self.max_ngram = self.lookup.max_ngram if self.lookup is not None else Lookup.max_ngram
@@ -208,11 +208,10 @@ def decode(
         emitted += len(new)
         root, root_logits = acc.bonus, fwd.logits[acc.path[-1]]
         times["total"] = clock.total()
-        signals = getattr(policy, "last_signals", None) or {}
-        step = Step(tree.name, tree.num_nodes, len(acc.path) - 1, len(new), new, times, dict(signals))
-        if tree.num_lookup:
-            step.lookup_nodes = tree.num_lookup
-            step.lookup_accepted = int(tree.lookup[acc.path].sum())
+        signals = dict(getattr(policy, "last_signals", None) or {})
+        step = Step(tree.name, tree.num_nodes, len(acc.path) - 1, len(new), new, times, signals)
+        if tree.num_lookup:  # which drafts were copies, and how far each source alone was right
+            step.lookup_nodes, step.lookup_accepted = tree.num_lookup, int(tree.lookup[acc.path].sum())
             step.sources = source_depths(tree, tokens.tolist(), new)
         policy.observe(step)
         yield step, new

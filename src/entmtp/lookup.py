@@ -33,16 +33,17 @@ class Lookup:
     branches: distinct first tokens the branch may start with (1 = prompt lookup's single continuation)
     adaptive: choose the branch length per step from the match and the acceptance so far (scheduler.hybrid);
         False = always `tokens` nodes, as prompt lookup decoding does
-    node_cost: what one more verified token costs, as a fraction of a one-token step (the adaptive rule's
-        cost model): 0.08 on a 2-core CPU with SmolLM2-135M in bf16 (+~3 ms on a ~36 ms step, `entmtp
-        profile`), near 0 on a GPU up to ~64 tokens
+    node_cost: None = the adaptive rule costs a step by measured latencies (the profile's curve when the
+        policy comes from one, else one measured on a 2-core CPU: scheduler.hybrid.CPU_COST); a number c =
+        a step of n drafted tokens costs 1 + c n one-token steps (~0.01 on a GPU, where verifying up to ~64
+        tokens is nearly free)
     """
 
     max_ngram: int = 3
     tokens: int = 10
     branches: int = 1
     adaptive: bool = True
-    node_cost: float = 0.08
+    node_cost: float | None = None
 
     def __post_init__(self):
         if self.max_ngram < 1 or self.tokens < 1 or self.branches < 1:
@@ -50,7 +51,7 @@ class Lookup:
                 f"lookup needs max_ngram >= 1, tokens >= 1 and branches >= 1, got {self.max_ngram}, "
                 f"{self.tokens} and {self.branches}"
             )
-        if not self.node_cost >= 0:
+        if self.node_cost is not None and not self.node_cost >= 0:
             raise EntMTPError(
                 f"lookup node_cost must be >= 0 (a fraction of a one-token step), got {self.node_cost}"
             )

@@ -6,30 +6,48 @@ occurred before with a continuation; 0 = nothing to copy) and weighs, in expecte
   heads    the inner policy's tree alone
   hybrid   the inner tree plus a lookup chain of L tokens (L = 1 .. Lookup.tokens)
   lookup   the lookup chain alone (drops the heads' tree when copying is the better bet)
+  plain    neither (a one-token step, when the heads have been wrong lately and there is nothing to copy)
 
   expected tokens = 1 + sum_k P(some branch is right to depth k)
                   = 1 + sum_k [1 - (1 - H_k)(1 - r_m^k)]     (the two sources taken as independent)
 
 H_k: how often the heads' tree was right to depth k; r_m: how often a lookup token was right after a match of
 length m (the chain is taken as geometric; each step weighs the same, so a long run cannot outvote the misses
-that follow it). Both are running estimates over this generation (steps decay with
-window `WINDOW`) started from priors (`HEADS_PRIOR`, `LOOKUP_PRIOR`), read from every step's `Step.sources`:
-exact counterfactuals for greedy decoding. Cost: a step of n verified tokens costs 1 + c n one-token steps,
-c = `Lookup.node_cost` (measured per machine: high on a CPU where every token costs, near 0 on a GPU where
-verifying up to ~64 tokens is nearly free), so the same rule copies short runs on one and long on the other.
+that follow it). Both are running estimates over this generation (steps decay with window `WINDOW`) started
+from priors (`HEADS_PRIOR`, `LOOKUP_PRIOR`), read from every step's `Step.sources`: exact counterfactuals for
+greedy decoding; evidence about a source not verified for a while ages towards its prior, so a dropped heads'
+tree is tried again.
 
-With `Lookup.adaptive` False the branch is always `Lookup.tokens` long (prompt lookup decoding's rule).
+Cost, in one-token steps: the measured step latency of n drafted tokens relative to a plain step (the
+profile's latency curve when the inner policy comes from a profile, else `CPU_COST`, measured on this
+project's 2-core CPU), less the heads' drafting (`HEADS_DRAFT_COST`) on steps that use no head; or, with
+`Lookup.node_cost` set, 1 + c n (c near 0 on a GPU, where verifying up to ~64 tokens is nearly free). The
+choice depends on the text alone, so seeded sampling repeats exactly.
+
+With `Lookup.adaptive` False the branch is always `Lookup.tokens` long when there is a match (prompt lookup
+decoding's rule) and the heads' tree is always kept.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from ..lookup import Lookup
 from ..policy import TreePolicy
 from ..records import Step, StepContext
 from ..tree import Tree, with_lookup
+from .policies import LatencyModel
 
 WINDOW = 16  # steps; older evidence decays by (1 - 1/WINDOW) per step
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind each prior
+# Step latency (ms) by drafted nodes with Hydra's shipped heads, 2-core CPU, SmolLM2-135M bf16: the shipped
+# profiles' measurements (scripts/calibrate_shipped.py, hydra/mixed.json); relative to the plain step.
+CPU_COST = LatencyModel(
+    [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 90],
+    [36.8, 44.5, 49.5, 52.2, 56.6, 61.3, 67.0, 75.6, 85.4, 102.4, 121.6, 162.4, 187.1, 240.6],
+)
+# the heads' drafting, in plain steps: Hydra ~4 ms of a ~37 ms step here (`entmtp profile`)
+HEADS_DRAFT_COST = 0.11
 HEADS_PRIOR = 0.6  # H_k prior: 0.6^k
 LOOKUP_PRIOR = {0: 0.0, 1: 0.25, 2: 0.45, 3: 0.6}  # r_m prior by match length (3 = 3 or more)
 MAX_MATCH = max(LOOKUP_PRIOR)
@@ -54,12 +72,18 @@ class _Rate:
 class HybridPolicy:
     """Adds a lookup branch, sized per step (see the module docstring), to the trees of `inner`."""
 
-    def __init__(self, inner: TreePolicy, lookup: Lookup):
+    def __init__(self, inner: TreePolicy, lookup: Lookup, latency: LatencyModel | None = None):
         self.inner, self.lookup = inner, lookup
         self.trees = list(inner.trees)
         self.master = getattr(inner, "master", None)
         self.last_signals: dict[str, float] = {}
-        self._hybrids: dict[tuple[int, int], Tree] = {}
+        self._hybrids: dict[tuple[int, int], tuple[Tree, Tree]] = {}
+        n = np.arange(max(t.num_nodes for t in self.trees) + lookup.tokens + 1)  # [n] drafted nodes
+        if lookup.node_cost is not None:
+            self.cost, self.draft_cost = 1.0 + lookup.node_cost * n, 0.0
+        else:
+            curve = latency or CPU_COST
+            self.cost, self.draft_cost = curve(n) / float(curve(0)), HEADS_DRAFT_COST
         self.reset()
 
     def reset(self) -> None:
@@ -78,39 +102,41 @@ class HybridPolicy:
             if not cands:
                 match = 0
         m = min(match, MAX_MATCH)
-        if match == 0:
-            length, tree_kind = 0, "heads"
-        elif not self.lookup.adaptive:
-            length, tree_kind = self.lookup.tokens, "hybrid"
+        if not self.lookup.adaptive:
+            heads, length = True, self.lookup.tokens if match else 0
         else:
-            length, tree_kind = self._best(tree, m)
-        if tree_kind == "lookup":
+            heads, length = self._best(tree, m if match else 0)
+        if not heads:
             tree = Tree.root_only()
         self._chosen = (m, tree.depth)
-        signals.update(match=float(match), lookup_tokens=float(length))
+        signals.update(match=float(match), lookup_tokens=float(length), heads=float(heads))
         self.last_signals = signals
         return self._hybrid(tree, length)
 
-    def _best(self, tree: Tree, m: int) -> tuple[int, str]:
-        """(lookup tokens, kind) of most expected tokens per unit time."""
-        c, r = self.lookup.node_cost, self.copy[m].value
-        heads = [self.heads[k].value for k in range(tree.depth)]  # H_1..H_D of the inner tree
-        base_expected = 1.0 + sum(heads)
-        best = (base_expected / (1.0 + c * tree.num_nodes), 0, "heads")
-        for length in range(1, self.lookup.tokens + 1):
-            copy = [r**k for k in range(1, length + 1)]
-            span = max(length, len(heads))
-            hit = sum(
-                1.0 - (1.0 - (heads[k] if k < len(heads) else 0.0)) * (1.0 - (copy[k] if k < length else 0.0))
-                for k in range(span)
-            )
-            cost = 1.0 + c * (tree.num_nodes + length)
-            best = max(best, ((1.0 + hit) / cost, length, "hybrid"), key=lambda x: x[0])
-            if tree.num_nodes:
-                best = max(
-                    best, ((1.0 + sum(copy)) / (1.0 + c * length), length, "lookup"), key=lambda x: x[0]
-                )
-        return best[1], best[2]
+    def _best(self, tree: Tree, m: int) -> tuple[bool, int]:
+        """(keep the heads' tree?, lookup tokens) of most expected tokens per unit of time, over the heads'
+        tree alone, plus a lookup chain, the lookup chain alone, and a plain step."""
+        L = self.lookup.tokens if m else 0
+        span = max(L, tree.depth)
+        h = np.zeros(span)
+        h[: tree.depth] = [self.heads[k].value for k in range(tree.depth)]  # H_1..H_D
+        copy = np.zeros(span)
+        copy[:L] = self.copy[m].value ** np.arange(1, L + 1)  # r^k
+        best, score = (True, 0), -1.0
+        for keep in (True, False) if tree.num_nodes else (False,):
+            hk = h if keep else np.zeros(span)
+            both = np.cumsum(1.0 - (1.0 - hk) * (1.0 - copy))  # [span] depths 1..k from either source
+            alone = np.cumsum(hk[::-1])[::-1]  # [span] heads alone at depths >= k
+            lengths = np.arange(L + 1)
+            hit = np.concatenate([[0.0], both[:L]]) + np.append(alone, 0.0)[lengths]  # [L+1]
+            n = (tree.num_nodes if keep else 0) + lengths
+            cost = self.cost[n] - (self.draft_cost if not keep or not tree.num_nodes else 0.0)
+            cost[0] = self.cost[n[0]]  # no lookup: the inner tree's own cost (or a plain step)
+            value = (1.0 + hit) / cost
+            i = int(value.argmax())
+            if value[i] > score:
+                best, score = (keep, i), float(value[i])
+        return best
 
     def _hybrid(self, tree: Tree, length: int) -> Tree:
         if not length:
@@ -134,5 +160,8 @@ class HybridPolicy:
             depth = step.sources["heads"]
         else:
             depth = step.accepted
-        for k, rate in enumerate(self.heads[:heads_depth], start=1):
-            rate.add(float(depth >= k), 1.0, decay)
+        for k, rate in enumerate(self.heads, start=1):
+            if k <= heads_depth:
+                rate.add(float(depth >= k), 1.0, decay)
+            else:  # not verified this step: the evidence ages, so a dropped tree is tried again in time
+                rate.add(0.0, 0.0, decay)

@@ -153,7 +153,13 @@ class Profile:
         return self.mode(mode).get("recommended_policy", "static")
 
     def policy(self, name: str, mode: str = "greedy", require_contiguous: bool = True):
-        """A policy object for the engine, built from this profile."""
+        """A policy object for the engine, built from this profile; its `latency` is the profile's step
+        latency curve (read by the hybrid policy when lookup drafts are added)."""
+        policy = self._policy(name, mode, require_contiguous)
+        policy.latency = self.latency()
+        return policy
+
+    def _policy(self, name: str, mode: str, require_contiguous: bool):
         from ..policy import StaticPolicy
 
         m = self.mode(mode)
