@@ -54,7 +54,13 @@ def embedded_gguf() -> Path:
 
 def _convert_embedded(target: Path) -> None:
     """Dequantize the GGUF once and save a plain safetensors copy (+ tokenizer) at `target`."""
+    import sys
+
+    from transformers.utils import logging as hf_logging
+
     gguf = embedded_gguf()
+    print(f"entmtp: converting the embedded model once to {target} (about 15 s)", file=sys.stderr)
+    hf_logging.enable_progress_bar()  # long work: its progress shows even when the CLI is quiet
     src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     # A GGUF-loaded model refuses save_pretrained: rebuild a plain model from its config and state dict.
@@ -101,9 +107,40 @@ def embedded_model_dir() -> Path:
 
 
 def resolve_model_path(name_or_path: str | None) -> str:
+    """A loadable directory or Hugging Face id; a path that cannot hold a model raises a clear error."""
     if name_or_path in (None, "", EMBEDDED, "embedded"):
         return str(embedded_model_dir())
-    return name_or_path
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise EntMTPError(
+                f"directory {path} holds no model (no config.json): give a directory written by "
+                "save_pretrained or downloaded from the Hugging Face Hub, or omit --model for the embedded "
+                f"{EMBEDDED}"
+            )
+        return str(path)
+    if path.exists():
+        raise EntMTPError(
+            f"--model {name_or_path} is a file: give the model's directory or a Hugging Face id"
+        )
+    looks_like_path = name_or_path.startswith(("/", "./", "../", "~")) or name_or_path.count("/") > 1
+    if looks_like_path:
+        raise EntMTPError(
+            f"model directory {path} does not exist: check the path, or omit --model for the embedded "
+            f"{EMBEDDED}"
+        )
+    return name_or_path  # a Hugging Face id: the loader looks in the local cache (and the Hub when online)
+
+
+def _load_error(name: str, error: Exception) -> EntMTPError:
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
+    where = "the local Hugging Face cache" + ("" if offline else " or the Hub (unreachable from here?)")
+    return EntMTPError(
+        f"could not load model {name!r}: it is not a local directory and was not found in {where} "
+        f"({type(error).__name__}). Download it on a machine with internet (`hf download {name}`) and pass "
+        f"its directory, set HF_HUB_OFFLINE=1 to use only the cache, or omit --model for the embedded "
+        f"{EMBEDDED}"
+    )
 
 
 def load_model(
@@ -119,10 +156,15 @@ def load_model(
             raise EntMTPError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
         dtype = DTYPES[dtype]
     path = resolve_model_path(name_or_path)
-    # Load in float32 and cast: asking the loader for bf16 directly was seen to produce a much slower model.
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device=device, dtype=dtype)
-    model.eval().requires_grad_(False)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    try:
+        # Load in float32 and cast: asking the loader for bf16 directly was seen to produce a much slower model.
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:  # not found locally / not a valid repo id / hub unreachable
+        if Path(path).is_dir():
+            raise EntMTPError(f"could not load the model in {path}: {e}") from e
+        raise _load_error(path, e) from e
+    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
     return model, tokenizer
 
 

@@ -1,0 +1,77 @@
+"""`entmtp doctor`: what this installation has and where it keeps things, for bug reports and setup checks."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import platform
+import sys
+
+import torch
+
+from . import __version__
+from .model import EMBEDDED, cache_dir
+from .shipped import HEAD_KINDS, shipped_heads_dir
+
+EXTRAS = {  # optional package -> what it enables
+    "llama_cpp": "llama.cpp peer in `entmtp bench` (pip install llama-cpp-python; builds from source)",
+    "fastapi": "the HTTP server (pip install fastapi uvicorn sse-starlette)",
+    "uvicorn": "the HTTP server",
+    "sse_starlette": "streaming from the HTTP server",
+    "openai": "the OpenAI client, to call the server",
+}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def report() -> dict:
+    """Everything `entmtp doctor` prints, as one JSON-able dict."""
+    from .model import embedded_gguf
+    from .scheduler.profiles import shipped_profiles_dir
+
+    try:
+        gguf = str(embedded_gguf())
+    except Exception as e:  # noqa: BLE001 - reported, not raised: the doctor must always answer
+        gguf = f"missing ({e})"
+    converted = cache_dir() / "models" / EMBEDDED
+    cuda = torch.cuda.is_available()
+    return {
+        "entmtp": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu (no CUDA device)",
+        "cpu_threads": torch.get_num_threads(),
+        "model_cache": str(cache_dir()),
+        "embedded_model": {
+            "gguf": gguf,
+            "converted": str(converted)
+            if (converted / "config.json").exists()
+            else "not yet (first run, ~15 s)",
+        },
+        "shipped_heads": [k for k in HEAD_KINDS if (shipped_heads_dir(k) / "config.json").exists()],
+        "shipped_profiles": {
+            k: sorted(p.stem for p in shipped_profiles_dir(k).glob("*.json")) for k in HEAD_KINDS
+        },
+        "extras": {
+            name: ("installed" if importlib.util.find_spec(name) else f"missing: {what}")
+            for name, what in EXTRAS.items()
+        },
+    }
+
+
+def format_report(r: dict) -> str:
+    lines = []
+    for key, value in r.items():
+        if isinstance(value, dict):
+            lines.append(f"{key}:")
+            lines += [f"  {k}: {', '.join(v) if isinstance(v, list) else v}" for k, v in value.items()]
+        else:
+            lines.append(f"{key}: {', '.join(value) if isinstance(value, list) else value}")
+    return "\n".join(lines)

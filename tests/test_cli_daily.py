@@ -1,0 +1,205 @@
+"""The command line as a daily tool: clear model errors, quiet output, stdin prompts, `entmtp chat`, doctor."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from entmtp import __version__
+from entmtp.cli import main
+from entmtp.engine import Engine
+
+FLOAT = ["--dtype", "float32", "--heads", "none"]
+
+
+def _run(capsys, args, stdin: str | None = None, monkeypatch=None):
+    if stdin is not None:
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---- model errors -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dirs(tmp_path_factory, embedded):
+    """A tiny random Llama with the embedded tokenizer (vocab 49152, hidden 64): one with the chat template,
+    one without."""
+    _, tokenizer = embedded
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=512,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    dirs = {}
+    for name in ("chat", "plain"):
+        d = tmp_path_factory.mktemp(f"tiny-{name}")
+        model.save_pretrained(d)
+        tokenizer.save_pretrained(d)
+        if name == "plain":  # drop the chat template from the saved tokenizer
+            (d / "chat_template.jinja").unlink(missing_ok=True)
+            cfg_file = d / "tokenizer_config.json"
+            data = json.loads(cfg_file.read_text())
+            data.pop("chat_template", None)
+            cfg_file.write_text(json.dumps(data))
+        dirs[name] = d
+    return dirs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ("gpt2", "could not load model 'gpt2'"),
+        ("/nonexistent/dir", "model directory /nonexistent/dir does not exist"),
+    ],
+)
+def test_unloadable_models_get_one_clear_line(capsys, monkeypatch, model, message):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, out, err = _run(capsys, ["generate", "hi", "--model", model, "--heads", "none"])
+    assert code == 2 and message in err and "Traceback" not in err
+    assert "embedded" in err  # the fix names the default
+
+
+def test_a_directory_without_a_model_is_named(capsys, tmp_path):
+    code, _, err = _run(capsys, ["generate", "hi", "--model", str(tmp_path), "--heads", "none"])
+    assert code == 2 and f"directory {tmp_path} holds no model (no config.json)" in err
+
+
+@pytest.mark.slow
+def test_heads_for_another_model_name_both_sizes(capsys, tiny_model_dirs):
+    code, _, err = _run(
+        capsys, ["generate", "hi", "--model", str(tiny_model_dirs["chat"]), "--heads", "hydra"]
+    )
+    assert code == 2 and "hidden size 576" in err and "has 64" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_chat_formatting_without_a_template_is_an_error(capsys, monkeypatch, tiny_model_dirs):
+    plain = str(tiny_model_dirs["plain"])
+    code, _, err = _run(capsys, ["chat", "--model", plain, "--heads", "none"], "hi\n", monkeypatch)
+    assert code == 2 and "no chat template" in err
+    code, _, err = _run(
+        capsys, ["generate", "hi", "--model", plain, "--heads", "none", "--system", "Be brief."]
+    )
+    assert code == 2 and "--system needs a chat template" in err
+    code, out, _ = _run(
+        capsys, ["generate", "hi", "--model", plain, "--heads", "none", "--max-new-tokens", "3"]
+    )
+    assert code == 0 and out  # plain continuation still works
+
+
+# ---- prompts from stdin and files; quiet output -----------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_stdin_and_prompt_files_give_the_same_output_as_the_argument(capsys, monkeypatch, tmp_path):
+    args = ["--max-new-tokens", "8", "--json", *FLOAT]
+    code, out, err = _run(capsys, ["generate", "What is 2+2?", *args])
+    assert code == 0
+    reference = json.loads(out)["token_ids"]  # stdout holds nothing but the JSON object
+    assert "Loading weights" not in err  # quiet by default
+    for prompt_args, stdin in ((["-"], "What is 2+2?"), ([], "What is 2+2?\n")):
+        code, out, _ = _run(capsys, ["generate", *prompt_args, *args], stdin, monkeypatch)
+        assert code == 0 and json.loads(out)["token_ids"] != [] and json.loads(out)["prompt_tokens"] > 0
+    file = tmp_path / "prompt.txt"
+    file.write_text("What is 2+2?")
+    code, out, _ = _run(capsys, ["generate", "--prompt-file", str(file), *args])
+    assert json.loads(out)["token_ids"] == reference
+    code, out, _ = _run(capsys, ["generate", "-", *args], "What is 2+2?", monkeypatch)
+    assert json.loads(out)["token_ids"] == reference
+
+
+@pytest.mark.slow
+def test_system_message_changes_the_prompt(capsys):
+    args = ["--max-new-tokens", "4", "--json", *FLOAT]
+    _, out, _ = _run(capsys, ["generate", "Hi", *args])
+    _, out_sys, _ = _run(capsys, ["generate", "Hi", "--system", "You are a pirate.", *args])
+    # SmolLM2's template adds its own default system message when none is given: ours replaces it
+    assert json.loads(out_sys)["prompt_tokens"] != json.loads(out)["prompt_tokens"]
+
+
+def test_prompt_errors_come_before_loading_anything(capsys, monkeypatch, tmp_path):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr("sys.stdin", Terminal(""))
+    code, _, err = _run(capsys, ["generate", "--heads", "none"])
+    assert code == 2 and "no prompt" in err
+    code, _, err = _run(
+        capsys, ["generate", "--prompt-file", str(tmp_path / "missing.txt"), "--heads", "none"]
+    )
+    assert code == 2 and "cannot read --prompt-file" in err and "missing.txt" in err
+    code, _, err = _run(
+        capsys, ["generate", "x", "--prompt-file", str(tmp_path / "p.txt"), "--heads", "none"]
+    )
+    assert code == 2 and "not both" in err
+
+
+# ---- chat -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_scripted_two_turn_chat_remembers_the_first_turn(capsys, monkeypatch, embedded):
+    script = (
+        "My name is Ada and I live in Paris.\nWhat is my name?\n/reset\nWhat is my name?\n/exit\nignored\n"
+    )
+    args = ["chat", "--max-new-tokens", "24", *FLOAT]
+    code, out, err = _run(capsys, args, script, monkeypatch)
+    assert code == 0
+    speed = [line for line in err.splitlines() if "tokens/step" in line]
+    assert len(speed) == 3  # three replies; /exit ended the session before "ignored"
+    context = [int(line.split("context ")[1].split()[0]) for line in speed]
+    assert context[1] > context[0] > context[2]  # turn 2 saw turn 1; /reset forgot it
+    assert "[conversation reset]" in err
+    # the exact replies: turn 2 is generated from turn 1 and its reply, turn 3 (after /reset) from itself
+    engine = Engine(*embedded)
+    first, second = "My name is Ada and I live in Paris.", "What is my name?"
+    r1 = engine.generate([{"role": "user", "content": first}], max_new_tokens=24).text
+    history = [
+        {"role": "user", "content": first},
+        {"role": "assistant", "content": r1},
+        {"role": "user", "content": second},
+    ]
+    r2 = engine.generate(history, max_new_tokens=24).text
+    r3 = engine.generate([{"role": "user", "content": second}], max_new_tokens=24).text
+    assert out == f"{r1}\n{r2}\n{r3}\n" and r2 != r3
+
+
+@pytest.mark.slow
+def test_chat_uses_lookup_and_heads_options(capsys, monkeypatch):
+    args = ["chat", "--max-new-tokens", "12", "--dtype", "float32", "--heads", "hydra", "--lookup"]
+    code, _, err = _run(capsys, args, "Repeat: one two three one two three\n", monkeypatch)
+    assert code == 0 and "tokens/step" in err
+
+
+# ---- version and doctor -----------------------------------------------------------------------------------
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"entmtp {__version__}"
+
+
+def test_doctor_reports_the_installation(capsys):
+    code, out, _ = _run(capsys, ["doctor", "--json"])
+    r = json.loads(out)
+    assert code == 0 and r["entmtp"] == __version__ and r["torch"] == torch.__version__
+    assert set(r["shipped_heads"]) == {"medusa", "hydra"} and "mixed" in r["shipped_profiles"]["hydra"]
+    assert set(r["extras"]) >= {"llama_cpp", "fastapi", "openai"}
+    code, out, _ = _run(capsys, ["doctor"])
+    assert "model_cache:" in out and "extras:" in out
