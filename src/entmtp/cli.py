@@ -1,4 +1,5 @@
-"""Command line: `entmtp generate`, `entmtp trees`, `entmtp profile`, `entmtp train-heads`, `entmtp eval-heads`."""
+"""Command line: `entmtp generate`, `chat`, `trees`, `profile`, `bench`, `calibrate`, `train-heads`, `eval-heads`,
+`doctor`."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def _setup_torch(args) -> None:
         torch.set_num_threads(args.threads)
 
 
-def cmd_generate(args) -> int:
+def _engine(args):
+    """The model, heads, tree policy and lookup that `generate` and `chat` share."""
     from .engine import Engine
     from .model import load_model
 
@@ -34,21 +36,62 @@ def cmd_generate(args) -> int:
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
     spec = args.heads if args.heads is not None else default_heads()
     heads = resolve_heads(spec, model)
+    if heads is not None:
+        heads.bind(model)  # heads made for another model: say so before anything else about them
     tree = _tree_or_policy(args, spec, model, heads)
-    engine = Engine(model, tokenizer, heads=heads, tree=tree, lookup=_lookup(args))
-    kwargs = dict(
+    return Engine(model, tokenizer, heads=heads, tree=tree, lookup=_lookup(args))
+
+
+def _sampling_kwargs(args) -> dict:
+    return dict(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         acceptance=args.acceptance,
         seed=args.seed,
         stop=args.stop or None,
-        chat=not args.no_chat,
     )
+
+
+def _read_prompt(args):
+    """The prompt: the argument, `-` or nothing for stdin (when it is not a terminal), or --prompt-file;
+    with --system, a system message and a user message."""
+    if args.prompt_file is not None:
+        if args.prompt not in (None, "-"):
+            raise EntMTPError("give the prompt either as an argument or with --prompt-file, not both")
+        try:
+            text = open(args.prompt_file, encoding="utf-8").read()
+        except OSError as e:
+            raise EntMTPError(f"cannot read --prompt-file {args.prompt_file}: {e.strerror}") from e
+    elif args.prompt == "-" or (args.prompt is None and not sys.stdin.isatty()):
+        text = sys.stdin.read()
+    elif args.prompt is None:
+        raise EntMTPError(
+            'no prompt: give one as an argument (entmtp generate "..."), pipe it on stdin, or use --prompt-file'
+        )
+    else:
+        text = args.prompt
+    if args.system is None:
+        return text
+    if args.no_chat:
+        raise EntMTPError("--system needs the chat template: drop --no-chat")
+    if not text.strip():
+        raise EntMTPError("the prompt is empty: give some text after --system")
+    return [{"role": "system", "content": args.system}, {"role": "user", "content": text}]
+
+
+def cmd_generate(args) -> int:
+    prompt = _read_prompt(args)  # before loading anything: a bad prompt fails fast
+    engine = _engine(args)
+    kwargs = dict(_sampling_kwargs(args), chat=not args.no_chat)
+    if args.system is not None and not getattr(engine.tokenizer, "chat_template", None):
+        raise EntMTPError(
+            "--system needs a chat template, and this model's tokenizer has none: drop --system"
+        )
     if args.json:
-        result = engine.generate(args.prompt, **kwargs)
+        result = engine.generate(prompt, **kwargs)
         print(json.dumps(result.to_json()))
         return 0
-    for event in engine.stream(args.prompt, **kwargs):
+    for event in engine.stream(prompt, **kwargs):
         sys.stdout.write(event.text)
         sys.stdout.flush()
     result = event.result
@@ -58,6 +101,49 @@ def cmd_generate(args) -> int:
         f"finish: {result.finish_reason}]",
         file=sys.stderr,
     )
+    return 0
+
+
+def cmd_chat(args) -> int:
+    from .chat import run_chat
+
+    engine = _engine(args)
+    interactive = sys.stdin.isatty()
+    return run_chat(
+        engine,
+        sys.stdin,
+        sys.stdout,
+        sys.stderr,
+        system=args.system,
+        interactive=interactive,
+        **_sampling_kwargs(args),
+    )
+
+
+def cmd_serve(args) -> int:
+    try:
+        import uvicorn
+
+        from .server.app import create_app
+    except ImportError as e:
+        raise EntMTPError(
+            f"`entmtp serve` needs the server extra ({e.name} is missing): pip install 'entmtp[server]'"
+        ) from e
+    if args.max_queue < 0 or args.max_body < 1:
+        raise EntMTPError("--max-queue must be >= 0 and --max-body >= 1")
+    engine = _engine(args)
+    name = args.model_name or args.model or "smollm2-135m-instruct"
+    app = create_app(engine, name, max_queue=args.max_queue, max_body_bytes=args.max_body)
+    print(f"entmtp: serving {name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning" if not args.verbose else "info")
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from .doctor import format_report, report
+
+    r = report()
+    print(json.dumps(r, indent=1) if args.json else format_report(r))
     return 0
 
 
@@ -92,9 +178,9 @@ def add_lookup_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--lookup-node-cost",
         type=float,
-        default=0.08,
-        help="cost of one more verified token as a fraction of a one-token step, for sizing the lookup "
-        "branch (default 0.08, a 2-core CPU; ~0.01 on a GPU)",
+        default=None,
+        help="sizing the lookup branch, a step of n drafted tokens costs 1 + C*n one-token steps (~0.01 on a "
+        "GPU; default: measured step latencies, the profile's or a 2-core CPU's)",
     )
 
 
@@ -161,12 +247,19 @@ def cmd_bench(args) -> int:
     return run_bench(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="entmtp", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _add_generation_args(g: argparse.ArgumentParser) -> None:
+    """Model, heads, tree, policy, lookup and sampling options: shared by `generate` and `chat`."""
+    _add_engine_args(g)
+    g.add_argument("--system", default=None, help="a system message (uses the chat template)")
+    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--acceptance", default="auto", choices=["auto", "greedy", "sample", "typical"])
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
-    g = sub.add_parser("generate", help="generate text with speculative decoding")
-    g.add_argument("prompt")
+
+def _add_engine_args(g: argparse.ArgumentParser) -> None:
+    """Model, heads, tree, policy and lookup options: what builds an `Engine`."""
     g.add_argument(
         "--heads", default=None, help="medusa | hydra | none | PATH (default: shipped heads, if any)"
     )
@@ -189,15 +282,49 @@ def build_parser() -> argparse.ArgumentParser:
         "from `entmtp calibrate` (default: mixed)",
     )
     add_lookup_arguments(g)
-    g.add_argument("--max-new-tokens", type=int, default=256)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--acceptance", default="auto", choices=["auto", "greedy", "sample", "typical"])
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    _add_model_args(g)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(prog="entmtp", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"entmtp {__version__}")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="show library logs and progress bars (transformers)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text with speculative decoding")
+    g.add_argument("prompt", nargs="?", help="the prompt; - or nothing reads it from stdin")
+    g.add_argument("--prompt-file", default=None, help="read the prompt from this file")
+    _add_generation_args(g)
     g.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
-    _add_model_args(g)
     g.set_defaults(func=cmd_generate)
+
+    ch = sub.add_parser("chat", help="an interactive multi-turn chat (one turn per line when piped)")
+    _add_generation_args(ch)
+    ch.set_defaults(func=cmd_chat)
+
+    sv = sub.add_parser(
+        "serve", help="an OpenAI-compatible HTTP server (chat, completions, streaming, metrics)"
+    )
+    _add_engine_args(sv)
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument(
+        "--model-name", default=None, help="the model id clients see (default: the --model value)"
+    )
+    sv.add_argument("--max-queue", type=int, default=8, help="requests that may wait; more get 503")
+    sv.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes")
+    sv.set_defaults(func=cmd_serve, temperature=0.0)  # the profile's greedy section picks the policy
+
+    dr = sub.add_parser(
+        "doctor", help="versions, device, caches, shipped heads and profiles, optional extras"
+    )
+    dr.add_argument("--json", action="store_true")
+    dr.set_defaults(func=cmd_doctor)
 
     t = sub.add_parser("trees", help="list the named trees")
     t.set_defaults(func=cmd_trees)
@@ -243,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
         "TREE+lookup in --trees and POLICY+lookup in --policies add a lookup branch to heads configs",
     )
     b.add_argument("--lookup-tokens", type=int, default=10, help="most lookup tokens per step")
-    b.add_argument("--lookup-node-cost", type=float, default=0.08, help="see `entmtp generate --help`")
+    b.add_argument("--lookup-node-cost", type=float, default=None, help="see `entmtp generate --help`")
     b.add_argument("--replay", action="store_true", help="also replay the policies and the oracle (greedy)")
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--acceptance", default="auto", choices=["auto", "greedy", "sample", "typical"])
@@ -277,8 +404,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_libraries() -> None:
+    """No transformers / Hub logs or progress bars (e.g. "Loading weights") unless -v: stdout stays ours."""
+    import huggingface_hub.utils
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    huggingface_hub.utils.disable_progress_bars()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if not args.verbose:
+        _quiet_libraries()
     try:
         return args.func(args)
     except EntMTPError as e:

@@ -1,0 +1,170 @@
+"""Requests as pydantic models (known fields type-checked, unknown ones ignored, as OpenAI's API does) and the
+OpenAI response shapes: chat.completion(.chunk), text_completion, error."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+DEFAULT_MAX_TOKENS = 256  # when a request gives none (never past the context window)
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: dict | None = None
+    n: int | None = Field(None, ge=1, le=1)
+
+    @field_validator("top_p")
+    @classmethod
+    def _full_distribution(cls, v):
+        if v is not None and v < 1.0:
+            raise ValueError("top_p < 1 is not supported: entmtp samples the full distribution (lossless)")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, v):
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > 4 or any(not s for s in stops):
+            raise ValueError("stop takes up to 4 non-empty strings")
+        return stops or None
+
+    @property
+    def limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class ChatRequest(_Params):
+    messages: list[Message] = Field(min_length=1)
+
+
+class CompletionRequest(_Params):
+    prompt: str | list[int]
+
+
+def validation_message(e: ValidationError) -> tuple[str, str | None]:
+    """The first problem of a pydantic error as (message, param)."""
+    err = e.errors()[0]
+    param = ".".join(str(p) for p in err.get("loc", ())) or None
+    msg = err.get("msg", "invalid request").removeprefix("Value error, ")
+    return f"{param}: {msg}" if param else msg, param
+
+
+def error_body(
+    message: str, kind: str = "invalid_request_error", param: str | None = None, code=None
+) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def finish_reason(reason: str) -> str:
+    return "length" if reason == "length" else "stop"  # eos and stop strings both end as "stop"
+
+
+def usage(result) -> dict:
+    n = len(result.token_ids)
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": n,
+        "total_tokens": result.prompt_tokens + n,
+        "entmtp": {  # extras: speculative decoding's own numbers
+            "steps": result.num_steps,
+            "tokens_per_step": result.mean_tokens_per_step,
+            "tokens_per_second": result.tokens_per_second,
+        },
+    }
+
+
+def chat_response(rid: str, model: str, result) -> dict:
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": result.text},
+                "logprobs": None,
+                "finish_reason": finish_reason(result.finish_reason),
+            }
+        ],
+        "usage": usage(result),
+    }
+
+
+def completion_response(rid: str, model: str, result) -> dict:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "text": result.text,
+                "logprobs": None,
+                "finish_reason": finish_reason(result.finish_reason),
+            }
+        ],
+        "usage": usage(result),
+    }
+
+
+def chunk(
+    rid: str, model: str, chat: bool, text: str | None, finish: str | None, first: bool = False
+) -> dict:
+    """One streamed chunk: a delta of text (chat) or a text piece (completions)."""
+    if chat:
+        delta: dict = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice]}
+
+
+def usage_chunk(rid: str, model: str, chat: bool, result) -> dict:
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    return {
+        "id": rid,
+        "object": obj,
+        "created": int(time.time()),
+        "model": model,
+        "choices": [],
+        "usage": usage(result),
+    }
