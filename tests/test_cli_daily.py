@@ -7,8 +7,8 @@ import json
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
+from conftest import tiny_model
 from entmtp import __version__
 from entmtp.cli import main
 from entmtp.engine import Engine
@@ -32,17 +32,7 @@ def tiny_model_dirs(tmp_path_factory, embedded):
     """A tiny random Llama with the embedded tokenizer (vocab 49152, hidden 64): one with the chat template,
     one without."""
     _, tokenizer = embedded
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=512,
-    )
-    model = LlamaForCausalLM(cfg).eval()
+    model = tiny_model("llama", vocab=len(tokenizer))
     dirs = {}
     for name in ("chat", "plain"):
         d = tmp_path_factory.mktemp(f"tiny-{name}")
