@@ -339,3 +339,46 @@ def test_bench_runs_peers_lookup_and_hybrids(tmp_path, capsys):
         assert "skipping peer llama-cpp" in printed and "pip install llama-cpp-python" in printed
     assert set(rows) == expected
     assert data["mismatches"] == []  # float32: every method, peers included, gives plain greedy's output
+
+
+@pytest.mark.slow
+def test_bench_own_prompt_file_identity_and_ctrl_c_keeps_what_finished(tmp_path, capsys, monkeypatch):
+    prompts = tmp_path / "mine.jsonl"
+    lines = [{"prompt": "Repeat: a b c a b c"}, {"turns": ["Say hi."]}, {"prompt": "Count to 3."}]
+    prompts.write_text("\n".join(json.dumps(x) for x in lines))
+    out = tmp_path / "b.json"
+    args = ["bench", "--heads", "none", "--lookup-only", "adaptive", "--prompts", str(prompts)]
+    args += [
+        "--num-prompts",
+        "3",
+        "--max-new-tokens",
+        "8",
+        "--dtype",
+        "float32",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    assert main(args) == 0
+    data = json.loads(out.read_text())
+    row = data["summary"]["mine"]["lookup"]
+    assert row["prompts"] == 3 and row["identical_to_plain"] == 1.0 and row["first_differences"] == []
+    assert data["meta"]["prompts_file"] == str(prompts) and data["meta"]["interrupted"] is False
+
+    from entmtp.engine import Engine
+
+    calls = {"n": 0}
+    original = Engine.generate
+
+    def interrupting(self, *a, **k):  # warm-up (2 calls), prompt 0 (2 calls), then Ctrl-C in prompt 1
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise KeyboardInterrupt
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(Engine, "generate", interrupting)
+    assert main(args) == 0
+    data = json.loads(out.read_text())
+    assert data["meta"]["interrupted"] is True
+    assert {name: r["prompts"] for name, r in data["summary"]["mine"].items()} == {"plain": 1, "lookup": 1}
+    assert "interrupted" in capsys.readouterr().out

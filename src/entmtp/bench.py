@@ -25,8 +25,9 @@ from rich.table import Table
 
 from .engine import Engine
 from .errors import EntMTPError
+from .files import write_text_atomic
 from .lookup import Lookup
-from .prompts import TASKS, load_prompts
+from .prompts import TASKS, load_prompt_file, load_prompts
 from .shipped import resolve_heads
 
 
@@ -34,8 +35,12 @@ def run_bench(args) -> int:
     from .model import encode_prompt, load_model
     from .scheduler.profiles import PROFILE_TASKS, resolve_profile
 
-    tasks = args.tasks.split(",")
-    prompts = {t: load_prompts(t, args.split, n=args.num_prompts) for t in tasks}  # bad names fail first
+    if args.prompts is not None:  # a user's own prompt file: one task named after it
+        tasks = [Path(args.prompts).stem]
+        prompts = {tasks[0]: load_prompt_file(args.prompts)[: args.num_prompts]}
+    else:
+        tasks = args.tasks.split(",")
+        prompts = {t: load_prompts(t, args.split, n=args.num_prompts) for t in tasks}  # bad names fail first
     kinds = [k for k in args.heads.split(",") if k and k != "none"]
     policies = {kind: _for_heads(args.policies, kind) for kind in kinds}
     peers = _check_peers(args.peers)
@@ -73,63 +78,83 @@ def run_bench(args) -> int:
     mismatches = []
     n_configs = len(static) + sum(len(policies[k]) for k in heads)
     total = sum(len(p) for p in prompts.values()) * n_configs
-    with Progress(disable=args.no_progress) as bar:
-        job = bar.add_task("bench", total=total)
-        for task in tasks:
-            engines = dict(static)
-            for kind in heads:
-                for item in policies[kind]:
-                    pol, lookup = _split_lookup(item, args)
-                    engines[f"{kind}/{item}"] = Engine(
-                        model,
-                        tokenizer,
-                        heads=heads[kind],
-                        tree=_policy(profiles[(kind, task)], pol, args),
-                        lookup=lookup,
-                    )
-            outputs = []
-            for i, prompt in enumerate(prompts[task]):
-                ref = None
-                ids = encode_prompt(tokenizer, prompt)
-                for name, engine in engines.items():
-                    kw = (
-                        gen
-                        if isinstance(engine, Engine)
-                        else {k: v for k, v in gen.items() if k != "acceptance"}
-                    )
-                    r = engine.generate(ids, seed=args.seed + i, **kw)
-                    runs[task].setdefault(name, []).append(_record(i, r))
-                    if ref is None:
-                        ref = r.token_ids
-                        outputs.append((ids, r.token_ids))
-                    elif (
-                        args.temperature == 0 and name != "llama-cpp" and r.token_ids != ref
-                    ):  # its own weights
-                        diff = (k for k, (a, b) in enumerate(zip(r.token_ids, ref, strict=False)) if a != b)
-                        first = next(diff, min(len(r.token_ids), len(ref)))
-                        mismatches.append(
-                            {"task": task, "prompt": i, "config": name, "first_difference": first}
+    interrupted = False
+    try:
+        with Progress(disable=args.no_progress) as bar:
+            job = bar.add_task("bench", total=total)
+            for task in tasks:
+                engines = dict(static)
+                for kind in heads:
+                    for item in policies[kind]:
+                        pol, lookup = _split_lookup(item, args)
+                        engines[f"{kind}/{item}"] = Engine(
+                            model,
+                            tokenizer,
+                            heads=heads[kind],
+                            tree=_policy(profiles[(kind, task)], pol, args),
+                            lookup=lookup,
                         )
-                    bar.advance(job)
-                    bar.update(job, description=f"bench {task} {name}")
-            if args.replay and args.temperature == 0:
-                replays[task] = {
-                    k: _replays(
-                        profiles[(k, task)],
-                        heads[k],
-                        Engine(model, tokenizer, heads=heads[k]),
-                        outputs,
-                        policies[k],
-                    )
-                    for k in heads
-                    if policies[k]
-                }
+                outputs = []
+                for i, prompt in enumerate(prompts[task]):
+                    ref = None
+                    ids = encode_prompt(tokenizer, prompt)
+                    for name, engine in engines.items():
+                        kw = (
+                            gen
+                            if isinstance(engine, Engine)
+                            else {k: v for k, v in gen.items() if k != "acceptance"}
+                        )
+                        r = engine.generate(ids, seed=args.seed + i, **kw)
+                        runs[task].setdefault(name, []).append(_record(i, r))
+                        if ref is None:
+                            ref = r.token_ids
+                            outputs.append((ids, r.token_ids))
+                        elif (
+                            args.temperature == 0 and name != "llama-cpp" and r.token_ids != ref
+                        ):  # its own weights
+                            diff = (
+                                k for k, (a, b) in enumerate(zip(r.token_ids, ref, strict=False)) if a != b
+                            )
+                            first = next(diff, min(len(r.token_ids), len(ref)))
+                            mismatches.append(
+                                {"task": task, "prompt": i, "config": name, "first_difference": first}
+                            )
+                        bar.advance(job)
+                        bar.update(job, description=f"bench {task} {name}")
+                if args.replay and args.temperature == 0:
+                    replays[task] = {
+                        k: _replays(
+                            profiles[(k, task)],
+                            heads[k],
+                            Engine(model, tokenizer, heads=heads[k]),
+                            outputs,
+                            policies[k],
+                        )
+                        for k in heads
+                        if policies[k]
+                    }
+    except KeyboardInterrupt:  # Ctrl-C: keep the prompts that every configuration finished
+        interrupted = True
+        for t in tasks:
+            done = min((len(rs) for rs in runs[t].values()), default=0)
+            runs[t] = {name: rs[:done] for name, rs in runs[t].items()} if done else {}
+            mismatches[:] = [m for m in mismatches if m["task"] != t or m["prompt"] < done]
+        tasks = [t for t in tasks if runs[t]]
+        done_prompts = sum(len(r.get("plain", [])) for r in runs.values())
+        print(
+            f"entmtp: interrupted: writing the {done_prompts} prompts every configuration finished",
+            flush=True,
+        )
 
     summary = {t: {name: _summarise(rs) for name, rs in runs[t].items()} for t in tasks}
     for t in tasks:
         base = summary[t]["plain"]["tokens_per_second"]
-        for row in summary[t].values():
+        for name, row in summary[t].items():
             row["speedup"] = row["tokens_per_second"] / base if base else 0.0
+            if args.temperature == 0 and name not in ("plain", "llama-cpp"):  # which outputs equal plain's
+                diffs = [m["first_difference"] for m in mismatches if m["task"] == t and m["config"] == name]
+                row["identical_to_plain"] = 1.0 - len(diffs) / max(1, row["prompts"])
+                row["first_differences"] = diffs
     _print(summary, replays, args)
     if mismatches:  # bf16 rounds one-token and many-token forwards differently: rare divergences are expected
         n_spec = sum(len(p) for p in prompts.values()) * (n_configs - 1)
@@ -151,12 +176,15 @@ def run_bench(args) -> int:
         "acceptance": args.acceptance,
         "profiles": {f"{k}/{t}": str(p.path) for (k, t), p in profiles.items()},
         "torch": torch.__version__,
+        "prompts_file": args.prompts,
+        "interrupted": interrupted,
     }
-    out.write_text(
+    write_text_atomic(
+        out,
         json.dumps(
             {"meta": meta, "summary": summary, "replays": replays, "runs": runs, "mismatches": mismatches},
             indent=1,
-        )
+        ),
     )
     print(f"wrote {out}")
     return 0
@@ -287,7 +315,7 @@ def _print(summary: dict, replays: dict, args) -> None:
     console = _console()
     for task, rows in summary.items():
         table = Table(
-            title=f"{TASKS[task][1]}: {args.num_prompts} {args.split} prompts, {args.max_new_tokens} new tokens, "
+            title=f"{_label(task)}: {args.num_prompts} {args.split if args.prompts is None else ''} prompts, {args.max_new_tokens} new tokens, "
             f"T={args.temperature} {args.acceptance}, {args.dtype}, {torch.get_num_threads()} threads"
         )
         for col in (
@@ -314,7 +342,7 @@ def _print(summary: dict, replays: dict, args) -> None:
         console.print(table)
         for kind, rep in replays.get(task, {}).items():
             rt = Table(
-                title=f"{TASKS[task][1]}, {kind}: policies replayed on the plain outputs (decode steps, "
+                title=f"{_label(task)}, {kind}: policies replayed on the plain outputs (decode steps, "
                 "the profile's latencies)"
             )
             for col in ("policy", "tokens/s", "tokens/step", "vs static"):
@@ -324,6 +352,10 @@ def _print(summary: dict, replays: dict, args) -> None:
                 ratio = f"{r['tokens_per_second'] / base:.3f}x" if base else ""
                 rt.add_row(name, f"{r['tokens_per_second']:.1f}", f"{r['tokens_per_step']:.2f}", ratio)
             console.print(rt)
+
+
+def _label(task: str) -> str:
+    return TASKS[task][1] if task in TASKS else task
 
 
 def _console() -> Console:

@@ -376,6 +376,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--acceptance", default="auto", choices=["auto", "greedy", "sample", "typical"])
     b.add_argument("--seed", type=int, default=0, help="sampling seed of prompt i is seed + i")
     b.add_argument("--tasks", default="humaneval,sharegpt,gsm8k,writing")
+    b.add_argument(
+        "--prompts",
+        default=None,
+        help="benchmark your own prompts instead of --tasks: a JSONL file with a 'prompt' or 'turns' field per line",
+    )
     b.add_argument("--split", default="test", choices=["calib", "test"])
     b.add_argument("--num-prompts", type=int, default=10, help="prompts per task")
     b.add_argument("--max-new-tokens", type=int, default=128)
