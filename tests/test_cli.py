@@ -363,6 +363,11 @@ def test_bench_own_prompt_file_identity_and_ctrl_c_keeps_what_finished(tmp_path,
     data = json.loads(out.read_text())
     row = data["summary"]["mine"]["lookup"]
     assert row["prompts"] == 3 and row["identical_to_plain"] == 1.0 and row["first_differences"] == []
+    lo, hi = row["speedup_ci95"]
+    assert lo <= row["speedup_mean_of_ratios"] <= hi
+    report = out.with_suffix(".md").read_text()
+    assert "## mine (3 prompts)" in report and "| lookup |" in report and "100%" in report
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
     assert data["meta"]["prompts_file"] == str(prompts) and data["meta"]["interrupted"] is False
 
     from entmtp.engine import Engine

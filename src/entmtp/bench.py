@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import platform
 import statistics
+import sys
 import warnings
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from .errors import EntMTPError
 from .files import write_text_atomic
 from .lookup import Lookup
 from .prompts import TASKS, load_prompt_file, load_prompts
+from .report import markdown, speedup_interval, speedup_plot
 from .shipped import resolve_heads
 
 
@@ -151,6 +153,7 @@ def run_bench(args) -> int:
         base = summary[t]["plain"]["tokens_per_second"]
         for name, row in summary[t].items():
             row["speedup"] = row["tokens_per_second"] / base if base else 0.0
+            row.update(speedup_interval(runs[t][name], runs[t]["plain"], seed=args.seed))
             if args.temperature == 0 and name not in ("plain", "llama-cpp"):  # which outputs equal plain's
                 diffs = [m["first_difference"] for m in mismatches if m["task"] == t and m["config"] == name]
                 row["identical_to_plain"] = 1.0 - len(diffs) / max(1, row["prompts"])
@@ -186,7 +189,15 @@ def run_bench(args) -> int:
             indent=1,
         ),
     )
-    print(f"wrote {out}")
+    labels = {t: _label(t) for t in tasks}
+    data = json.loads(out.read_text())
+    write_text_atomic(out.with_suffix(".md"), markdown(data, labels, "entmtp " + " ".join(sys.argv[1:])))
+    if tasks:
+        speedup_plot(summary, labels, out.with_suffix(".png"))
+    print(
+        f"wrote {out} and its report {out.with_suffix('.md')}"
+        + (f", {out.with_suffix('.png')}" if tasks else "")
+    )
     return 0
 
 

@@ -1,0 +1,93 @@
+"""What `entmtp bench` writes beside its JSON: per-prompt speedup intervals, a Markdown report, a speedup plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+BOOTSTRAP = 2000  # resamples of the prompts for the 95% interval
+
+
+def speedup_interval(runs: list[dict], plain: list[dict], seed: int = 0) -> dict:
+    """Per-prompt speedups (tokens/s over plain decoding's on the same prompt): their mean and a 95% bootstrap
+    interval of that mean (percentile method; one prompt gives a zero-width interval)."""
+    ratios = np.array(
+        [
+            (r["tokens"] / r["seconds"]) / (p["tokens"] / p["seconds"])
+            for r, p in zip(runs, plain, strict=True)
+        ]
+    )
+    if len(ratios) == 0:
+        return {"speedup_mean_of_ratios": float("nan"), "speedup_ci95": [float("nan"), float("nan")]}
+    rng = np.random.default_rng(seed)
+    means = ratios[rng.integers(0, len(ratios), size=(BOOTSTRAP, len(ratios)))].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return {"speedup_mean_of_ratios": float(ratios.mean()), "speedup_ci95": [float(lo), float(hi)]}
+
+
+def markdown(data: dict, labels: dict[str, str], command: str) -> str:
+    """The report: the command and setup, then one table per task."""
+    meta = data["meta"]
+    lines = [
+        "# entmtp bench",
+        "",
+        f"`{command}`",
+        "",
+        f"{meta['machine']}, {meta['threads']} threads, {meta['dtype']}, torch {meta['torch']}; "
+        f"{meta['max_new_tokens']} new tokens, T={meta['temperature']} ({meta['acceptance']})"
+        + (" — interrupted: partial results" if meta.get("interrupted") else ""),
+        "",
+        "Speedup = tokens/s over plain decoding (ratio of sums; prefill included); the interval is a 95% "
+        "bootstrap interval of the mean per-prompt speedup. Identical = outputs equal to plain decoding's (T=0).",
+    ]
+    for task, rows in data["summary"].items():
+        lines += ["", f"## {labels.get(task, task)} ({next(iter(rows.values()))['prompts']} prompts)", ""]
+        lines += ["| method | tokens/s | speedup | per-prompt speedup (95% CI) | tokens/step | identical |"]
+        lines += ["|---|---|---|---|---|---|"]
+        for name, r in rows.items():
+            lo, hi = r.get("speedup_ci95", [float("nan")] * 2)
+            tps = r["tokens_per_step"]
+            same = r.get("identical_to_plain")
+            lines.append(
+                f"| {name} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | "
+                f"{r.get('speedup_mean_of_ratios', float('nan')):.2f}x ({lo:.2f}-{hi:.2f}) | "
+                f"{'' if tps != tps else f'{tps:.2f}'} | {'' if same is None else f'{same:.0%}'} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def speedup_plot(summary: dict, labels: dict[str, str], path: Path) -> None:
+    """Grouped bars: speedup over plain decoding per task and method, with the per-prompt 95% interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(summary)
+    methods = [m for m in dict.fromkeys(m for rows in summary.values() for m in rows) if m != "plain"]
+    width = 0.8 / max(1, len(methods))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(tasks) * max(1, len(methods)) ** 0.5 + 3), 4.2))
+    x = np.arange(len(tasks))
+    for i, m in enumerate(methods):
+        rows = [summary[t].get(m) for t in tasks]
+        ys = [r["speedup"] if r else np.nan for r in rows]
+        mean = [r.get("speedup_mean_of_ratios", np.nan) if r else np.nan for r in rows]
+        lo = [
+            mu - r["speedup_ci95"][0] if r and "speedup_ci95" in r else 0
+            for r, mu in zip(rows, mean, strict=True)
+        ]
+        hi = [
+            r["speedup_ci95"][1] - mu if r and "speedup_ci95" in r else 0
+            for r, mu in zip(rows, mean, strict=True)
+        ]
+        xs = x + (i - (len(methods) - 1) / 2) * width
+        ax.bar(xs, ys, width, label=m)
+        ax.errorbar(xs, mean, yerr=[lo, hi], fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xticks(x, [labels.get(t, t) for t in tasks], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("speedup over plain decoding")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
