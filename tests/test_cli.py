@@ -387,3 +387,26 @@ def test_bench_own_prompt_file_identity_and_ctrl_c_keeps_what_finished(tmp_path,
     assert data["meta"]["interrupted"] is True
     assert {name: r["prompts"] for name, r in data["summary"]["mine"].items()} == {"plain": 1, "lookup": 1}
     assert "interrupted" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["generate", "hi", "--heads", "none", "--lookup", "--lookup-tokens", "0"], "tokens >= 1"),
+        (["generate", "hi", "--heads", "none", "--lookup", "--lookup-ngram", "0"], "max_ngram >= 1"),
+        (
+            ["generate", "hi", "--heads", "none", "--lookup", "--lookup-node-cost", "-1"],
+            "node_cost must be >= 0",
+        ),
+        (["bench", "--heads", "none", "--lookup-only", "adaptive", "--lookup-tokens", "0"], "tokens >= 1"),
+    ],
+)
+def test_bad_lookup_settings_fail_before_loading_a_model(capsys, monkeypatch, args, message):
+    import entmtp.model
+
+    def no_loading(*a, **k):
+        raise AssertionError("the model was loaded before the settings were checked")
+
+    monkeypatch.setattr(entmtp.model, "load_model", no_loading)
+    assert main(args) == 2
+    assert message in capsys.readouterr().err

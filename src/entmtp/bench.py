@@ -50,10 +50,11 @@ def run_bench(args) -> int:
     for x in lookup_only:
         if x not in LOOKUP_VARIANTS:
             raise EntMTPError(f"unknown --lookup-only variant {x!r}: use {' or '.join(LOOKUP_VARIANTS)}")
+    _lookup("adaptive", args)  # bad lookup settings fail before any model loads
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
     heads = {kind: h for kind in kinds if (h := resolve_heads(kind, model)) is not None}
     static = {"plain": Engine(model, tokenizer)}
-    static |= {name: peer for name, peer in _peers(peers, model, tokenizer).items()}
+    static |= _peers(peers, model, tokenizer)
     for x in lookup_only:
         static[LOOKUP_VARIANTS[x]] = Engine(model, tokenizer, lookup=_lookup(x, args))
     for kind, h in heads.items():
@@ -71,6 +72,7 @@ def run_bench(args) -> int:
 
     profiles = {(k, t): profile_for(k, t) for k in heads for t in tasks if policies[k]}
     gen = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, acceptance=args.acceptance)
+    peer_gen = {k: v for k, v in gen.items() if k != "acceptance"}  # peers sample plainly
     hello = encode_prompt(tokenizer, "Hello!")
     for engine in static.values():  # warm-up (dropped)
         engine.generate(hello, max_new_tokens=8)
@@ -101,11 +103,7 @@ def run_bench(args) -> int:
                     ref = None
                     ids = encode_prompt(tokenizer, prompt)
                     for name, engine in engines.items():
-                        kw = (
-                            gen
-                            if isinstance(engine, Engine)
-                            else {k: v for k, v in gen.items() if k != "acceptance"}
-                        )
+                        kw = gen if isinstance(engine, Engine) else peer_gen
                         r = engine.generate(ids, seed=args.seed + i, **kw)
                         runs[task].setdefault(name, []).append(_record(i, r))
                         if ref is None:
@@ -206,7 +204,12 @@ PEERS = ("hf-generate", "hf-prompt-lookup", "llama-cpp")
 
 
 def _lookup(variant: str, args) -> Lookup:
-    return Lookup(tokens=args.lookup_tokens, adaptive=variant == "adaptive", node_cost=args.lookup_node_cost)
+    return Lookup(
+        max_ngram=args.lookup_ngram,
+        tokens=args.lookup_tokens,
+        adaptive=variant == "adaptive",
+        node_cost=args.lookup_node_cost,
+    )
 
 
 def _split_lookup(item: str, args) -> tuple[str, Lookup | None]:

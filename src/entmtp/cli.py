@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from .errors import EntMTPError
 from .shipped import HEAD_KINDS, default_heads, resolve_heads
@@ -33,13 +34,14 @@ def _engine(args):
     from .model import load_model
 
     _setup_torch(args)
+    lookup = _lookup(args)  # bad lookup settings fail before any model loads
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
     spec = args.heads if args.heads is not None else default_heads()
     heads = resolve_heads(spec, model)
     if heads is not None:
         heads.bind(model)  # heads made for another model: say so before anything else about them
     tree = _tree_or_policy(args, spec, model, heads)
-    return Engine(model, tokenizer, heads=heads, tree=tree, lookup=_lookup(args))
+    return Engine(model, tokenizer, heads=heads, tree=tree, lookup=lookup)
 
 
 def _sampling_kwargs(args) -> dict:
@@ -59,7 +61,7 @@ def _read_prompt(args):
         if args.prompt not in (None, "-"):
             raise EntMTPError("give the prompt either as an argument or with --prompt-file, not both")
         try:
-            text = open(args.prompt_file, encoding="utf-8").read()
+            text = Path(args.prompt_file).read_text(encoding="utf-8")
         except OSError as e:
             raise EntMTPError(f"cannot read --prompt-file {args.prompt_file}: {e.strerror}") from e
     elif args.prompt == "-" or (args.prompt is None and not sys.stdin.isatty()):
@@ -168,13 +170,18 @@ def add_lookup_arguments(p: argparse.ArgumentParser) -> None:
         help="add prompt-lookup drafts (copies from the prompt and output) to every step's tree; with "
         "--heads none: prompt lookup decoding for any model",
     )
-    p.add_argument("--lookup-tokens", type=int, default=10, help="most lookup tokens per step (default 10)")
-    p.add_argument("--lookup-ngram", type=int, default=3, help="longest n-gram matched (default 3)")
     p.add_argument(
         "--lookup-fixed",
         action="store_true",
         help="always draft --lookup-tokens lookup tokens when there is a match (default: sized per step)",
     )
+    add_lookup_settings(p)
+
+
+def add_lookup_settings(p: argparse.ArgumentParser) -> None:
+    """How lookup drafts are made and sized (`generate`, `chat`, `serve` and `bench`)."""
+    p.add_argument("--lookup-tokens", type=int, default=10, help="most lookup tokens per step (default 10)")
+    p.add_argument("--lookup-ngram", type=int, default=3, help="longest n-gram matched (default 3)")
     p.add_argument(
         "--lookup-node-cost",
         type=float,
@@ -369,8 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="entmtp prompt lookup without heads (comma list): adaptive (branch sized per step), fixed; "
         "TREE+lookup in --trees and POLICY+lookup in --policies add a lookup branch to heads configs",
     )
-    b.add_argument("--lookup-tokens", type=int, default=10, help="most lookup tokens per step")
-    b.add_argument("--lookup-node-cost", type=float, default=None, help="see `entmtp generate --help`")
+    add_lookup_settings(b)
     b.add_argument("--replay", action="store_true", help="also replay the policies and the oracle (greedy)")
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--acceptance", default="auto", choices=["auto", "greedy", "sample", "typical"])

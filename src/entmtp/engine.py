@@ -51,8 +51,7 @@ class Engine:
         master = getattr(policy, "master", None)
         trees = [*policy.trees, *([master] if master is not None else [])]
         if heads is None:
-            if any(t.heads_tree.num_nodes for t in trees):
-                t = next(t for t in trees if t.heads_tree.num_nodes)
+            if (t := next((t for t in trees if t.heads_tree.num_nodes), None)) is not None:
                 raise EntMTPError(
                     f"tree {t.name!r} has head nodes but no heads were given: pass heads, or use a tree of "
                     'lookup nodes only (like [["L0"], ["L0", "L0"]]) or lookup=True for prompt lookup'

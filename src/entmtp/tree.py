@@ -20,7 +20,8 @@ Node numbering (used by every tensor below):
 
 * node 0 is the implicit ROOT: the base model's own next token, depth 0, parent -1;
 * nodes 1..N are the paths in canonical order, sorted by ``(len(path), path)`` (head ranks before lookup
-  ranks at each position), so the nodes of each depth are contiguous (``level_slices``) and every parent has a smaller id than its children.
+  ranks at each position), so the nodes of each depth are contiguous (``level_slices``) and every parent
+  has a smaller id than its children.
 
 For the example above: 0 = root, 1 = (0,), 2 = (1,), 3 = (0, 0), 4 = (0, 1).
 
@@ -152,10 +153,8 @@ class Tree:
     parents: torch.Tensor = field(init=False)  # [N+1] int64; root -1
     ranks: torch.Tensor = field(
         init=False
-    )  # [N+1] int64; root 0; rank among its head's (or lookup's) candidates
-    lookup: torch.Tensor = field(
-        init=False
-    )  # [N+1] bool; True for lookup nodes ("L<r>"), False for heads and root
+    )  # [N+1] int64; root 0; rank among its head's (lookup's) candidates
+    lookup: torch.Tensor = field(init=False)  # [N+1] bool; True for lookup nodes ("L<r>")
     mask: torch.Tensor = field(init=False)  # [N+1, N+1] bool; mask[i, j] iff j is i or an ancestor of i
     retrieve_indices: torch.Tensor = field(init=False)  # [num_leaves, depth+1] int64; root..leaf, -1 padded
     level_slices: tuple[slice, ...] = field(init=False)  # [depth]; level_slices[d - 1] = node ids of depth d
@@ -174,9 +173,8 @@ class Tree:
         depths = [0] + [len(p) for p in paths]
         parents = [-1] + [node_of.get(p[:-1], 0) for p in paths]
         ranks = [0] + [_rank(p[-1]) for p in paths]
-        is_head = [False] + [isinstance(p[-1], int) for p in paths]
+        is_lookup = [False] + [not isinstance(p[-1], int) for p in paths]
         depth = max(depths)
-        topk = max((r for r, h in zip(ranks, is_head, strict=True) if h), default=-1) + 1
 
         mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)  # [N+1, N+1]
         mask[0, 0] = True
@@ -202,24 +200,23 @@ class Tree:
             level_slices.append(slice(start, start + count))
             start += count
 
-        contiguous = all(
-            sorted(ranks[c] for c in kids if is_head[c]) == list(range(sum(is_head[c] for c in kids)))
-            for kids in children.values()
-        )
-        head_ids = [0] + [i for i in range(1, n + 1) if is_head[i]]
-        heads_tree = (
-            self
-            if len(head_ids) == n + 1
-            else Tree(self.name, tuple(paths[i - 1] for i in head_ids[1:]), True)
-        )
+        head_ids = [i for i in range(n + 1) if not is_lookup[i]]  # root included
+        if len(head_ids) == n + 1:  # no lookup node: the heads' tree is this one
+            heads_tree = self
+            topk = max(ranks) + 1 if n else 0
+            contiguous = all(
+                sorted(ranks[c] for c in kids) == list(range(len(kids))) for kids in children.values()
+            )
+        else:  # what the heads draft is the subtree of head nodes
+            heads_tree = Tree(self.name, tuple(paths[i - 1] for i in head_ids[1:]), True)
+            topk, contiguous = heads_tree.topk, heads_tree.is_rank_contiguous
 
         set_ = object.__setattr__  # frozen dataclass: fields are set once, here
         set_(self, "paths", paths)
         set_(self, "depths", torch.tensor(depths, dtype=torch.int64))  # [N+1]
         set_(self, "parents", torch.tensor(parents, dtype=torch.int64))  # [N+1]
         set_(self, "ranks", torch.tensor(ranks, dtype=torch.int64))  # [N+1]
-        set_(self, "lookup", ~torch.tensor(is_head))  # [N+1]
-        self.lookup[0] = False
+        set_(self, "lookup", torch.tensor(is_lookup))  # [N+1]
         set_(self, "mask", mask)  # [N+1, N+1]
         set_(self, "retrieve_indices", torch.tensor(rows, dtype=torch.int64))  # [num_leaves, depth+1]
         set_(self, "level_slices", tuple(level_slices))

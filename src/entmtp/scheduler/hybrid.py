@@ -105,7 +105,7 @@ class HybridPolicy:
         if not self.lookup.adaptive:
             heads, length = True, self.lookup.tokens if match else 0
         else:
-            heads, length = self._best(tree, m if match else 0)
+            heads, length = self._best(tree, m)
         if not heads:
             tree = Tree.root_only()
         self._chosen = (m, tree.depth)

@@ -152,8 +152,7 @@ def create_app(
             return error(400, str(e))
         finally:
             job.cancel.set()  # no-op when it finished; stops it when this coroutine is cancelled
-        build = schema.chat_response if chat else schema.completion_response
-        return JSONResponse(build(rid, name, result))
+        return JSONResponse(schema.response(rid, name, chat, result))
 
     async def stream(job: Job, rid: str, name: str, chat: bool, include_usage: bool):
         try:

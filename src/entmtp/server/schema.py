@@ -108,40 +108,24 @@ def usage(result) -> dict:
     }
 
 
-def chat_response(rid: str, model: str, result) -> dict:
+def _envelope(rid: str, model: str, obj: str, choices: list[dict], **extra) -> dict:
+    """What every response and chunk carries: id, object, created, model, choices (and usage)."""
     return {
         "id": rid,
-        "object": "chat.completion",
+        "object": obj,
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": result.text},
-                "logprobs": None,
-                "finish_reason": finish_reason(result.finish_reason),
-            }
-        ],
-        "usage": usage(result),
+        "choices": choices,
+        **extra,
     }
 
 
-def completion_response(rid: str, model: str, result) -> dict:
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "text": result.text,
-                "logprobs": None,
-                "finish_reason": finish_reason(result.finish_reason),
-            }
-        ],
-        "usage": usage(result),
-    }
+def response(rid: str, model: str, chat: bool, result) -> dict:
+    """A whole (non-streamed) chat.completion or text_completion."""
+    content = {"message": {"role": "assistant", "content": result.text}} if chat else {"text": result.text}
+    choice = {"index": 0, **content, "logprobs": None, "finish_reason": finish_reason(result.finish_reason)}
+    obj = "chat.completion" if chat else "text_completion"
+    return _envelope(rid, model, obj, [choice], usage=usage(result))
 
 
 def chunk(
@@ -151,20 +135,15 @@ def chunk(
     if chat:
         delta: dict = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        obj = "chat.completion.chunk"
     else:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        obj = "text_completion"
-    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice]}
+    return _envelope(rid, model, _chunk_object(chat), [choice])
 
 
 def usage_chunk(rid: str, model: str, chat: bool, result) -> dict:
-    obj = "chat.completion.chunk" if chat else "text_completion"
-    return {
-        "id": rid,
-        "object": obj,
-        "created": int(time.time()),
-        "model": model,
-        "choices": [],
-        "usage": usage(result),
-    }
+    """The last streamed chunk when the client asked for usage (stream_options.include_usage)."""
+    return _envelope(rid, model, _chunk_object(chat), [], usage=usage(result))
+
+
+def _chunk_object(chat: bool) -> str:
+    return "chat.completion.chunk" if chat else "text_completion"
