@@ -193,3 +193,14 @@ def test_doctor_reports_the_installation(capsys):
     assert set(r["extras"]) >= {"llama_cpp", "fastapi", "openai"}
     code, out, _ = _run(capsys, ["doctor"])
     assert "model_cache:" in out and "extras:" in out
+
+
+def test_more_bad_options_are_named_before_loading(capsys, tmp_path):
+    code, _, err = _run(capsys, ["generate", "hi", "--system", "Be brief.", "--no-chat", "--heads", "none"])
+    assert code == 2 and "--system needs the chat template: drop --no-chat" in err
+    bad = tmp_path / "p.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"prompt": \n')
+    code, _, err = _run(capsys, ["bench", "--heads", "none", "--prompts", str(bad)])
+    assert code == 2 and "line 2 is not JSON" in err
+    code, _, err = _run(capsys, ["serve", "--max-queue", "-1", "--heads", "none"])
+    assert code == 2 and "--max-queue must be >= 0" in err

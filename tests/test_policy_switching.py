@@ -110,3 +110,34 @@ def test_shipped_heads_cycling_trees_equal_plain_greedy(embedded, kind):
         assert trees == [CYCLE[j % len(CYCLE)] for j in range(len(trees))]
         accepted += sum(s.accepted for s in out.steps)
     assert accepted > 0  # trained heads: drafts were accepted between the root-only steps
+
+
+class HybridCyclingPolicy(CyclingPolicy):
+    """Cycles through root-only, heads + lookup chain, lookup alone, lookup below head nodes, a heads tree."""
+
+    def __init__(self):
+        from entmtp.tree import with_lookup
+
+        super().__init__()
+        below = Tree.from_paths([[0], [1], [0, 0], [0, "L0"], [0, 0, "L0"], [0, 0, "L0", "L0"]], "below")
+        self.trees = [
+            Tree.root_only(),
+            with_lookup(load_tree("tree_4"), 4),
+            with_lookup(Tree.root_only(), 6, branches=2),
+            below,
+            load_tree("chain_3"),
+        ]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_cycling_hybrid_and_lookup_trees_identical_output(seed):
+    model = tiny_model("llama", seed=seed)
+    ids = [5, 17, 99, 3, 250, 7, 64, 5, 17, 99, 3, 250, 7, 64, 5, 17]  # repeats: the lookup finds matches
+    n = 64
+    ref = plain_greedy(model, ids, n)
+    heads = OracleHeads(ids + ref, rank_mod=2, wrong_every=3)
+    policy = HybridCyclingPolicy()
+    result = Engine(model, ByteTokenizer(), heads=heads, tree=policy).generate(ids, max_new_tokens=n)
+    assert result.token_ids == ref
+    assert [c.step for c in policy.contexts] == list(range(len(result.steps)))
+    assert sum(s.lookup_accepted for s in result.steps) > 0  # copied drafts were kept between the others

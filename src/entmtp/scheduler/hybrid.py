@@ -46,7 +46,8 @@ CPU_COST = LatencyModel(
     [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 90],
     [36.8, 44.5, 49.5, 52.2, 56.6, 61.3, 67.0, 75.6, 85.4, 102.4, 121.6, 162.4, 187.1, 240.6],
 )
-# the heads' drafting, in plain steps: Hydra ~4 ms of a ~37 ms step here (`entmtp profile`)
+# the heads' drafting, in plain steps: Hydra's draft phase took 3.95-4.2 ms (median Step.seconds["draft"],
+# chain_2 / tree_4 / EntMTP*, bf16) against 36-38 ms plain steps on this project's 2-core CPU (2026-11-30)
 HEADS_DRAFT_COST = 0.11
 HEADS_PRIOR = 0.6  # H_k prior: 0.6^k
 LOOKUP_PRIOR = {0: 0.0, 1: 0.25, 2: 0.45, 3: 0.6}  # r_m prior by match length (3 = 3 or more)
