@@ -92,7 +92,7 @@ class OracleHeads(torch.nn.Module):
             right_rank = (self.pos * 7 + depth) % self.rank_mod
             miss = self.wrong_every and (self.pos + depth) % self.wrong_every == 0
             tokens.append(truth if rank == right_rank and not miss else (truth + 1 + rank) % self.vocab)
-        t = torch.tensor(tokens, dtype=torch.long)
+        t = torch.tensor(tokens, dtype=torch.long, device=root_token.device)
         return Draft(tokens=t, logprobs=torch.zeros(len(tokens)))
 
 

@@ -1,17 +1,31 @@
 """The base model's KV cache and the one forward pass that verifies a tree.
 
-The cache is transformers' own `DynamicCache`. A verification forward appends every tree node to it; the
-commit then keeps only the accepted path: the accepted entries are copied down to the first free slots and
-the rest is cut off. Kept entries need no re-rotation: they were computed at the positions they end up at.
+The engine sees three calls: `new_cache(capacity)`, `forward(tokens, tree, cache)` and `commit(cache, path)`.
+Tree masks, positions and the commit live here, behind that boundary.
+
+Two caches:
+- `KVCache` (the default): one preallocated tensor for every layer's keys and values (gpt-fast style). A
+  forward writes its tokens into the scratch slots after the committed prefix, in place; the commit copies
+  the accepted path down to the first free slots in one gather over all layers at once and moves the length.
+  No per-step allocation or concatenation. Kept entries need no re-rotation: they were computed at the
+  positions they end up at. In `static` mode every forward attends over the whole capacity with the mask
+  hiding what is not committed, so each tree size is one fixed shape (what CUDA graphs replay, graphs.py);
+  otherwise attention reads a view of the first `length + n` slots.
+- `DynamicKV`: transformers' `DynamicCache`, appended to and cut back each step. The fallback for models
+  the preallocated cache cannot serve (sliding-window or linear-attention layers), and the reference path.
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
 from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import Cache
+
+from .tree import Tree
 
 
 @dataclass
@@ -20,10 +34,111 @@ class Forward:
     hidden: torch.Tensor  # [n, H] the hidden states the heads read
 
 
-class BaseModel:
-    """A causal LM seen as: (token ids, positions, mask, cache) -> logits and hidden states."""
+class KVCache(Cache):
+    """Preallocated keys and values of every layer: `kv` [2, L, 1, kv_heads, capacity, head_dim], allocated at
+    the first write (its shape read off the model's own key states). Slots [0, length) hold the committed
+    prefix; a forward writes slots [length, length + n)."""
 
-    def __init__(self, model, hidden_state_offset: int = 0):
+    def __init__(self, num_layers: int, capacity: int, *, static: bool = False):
+        super().__init__(layers=[])
+        self.num_layers, self.capacity, self.static = num_layers, capacity, static
+        self.kv: torch.Tensor | None = None
+        self.length = 0
+        self.n = 0  # tokens of the forward in flight
+        self.slots: torch.Tensor | None = None  # [n] static mode: where the forward in flight writes
+
+    def begin(self, n: int, slots: torch.Tensor | None = None) -> None:
+        """Open a forward of n tokens (static mode: written at `slots`, default length .. length + n - 1)."""
+        if self.length + n > self.capacity:
+            raise ValueError(f"{n} tokens after {self.length} overflow the KV cache of {self.capacity}")
+        self.n = n
+        if self.static:
+            self.slots = slots if slots is not None else self._arange(n) + self.length
+
+    def _arange(self, n: int) -> torch.Tensor:
+        return torch.arange(n, device=self.kv.device if self.kv is not None else None)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """transformers' attention hands each layer's new keys and values [1, kv_heads, n, head_dim] here and
+        attends over what comes back."""
+        if self.kv is None:
+            b, h, _, d = key_states.shape
+            shape = (2, self.num_layers, b, h, self.capacity, d)
+            self.kv = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
+            if self.static and self.slots is not None:
+                self.slots = self.slots.to(key_states.device)
+        keys, values = self.kv[0, layer_idx], self.kv[1, layer_idx]  # [1, kv_heads, capacity, head_dim]
+        if self.static:
+            keys.index_copy_(2, self.slots, key_states)
+            values.index_copy_(2, self.slots, value_states)
+            return keys, values
+        start, end = self.length, self.length + key_states.shape[2]
+        keys[:, :, start:end] = key_states
+        values[:, :, start:end] = value_states
+        return keys[:, :, :end], values[:, :, :end]
+
+    def commit(self, path: list[int]) -> None:
+        """Keep slots `length + path` (ascending node ids of the accepted path) as the next len(path) slots."""
+        n = len(path)
+        if path[-1] != n - 1:  # a path 0..n-1 is already in place (always the case for chains)
+            src = torch.tensor(path, device=self.kv.device) + self.length
+            end = self.length + n
+            self.kv[:, :, :, :, self.length : end] = self.kv[:, :, :, :, src]  # all layers in one gather
+        self.length += n
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+class DynamicKV:
+    """transformers' DynamicCache behind the same interface: each forward appends, the commit cuts back."""
+
+    static = False
+
+    def __init__(self, config):
+        self.hf = DynamicCache(config=config)
+        self.length, self.capacity = 0, sys.maxsize
+
+    def begin(self, n: int, slots=None) -> None:
+        pass
+
+    def commit(self, path: list[int]) -> None:
+        n, start = len(path), self.length
+        contiguous = path[-1] == n - 1
+        src = None if contiguous else torch.tensor(path, device=self.hf.layers[0].keys.device) + start
+        for layer in self.hf.layers:
+            if src is not None:
+                layer.keys[:, :, start : start + n] = layer.keys[:, :, src]  # [B, kv_heads, n, head_dim]
+                layer.values[:, :, start : start + n] = layer.values[:, :, src]
+            layer.keys = layer.keys[:, :, : start + n]
+            layer.values = layer.values[:, :, : start + n]
+        self.length += n
+
+
+def preallocation_blocker(model) -> str | None:
+    """Why the preallocated cache cannot serve `model` (None: it can)."""
+    config = model.config
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        return f"its layers are {', '.join(sorted(kinds))}"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return f"it uses a sliding attention window ({config.sliding_window})"
+    return None
+
+
+class BaseModel:
+    """A causal LM seen as: (token ids, tree, cache) -> logits and hidden states.
+
+    `kv="auto"` uses the preallocated `KVCache` where the model allows it and says once why not otherwise;
+    `kv="dynamic"` always uses transformers' `DynamicCache`.
+    """
+
+    def __init__(self, model, hidden_state_offset: int = 0, kv: str = "auto"):
+        if kv not in ("auto", "dynamic"):
+            raise ValueError(f"unknown kv cache {kv!r}: use 'auto' or 'dynamic'")
         self.model = model
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
@@ -31,27 +146,58 @@ class BaseModel:
         params = inspect.signature(self.decoder.forward).parameters
         # transformers >= 5.24 names the argument `cache`; older 5.x calls it `past_key_values`.
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.num_layers = model.config.num_hidden_layers
+        blocker = preallocation_blocker(model) if kv == "auto" else None
+        if blocker is not None:
+            print(f"entmtp: this model keeps transformers' DynamicCache: {blocker}", file=sys.stderr)
+        self.preallocate = kv == "auto" and blocker is None
 
     @property
     def device(self) -> torch.device:
         return self.lm_head.weight.device
 
-    def new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.model.config)
+    def new_cache(self, capacity: int, *, static: bool = False) -> KVCache | DynamicKV:
+        """A cache for `capacity` tokens (prompt, output and the largest tree's scratch)."""
+        if not self.preallocate:
+            return DynamicKV(self.model.config)
+        return KVCache(self.num_layers, capacity, static=static)
 
     def forward(
         self,
-        ids: torch.Tensor,  # [n]
-        positions: torch.Tensor,  # [n]
-        cache: DynamicCache,
-        mask: torch.Tensor | None = None,  # [n, past + n] bool (True = attend), None = causal
+        tokens: torch.Tensor,  # [n] on the model's device
+        tree: Tree | None,  # None: a causal chain (the prefill)
+        cache: KVCache | DynamicKV,
     ) -> Forward:
-        kwargs = {self._cache_kw: cache}
+        """Tokens at positions cache.length + depth, each attending to the committed prefix and to its own
+        ancestors in the tree; their keys and values go into the cache's scratch slots (`commit` keeps the
+        accepted ones)."""
+        n, past, dev = tokens.numel(), cache.length, tokens.device
+        depths = torch.arange(n) if tree is None else tree.depths  # [n]
+        positions = (past + depths).to(dev)
+        cache.begin(n)
+        if cache.static:
+            mask = static_mask(tree_mask(tree, n).to(dev), past, cache.capacity)
+        elif isinstance(cache, KVCache) or (tree is not None and tree.num_nodes != tree.depth):
+            mask = torch.ones(n, past + n, dtype=torch.bool, device=dev)  # [n, past + n]
+            mask[:, past:] = tree_mask(tree, n).to(dev)
+        else:
+            mask = None  # DynamicCache and a chain: transformers' own causal mask
+        return self.run(tokens, positions, mask, cache)
+
+    def run(
+        self,
+        tokens: torch.Tensor,  # [n]
+        positions: torch.Tensor,  # [n]
+        mask: torch.Tensor | None,  # [n, kv_len] bool (True = attend) or None (causal)
+        cache: KVCache | DynamicKV,
+    ) -> Forward:
+        """The bare decoder + LM head call (what graphs.py captures)."""
+        kwargs = {self._cache_kw: cache.hf if isinstance(cache, DynamicKV) else cache}
         if mask is not None:
-            kwargs["attention_mask"] = mask[None, None]  # [1, 1, n, past + n]
+            kwargs["attention_mask"] = mask[None, None]  # [1, 1, n, kv_len]
         offset = self.hidden_state_offset
         out = self.decoder(
-            input_ids=ids[None],
+            input_ids=tokens[None],
             position_ids=positions[None],
             use_cache=True,
             output_hidden_states=offset > 0,
@@ -61,16 +207,22 @@ class BaseModel:
         hidden = out.hidden_states[-1 - offset][0] if offset > 0 else last
         return Forward(logits=self.lm_head(last), hidden=hidden)
 
+    def commit(self, cache: KVCache | DynamicKV, path: list[int]) -> None:
+        """Keep the accepted path (node ids, root first) of the last forward; drop the rest of its tokens."""
+        cache.commit(path)
 
-def commit_path(cache: DynamicCache, start: int, keep: torch.Tensor) -> None:
-    """Keep cache slots `start + keep` (ascending node ids of the accepted path), moved to
-    `start .. start + len(keep) - 1`, and drop every slot after them."""
-    n = keep.numel()
-    contiguous = bool(keep[-1] == n - 1)  # path 0..n-1 is already in place (always the case for chains)
-    src = keep + start
-    for layer in cache.layers:
-        if not contiguous:
-            layer.keys[:, :, start : start + n] = layer.keys[:, :, src]  # [B, kv_heads, n, head_dim]
-            layer.values[:, :, start : start + n] = layer.values[:, :, src]
-        layer.keys = layer.keys[:, :, : start + n]
-        layer.values = layer.values[:, :, : start + n]
+
+def tree_mask(tree: Tree | None, n: int) -> torch.Tensor:
+    """[n, n] bool: the tree's ancestor mask, or causal for a chain of n tokens (tree None)."""
+    return torch.ones(n, n, dtype=torch.bool).tril_() if tree is None else tree.mask
+
+
+def static_mask(mask: torch.Tensor, past: int | torch.Tensor, capacity: int) -> torch.Tensor:
+    """[n, capacity] bool over the whole cache: the committed prefix [0, past), then the tree's own [n, n]
+    mask at slots past .. past + n - 1, nothing after. `past` may be a device scalar: then nothing here
+    reads it on the host, so the mask can be built inside a captured graph."""
+    n = mask.shape[0]
+    rel = torch.arange(capacity, device=mask.device) - past  # [capacity] slot - past
+    inside = (rel >= 0) & (rel < n)
+    own = mask[:, rel.clamp(0, n - 1)] & inside  # [n, capacity]
+    return own | (rel < 0)

@@ -8,6 +8,7 @@ decoding: the root-only tree, one token per step.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 import torch
 
 from .accept import Sampling, accept
-from .cache import BaseModel, commit_path
+from .cache import BaseModel
 from .errors import EntMTPError, PromptError
 from .lookup import Lookup, NgramIndex, draft_lookup, source_depths
 from .model import context_window, encode_prompt, eos_token_ids
@@ -31,6 +32,10 @@ class Engine:
     per step. `lookup` (a `Lookup`, or True for the defaults) adds a prompt-lookup branch to every step's tree,
     its length chosen per step (scheduler.hybrid). `heads=None` and no lookup is plain decoding (one token per
     step), the baseline for speed and equality; `heads=None` with `lookup` is prompt lookup decoding.
+
+    `kv="auto"` keeps keys and values in a preallocated cache where the model allows it (cache.py);
+    `kv="dynamic"` uses transformers' DynamicCache. On CUDA, `graphs=True` replays one captured graph per
+    tree size for verification (graphs.py).
     """
 
     def __init__(
@@ -40,6 +45,9 @@ class Engine:
         heads=None,
         tree: str | Tree | TreePolicy | None = None,
         lookup: Lookup | bool | None = None,
+        *,
+        kv: str = "auto",
+        graphs: bool = True,
     ):
         self.model, self.tokenizer, self.heads = model, tokenizer, heads
         self.lookup = Lookup() if lookup is True else (lookup or None)
@@ -69,8 +77,15 @@ class Engine:
         self.uses_lookup = self.lookup is not None or any(t.num_lookup for t in trees)
         self.max_ngram = self.lookup.max_ngram if self.lookup is not None else Lookup.max_ngram
         offset = heads.config.hidden_state_offset if heads is not None else 0
-        self.base = BaseModel(model, hidden_state_offset=offset)
+        self.base = BaseModel(model, hidden_state_offset=offset, kv=kv)
         self.window = context_window(model)
+        # scratch slots a step may need past the committed tokens: the largest tree, with a lookup chain
+        self.scratch = max(t.size for t in trees) + (self.lookup.tokens if self.lookup is not None else 0)
+        self.graphs = None
+        if graphs and self.base.preallocate and self.base.device.type == "cuda":
+            from .graphs import VerifyGraphs
+
+            self.graphs = VerifyGraphs(self.base)
         self.eos_ids = eos_token_ids(model, tokenizer)
 
     # -- public API --------------------------------------------------------------------------------------
@@ -103,24 +118,25 @@ class Engine:
         t0 = time.perf_counter()
         prefill_seconds = 0.0
         finish = "length"
-        for step, new in decode(self, ids, max_new_tokens, sampling, generator):
-            if step is None:
-                prefill_seconds = time.perf_counter() - t0
-            else:
-                steps.append(step)
-            new = new[: max_new_tokens - len(out)]
-            cut, reason = _find_end(new, self.eos_ids, detok)
-            new = new[:cut]
-            if reason is None and len(out) + cut == max_new_tokens:
-                reason = "length"
-            if step is not None and cut < step.tokens:
-                step.tokens, step.token_ids = cut, step.token_ids[:cut]
-            out += new
-            text = detok.push(new)
-            if reason is not None:
-                finish = reason
-                break
-            yield TokenEvent(new, text, step)
+        with _open_cache(self, len(ids) + max_new_tokens) as (cache, graphs):
+            for step, new in decode(self, ids, max_new_tokens, sampling, generator, cache, graphs):
+                if step is None:
+                    prefill_seconds = time.perf_counter() - t0
+                else:
+                    steps.append(step)
+                new = new[: max_new_tokens - len(out)]
+                cut, reason = _find_end(new, self.eos_ids, detok)
+                new = new[:cut]
+                if reason is None and len(out) + cut == max_new_tokens:
+                    reason = "length"
+                if step is not None and cut < step.tokens:
+                    step.tokens, step.token_ids = cut, step.token_ids[:cut]
+                out += new
+                text = detok.push(new)
+                if reason is not None:
+                    finish = reason
+                    break
+                yield TokenEvent(new, text, step)
         seconds = time.perf_counter() - t0
         # decode() stops only past max_new_tokens, which sets reason "length" first: the loop always breaks,
         # and its last (unyielded) tokens go out with the result.
@@ -146,24 +162,40 @@ class Engine:
             )
 
 
+@contextlib.contextmanager
+def _open_cache(engine: Engine, tokens: int):
+    """The generation's KV cache (room for its tokens and the largest tree's scratch) and, on CUDA, the
+    verification graphs that write into it: one generation at a time replays them, others run eagerly."""
+    need, graphs = min(engine.window, tokens + engine.scratch), engine.graphs
+    if graphs is None or graphs.in_use:
+        yield engine.base.new_cache(need), None
+        return
+    graphs.in_use = True
+    try:
+        yield graphs.cache_for(need, engine.window), graphs
+    finally:
+        graphs.in_use = False
+
+
 @torch.inference_mode()
 def decode(
-    engine: Engine, ids: list[int], max_new_tokens: int, sampling: Sampling, generator
+    engine: Engine, ids: list[int], max_new_tokens: int, sampling: Sampling, generator, cache, graphs
 ) -> Iterator[tuple[Step | None, list[int]]]:
     """Yield (None, [first token]) after the prefill, then (Step, new tokens) per speculative step."""
     base, heads, policy = engine.base, engine.heads, engine.policy
     dev = base.device
-    cache = base.new_cache()
     prompt = torch.tensor(ids, device=dev)
-    fwd = base.forward(prompt, torch.arange(len(ids), device=dev), cache)
+    fwd = base.forward(prompt, None, cache)
+    base.commit(cache, list(range(len(ids))))
     # the first token: the acceptance rule on the root-only tree draws it from the last prompt position
     root = accept(Tree.root_only(), prompt[-1:], fwd.logits[-1:], sampling, generator).bonus
     if heads is not None:
         heads.reset()
         heads.extend(fwd.hidden)  # [P, H]
-    root_logits = fwd.logits[-1]  # [V] base distribution the root was drawn from (a scheduler signal)
+    root_logits = fwd.logits[-1].clone()  # [V] base distribution the root was drawn from (a scheduler signal)
     yield None, [root]
-    pos, emitted, plain = len(ids), 1, Tree.root_only()
+    emitted, plain = 1, Tree.root_only()
+    limit = min(engine.window, cache.capacity)
     master = getattr(policy, "master", None) if heads is not None else None
     index = NgramIndex([*ids, root], engine.max_ngram) if engine.uses_lookup else None  # prompt + output
     policy.reset()
@@ -176,26 +208,28 @@ def decode(
         root_t = torch.tensor([root], device=dev)
         probe = heads.probe(master, root_t) if master is not None else None
         times = {"probe": clock.lap()}
+        pos = cache.length
         ctx = StepContext(step_i, pos, max_new_tokens - emitted, root_logits, probe, lookup=index)
         tree = policy.choose(ctx)
-        if pos + tree.size > engine.window:
+        if pos + tree.size > limit:
             tree = plain
         times["choose"] = clock.lap()
         # (2) draft: one token per tree node from the heads (the probed ones are reused) and the lookup
         #     index; lookup nodes the context has no continuation for are dropped from the tree
         tree, tokens = _draft(heads, tree, root_t, probe, index)  # tokens [N+1]
         times["draft"] = clock.lap()
-        # (3) verify every node in ONE forward: tree mask over the cache, positions = pos + depth
-        is_chain = tree.num_nodes == tree.depth
-        mask = None if is_chain else _tree_mask(tree, pos, dev)
-        fwd = base.forward(tokens, pos + tree.depths.to(dev), cache, mask)
+        # (3) verify every node in ONE forward: tree mask over the cache, positions = pos + depth (on CUDA
+        #     the replay of the graph captured for this tree size)
+        fwd = graphs.forward(tokens, tree) if graphs is not None else None
+        if fwd is None:
+            fwd = base.forward(tokens, tree, cache)
         times["verify"] = clock.lap()
         # (4) accept: the longest path the base model agrees with, plus its bonus token
         acc = accept(tree, tokens, fwd.logits, sampling, generator)
         times["accept"] = clock.lap()
         # (5) commit: keep the accepted path in the KV cache and feed its hidden states to the heads
+        base.commit(cache, acc.path)
         path = torch.tensor(acc.path, device=dev)
-        commit_path(cache, pos, path)
         if heads is not None:
             heads.extend(fwd.hidden[path])  # [a, H]
         new = tokens[path[1:]].tolist() + [acc.bonus]
@@ -203,9 +237,8 @@ def decode(
             index.extend(new)
         times["commit"] = clock.lap()
         # (6) record
-        pos += len(acc.path)
         emitted += len(new)
-        root, root_logits = acc.bonus, fwd.logits[acc.path[-1]]
+        root, root_logits = acc.bonus, fwd.logits[acc.path[-1]].clone()  # a graph's output is overwritten
         times["total"] = clock.total()
         signals = dict(getattr(policy, "last_signals", None) or {})
         step = Step(tree.name, tree.num_nodes, len(acc.path) - 1, len(new), new, times, signals)
@@ -252,12 +285,6 @@ class _Clock:
 
     def total(self) -> float:
         return self._now() - self.start
-
-
-def _tree_mask(tree: Tree, past: int, dev) -> torch.Tensor:
-    mask = torch.ones(tree.size, past + tree.size, dtype=torch.bool, device=dev)  # [n, past + n]
-    mask[:, past:] = tree.mask.to(dev)
-    return mask
 
 
 def _is_ids(prompt) -> bool:

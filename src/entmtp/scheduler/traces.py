@@ -66,7 +66,7 @@ def trace_generation(
     dev = base.device
     ids = torch.tensor(tokens, device=dev)
     L, D, dp = len(tokens), heads.config.num_heads, probe_depth(heads)
-    fwd = base.forward(ids, torch.arange(L, device=dev), base.new_cache())
+    fwd = base.forward(ids, None, base.new_cache(L))
     feats = heads.features(fwd.hidden[None].to(heads.dtype), ids[None])  # D x [1, L, H]
     roots = torch.arange(prompt_len, L, device=dev)  # [R] step roots j; the heads read position j - 1
     t = roots - 1
