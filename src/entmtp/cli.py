@@ -19,6 +19,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument(
+        "--no-graphs",
+        action="store_true",
+        help="on CUDA, verify eagerly instead of replaying one captured CUDA graph per tree size",
+    )
 
 
 def _setup_torch(args) -> None:
@@ -41,7 +46,7 @@ def _engine(args):
     if heads is not None:
         heads.bind(model)  # heads made for another model: say so before anything else about them
     tree = _tree_or_policy(args, spec, model, heads)
-    return Engine(model, tokenizer, heads=heads, tree=tree, lookup=lookup)
+    return Engine(model, tokenizer, heads=heads, tree=tree, lookup=lookup, graphs=not args.no_graphs)
 
 
 def _sampling_kwargs(args) -> dict:
@@ -243,6 +248,10 @@ def cmd_trees(args) -> int:
 def cmd_profile(args) -> int:
     from .profile import run_profile
 
+    if args.random_model and args.model:
+        raise EntMTPError("give either --model or --random-model, not both")
+    if args.past < 1 or args.steps < 1:
+        raise EntMTPError("--past and --steps must be >= 1")
     _setup_torch(args)
     return run_profile(args)
 
@@ -343,6 +352,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trees", default="chain_1,tree_4,tree_16,mc_sim_7b_63")
     p.add_argument("--steps", type=int, default=40, help="decode steps measured per tree (after warm-up)")
     p.add_argument("--out", default="runs/profile.json")
+    p.add_argument(
+        "--random-model",
+        default=None,
+        metavar="SHAPE|CONFIG.json",
+        help="time a model shape with random weights instead of --model: smollm2-135m, llama-7b or a config.json",
+    )
+    p.add_argument(
+        "--past", type=int, default=300, help="prompt tokens before the measured steps (random model)"
+    )
+    p.add_argument(
+        "--kv",
+        default="auto",
+        help="auto (graphs on CUDA, else kv) or a comma list of: dynamic (transformers' DynamicCache), kv "
+        "(the preallocated cache), graphs (kv + CUDA graphs)",
+    )
     _add_model_args(p)
     p.set_defaults(func=cmd_profile)
 

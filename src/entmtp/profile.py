@@ -15,15 +15,25 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
+from .errors import EntMTPError
+
 PHASES = ("draft", "verify", "accept", "commit")
 WARMUP = 3  # steps dropped per run: first calls allocate and warm caches
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."
 
 
-def profile_engine(engine, steps: int, prompt: str = PROMPT) -> dict:
-    """Run one generation long enough for `steps` measured steps; return median ms per phase."""
-    result = engine.generate(prompt, max_new_tokens=(steps + WARMUP) * 8)  # EOS or length may end it earlier
-    measured = result.steps[WARMUP : WARMUP + steps]
+MODES = ("dynamic", "kv", "graphs")  # transformers' DynamicCache; the preallocated cache; + CUDA graphs
+
+
+def profile_engine(engine, steps: int, prompt=PROMPT) -> dict:
+    """Run one generation for WARMUP + `steps` steps; return median ms per phase over the measured ones."""
+    taken = []
+    for event in engine.stream(prompt, max_new_tokens=(steps + WARMUP) * 64):  # most steps emit < 64
+        if event.step is not None:
+            taken.append(event.step)
+        if len(taken) == WARMUP + steps:
+            break
+    measured = taken[WARMUP:]
     if not measured:
         raise RuntimeError("generation ended before any step could be measured: use a longer prompt")
     row = {p: 1000 * statistics.median(s.seconds[p] for s in measured) for p in PHASES}
@@ -40,12 +50,21 @@ def run_profile(args) -> int:
 
     from .engine import Engine
     from .heads import HeadsConfig, random_heads
-    from .model import load_model
+    from .model import DTYPES, load_model
+    from .random_model import memory_bandwidth, random_model, weight_bytes
     from .shipped import default_heads, resolve_heads
     from .tree import load_tree
 
-    model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
-    spec = args.heads or default_heads()
+    modes = _modes(args.kv, args.device)
+    trees = [load_tree(n) for n in args.trees.split(",")]  # bad names fail before any model loads
+    if args.random_model:
+        model, tokenizer = random_model(args.random_model, dtype=DTYPES[args.dtype], device=args.device)
+        gen = torch.Generator().manual_seed(0)
+        prompt = torch.randint(0, model.config.vocab_size, (args.past,), generator=gen).tolist()
+        spec = args.heads or "none"
+    else:
+        model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
+        prompt, spec = PROMPT, args.heads or default_heads()
     if spec == "none":  # nothing shipped: random heads still measure drafting cost (acceptance will be low)
         cfg = model.config
         heads = random_heads(
@@ -54,30 +73,72 @@ def run_profile(args) -> int:
         spec = "random medusa"
     else:
         heads = resolve_heads(spec, model)
-    rows = {}
-    runs = [("plain", None, None)] + [(n, heads, load_tree(n)) for n in args.trees.split(",")]
-    for name, h, tree in track(runs, description="profiling"):
-        engine = Engine(model, tokenizer, heads=h, tree=tree) if h is not None else Engine(model, tokenizer)
-        rows[name] = {"nodes": 0 if tree is None else tree.num_nodes, **profile_engine(engine, args.steps)}
+    rows, captures = {}, {}
+    runs = [(mode, None) for mode in modes] + [(mode, t) for t in trees for mode in modes]
+    for mode, tree in track(runs, description="profiling", console=_console(stderr=True)):
+        kw = dict(kv="dynamic" if mode == "dynamic" else "auto", graphs=mode == "graphs")
+        h = heads if tree is not None else None
+        engine = Engine(model, tokenizer, heads=h, tree=tree, **kw)
+        name = tree.name if tree is not None else "plain"
+        row = {"tree": name, "mode": mode, "nodes": 0 if tree is None else tree.num_nodes}
+        key = name if len(modes) == 1 else f"{name}@{mode}"
+        rows[key] = {**row, **profile_engine(engine, args.steps, prompt)}
+        if engine.graphs is not None:
+            captures[key] = engine.graphs.captures
+    nbytes, bandwidth = weight_bytes(model), memory_bandwidth(args.device)
+    floor_ms = 1000 * nbytes / bandwidth
+    where = f"{torch.get_num_threads()} threads" if args.device == "cpu" else torch.cuda.get_device_name()
+    what = f"random {args.random_model}" if args.random_model else (args.model or "embedded SmolLM2-135M")
     table = Table(
-        title=f"per-step cost, ms (median of {args.steps} steps; heads: {spec}; {args.dtype}, "
-        f"{torch.get_num_threads()} threads)"
+        title=f"per-step cost, ms (median of {args.steps} steps; {what}; heads: {spec}; {args.dtype}; {where})",
+        caption=f"weights {nbytes / 2**20:.0f} MiB / measured copy bandwidth {bandwidth / 1e9:.1f} GB/s = "
+        f"{floor_ms:.2f} ms: the floor of a step that reads every weight once",
     )
-    for col in ("run", "nodes", *PHASES, "bookkeeping", "overhead", "total", "tokens/step"):
+    for col in ("run", "kv", "nodes", *PHASES, "bookkeeping", "overhead", "total", "tokens/step"):
         table.add_column(col, justify="right")
-    for name, r in rows.items():
+    for r in rows.values():
         cells = [f"{r[p]:.2f}" for p in (*PHASES, "bookkeeping", "overhead", "total")]
-        table.add_row(name, str(r["nodes"]), *cells, f"{r['tokens_per_step']:.2f}")
+        table.add_row(r["tree"], r["mode"], str(r["nodes"]), *cells, f"{r['tokens_per_step']:.2f}")
     _console().print(table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"heads": spec, "dtype": args.dtype, "threads": torch.get_num_threads(), "steps": args.steps}
+    meta = {
+        "model": what,
+        "heads": spec,
+        "dtype": args.dtype,
+        "device": where,
+        "steps": args.steps,
+        "prompt_tokens": len(prompt) if isinstance(prompt, list) else None,
+        "weight_bytes": nbytes,
+        "bandwidth_bytes_per_s": bandwidth,
+        "floor_ms": floor_ms,
+        "graph_captures": captures,
+        "versions": {"torch": torch.__version__, "transformers": _version("transformers")},
+    }
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     print(f"wrote {out}")
     return 0
 
 
-def _console() -> Console:
+def _modes(spec: str, device: str) -> list[str]:
+    if spec == "auto":
+        return ["graphs" if device.startswith("cuda") else "kv"]
+    modes = spec.split(",")
+    for m in modes:
+        if m not in MODES:
+            raise EntMTPError(f"unknown --kv mode {m!r}: use auto or a comma list of {', '.join(MODES)}")
+    if "graphs" in modes and not device.startswith("cuda"):
+        raise EntMTPError("--kv graphs needs a CUDA device: pass --device cuda, or drop graphs")
+    return modes
+
+
+def _version(dist: str) -> str:
+    import importlib.metadata
+
+    return importlib.metadata.version(dist)
+
+
+def _console(stderr: bool = False) -> Console:
     """Full-width tables in logs too (rich would cut columns to 80 characters when not on a terminal)."""
-    console = Console()
-    return console if console.is_terminal else Console(width=160)
+    console = Console(stderr=stderr)
+    return console if console.is_terminal else Console(width=160, stderr=stderr)
