@@ -26,3 +26,10 @@ test: lint
 	$(BIN)/pytest
 
 .PHONY: setup demo lint test
+
+# On a CUDA machine whose python3 has torch and transformers: CUDA tests + eager-vs-graphs cost curves (< 5 min).
+GPU_PY ?= python3
+gpu-check:
+	PY=$(GPU_PY) scripts/gpu_check.sh
+
+.PHONY: gpu-check

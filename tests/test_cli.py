@@ -410,3 +410,56 @@ def test_bad_lookup_settings_fail_before_loading_a_model(capsys, monkeypatch, ar
     monkeypatch.setattr(entmtp.model, "load_model", no_loading)
     assert main(args) == 2
     assert message in capsys.readouterr().err
+
+
+TINY_CONFIG = dict(
+    model_type="llama",
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    max_position_embeddings=512,
+)
+
+
+def test_profile_random_model_from_a_config_compares_cache_paths(tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_CONFIG))
+    out = tmp_path / "p.json"
+    argv = ["profile", "--random-model", str(config), "--kv", "dynamic,kv", "--trees", "chain_1,tree_4"]
+    assert main([*argv, "--steps", "2", "--rounds", "2", "--past", "20", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert set(data["rows"]) == {
+        f"{t}@{m}" for t in ("plain", "chain_1", "tree_4") for m in ("dynamic", "kv")
+    }
+    assert all(r["steps"] == 4 for r in data["rows"].values())  # 2 rounds x 2 steps
+    meta = data["meta"]
+    assert meta["prompt_tokens"] == 20 and meta["weight_bytes"] > 0 and meta["floor_ms"] > 0
+    assert "the floor of a step that reads every weight once" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--kv", "graphs"], "--kv graphs needs a CUDA device"),
+        (["--kv", "dynamic,paged"], "unknown --kv mode 'paged'"),
+        (["--random-model", "llama-70b"], "neither a shape (smollm2-135m, llama-7b) nor a config.json"),
+        (["--random-model", "smollm2-135m", "--model", "x"], "either --model or --random-model, not both"),
+        (["--rounds", "0"], "--past, --steps and --rounds must be >= 1"),
+    ],
+)
+def test_profile_bad_options_are_named(argv, message, capsys):
+    assert main(["profile", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_profile_random_model_config_errors(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["profile", "--random-model", str(bad)]) == 2
+    assert "not a JSON config" in capsys.readouterr().err
+    bad.write_text(json.dumps({"hidden_size": 8}))
+    assert main(["profile", "--random-model", str(bad)]) == 2
+    assert "needs a model_type" in capsys.readouterr().err

@@ -193,8 +193,10 @@ class BaseModel:
     ) -> Forward:
         """The bare decoder + LM head call (what graphs.py captures)."""
         kwargs = {self._cache_kw: cache.hf if isinstance(cache, DynamicKV) else cache}
-        if mask is not None:
-            kwargs["attention_mask"] = mask[None, None]  # [1, 1, n, kv_len]
+        if mask is not None:  # additive, built once: SDPA would convert a bool mask again in every layer
+            bias = torch.zeros(mask.shape, dtype=self.lm_head.weight.dtype, device=mask.device)
+            bias.masked_fill_(~mask, torch.finfo(bias.dtype).min)
+            kwargs["attention_mask"] = bias[None, None]  # [1, 1, n, kv_len]: 0 = attend
         offset = self.hidden_state_offset
         out = self.decoder(
             input_ids=tokens[None],

@@ -250,8 +250,8 @@ def cmd_profile(args) -> int:
 
     if args.random_model and args.model:
         raise EntMTPError("give either --model or --random-model, not both")
-    if args.past < 1 or args.steps < 1:
-        raise EntMTPError("--past and --steps must be >= 1")
+    if args.past < 1 or args.steps < 1 or args.rounds < 1:
+        raise EntMTPError("--past, --steps and --rounds must be >= 1")
     _setup_torch(args)
     return run_profile(args)
 
@@ -357,6 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SHAPE|CONFIG.json",
         help="time a model shape with random weights instead of --model: smollm2-135m, llama-7b or a config.json",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=1, help="measure every run this many times, interleaved (less drift)"
     )
     p.add_argument(
         "--past", type=int, default=300, help="prompt tokens before the measured steps (random model)"

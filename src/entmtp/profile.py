@@ -25,17 +25,21 @@ PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a
 MODES = ("dynamic", "kv", "graphs")  # transformers' DynamicCache; the preallocated cache; + CUDA graphs
 
 
-def profile_engine(engine, steps: int, prompt=PROMPT) -> dict:
-    """Run one generation for WARMUP + `steps` steps; return median ms per phase over the measured ones."""
+def measure_steps(engine, steps: int, prompt=PROMPT) -> list:
+    """Run one generation for WARMUP + `steps` steps; return the measured (post-warm-up) steps."""
     taken = []
     for event in engine.stream(prompt, max_new_tokens=(steps + WARMUP) * 64):  # most steps emit < 64
         if event.step is not None:
             taken.append(event.step)
         if len(taken) == WARMUP + steps:
             break
-    measured = taken[WARMUP:]
-    if not measured:
+    if len(taken) <= WARMUP:
         raise RuntimeError("generation ended before any step could be measured: use a longer prompt")
+    return taken[WARMUP:]
+
+
+def summarize(measured: list) -> dict:
+    """Median ms per phase over measured steps, and their mean tokens per step."""
     row = {p: 1000 * statistics.median(s.seconds[p] for s in measured) for p in PHASES}
     row["total"] = 1000 * statistics.median(s.seconds["total"] for s in measured)
     row["bookkeeping"] = max(0.0, row["total"] - sum(row[p] for p in PHASES))
@@ -73,24 +77,27 @@ def run_profile(args) -> int:
         spec = "random medusa"
     else:
         heads = resolve_heads(spec, model)
-    rows, captures = {}, {}
-    runs = [(mode, None) for mode in modes] + [(mode, t) for t in trees for mode in modes]
-    for mode, tree in track(runs, description="profiling", console=_console(stderr=True)):
-        kw = dict(kv="dynamic" if mode == "dynamic" else "auto", graphs=mode == "graphs")
-        h = heads if tree is not None else None
-        engine = Engine(model, tokenizer, heads=h, tree=tree, **kw)
-        name = tree.name if tree is not None else "plain"
-        row = {"tree": name, "mode": mode, "nodes": 0 if tree is None else tree.num_nodes}
-        key = name if len(modes) == 1 else f"{name}@{mode}"
-        rows[key] = {**row, **profile_engine(engine, args.steps, prompt)}
-        if engine.graphs is not None:
-            captures[key] = engine.graphs.captures
+    runs = {}  # key -> (row, engine, measured steps): built once, measured round after round
+    for tree in [None, *trees]:
+        for mode in modes:
+            kw = dict(kv="dynamic" if mode == "dynamic" else "auto", graphs=mode == "graphs")
+            engine = Engine(model, tokenizer, heads=heads if tree else None, tree=tree, **kw)
+            name = tree.name if tree is not None else "plain"
+            row = {"tree": name, "mode": mode, "nodes": 0 if tree is None else tree.num_nodes}
+            runs[name if len(modes) == 1 else f"{name}@{mode}"] = (row, engine, [])
+    # rounds interleave every run, so drift in the machine's speed hits all of them alike
+    order = [key for _ in range(args.rounds) for key in runs]
+    for key in track(order, description="profiling", console=_console(stderr=True)):
+        row, engine, measured = runs[key]
+        measured += measure_steps(engine, args.steps, prompt)
+    rows = {key: {**row, **summarize(measured)} for key, (row, engine, measured) in runs.items()}
+    captures = {key: e.graphs.captures for key, (_, e, _) in runs.items() if e.graphs is not None}
     nbytes, bandwidth = weight_bytes(model), memory_bandwidth(args.device)
     floor_ms = 1000 * nbytes / bandwidth
     where = f"{torch.get_num_threads()} threads" if args.device == "cpu" else torch.cuda.get_device_name()
     what = f"random {args.random_model}" if args.random_model else (args.model or "embedded SmolLM2-135M")
     table = Table(
-        title=f"per-step cost, ms (median of {args.steps} steps; {what}; heads: {spec}; {args.dtype}; {where})",
+        title=f"per-step cost, ms (median of {args.rounds} x {args.steps} steps; {what}; heads: {spec}; {args.dtype}; {where})",
         caption=f"weights {nbytes / 2**20:.0f} MiB / measured copy bandwidth {bandwidth / 1e9:.1f} GB/s = "
         f"{floor_ms:.2f} ms: the floor of a step that reads every weight once",
     )
@@ -108,6 +115,7 @@ def run_profile(args) -> int:
         "dtype": args.dtype,
         "device": where,
         "steps": args.steps,
+        "rounds": args.rounds,
         "prompt_tokens": len(prompt) if isinstance(prompt, list) else None,
         "weight_bytes": nbytes,
         "bandwidth_bytes_per_s": bandwidth,
