@@ -11,7 +11,7 @@ import torch
 from conftest import ByteTokenizer, OracleHeads, tiny_model
 from entmtp.cache import BaseModel, DynamicKV, KVCache, static_mask
 from entmtp.engine import Engine
-from entmtp.graphs import BUCKETS, VerifyGraphs, bucket
+from entmtp.graphs import BUCKETS, VerifyGraphs, bucket, kv_bucket
 from entmtp.lookup import Lookup
 from entmtp.tree import Tree, list_trees, load_tree
 from test_policy_switching import CYCLE, CyclingPolicy
@@ -57,7 +57,7 @@ def test_policy_switching_trees_every_step_identical(mode):
     assert result.token_ids == ref
     assert [s.tree for s in result.steps][:8] == CYCLE * 2
     if mode == "static":  # root-only, chain_3, mc_sim_7b_63 (64 nodes) and tree_4 each ran in their bucket
-        assert set(engine.graphs.graphs) == {bucket(1), bucket(4), bucket(64), bucket(5)}
+        assert {b for b, _ in engine.graphs.graphs} == {bucket(1), bucket(4), bucket(64), bucket(5)}
         again = engine.generate(IDS, max_new_tokens=n)  # a second generation reuses the cache and buckets
         assert again.token_ids == ref
 
@@ -162,7 +162,7 @@ def test_a_tree_past_the_last_bucket_runs_eagerly():
     heads = OracleHeads(IDS + ref, num_heads=1, rank_mod=300)
     result, engine = generate(model, IDS, 12, "static", heads=heads, tree=wide)
     assert result.token_ids == ref
-    assert BUCKETS[-1] not in engine.graphs.graphs  # ran eagerly, not in a bucket
+    assert all(b < BUCKETS[-1] for b, _ in engine.graphs.graphs)  # ran eagerly, not in a bucket
 
 
 def test_models_the_cache_cannot_serve_fall_back_with_a_notice(capsys):
@@ -182,3 +182,22 @@ def test_models_the_cache_cannot_serve_fall_back_with_a_notice(capsys):
 def test_unknown_kv_option_is_refused():
     with pytest.raises(ValueError, match="unknown kv cache 'paged'"):
         BaseModel(tiny_model(), kv="paged")
+
+
+def test_kv_buckets_grow_geometrically_and_stop_at_the_capacity():
+    sizes = [kv_bucket(n, 10_000) for n in (1, 256, 257, 513, 769, 1025, 1537, 2049, 3073, 4097)]
+    assert sizes == [256, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144]
+    assert kv_bucket(5000, 4096) == 4096
+
+
+def test_static_path_crossing_kv_buckets_is_identical():
+    """A generation whose context crosses 256 and 512 slots: attention reads more slots as it grows (one
+    static shape per (tree bucket, kv_len)), and the output stays plain decoding's."""
+    model = tiny_model("llama", seed=9, max_position_embeddings=1024)
+    ids = [(7 * i) % 250 + 3 for i in range(240)]
+    n = 300
+    ref = generate(model, ids, n, "dynamic")[0].token_ids
+    heads = OracleHeads(ids + ref, rank_mod=2, wrong_every=6)
+    result, engine = generate(model, ids, n, "static", heads=heads, tree="tree_8")
+    assert result.token_ids == ref
+    assert {kv for _, kv in engine.graphs.graphs} == {256, 512, 768}

@@ -41,7 +41,8 @@ def test_graphs_identical_to_eager_for_every_shipped_tree(tree):
     assert engine.graphs is not None
     result = engine.generate(IDS, max_new_tokens=40)
     assert result.token_ids == ref
-    assert bucket(t.size) in engine.graphs.graphs and max(result.tokens_per_step) >= min(t.depth, 2) + 1
+    assert bucket(t.size) in {b for b, _ in engine.graphs.graphs}
+    assert max(result.tokens_per_step) >= min(t.depth, 2) + 1
 
 
 def test_graphs_with_a_policy_switching_trees_every_step():

@@ -46,12 +46,13 @@ class KVCache(Cache):
         self.length = 0
         self.n = 0  # tokens of the forward in flight
         self.slots: torch.Tensor | None = None  # [n] static mode: where the forward in flight writes
+        self.kv_len = capacity  # static mode: how many slots attention reads
 
     def begin(self, n: int, slots: torch.Tensor | None = None) -> None:
         """Open a forward of n tokens (static mode: written at `slots`, default length .. length + n - 1)."""
         if self.length + n > self.capacity:
             raise ValueError(f"{n} tokens after {self.length} overflow the KV cache of {self.capacity}")
-        self.n = n
+        self.n, self.kv_len = n, self.capacity
         if self.static:
             self.slots = slots if slots is not None else self._arange(n) + self.length
 
@@ -71,7 +72,7 @@ class KVCache(Cache):
         if self.static:
             keys.index_copy_(2, self.slots, key_states)
             values.index_copy_(2, self.slots, value_states)
-            return keys, values
+            return keys[:, :, : self.kv_len], values[:, :, : self.kv_len]
         start, end = self.length, self.length + key_states.shape[2]
         keys[:, :, start:end] = key_states
         values[:, :, start:end] = value_states

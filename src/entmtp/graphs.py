@@ -6,8 +6,10 @@ the KV write, the LM head) is captured once as a CUDA graph and replayed with on
 the next bucket size (`BUCKETS`), so a whole bank, pruned hybrid trees included, needs a handful of graphs.
 
 A graph reads its inputs from fixed buffers: the token ids [b], the node depths [b], the tree mask [b, b] and
-the committed length (a device scalar). Slots, positions and the [b, capacity] attention mask are computed
-inside the graph, so a step costs four small copies and one replay. Padding nodes attend only to themselves;
+the committed length (a device scalar). Slots, positions and the [b, kv_len] attention mask are computed
+inside the graph, so a step costs four small copies and one replay. Attention reads the first kv_len slots
+of the cache, kv_len rounded up from what is in use (`kv_bucket`), so a graph is captured per (tree bucket,
+kv_len) pair and attention costs what the context needs, not the whole capacity. Padding nodes attend only to themselves;
 their slots lie past the tree's and are never committed. The graphs write into one static `KVCache` that
 this object owns, so one generation at a time uses them (a concurrent one falls back to an eager cache).
 """
@@ -25,11 +27,13 @@ from .tree import Tree
 
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 256)
 MIN_CAPACITY = 1024  # caches grow in powers of two from here, so graphs survive most new generations
+KV_UNIT = 256  # attention reads the first 256 * {1, 2, 3, 4, 6, 8, 12, ...} slots: at most 1.5x what is used
 
 
 @dataclass
 class _Graph:
     size: int  # b: the bucket
+    kv_len: int  # slots attention reads: the committed prefix and the tree, rounded up (kv_bucket)
     ids: torch.Tensor  # [b] int64 input
     depths: torch.Tensor  # [b] int64 input
     mask: torch.Tensor  # [b, b] bool input
@@ -41,13 +45,22 @@ def bucket(n: int) -> int | None:
     return next((b for b in BUCKETS if b >= n), None)
 
 
+def kv_bucket(n: int, capacity: int) -> int:
+    """Slots a forward attends over when n are in use: KV_UNIT times 1, 2, 3, 4, 6, 8, 12, 16, ... (at most
+    the capacity), so attention costs what the context needs and a generation crosses a few sizes only."""
+    m = 1
+    while KV_UNIT * m < n:
+        m = 2 if m == 1 else (m * 3 // 2 if m & (m - 1) == 0 else m * 4 // 3)
+    return min(KV_UNIT * m, capacity)
+
+
 class VerifyGraphs:
     def __init__(self, base: BaseModel, *, capture: bool = True, verbose: bool = True):
         """`capture=False` runs the same padded static-shape forward eagerly instead of replaying a graph
         (what the CPU tests check, and a way to tell a graph problem from a padding problem)."""
         self.base, self.capture, self.verbose = base, capture, verbose
         self.cache: KVCache | None = None
-        self.graphs: dict[int, _Graph] = {}
+        self.graphs: dict[tuple[int, int], _Graph] = {}  # (bucket, kv_len) -> graph
         self.padded: dict[tuple[Tree, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.pool = None
         self.in_use = False
@@ -74,20 +87,20 @@ class VerifyGraphs:
         b = bucket(n)
         if b is None or cache.length + b > cache.capacity:
             return None
+        kv_len = kv_bucket(cache.length + b, cache.capacity)
         depths, mask = self._inputs(tree, b)
-        g = self.graphs.get(b)
+        g = self.graphs.get((b, kv_len))
         fresh = g is None
         if fresh:
-            g = _Graph(
-                b, torch.zeros(b, dtype=torch.int64, device=tokens.device), depths.clone(), mask.clone()
-            )
+            ids = torch.zeros(b, dtype=torch.int64, device=tokens.device)
+            g = _Graph(b, kv_len, ids, depths.clone(), mask.clone())
         g.ids[:n].copy_(tokens)
         g.depths.copy_(depths)
         g.mask.copy_(mask)
         self.past.fill_(cache.length)
         if fresh:
             self._capture(g)
-            self.graphs[b] = g
+            self.graphs[(b, kv_len)] = g
         if self.capture:
             g.graph.replay()
         else:
@@ -109,8 +122,8 @@ class VerifyGraphs:
 
     def _body(self, g: _Graph) -> Forward:
         cache = self.cache
-        cache.n, cache.slots = g.size, self.past + self.arange[: g.size]
-        mask = static_mask(g.mask, self.past, cache.capacity)  # [b, capacity]
+        cache.n, cache.slots, cache.kv_len = g.size, self.past + self.arange[: g.size], g.kv_len
+        mask = static_mask(g.mask, self.past, g.kv_len)  # [b, kv_len]
         return self.base.run(g.ids, self.past + g.depths, mask, cache)
 
     def _capture(self, g: _Graph) -> None:
