@@ -8,7 +8,6 @@ If enqueueing takes as long as the whole forward, the step is host-bound: the GP
 Usage: PYTHONPATH=src python3 scripts/gpu_kernels.py [smollm2-135m|llama-7b|CONFIG.json]
 """
 
-import gc
 import sys
 import time
 
@@ -109,25 +108,38 @@ def main(shape):
         for n, tree in trees.items():
             tokens = ids[:n]
             profs[n] = report("entmtp graph replay", n, lambda t=tokens, tr=tree: graphs.forward(t, tr))
-    # the same eager forward inside the engine's loop (verify phase of Engine plain steps): is it slower there?
+    # eager forwards whose key length grows by one each call, as in decoding: cuDNN attention (allowed with
+    # fixed_shape) plans every new shape; PyTorch's own kernels do not
     with torch.inference_mode():
+        for fixed in (True, False):
+            kv = base.new_cache(1024)
+            base.forward(ids, None, kv)
+            base.commit(kv, list(range(PAST)))
+            times = []
+            for i in range(20):
+                past = kv.length
+                mask = torch.ones(1, past + 1, dtype=torch.bool, device=dev)
+                kv.begin(1)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                base.run(ids[i : i + 1], torch.tensor([past], device=dev), mask, kv, fixed_shape=fixed)
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - t0)
+                base.commit(kv, [0])
+            label = "cuDNN attention allowed" if fixed else "PyTorch attention kernels"
+            print(f"eager forward, key length growing each call, {label}: {1000 * sorted(times)[10]:.2f} ms")
         from entmtp.engine import Engine
         from entmtp.random_model import IdTokenizer
 
         tok = IdTokenizer(model.config.vocab_size)
-        for label, setup in (
-            ("as is", lambda: None),
-            ("gc off", gc.disable),
-            ("1 CPU thread", lambda: torch.set_num_threads(1)),
-        ):
-            setup()
-            for kv in ("dynamic", "auto"):
-                result = Engine(model, tok, kv=kv, graphs=False).generate(ids.tolist(), max_new_tokens=24)
+        for kv_mode in ("dynamic", "auto"):
+            engine = Engine(model, tok, kv=kv_mode, graphs=False)
+            for attempt in ("first", "second"):
+                result = engine.generate(ids.tolist(), max_new_tokens=24)
                 verify = sorted(s.seconds["verify"] for s in result.steps[3:])
                 print(
-                    f"engine plain step, {kv} cache, {label}: verify {1000 * verify[len(verify) // 2]:.2f} ms"
+                    f"engine plain step, {kv_mode} cache, eager, {attempt} generation: verify {1000 * verify[len(verify) // 2]:.2f} ms"
                 )
-        gc.enable()
     for n in (1, 64):
         if profs.get(n) is not None:
             print(f"\ntop kernels of the {n}-token replay:")

@@ -17,15 +17,19 @@ Two caches:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
 from .tree import Tree
+
+_NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass
@@ -191,21 +195,29 @@ class BaseModel:
         positions: torch.Tensor,  # [n]
         mask: torch.Tensor | None,  # [n, kv_len] bool (True = attend) or None (causal)
         cache: KVCache | DynamicKV,
+        *,
+        fixed_shape: bool = False,
     ) -> Forward:
-        """The bare decoder + LM head call (what graphs.py captures)."""
+        """The bare decoder + LM head call (what graphs.py captures, with `fixed_shape`).
+
+        On CUDA, cuDNN's attention builds an execution plan for every new shape, tens of milliseconds each,
+        and an eager forward's key length changes every step: so eager forwards use PyTorch's own attention
+        kernels, and only the fixed shapes of captured graphs use cuDNN."""
         kwargs = {self._cache_kw: cache.hf if isinstance(cache, DynamicKV) else cache}
         if mask is not None:  # additive, built once: SDPA would convert a bool mask again in every layer
             bias = torch.zeros(mask.shape, dtype=self.lm_head.weight.dtype, device=mask.device)
             bias.masked_fill_(~mask, torch.finfo(bias.dtype).min)
             kwargs["attention_mask"] = bias[None, None]  # [1, 1, n, kv_len]: 0 = attend
         offset = self.hidden_state_offset
-        out = self.decoder(
-            input_ids=tokens[None],
-            position_ids=positions[None],
-            use_cache=True,
-            output_hidden_states=offset > 0,
-            **kwargs,
-        )
+        eager_cuda = tokens.device.type == "cuda" and not fixed_shape
+        with sdpa_kernel(_NO_CUDNN) if eager_cuda else contextlib.nullcontext():
+            out = self.decoder(
+                input_ids=tokens[None],
+                position_ids=positions[None],
+                use_cache=True,
+                output_hidden_states=offset > 0,
+                **kwargs,
+            )
         last = out.last_hidden_state[0]  # [n, H]
         hidden = out.hidden_states[-1 - offset][0] if offset > 0 else last
         return Forward(logits=self.lm_head(last), hidden=hidden)

@@ -9,9 +9,10 @@ A graph reads its inputs from fixed buffers: the token ids [b], the node depths 
 the committed length (a device scalar). Slots, positions and the [b, kv_len] attention mask are computed
 inside the graph, so a step costs four small copies and one replay. Attention reads the first kv_len slots
 of the cache, kv_len rounded up from what is in use (`kv_bucket`), so a graph is captured per (tree bucket,
-kv_len) pair and attention costs what the context needs, not the whole capacity. Padding nodes attend only to themselves;
-their slots lie past the tree's and are never committed. The graphs write into one static `KVCache` that
-this object owns, so one generation at a time uses them (a concurrent one falls back to an eager cache).
+kv_len) pair and attention costs what the context needs, not the whole capacity. Padding nodes attend
+only to themselves; their slots lie past the tree's and are never committed. The graphs write into one
+static `KVCache` that this object owns, so one generation at a time uses them (a concurrent one falls back
+to an eager cache). Captured forwards use cuDNN attention (fixed shapes); eager ones do not (cache.py).
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ class VerifyGraphs:
         cache = self.cache
         cache.n, cache.slots, cache.kv_len = g.size, self.past + self.arange[: g.size], g.kv_len
         mask = static_mask(g.mask, self.past, g.kv_len)  # [b, kv_len]
-        return self.base.run(g.ids, self.past + g.depths, mask, cache)
+        return self.base.run(g.ids, self.past + g.depths, mask, cache, fixed_shape=True)
 
     def _capture(self, g: _Graph) -> None:
         if not self.capture:
@@ -141,9 +142,10 @@ class VerifyGraphs:
             g.out = self._body(g)
         torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
-        self.captures.append({"size": g.size, "seconds": seconds})
+        self.captures.append({"size": g.size, "kv_len": g.kv_len, "seconds": seconds})
         if self.verbose:
             print(
-                f"entmtp: captured the CUDA graph for {g.size}-token verification ({seconds:.2f} s)",
+                f"entmtp: captured the CUDA graph for {g.size}-token verification over {g.kv_len} cache "
+                f"slots ({seconds:.2f} s)",
                 file=sys.stderr,
             )
