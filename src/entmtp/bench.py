@@ -12,7 +12,10 @@ whole generation's wall time (prefill included).
 
 from __future__ import annotations
 
+import datetime
 import json
+import math
+import os
 import platform
 import statistics
 import sys
@@ -29,7 +32,8 @@ from .errors import EntMTPError
 from .files import write_text_atomic
 from .lookup import Lookup
 from .prompts import TASKS, load_prompt_file, load_prompts
-from .report import markdown, speedup_interval, speedup_plot
+from .report import markdown, speedup_interval, speedup_plot, trace_plot
+from .scheduler.plots import plot_profile
 from .shipped import resolve_heads
 
 
@@ -37,6 +41,8 @@ def run_bench(args) -> int:
     from .model import encode_prompt, load_model
     from .scheduler.profiles import PROFILE_TASKS, resolve_profile
 
+    _resolve_sizes(args)
+    out = _out_dir(args.out)  # an unwritable --out fails before any model loads
     if args.prompts is not None:  # a user's own prompt file: one task named after it
         tasks = [Path(args.prompts).stem]
         prompts = {tasks[0]: load_prompt_file(args.prompts)[: args.num_prompts]}
@@ -78,6 +84,11 @@ def run_bench(args) -> int:
         engine.generate(hello, max_new_tokens=8)
 
     runs: dict[str, dict[str, list[dict]]] = {t: {} for t in tasks}
+    rate: dict[str, list[float]] = {}  # config -> [tokens, seconds] so far: the progress line's tokens/s
+    trace: dict = {}  # one generation's steps (the first prompt of the first scheduled config), for trace.png
+    traced = next((f"{k}/{p}" for k in heads for p in policies[k]), None) or next(
+        (n for n in static if "/" in n), None
+    )
     replays: dict[str, dict] = {}
     mismatches = []
     n_configs = len(static) + sum(len(policies[k]) for k in heads)
@@ -105,7 +116,15 @@ def run_bench(args) -> int:
                     for name, engine in engines.items():
                         kw = gen if isinstance(engine, Engine) else peer_gen
                         r = engine.generate(ids, seed=args.seed + i, **kw)
-                        runs[task].setdefault(name, []).append(_record(i, r))
+                        record = _record(i, r)
+                        if args.temperature > 0:  # how likely the base model finds the sampled continuation
+                            record.update(_nll(model, ids, r.token_ids))
+                        runs[task].setdefault(name, []).append(record)
+                        if name == traced and not trace and r.steps:
+                            trace = _trace(task, i, name, r)
+                        tokens_seconds = rate.setdefault(name, [0, 0.0])
+                        tokens_seconds[0] += len(r.token_ids)
+                        tokens_seconds[1] += r.seconds
                         if ref is None:
                             ref = r.token_ids
                             outputs.append((ids, r.token_ids))
@@ -120,7 +139,8 @@ def run_bench(args) -> int:
                                 {"task": task, "prompt": i, "config": name, "first_difference": first}
                             )
                         bar.advance(job)
-                        bar.update(job, description=f"bench {task} {name}")
+                        tps = tokens_seconds[0] / max(tokens_seconds[1], 1e-9)
+                        bar.update(job, description=f"{task} {name}: {tps:.1f} tok/s")
                 if args.replay and args.temperature == 0:
                     replays[task] = {
                         k: _replays(
@@ -163,13 +183,16 @@ def run_bench(args) -> int:
             f"{len(mismatches)} of {n_spec} speculative runs differ from plain decoding ({args.dtype}: "
             "one-token and many-token forwards round differently; float32 runs are bit-exact)"
         )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     meta = {
+        "command": "entmtp " + " ".join(getattr(args, "argv", sys.argv[1:])),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "dtype": args.dtype,
         "device": args.device,
         "threads": torch.get_num_threads(),
         "machine": platform.processor() or platform.machine(),
+        "commit": _commit(),
+        "versions": _versions(),
         "max_new_tokens": args.max_new_tokens,
         "num_prompts": args.num_prompts,
         "split": args.split,
@@ -178,25 +201,111 @@ def run_bench(args) -> int:
         "profiles": {f"{k}/{t}": str(p.path) for (k, t), p in profiles.items()},
         "torch": torch.__version__,
         "prompts_file": args.prompts,
+        "quick": args.quick,
         "interrupted": interrupted,
     }
-    write_text_atomic(
-        out,
-        json.dumps(
-            {"meta": meta, "summary": summary, "replays": replays, "runs": runs, "mismatches": mismatches},
-            indent=1,
-        ),
-    )
+    data = {
+        "meta": meta,
+        "summary": summary,
+        "replays": replays,
+        "runs": runs,
+        "mismatches": mismatches,
+        "trace": trace,
+    }
+    results = out / "results.json"
+    write_text_atomic(results, json.dumps(data, indent=1))
     labels = {t: _label(t) for t in tasks}
-    data = json.loads(out.read_text())
-    write_text_atomic(out.with_suffix(".md"), markdown(data, labels, "entmtp " + " ".join(sys.argv[1:])))
+    images = []
     if tasks:
-        speedup_plot(summary, labels, out.with_suffix(".png"))
-    print(
-        f"wrote {out} and its report {out.with_suffix('.md')}"
-        + (f", {out.with_suffix('.png')}" if tasks else "")
-    )
+        speedup_plot(summary, labels, out / "speedup.png")
+        images.append(("speedup over plain decoding per task and method", "speedup.png"))
+    for path in dict.fromkeys(p.path for p in profiles.values()):  # each profile used, once
+        profile = next(p for p in profiles.values() if p.path == path)
+        name = f"frontier-{Path(path).parent.name}-{Path(path).stem}.png"
+        plot_profile(profile, out / name, profile.mode_for(args.temperature))
+        images.append((f"acceptance and throughput frontiers of {path}", name))
+    if trace:
+        trace_plot(trace, out / "trace.png")
+        images.append((f"one generation, step by step: {trace['config']} on {trace['task']}", "trace.png"))
+    report = markdown(json.loads(results.read_text()), labels, meta["command"], images)
+    write_text_atomic(out / "report.md", report)
+    print(f"wrote {results}, {out / 'report.md'} and {len(images)} plots in {out}")
     return 0
+
+
+QUICK = {"num_prompts": 2, "max_new_tokens": 64}  # --quick: a few prompts per task, short outputs
+FULL = {"num_prompts": 10, "max_new_tokens": 128}
+
+
+def _resolve_sizes(args) -> None:
+    """--num-prompts and --max-new-tokens default to --quick's or the full run's sizes."""
+    for key, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.num_prompts < 1 or args.max_new_tokens < 1:
+        raise EntMTPError("--num-prompts and --max-new-tokens must be >= 1")
+
+
+def _out_dir(spec: str | None) -> Path:
+    """The output directory (default: a new dated folder under runs/), checked writable; created when the
+    results are written, so a run that fails early leaves nothing behind."""
+    out = Path(spec) if spec else Path("runs") / f"bench-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    if out.suffix == ".json":
+        raise EntMTPError(
+            f"--out {out}: give a directory (results.json, report.md and the plots are written into it)"
+        )
+    if out.exists() and not out.is_dir():
+        raise EntMTPError(f"--out {out} is a file: give a directory")
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise EntMTPError(f"--out {out} cannot be written ({parent} is not a writable directory)")
+    return out
+
+
+def _nll(model, ids: list[int], out: list[int]) -> dict:
+    """Negative log-likelihood of the continuation `out` under the base model (T=1), summed over its tokens."""
+    if not out:
+        return {"nll": 0.0, "nll_tokens": 0}
+    seq = torch.tensor([ids + out], device=model.device)
+    with torch.inference_mode():
+        logits = model(input_ids=seq).logits[0, len(ids) - 1 : -1].float()  # [len(out), V]
+    nll = -torch.log_softmax(logits, dim=-1).gather(1, seq[0, len(ids) :, None]).sum()
+    return {"nll": float(nll), "nll_tokens": len(out)}
+
+
+def _trace(task: str, prompt: int, config: str, result) -> dict:
+    steps = [
+        {"tree": s.tree, "nodes": s.tree_nodes, "accepted": s.accepted, "signals": s.signals}
+        for s in result.steps
+    ]
+    return {"task": task, "prompt": prompt, "config": config, "steps": steps}
+
+
+def _commit() -> str | None:
+    import subprocess
+
+    try:
+        here = Path(__file__).parent
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _versions() -> dict:
+    import importlib.metadata
+
+    out = {}
+    for dist in ("entmtp", "torch", "transformers"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
 
 
 LOOKUP_VARIANTS = {"adaptive": "lookup", "fixed": "lookup-fixed"}  # --lookup-only item -> config name
@@ -322,7 +431,14 @@ def _summarise(rs: list[dict]) -> dict:
         "probe_ms_per_step": 1000 * sum(r["probe_seconds"] for r in rs) / max(1, steps),
         "ms_per_step": 1000 * step_seconds / max(1, steps),
         "tree_usage": usage,
+        **_perplexity(rs),
     }
+
+
+def _perplexity(rs: list[dict]) -> dict:
+    """exp(mean NLL per token) of the continuations under the base model (T > 0 runs only)."""
+    n = sum(r.get("nll_tokens", 0) for r in rs)
+    return {"perplexity": math.exp(sum(r["nll"] for r in rs) / n)} if n else {}
 
 
 def _print(summary: dict, replays: dict, args) -> None:
@@ -332,15 +448,9 @@ def _print(summary: dict, replays: dict, args) -> None:
             title=f"{_label(task)}: {args.num_prompts} {args.split if args.prompts is None else ''} prompts, {args.max_new_tokens} new tokens, "
             f"T={args.temperature} {args.acceptance}, {args.dtype}, {torch.get_num_threads()} threads"
         )
-        for col in (
-            "config",
-            "tokens/step",
-            "tokens/s",
-            "speedup",
-            "ms/step",
-            "choose ms/step",
-            "lookup share",
-        ):
+        cols = ["config", "tokens/step", "tokens/s", "speedup", "ms/step", "choose ms/step", "lookup share"]
+        sampled = any("perplexity" in r for r in rows.values())
+        for col in cols + (["perplexity"] if sampled else []):
             table.add_column(col, justify="right")
         for name, r in rows.items():
             peer = r["tokens_per_step"] != r["tokens_per_step"]  # NaN: no per-step records
@@ -352,6 +462,7 @@ def _print(summary: dict, replays: dict, args) -> None:
                 "" if peer else f"{r['ms_per_step']:.1f}",
                 "" if peer else f"{r['choose_ms_per_step']:.3f}",
                 f"{r['lookup_share']:.0%}" if r["lookup_share"] else "",
+                *([f"{r['perplexity']:.2f}" if "perplexity" in r else ""] if sampled else []),
             )
         console.print(table)
         for kind, rep in replays.get(task, {}).items():

@@ -415,9 +415,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="benchmark your own prompts instead of --tasks: a JSONL file with a 'prompt' or 'turns' field per line",
     )
     b.add_argument("--split", default="test", choices=["calib", "test"])
-    b.add_argument("--num-prompts", type=int, default=10, help="prompts per task")
-    b.add_argument("--max-new-tokens", type=int, default=128)
-    b.add_argument("--out", default="runs/bench.json")
+    b.add_argument("--num-prompts", type=int, default=None, help="prompts per task (default 10; --quick 2)")
+    b.add_argument("--max-new-tokens", type=int, default=None, help="default 128; --quick 64")
+    b.add_argument(
+        "--quick",
+        action="store_true",
+        help="a few prompts per task and short outputs: minutes on a 2-core CPU",
+    )
+    b.add_argument(
+        "--out",
+        default=None,
+        help="directory for results.json, report.md and the plots (default: runs/bench-DATE-TIME)",
+    )
     b.add_argument("--no-progress", action="store_true")
     _add_model_args(b)
     b.set_defaults(func=cmd_bench)
@@ -454,6 +463,7 @@ def _quiet_libraries() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what reports quote as the command
     if not args.verbose:
         _quiet_libraries()
     try:

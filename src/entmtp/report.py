@@ -26,9 +26,10 @@ def speedup_interval(runs: list[dict], plain: list[dict], seed: int = 0) -> dict
     return {"speedup_mean_of_ratios": float(ratios.mean()), "speedup_ci95": [float(lo), float(hi)]}
 
 
-def markdown(data: dict, labels: dict[str, str], command: str) -> str:
-    """The report: the command and setup, then one table per task."""
+def markdown(data: dict, labels: dict[str, str], command: str, images=()) -> str:
+    """The report: the command and setup, one table per task, then the plots ((caption, file) pairs)."""
     meta = data["meta"]
+    sampled = meta["temperature"] > 0
     lines = [
         "# entmtp bench",
         "",
@@ -39,21 +40,34 @@ def markdown(data: dict, labels: dict[str, str], command: str) -> str:
         + (" — interrupted: partial results" if meta.get("interrupted") else ""),
         "",
         "Speedup = tokens/s over plain decoding (ratio of sums; prefill included); the interval is a 95% "
-        "bootstrap interval of the mean per-prompt speedup. Identical = outputs equal to plain decoding's (T=0).",
+        "bootstrap interval of the mean per-prompt speedup. Identical = outputs equal to plain decoding's (T=0)."
+        + (" Perplexity: of the sampled continuations under the base model (T=1)." if sampled else ""),
     ]
+    if meta.get("date") or meta.get("commit"):
+        lines += [
+            "",
+            f"Run {meta.get('date', '')}, commit {meta.get('commit') or 'unknown'}, versions {meta.get('versions', {})}.",
+        ]
     for task, rows in data["summary"].items():
         lines += ["", f"## {labels.get(task, task)} ({next(iter(rows.values()))['prompts']} prompts)", ""]
-        lines += ["| method | tokens/s | speedup | per-prompt speedup (95% CI) | tokens/step | identical |"]
+        last = "perplexity" if sampled else "identical"
+        lines += [f"| method | tokens/s | speedup | per-prompt speedup (95% CI) | tokens/step | {last} |"]
         lines += ["|---|---|---|---|---|---|"]
         for name, r in rows.items():
             lo, hi = r.get("speedup_ci95", [float("nan")] * 2)
             tps = r["tokens_per_step"]
             same = r.get("identical_to_plain")
+            if sampled:
+                tail = f"{r['perplexity']:.2f}" if "perplexity" in r else ""
+            else:
+                tail = "" if same is None else f"{same:.0%}"
             lines.append(
                 f"| {name} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | "
                 f"{r.get('speedup_mean_of_ratios', float('nan')):.2f}x ({lo:.2f}-{hi:.2f}) | "
-                f"{'' if tps != tps else f'{tps:.2f}'} | {'' if same is None else f'{same:.0%}'} |"
+                f"{'' if tps != tps else f'{tps:.2f}'} | {tail} |"
             )
+    for caption, file in images:
+        lines += ["", f"![{caption}]({file})"]
     return "\n".join(lines) + "\n"
 
 
@@ -90,4 +104,33 @@ def speedup_plot(summary: dict, labels: dict[str, str], path: Path) -> None:
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def trace_plot(trace: dict, path: Path) -> None:
+    """One generation step by step: the signals the policy read, the tree it chose (nodes) and how many of
+    the tree's drafts the base model accepted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = trace["steps"]
+    x = np.arange(len(steps))
+    names = list(dict.fromkeys(k for s in steps for k in s["signals"]))[:4]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True)
+    for name in names:
+        ax1.plot(x, [s["signals"].get(name, np.nan) for s in steps], lw=1, label=name)
+    ax1.set_ylabel("signal")
+    ax1.set_title(f"{trace['config']}, {trace['task']} prompt {trace['prompt']}: what the policy read")
+    if names:
+        ax1.legend(fontsize=7, ncol=len(names))
+    ax2.bar(x, [s["nodes"] for s in steps], color="tab:gray", alpha=0.5, label="tree nodes chosen")
+    ax2.plot(x, [s["accepted"] for s in steps], ".", color="tab:blue", label="drafts accepted")
+    ax2.set_yscale("symlog")
+    ax2.set_xlabel("step")
+    ax2.set_ylabel("tokens")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)
