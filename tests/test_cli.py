@@ -320,6 +320,7 @@ def test_generate_rejects_malformed_hybrid_tree_files(tmp_path, capsys, content,
     [
         (["--peers", "vllm"], "unknown peer 'vllm'"),
         (["--lookup-only", "sometimes"], "unknown --lookup-only variant 'sometimes'"),
+        (["--heads", "hydra", "--policies", "hydra:fancy+lookup"], "unknown policy 'fancy+lookup'"),
     ],
 )
 def test_bench_rejects_unknown_peers_and_lookup_variants(capsys, args, message):

@@ -34,6 +34,7 @@ from .lookup import Lookup
 from .prompts import TASKS, load_prompt_file, load_prompts
 from .report import markdown, speedup_interval, speedup_plot, trace_plot
 from .scheduler.plots import plot_profile
+from .scheduler.profiles import POLICY_NAMES
 from .shipped import resolve_heads
 
 
@@ -51,6 +52,9 @@ def run_bench(args) -> int:
         prompts = {t: load_prompts(t, args.split, n=args.num_prompts) for t in tasks}  # bad names fail first
     kinds = [k for k in args.heads.split(",") if k and k != "none"]
     policies = {kind: _for_heads(args.policies, kind) for kind in kinds}
+    for item in (x for items in policies.values() for x in items):
+        if _split_lookup(item, args)[0] not in POLICY_NAMES:
+            raise EntMTPError(f"unknown policy {item!r} in --policies: use {', '.join(POLICY_NAMES)} (+lookup)")
     peers = _check_peers(args.peers)
     lookup_only = [x for x in args.lookup_only.split(",") if x]
     for x in lookup_only:

@@ -38,6 +38,8 @@ FORMAT = "entmtp-profile"
 VERSION = 1
 PROFILE_TASKS = ("humaneval", "sharegpt", "gsm8k", "writing", "mixed")
 
+POLICY_NAMES = ("static", "binary", "ladder", "cost", "dynamic")  # what Profile.policy builds
+
 
 class ProfileError(EntMTPError):
     """A scheduler profile is missing, corrupt, or made for another model or heads."""
@@ -193,7 +195,7 @@ class Profile:
                 self.latency(),
                 require_contiguous=require_contiguous,
             )
-        raise ProfileError(f"unknown policy {name!r}: use static, binary, ladder, cost or dynamic")
+        raise ProfileError(f"unknown policy {name!r}: use {', '.join(POLICY_NAMES)}")
 
     def traces(self, mode: str = "greedy") -> list[Trace]:
         """The calibration traces of a mode from the sidecar file (checked against the recorded sha256)."""
