@@ -38,8 +38,7 @@ def main():
         past = torch.tensor(PAST)
 
         def step(tokens, depths, mask):
-            n = tokens.shape[0]
-            cache.n, cache.slots = n, past + torch.arange(n)
+            cache.slots = past + torch.arange(tokens.shape[0])
             return base.run(tokens, past + depths, static_mask(mask, past, CAPACITY), cache).logits
 
         compiled = torch.compile(step, dynamic=False)

@@ -54,7 +54,9 @@ def run_bench(args) -> int:
     policies = {kind: _for_heads(args.policies, kind) for kind in kinds}
     for item in (x for items in policies.values() for x in items):
         if _split_lookup(item, args)[0] not in POLICY_NAMES:
-            raise EntMTPError(f"unknown policy {item!r} in --policies: use {', '.join(POLICY_NAMES)} (+lookup)")
+            raise EntMTPError(
+                f"unknown policy {item!r} in --policies: use {', '.join(POLICY_NAMES)} (+lookup)"
+            )
     peers = _check_peers(args.peers)
     lookup_only = [x for x in args.lookup_only.split(",") if x]
     for x in lookup_only:

@@ -8,9 +8,10 @@ Two caches:
   forward writes its tokens into the scratch slots after the committed prefix, in place; the commit copies
   the accepted path down to the first free slots in one gather over all layers at once and moves the length.
   No per-step allocation or concatenation. Kept entries need no re-rotation: they were computed at the
-  positions they end up at. In `static` mode every forward attends over the whole capacity with the mask
-  hiding what is not committed, so each tree size is one fixed shape (what CUDA graphs replay, graphs.py);
-  otherwise attention reads a view of the first `length + n` slots.
+  positions they end up at. In `static` mode a forward writes at device-side slot indices and attends over
+  the first `kv_len` slots with the mask hiding what is not committed, so each (tree size, kv_len) is one
+  fixed shape (what CUDA graphs replay, graphs.py); otherwise attention reads a view of the first
+  `length + n` slots.
 - `DynamicKV`: transformers' `DynamicCache`, appended to and cut back each step. The fallback for models
   the preallocated cache cannot serve (sliding-window or linear-attention layers), and the reference path.
 """
@@ -48,20 +49,18 @@ class KVCache(Cache):
         self.num_layers, self.capacity, self.static = num_layers, capacity, static
         self.kv: torch.Tensor | None = None
         self.length = 0
-        self.n = 0  # tokens of the forward in flight
         self.slots: torch.Tensor | None = None  # [n] static mode: where the forward in flight writes
         self.kv_len = capacity  # static mode: how many slots attention reads
 
-    def begin(self, n: int, slots: torch.Tensor | None = None) -> None:
-        """Open a forward of n tokens (static mode: written at `slots`, default length .. length + n - 1)."""
+    def begin(self, n: int) -> None:
+        """Open an eager forward of n tokens, written at slots length .. length + n - 1 (graphs.py sets
+        `slots` and `kv_len` itself, inside the captured graph)."""
         if self.length + n > self.capacity:
             raise ValueError(f"{n} tokens after {self.length} overflow the KV cache of {self.capacity}")
-        self.n, self.kv_len = n, self.capacity
+        self.kv_len = self.capacity
         if self.static:
-            self.slots = slots if slots is not None else self._arange(n) + self.length
-
-    def _arange(self, n: int) -> torch.Tensor:
-        return torch.arange(n, device=self.kv.device if self.kv is not None else None)
+            device = self.kv.device if self.kv is not None else None
+            self.slots = torch.arange(n, device=device) + self.length
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """transformers' attention hands each layer's new keys and values [1, kv_heads, n, head_dim] here and
@@ -107,7 +106,7 @@ class DynamicKV:
         self.hf = DynamicCache(config=config)
         self.length, self.capacity = 0, sys.maxsize
 
-    def begin(self, n: int, slots=None) -> None:
+    def begin(self, n: int) -> None:
         pass
 
     def commit(self, path: list[int]) -> None:

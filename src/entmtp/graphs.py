@@ -123,7 +123,7 @@ class VerifyGraphs:
 
     def _body(self, g: _Graph) -> Forward:
         cache = self.cache
-        cache.n, cache.slots, cache.kv_len = g.size, self.past + self.arange[: g.size], g.kv_len
+        cache.slots, cache.kv_len = self.past + self.arange[: g.size], g.kv_len
         mask = static_mask(g.mask, self.past, g.kv_len)  # [b, kv_len]
         return self.base.run(g.ids, self.past + g.depths, mask, cache, fixed_shape=True)
 
