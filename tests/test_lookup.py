@@ -186,6 +186,24 @@ def test_lookup_copies_long_runs_when_the_output_repeats():
     assert result.num_steps < 60 and max(s.lookup_accepted for s in result.steps) >= 4
 
 
+def test_a_step_cut_at_max_new_tokens_counts_only_the_lookup_drafts_it_emitted():
+    """The last step of a long copied run is cut at max_new_tokens: its record keeps only what was emitted,
+    so the lookup share of a generation can never pass 100%."""
+    model = tiny_model("llama", seed=3)
+    engine = Engine(model, ByteTokenizer(), lookup=Lookup(adaptive=False, tokens=8))
+    full = engine.generate(REPEATING, max_new_tokens=96)
+    # cut inside the first step that copies several tokens
+    start = 1 + sum(
+        s.tokens for s in full.steps[: next(i for i, s in enumerate(full.steps) if s.lookup_accepted >= 4)]
+    )
+    result = engine.generate(REPEATING, max_new_tokens=start + 2)
+    last = result.steps[-1]
+    assert last.tokens == 2 and last.lookup_path == [True, True]
+    assert last.accepted == last.lookup_accepted == 2
+    assert sum(s.lookup_accepted for s in result.steps) <= len(result.token_ids)
+    assert all(s.lookup_accepted == sum(s.lookup_path) <= s.accepted <= s.tokens for s in result.steps)
+
+
 @pytest.mark.parametrize("kind", ["medusa", "hydra"])
 @pytest.mark.parametrize("ids", [REPEATING, DISTINCT], ids=["repeating", "distinct"])
 def test_hybrid_trees_with_random_heads_equal_plain_greedy(kind, ids):

@@ -129,8 +129,11 @@ class Engine:
                 new = new[:cut]
                 if reason is None and len(out) + cut == max_new_tokens:
                     reason = "length"
-                if step is not None and cut < step.tokens:
+                if step is not None and cut < step.tokens:  # only what was emitted counts
                     step.tokens, step.token_ids = cut, step.token_ids[:cut]
+                    step.accepted = min(step.accepted, cut)
+                    step.lookup_path = step.lookup_path[:cut]
+                    step.lookup_accepted = sum(step.lookup_path)
                 out += new
                 text = detok.push(new)
                 if reason is not None:
@@ -243,7 +246,8 @@ def decode(
         signals = dict(getattr(policy, "last_signals", None) or {})
         step = Step(tree.name, tree.num_nodes, len(acc.path) - 1, len(new), new, times, signals)
         if tree.num_lookup:  # which drafts were copies, and how far each source alone was right
-            step.lookup_nodes, step.lookup_accepted = tree.num_lookup, int(tree.lookup[acc.path].sum())
+            step.lookup_path = tree.lookup[acc.path[1:]].tolist()
+            step.lookup_nodes, step.lookup_accepted = tree.num_lookup, sum(step.lookup_path)
             step.sources = source_depths(tree, tokens.tolist(), new)
         policy.observe(step)
         yield step, new
