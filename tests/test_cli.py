@@ -228,7 +228,7 @@ def test_calibrate_then_generate_with_every_policy_then_latency_only(tmp_path, c
     # the run's pictures: the profile's frontiers and one generation's trace, linked from the report
     assert data["trace"]["config"] == "medusa/static" and data["trace"]["steps"]
     assert (bench / "trace.png").read_bytes()[:4] == b"\x89PNG"
-    frontier = f"frontier-{out.parent.name}-{out.stem}.png"
+    frontier = f"frontier-medusa-{out.stem}.png"  # frontier-HEADS-PROFILE.png
     assert (bench / frontier).read_bytes()[:4] == b"\x89PNG"
     report = (bench / "report.md").read_text()
     assert f"({frontier})" in report and "(trace.png)" in report

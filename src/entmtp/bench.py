@@ -65,14 +65,15 @@ def run_bench(args) -> int:
     _lookup("adaptive", args)  # bad lookup settings fail before any model loads
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
     heads = {kind: h for kind in kinds if (h := resolve_heads(kind, model)) is not None}
+    label = _heads_labels(list(heads))
     static = {"plain": Engine(model, tokenizer)}
-    static |= _peers(peers, model, tokenizer)
+    static |= _peers(peers, model, tokenizer, embedded=args.model is None)
     for x in lookup_only:
         static[LOOKUP_VARIANTS[x]] = Engine(model, tokenizer, lookup=_lookup(x, args))
     for kind, h in heads.items():
         for item in _for_heads(args.trees, kind):
             tree, lookup = _split_lookup(item, args)
-            static[f"{kind}/{item}"] = Engine(model, tokenizer, heads=h, tree=tree, lookup=lookup)
+            static[f"{label[kind]}/{item}"] = Engine(model, tokenizer, heads=h, tree=tree, lookup=lookup)
 
     def profile_for(kind: str, task: str):
         spec = args.profile if args.profile != "auto" else (task if task in PROFILE_TASKS else "mixed")
@@ -92,7 +93,7 @@ def run_bench(args) -> int:
     runs: dict[str, dict[str, list[dict]]] = {t: {} for t in tasks}
     rate: dict[str, list[float]] = {}  # config -> [tokens, seconds] so far: the progress line's tokens/s
     trace: dict = {}  # one generation's steps (the first prompt of the first scheduled config), for trace.png
-    traced = next((f"{k}/{p}" for k in heads for p in policies[k]), None) or next(
+    traced = next((f"{label[k]}/{p}" for k in heads for p in policies[k]), None) or next(
         (n for n in static if "/" in n), None
     )
     replays: dict[str, dict] = {}
@@ -108,7 +109,7 @@ def run_bench(args) -> int:
                 for kind in heads:
                     for item in policies[kind]:
                         pol, lookup = _split_lookup(item, args)
-                        engines[f"{kind}/{item}"] = Engine(
+                        engines[f"{label[kind]}/{item}"] = Engine(
                             model,
                             tokenizer,
                             heads=heads[kind],
@@ -149,7 +150,7 @@ def run_bench(args) -> int:
                         bar.update(job, description=f"{task} {name}: {tps:.1f} tok/s")
                 if args.replay and args.temperature == 0:
                     replays[task] = {
-                        k: _replays(
+                        label[k]: _replays(
                             profiles[(k, task)],
                             heads[k],
                             Engine(model, tokenizer, heads=heads[k]),
@@ -225,9 +226,9 @@ def run_bench(args) -> int:
     if tasks:
         speedup_plot(summary, labels, out / "speedup.png")
         images.append(("speedup over plain decoding per task and method", "speedup.png"))
-    for path in dict.fromkeys(p.path for p in profiles.values()):  # each profile used, once
-        profile = next(p for p in profiles.values() if p.path == path)
-        name = f"frontier-{Path(path).parent.name}-{Path(path).stem}.png"
+    used = {(kind, p.path): p for (kind, _), p in profiles.items()}  # each heads' profile, once
+    for (kind, path), profile in used.items():
+        name = f"frontier-{Path(kind).name}-{Path(path).stem}.png"
         plot_profile(profile, out / name, profile.mode_for(args.temperature))
         images.append((f"acceptance and throughput frontiers of {path}", name))
     if trace:
@@ -335,6 +336,12 @@ def _split_lookup(item: str, args) -> tuple[str, Lookup | None]:
     return item, None
 
 
+def _heads_labels(specs: list[str]) -> dict[str, str]:
+    """Config names' heads part: medusa, hydra, or a heads directory's name (its path if two share it)."""
+    names = [Path(s).name for s in specs]
+    return {s: n if names.count(n) == 1 else s for s, n in zip(specs, names, strict=True)}
+
+
 def _check_peers(spec: str) -> list[str]:
     peers = [p for p in spec.split(",") if p]
     for p in peers:
@@ -343,8 +350,9 @@ def _check_peers(spec: str) -> list[str]:
     return peers
 
 
-def _peers(names: list[str], model, tokenizer) -> dict:
-    """Peer decoders by config name; an optional one that is not installed is skipped with its install hint."""
+def _peers(names: list[str], model, tokenizer, embedded: bool = True) -> dict:
+    """Peer decoders by config name; an optional one that is not installed is skipped with its install hint,
+    and llama-cpp, which plays the embedded model's GGUF, is skipped when another model is benchmarked."""
     from .peers import HFGenerate, LlamaCppPlain, PeerUnavailable
 
     out: dict = {}
@@ -353,6 +361,8 @@ def _peers(names: list[str], model, tokenizer) -> dict:
             out[name] = HFGenerate(model, tokenizer)
         elif name == "hf-prompt-lookup":
             out[name] = HFGenerate(model, tokenizer, prompt_lookup_tokens=10)
+        elif not embedded:
+            print(f"entmtp: skipping peer {name}: it decodes the embedded model's GGUF, not --model")
         else:
             try:
                 out[name] = LlamaCppPlain(n_threads=torch.get_num_threads())
