@@ -1,0 +1,371 @@
+"""Drafting: the `Heads` base class (binding to the base model, the committed feature, top-k tables gathered into
+a tree, the draft vocabulary, the teacher-forced training features) and Medusa's independent heads.
+
+Hydra's branch-by-branch drafting and fresh heads live in `hydra.py`, files in `formats.py`."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import HeadsError
+from .config import HeadsConfig
+from .modules import Head
+
+if TYPE_CHECKING:
+    from ..tree import Tree
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Draft tokens of tree nodes 1..N in node order."""
+
+    tokens: torch.Tensor  # [N] int64
+    logprobs: torch.Tensor  # [N] float32: log-probability of each token under its head's distribution
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The heads' top-k candidates that every tree of a bank shares, drafted before the tree is chosen.
+
+    A scheduler reads their probabilities (how sure the heads are right now); the draft of the chosen tree
+    then reuses them instead of drafting them twice. Medusa's heads are independent, so a probe holds every
+    depth at the cost of one draft; Hydra's deeper heads read their branch's tokens, so a probe holds depth 1
+    only (what every tree drafts first) and costs nothing extra.
+    """
+
+    tokens: torch.Tensor  # [Dp, k] int64: rank r of depth d at [d - 1, r]
+    logprobs: torch.Tensor  # [Dp, k] float32: their log-probabilities under the heads
+    context: torch.Tensor | None = None  # Hydra: [1, 2H] the root's branch context, read by head 1
+
+    @property
+    def depth(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def topk(self) -> int:
+        return self.tokens.shape[1]
+
+
+@dataclass(frozen=True)
+class BaseRefs:
+    """The bound base model's parts the heads use. A plain object, so never saved or moved with the heads."""
+
+    embed: nn.Module  # token id -> [H]
+    lm_head: nn.Module  # [H] -> [V]
+    rotary: nn.Module | None  # prefix-mlp: (x, position_ids) -> (cos, sin)
+    rms_norm_eps: float
+
+
+@dataclass(frozen=True)
+class LevelPlan:
+    """How to draft the nodes of one depth d from the nodes of depth d-1 (built once per tree)."""
+
+    out: slice  # positions of the level's nodes in the [N] draft (node id - 1)
+    rows: torch.Tensor  # [P] int64: nodes of depth d-1 (index within that level) that have children
+    parent: torch.Tensor  # [n_d] int64: each node's parent, as an index into rows
+    rank: torch.Tensor  # [n_d] int64: each node's rank among its head's candidates
+    k: int  # top-k width this level needs: max rank + 1
+
+
+def node_index(tree: Tree, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row (depth - 1) and column (rank) of nodes 1..N in a top-k table [depth, k]: [N] each."""
+    return (tree.depths[1:] - 1).to(device), tree.ranks[1:].to(device)
+
+
+def level_plans(tree: Tree, device: torch.device) -> tuple[LevelPlan, ...]:
+    plans = []
+    prev_start = 0  # node id of the first node of depth d-1 (the root for d = 1)
+    for sl in tree.level_slices:
+        local = tree.parents[sl] - prev_start  # [n_d] parent index within level d-1
+        rows, parent = torch.unique(local, sorted=True, return_inverse=True)
+        k = max(p[-1] for p in tree.paths[sl.start - 1 : sl.stop - 1]) + 1  # from the Python paths
+        plans.append(
+            LevelPlan(
+                out=slice(sl.start - 1, sl.stop - 1),
+                rows=rows.to(device),
+                parent=parent.to(device),
+                rank=tree.ranks[sl].to(device),
+                k=k,
+            )
+        )
+        prev_start = sl.start
+    return tuple(plans)
+
+
+class Heads(nn.Module):
+    """K draft heads. See `entmtp.heads` for the drafting and training contracts."""
+
+    config: HeadsConfig
+
+    def __init__(self, config: HeadsConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.heads = nn.ModuleList(
+            Head(self.head_input_size(i), config, proj_bias=self.proj_bias) for i in range(config.num_heads)
+        )
+        self._base: BaseRefs | None = None
+        self._feature: torch.Tensor | None = None  # [H]: what the next draft starts from
+        self._plans: weakref.WeakKeyDictionary[Tree, dict[torch.device, Any]] = weakref.WeakKeyDictionary()
+        self.draft_vocab: torch.Tensor | None = None  # [Vd] token ids drafts are chosen from (None: all)
+        self._draft_proj: dict[tuple, tuple[torch.Tensor, torch.Tensor | None]] = {}
+
+    proj_bias = False  # Medusa's projections have no bias; Hydra's do
+
+    def head_input_size(self, i: int) -> int:
+        """Input width of head i's (0-based) first block."""
+        return self.config.hidden_size
+
+    @property
+    def grounded(self) -> bool:
+        """Whether head k reads the embeddings of the k tokens before it on its branch."""
+        return False
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def needs_all_hidden_states(self) -> bool:
+        """True when the engine must run the base model with ``output_hidden_states=True``."""
+        return self.config.hidden_state_offset != 0
+
+    @property
+    def hidden_state_index(self) -> int:
+        """Index into ``outputs.hidden_states`` of the state the heads read (-1: the last, normed one)."""
+        return -(self.config.hidden_state_offset + 1)
+
+    # ---- binding --------------------------------------------------------------------------------
+
+    def bind(self, model: nn.Module) -> Heads:
+        """Keep references to ``model``'s embeddings, output layer (and rotary embedding); check sizes."""
+        cfg = self.config
+        embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+        if embed is None or lm_head is None:
+            raise HeadsError(
+                f"model {type(model).__name__} has no input embeddings or output layer: "
+                f"bind the heads to a causal LM (AutoModelForCausalLM)"
+            )
+        name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+        fix = "train heads for this model or pick the right base model"
+        if cfg.base_model:
+            fix += f" (these were trained for {cfg.base_model})"
+        model_hidden, model_vocab = embed.weight.shape[1], lm_head.weight.shape[0]
+        if model_hidden != cfg.hidden_size:
+            raise HeadsError(
+                f"heads expect hidden size {cfg.hidden_size} but the model has {model_hidden} ({name}); {fix}"
+            )
+        if model_vocab != cfg.vocab_size:
+            raise HeadsError(
+                f"heads expect vocab size {cfg.vocab_size} but the model has {model_vocab} ({name}); {fix}"
+            )
+        layers = getattr(model.config, "num_hidden_layers", None)
+        if layers is not None and cfg.hidden_state_offset > layers:
+            raise HeadsError(
+                f"hidden_state_offset {cfg.hidden_state_offset} is deeper than the model's {layers} layers; {fix}"
+            )
+        eps = float(getattr(model.config, "rms_norm_eps", 1e-6))
+        rotary = None
+        if cfg.head_arch == "prefix-mlp":
+            rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+            if rotary is None:
+                raise HeadsError(
+                    f"prefix-mlp heads need the base model's rotary embedding (model.model.rotary_emb), "
+                    f"which {type(model).__name__} lacks: use a Llama-style base model or head_arch='mlp'"
+                )
+            self._bind_prefix(model, fix)
+        self._base = BaseRefs(embed=embed, lm_head=lm_head, rotary=rotary, rms_norm_eps=eps)
+        return self
+
+    def _bind_prefix(self, model: nn.Module, fix: str) -> None:
+        raise NotImplementedError  # only Hydra heads have a prefix layer
+
+    def _require_base(self) -> BaseRefs:
+        if self._base is None:
+            raise HeadsError("the heads are not bound to a base model: call heads.bind(model) first")
+        return self._base
+
+    # ---- drafting ---------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the drafting state (the last feature and the prefix layer's KV cache)."""
+        self._feature = None
+
+    @torch.inference_mode()
+    def extend(self, hidden: torch.Tensor) -> None:
+        """Take the base hidden states of newly committed positions: ``hidden`` [T, H]."""
+        if hidden.ndim != 2 or hidden.shape[1] != self.config.hidden_size:
+            raise HeadsError(
+                f"extend() takes hidden states [T, {self.config.hidden_size}], got {tuple(hidden.shape)}"
+            )
+        if hidden.shape[0] == 0:
+            return
+        self._feature = hidden[-1].to(self.dtype).clone()  # [H]
+
+    def _require_feature(self) -> torch.Tensor:
+        if self._feature is None:
+            raise HeadsError(
+                "no committed position yet: call heads.extend(prompt hidden states) before draft()"
+            )
+        return self._feature
+
+    def _plan(self, tree: Tree, device: torch.device, build: Callable[[Tree, torch.device], Any]) -> Any:
+        """Per-tree index tensors, built on the first draft with that tree and device, then reused."""
+        per_tree = self._plans.setdefault(tree, {})
+        key = (device, build)
+        if key not in per_tree:
+            per_tree[key] = build(tree, device)
+        return per_tree[key]
+
+    def _check_tree(self, tree: Tree) -> None:
+        if tree.depth > self.config.num_heads:
+            raise HeadsError(
+                f"tree {tree.name!r} has depth {tree.depth} but the heads predict only "
+                f"{self.config.num_heads} tokens ahead: use a tree of depth <= {self.config.num_heads}"
+            )
+
+    @torch.inference_mode()
+    def draft(self, tree: Tree, root_token: torch.Tensor, probe: Probe | None = None) -> Draft:
+        """Draft tokens for tree nodes 1..N; ``root_token`` is the base model's next token (node 0).
+        ``probe``: this step's `probe` of a tree that contains ``tree``, reused instead of drafted again."""
+        self._check_tree(tree)
+        feat = self._require_feature()  # [H]
+        if tree.num_nodes == 0:
+            empty = torch.empty(0, device=feat.device)
+            return Draft(tokens=empty.long(), logprobs=empty.float())
+        return self._draft(tree, feat, root_token, probe)
+
+    @torch.inference_mode()
+    def probe(self, master: Tree, root_token: torch.Tensor) -> Probe:
+        """What every subtree of ``master`` drafts first, with its probabilities (see `Probe`)."""
+        self._check_tree(master)
+        if master.num_nodes == 0:
+            raise HeadsError("probe() needs a tree with at least one node: the root-only tree drafts nothing")
+        return self._probe(master, self._require_feature(), root_token)
+
+    def _probe(self, master: Tree, feat: torch.Tensor, root_token: torch.Tensor) -> Probe:
+        return Probe(*self._topk_table(feat, master.depth, master.topk))
+
+    def _draft(self, tree: Tree, feat: torch.Tensor, root_token: torch.Tensor, probe: Probe | None) -> Draft:
+        return self._draft_parallel(tree, feat, probe)
+
+    def _topk_table(self, feat: torch.Tensor, depth: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every head reads the same feature: top-k token ids and log-probabilities [depth, k] of heads 1..depth."""
+        hs = torch.stack([self.heads[i].blocks(feat) for i in range(depth)])  # [depth, H]
+        logits = self._project_stack(hs)  # [depth, Vd]
+        top_lp, top = F.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)  # [depth, k]
+        return self._draft_ids(top), top_lp
+
+    def _draft_parallel(self, tree: Tree, feat: torch.Tensor, probe: Probe | None = None) -> Draft:
+        """One top-k table [depth, k] (the probe's when it covers the tree), gathered into the tree."""
+        if probe is not None and tree.depth <= probe.depth and tree.topk <= probe.topk:
+            tokens, logprobs = probe.tokens, probe.logprobs
+        else:
+            tokens, logprobs = self._topk_table(feat, tree.depth, tree.topk)
+        depth, rank = self._plan(tree, feat.device, node_index)  # [N] each
+        return Draft(tokens=tokens[depth, rank], logprobs=logprobs[depth, rank])
+
+    def _project_stack(self, hs: torch.Tensor) -> torch.Tensor:
+        """Draft logits of heads 0..D-1 for hs [D, ..., H] -> [D, ..., Vd] (one matmul when shared)."""
+        if self.config.share_lm_head:
+            return self._draft_logits(0, hs)
+        return torch.stack([self._draft_logits(i, h) for i, h in enumerate(hs)])
+
+    def set_draft_vocab(self, ids: torch.Tensor | None) -> None:
+        """Draft only from these token ids (a frequency-ranked subset of the vocabulary, as in FR-Spec).
+
+        The heads' vocab projection is the largest cost of drafting on a CPU (a [V, H] matrix-vector
+        product per head, or per tree level for Hydra); projecting onto a third of the vocabulary that covers
+        nearly every token the model writes cuts it about threefold. Verification still sees the full
+        vocabulary, so outputs are unchanged: a right token outside the subset is only a missed draft."""
+        if ids is not None:
+            ids = torch.as_tensor(ids, dtype=torch.long).flatten().unique()
+            if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size:
+                raise HeadsError(
+                    f"draft vocabulary must be non-empty token ids in 0..{self.config.vocab_size - 1}"
+                )
+        self.draft_vocab = ids
+        self._draft_proj.clear()
+
+    def _draft_logits(self, k: int, feats: torch.Tensor) -> torch.Tensor:
+        """Head k's logits over the draft vocabulary (all of it when none is set): [..., H] -> [..., Vd]."""
+        if self.draft_vocab is None:
+            return self.project(k, feats)
+        proj = self.heads[k].proj
+        layer = proj if proj is not None else self._require_base().lm_head
+        key = (
+            k if proj is not None else -1,
+            layer.weight.device,
+            layer.weight.dtype,
+            layer.weight.data_ptr(),
+        )
+        if key not in self._draft_proj:  # the sliced matrix, built once per device and dtype
+            ids = self.draft_vocab.to(layer.weight.device)
+            bias = layer.bias[ids] if getattr(layer, "bias", None) is not None else None
+            self._draft_proj = {kk: v for kk, v in self._draft_proj.items() if kk[0] != key[0]}
+            self._draft_proj[key] = (layer.weight[ids].contiguous(), bias)  # [Vd, H], [Vd]
+        weight, bias = self._draft_proj[key]
+        return F.linear(feats.to(weight.dtype), weight, bias)
+
+    def _draft_ids(self, top: torch.Tensor) -> torch.Tensor:
+        """Map indices into the draft vocabulary back to token ids."""
+        return top if self.draft_vocab is None else self.draft_vocab.to(top.device)[top]
+
+    # ---- training ---------------------------------------------------------------------------------
+
+    def features(self, hidden: torch.Tensor, tokens: torch.Tensor) -> list[torch.Tensor]:
+        """Teacher-forced pre-projection features of every head: K tensors [B, T, H].
+
+        ``hidden`` [B, T, H] are base hidden states after tokens [B, T] (x_0..x_{T-1}). Head k's feature at
+        t predicts x_{t+k+1}; positions with t+k+1 >= T are garbage (the trainer masks them).
+        """
+        x = hidden.to(self.dtype)
+        return [head.blocks(x) for head in self.heads]
+
+    def forward(self, hidden: torch.Tensor, tokens: torch.Tensor) -> list[torch.Tensor]:
+        return self.features(hidden, tokens)
+
+    def project(self, k: int, feats: torch.Tensor) -> torch.Tensor:
+        """Head k's (0-based) vocab projection: feats [..., H] -> logits [..., V]."""
+        if not 0 <= k < self.config.num_heads:
+            raise HeadsError(
+                f"head index {k} is out of range: these heads have indices 0..{self.config.num_heads - 1}"
+            )
+        proj = self.heads[k].proj
+        if proj is not None:
+            return proj(feats)
+        lm_head = self._require_base().lm_head
+        return lm_head(feats.to(lm_head.weight.dtype))
+
+    def init_projections_from_base(self) -> None:
+        """Copy the bound base output layer into each head's own projection (the official Medusa init)."""
+        lm_weight = self._require_base().lm_head.weight
+        with torch.no_grad():
+            for head in self.heads:
+                if head.proj is not None:
+                    head.proj.weight.copy_(lm_weight)
+                    if head.proj.bias is not None:
+                        head.proj.bias.zero_()
+
+
+class MedusaHeads(Heads):
+    """Medusa-1: independent heads, all on the last committed feature."""
+
+
+def frequent_tokens(counts: torch.Tensor, size: int, keep: Iterable[int] = ()) -> torch.Tensor:
+    """The `size` most frequent token ids by `counts` [V], plus the ids in `keep` (EOS and other special
+    tokens, which must stay draftable however rare): a draft vocabulary for `Heads.set_draft_vocab`."""
+    if size < 1:
+        raise HeadsError(f"draft vocabulary size must be >= 1, got {size}")
+    top = counts.float().topk(min(size, counts.numel())).indices
+    return torch.cat([top, torch.as_tensor(list(keep), dtype=torch.long)]).unique()
