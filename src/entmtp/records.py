@@ -28,8 +28,8 @@ class Step:
     signals: dict[str, float] = field(default_factory=dict)  # what the policy read before choosing the tree
     lookup_nodes: int = 0  # drafted nodes that came from prompt lookup (hybrid trees)
     lookup_accepted: int = 0  # of the accepted drafts, how many came from prompt lookup
-    lookup_path: list[bool] = field(default_factory=list)  # hybrid trees: per accepted draft, a lookup copy?
     sources: dict[str, int] = field(default_factory=dict)  # hybrid trees: lookup.source_depths of the step
+    lookup_path: list[bool] = field(default_factory=list)  # hybrid trees: per accepted draft, a lookup copy?
 
 
 @dataclass
