@@ -5,39 +5,21 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from conftest import save_tiny_model
 from entmtp.cli import main
 from entmtp.heads import HeadsConfig, random_heads, save_heads
-from entmtp.model import embedded_model_dir
 from entmtp.prompts import TASKS
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    """A 2-layer random Llama with the embedded model's tokenizer (so prompts and chat templates are real),
-    random Hydra heads for it, and a profile calibrated on it in seconds."""
+    """A tiny random model saved with the embedded tokenizer, random Hydra heads for it, and a profile
+    calibrated on it in seconds."""
     root = tmp_path_factory.mktemp("tiny")
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir())
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=2048,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        tie_word_embeddings=True,
-    )
-    model = LlamaForCausalLM(config).eval()
-    model.save_pretrained(root / "model")
-    tokenizer.save_pretrained(root / "model")
-    save_heads(random_heads(HeadsConfig.for_model(model, "hydra", 4), seed=1), root / "heads")
-    calibrate = ["calibrate", "--model", str(root / "model"), "--heads", str(root / "heads")]
+    model_dir, heads_dir = root / "model", root / "heads"
+    save_heads(random_heads(HeadsConfig.for_model(save_tiny_model(model_dir), "hydra", 4), seed=1), heads_dir)
+    calibrate = ["calibrate", "--model", str(model_dir), "--heads", str(heads_dir)]
     calibrate += ["--num-prompts", "4", "--max-new-tokens", "12", "--greedy-only", "--latency-prompts", "1"]
     calibrate += ["--latency-tokens", "6", "--latency-repeats", "1", "--out", str(root / "profile.json")]
     assert main([*calibrate, "--dtype", "float32", "--no-progress"]) == 0

@@ -73,6 +73,12 @@ def test_bench_writes_table_and_json(tmp_path, capsys):
         "hydra",
         "--trees",
         "chain_2,tree_4",
+        "--policies",
+        "",
+        "--peers",
+        "",
+        "--lookup-only",
+        "",
         "--tasks",
         "gsm8k",
         "--num-prompts",
@@ -207,6 +213,7 @@ def test_calibrate_then_generate_with_every_policy_then_latency_only(tmp_path, c
         "--replay",
     ]
     more = ["--profile", str(out), "--tasks", "gsm8k", "--num-prompts", "1", "--max-new-tokens", "12"]
+    more += ["--peers", "", "--lookup-only", ""]
     assert main([*args, *more, "--dtype", "float32", "--out", str(bench), "--no-progress"]) == 0
     data = json.loads((bench / "results.json").read_text())
     rows = data["summary"]["gsm8k"]
@@ -358,7 +365,7 @@ def test_bench_own_prompt_file_identity_and_ctrl_c_keeps_what_finished(tmp_path,
     lines = [{"prompt": "Repeat: a b c a b c"}, {"turns": ["Say hi."]}, {"prompt": "Count to 3."}]
     prompts.write_text("\n".join(json.dumps(x) for x in lines))
     out = tmp_path / "b"
-    args = ["bench", "--heads", "none", "--lookup-only", "adaptive", "--prompts", str(prompts)]
+    args = ["bench", "--heads", "none", "--lookup-only", "adaptive", "--peers", "", "--prompts", str(prompts)]
     args += [
         "--num-prompts",
         "3",
@@ -545,18 +552,32 @@ def test_quick_sizes_and_explicit_ones_win():
 
     from entmtp.bench import _resolve_sizes
 
-    quick = argparse.Namespace(quick=True, num_prompts=None, max_new_tokens=None)
+    quick = argparse.Namespace(quick=True, num_prompts=None, max_new_tokens=None, trees="", peers=None)
     _resolve_sizes(quick)
-    assert (quick.num_prompts, quick.max_new_tokens) == (2, 64)
-    full = argparse.Namespace(quick=False, num_prompts=None, max_new_tokens=32)
+    assert (quick.num_prompts, quick.max_new_tokens) == (2, 48)
+    assert quick.trees == "" and quick.peers == "hf-prompt-lookup"  # an explicit "" (no trees) wins
+    assert quick.policies == "hydra:static,hydra:dynamic,hydra:dynamic+lookup"
+    full = argparse.Namespace(quick=False, num_prompts=None, max_new_tokens=32, policies="static")
     _resolve_sizes(full)
-    assert (full.num_prompts, full.max_new_tokens) == (10, 32)
+    assert (full.num_prompts, full.max_new_tokens, full.policies) == (10, 32, "static")
+    assert full.trees == "mc_sim_7b_63,hydra:tree_8" and full.peers == "hf-generate,hf-prompt-lookup"
 
 
 @pytest.mark.slow
 def test_bench_quick_sampled_reports_perplexity(tmp_path, capsys):
     out = tmp_path / "q"
-    args = ["bench", "--quick", "--heads", "none", "--lookup-only", "adaptive", "--tasks", "gsm8k,sharegpt"]
+    args = [
+        "bench",
+        "--quick",
+        "--heads",
+        "none",
+        "--lookup-only",
+        "adaptive",
+        "--peers",
+        "",
+        "--tasks",
+        "gsm8k,sharegpt",
+    ]
     args += ["--max-new-tokens", "8", "--temperature", "0.7", "--dtype", "float32", "--out", str(out)]
     assert main([*args, "--no-progress"]) == 0
     data = json.loads((out / "results.json").read_text())

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .errors import EntMTPError
+from .prompts import TASKS
 from .shipped import HEAD_KINDS, default_heads, resolve_heads
 
 
@@ -379,28 +380,31 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--heads", default="hydra,medusa", help="comma list: medusa, hydra or heads directories")
     b.add_argument(
         "--trees",
-        default="chain_3,tree_8,tree_16,mc_sim_7b_63",
-        help="static trees (comma list; HEADS:TREE for one heads only)",
+        default=None,
+        help="static trees (comma list; HEADS:TREE for one heads only; default: mc_sim_7b_63 (the published "
+        "default) for each heads and hydra:tree_8; --quick: hydra:mc_sim_7b_63; '' for none)",
     )
     b.add_argument(
         "--policies",
-        default="",
-        help="scheduling policies (comma list of static,binary,ladder,cost,dynamic; HEADS:POLICY for one heads only)",
+        default=None,
+        help="scheduling policies (comma list of static,binary,ladder,cost,dynamic, each optionally +lookup; "
+        "HEADS:POLICY for one heads only; default: every policy for hydra and dynamic+lookup, EntMTP* (static) "
+        "for medusa; --quick: hydra's static, dynamic and dynamic+lookup; '' for none)",
     )
     b.add_argument(
         "--profile", default="auto", help="auto (each task's shipped profile, else mixed) | TASK | FILE"
     )
     b.add_argument(
         "--peers",
-        default="",
+        default=None,
         help="peer decoders on the same prompt ids (comma list): hf-generate (transformers' generate), "
         "hf-prompt-lookup (its prompt lookup decoding, 10 tokens), llama-cpp (plain decoding of the GGUF; "
-        "needs `pip install llama-cpp-python`)",
+        "needs `pip install llama-cpp-python`); default: the first two (--quick: hf-prompt-lookup)",
     )
     b.add_argument(
         "--lookup-only",
-        default="",
-        help="entmtp prompt lookup without heads (comma list): adaptive (branch sized per step), fixed; "
+        default=None,
+        help="entmtp prompt lookup without heads (comma list; default adaptive): adaptive (branch sized per step), fixed; "
         "TREE+lookup in --trees and POLICY+lookup in --policies add a lookup branch to heads configs",
     )
     add_lookup_settings(b)
@@ -408,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--acceptance", default="auto", choices=["auto", "greedy", "sample", "typical"])
     b.add_argument("--seed", type=int, default=0, help="sampling seed of prompt i is seed + i")
-    b.add_argument("--tasks", default="humaneval,sharegpt,gsm8k,writing")
+    b.add_argument("--tasks", default=",".join(TASKS), help="comma list (default: all of them)")
     b.add_argument(
         "--prompts",
         default=None,
@@ -416,7 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--split", default="test", choices=["calib", "test"])
     b.add_argument("--num-prompts", type=int, default=None, help="prompts per task (default 10; --quick 2)")
-    b.add_argument("--max-new-tokens", type=int, default=None, help="default 128; --quick 64")
+    b.add_argument("--max-new-tokens", type=int, default=None, help="default 128; --quick 48")
     b.add_argument(
         "--quick",
         action="store_true",
@@ -445,7 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train-heads", help="train Medusa or Hydra heads by self-distillation")
     add_train_arguments(tr)
     tr.set_defaults(func=run_train)
-    ev = sub.add_parser("eval-heads", help="evaluate trained heads (accuracy, tokens per step)")
+    ev = sub.add_parser(
+        "eval-heads",
+        help="evaluate heads per task and dev category against the shipped ones (accuracy, tokens per step, tokens/s)",
+    )
     add_eval_arguments(ev)
     ev.set_defaults(func=run_eval)
     return parser
