@@ -95,10 +95,37 @@ def test_training_prompt_sources(tmp_path):
     (tmp_path / "train" / "alpaca_libre_tasks_v2.jsonl").write_text("\n".join(alpaca) + "\n")
     (tmp_path / "gsm8k" / "train.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
     prompts = load_training_prompts(tmp_path)
-    assert prompts == ["Fix the code.\n\nx = = 1", "Name a color.", "1+1?"]
+    expected = ["Fix the code.\n\nx = = 1", "Name a color.", "1+1?"]
+    assert prompts == expected
     user = tmp_path / "mine.jsonl"
     user.write_text('"plain string"\n{"prompt": "a prompt"}\n')
     assert load_training_prompts(prompts_file=user) == ["plain string", "a prompt"]
+    # a second directory (the project's data/): context-copy prompts and chats, deduplicated across both
+    project = tmp_path / "project"
+    (project / "train").mkdir(parents=True)
+    chat = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Bye?"},
+    ]
+    records = [
+        {"instruction": "Summarize this.", "input": "A long passage.", "kind": "summarize"},
+        {"messages": chat, "kind": "multi_turn"},
+        {"messages": chat[:2]},  # ends with the assistant: nothing to answer, skipped
+        {"messages": [{"role": "robot", "content": "?"}]},  # an unknown role: skipped
+        {"question": "1+1?"},  # already in gsm8k/train.jsonl: kept once, from the first directory
+    ]
+    (project / "train" / "context.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    prompts, sources = load_training_prompts(f"{tmp_path},{project}", with_sources=True)
+    assert prompts == [*expected, "Summarize this.\n\nA long passage.", chat]
+    assert sources == [
+        "gpteacher_codegen.json",
+        "alpaca_libre_tasks_v2.jsonl",
+        "train.jsonl",
+        "context.jsonl",
+        "context.jsonl",
+    ]
+    assert load_training_prompts([tmp_path, project]) == prompts
 
 
 def test_shards_and_manifest(distill):
@@ -288,6 +315,7 @@ def test_train_heads_end_to_end(base, tmp_path):
     assert (out / "config.json").is_file() and (out / "heads.safetensors").is_file()
     assert (out / "learning_curve.png").is_file()
     assert summary["train"]["step"] == 4 and summary["distill"]["train_positions"] > 0
+    assert json.loads((out / "distill" / "manifest.json").read_text())["sources"] == {"prompts.jsonl": 8}
     report = json.loads((out / "eval" / "eval.json").read_text())
     assert report["trees"] == ["tree_4"] and "tree_16" in report["skipped_trees"]  # tree_16 is 3 deep
     gsm = report["tasks"]["gsm8k"]
@@ -304,6 +332,15 @@ def test_train_heads_end_to_end(base, tmp_path):
     with pytest.raises(HeadsError, match="already holds heads.*--overwrite"):
         train_heads("medusa", out, **kw)
     assert report_markdown(report).count("| GSM8K |") == 5
+    # --init: continue from trained heads on (here the same) data; their weights are the starting point
+    more = {**kw, "distill_dir": out / "distill", "stages": "train", "steps": 2, "lr": 1e-9, "warmup": 0.0}
+    train_heads("hydra", tmp_path / "hydra2", init=tmp_path / "hydra", **more)
+    before, after = load_heads(tmp_path / "hydra").state_dict(), load_heads(tmp_path / "hydra2").state_dict()
+    assert all(torch.allclose(before[k].float(), after[k].float(), atol=1e-5) for k in before)  # lr ~ 0
+    old_vocab = set(load_heads(tmp_path / "hydra").draft_vocab.tolist())
+    assert old_vocab <= set(load_heads(tmp_path / "hydra2").draft_vocab.tolist())
+    with pytest.raises(HeadsError, match="--init heads in .* differ.*kind='hydra' \\(asked 'medusa'\\)"):
+        train_heads("medusa", tmp_path / "medusa2", init=tmp_path / "hydra", **more)
 
 
 def test_bad_inputs(base, distill, tmp_path):
@@ -360,7 +397,7 @@ def test_cli_arguments():
         "train",
         4,
     )
-    assert args.eval_prompts == 10 and args.eval_trees == "mc_sim_7b_63,tree_16"
+    assert args.eval_prompts == 10 and args.eval_trees == "mc_sim_7b_63,tree_8"
     assert Path(args.out) == Path("o")
 
 
@@ -416,3 +453,50 @@ def test_train_time_limit_plans_fewer_steps_and_finishes(base, distill, tmp_path
     assert result.step == TIME_PROBE_STEPS and not result.stopped_early  # a complete, shorter run
     log = [json.loads(line) for line in (tmp_path / "run" / LOG).read_text().splitlines()]
     assert log[-1]["step"] == TIME_PROBE_STEPS and "val_top1" in log[-1]  # final eval ran
+
+
+# ---- eval-heads: new heads against the ones they would replace -------------------------------------------
+
+
+@pytest.mark.slow
+def test_eval_heads_compares_with_baseline_heads_on_tasks_and_dev_categories(tmp_path, capsys):
+    from conftest import save_tiny_model
+    from entmtp.cli import main
+
+    model = save_tiny_model(tmp_path / "model")
+    for name, seed in (("new", 1), ("old", 2)):
+        save_heads(
+            random_heads(HeadsConfig.for_model(model, "hydra", 2), seed=seed, init="random"), tmp_path / name
+        )
+    out = tmp_path / "report"
+    args = [
+        "eval-heads",
+        str(tmp_path / "new"),
+        "--against",
+        str(tmp_path / "old"),
+        "--model",
+        str(tmp_path / "model"),
+    ]
+    args += ["--tasks", "gsm8k,humaneval,specbench-rag,specbench-translation", "--num-prompts", "1"]
+    args += ["--max-new-tokens", "8", "--trees", "chain_2,tree_4", "--dtype", "float32", "--out", str(out)]
+    assert main([*args, "--no-progress"]) == 0
+    report = json.loads((out / "eval.json").read_text())
+    assert report["settings"]["split"] == "test" and report["baseline"]["name"] == str(tmp_path / "old")
+    for task, e in report["tasks"].items():
+        for side in (e, e["baseline"]):
+            assert set(side["speculative"]) == {"chain_2", "tree_4"}, task
+            assert all(
+                v["tokens_per_step"] >= 1.0 and v["tokens_per_second"] > 0
+                for v in side["speculative"].values()
+            )
+    md = (out / "eval.md").read_text()
+    assert f"## Against {tmp_path / 'old'}" in md and "tree_4 tokens/s new /" in md
+    assert (
+        "**mean, four tasks**" in md and "**mean, dev categories**" in md and "**min, dev categories**" in md
+    )
+    assert "Spec-Bench RAG" in md and "Against" in capsys.readouterr().out
+    # bad input: an unknown task and missing heads are named
+    assert main(["eval-heads", str(tmp_path / "new"), "--tasks", "nosuch"]) == 2
+    assert "unknown task 'nosuch'" in capsys.readouterr().err
+    assert main(["eval-heads", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err

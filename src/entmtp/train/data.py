@@ -31,6 +31,7 @@ import json
 import os
 import random
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,8 +49,11 @@ FORMAT = "entmtp-distill"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 PROMPTS = "prompts.jsonl"
-# The repository's shared data directory (train/, gsm8k/): <repo>/../shared/data from src/entmtp/train/.
+# The repository's shared data directory (train/, gsm8k/): <repo>/../shared/data from src/entmtp/train/; and
+# the project's own training prompts (data/train/ of a source checkout, with data/train/PROVENANCE.md).
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[4] / "shared" / "data"
+PROJECT_DATA_DIR = Path(__file__).resolve().parents[3] / "data"
+ROLES = ("system", "user", "assistant")
 HIDDEN_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -66,6 +70,34 @@ def _prompt_text(rec: dict) -> str:
                 return value.strip() + "\n\n" + extra.strip()
             return value.strip()
     return ""
+
+
+def _prompt(rec) -> str | list[dict] | None:
+    """A record's prompt: a chat (``messages``, a list of {role, content} ending with a user turn; the earlier
+    assistant turns are given, the model answers the last user turn) or one string (see ``_prompt_text``).
+    None when the record holds neither."""
+    if isinstance(rec, str):
+        return rec.strip() or None
+    if not isinstance(rec, dict):
+        return None
+    msgs = rec.get("messages")
+    if msgs is not None:
+        ok = (
+            isinstance(msgs, list)
+            and msgs
+            and all(
+                isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)
+                for m in msgs
+            )
+        )
+        if not ok or msgs[-1]["role"] != "user":
+            return None
+        return [{"role": m["role"], "content": m["content"]} for m in msgs]
+    return _prompt_text(rec) or None
+
+
+def _key(prompt: str | list[dict]) -> str:
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
 
 
 def read_records(path: Path) -> Iterator[dict]:
@@ -91,56 +123,76 @@ def read_records(path: Path) -> Iterator[dict]:
             yield rec if isinstance(rec, dict) else {"prompt": rec}
 
 
-def read_prompt_file(path: str | os.PathLike[str]) -> list[str]:
-    """Prompts of a user file: JSONL or a JSON list; each record a string or an object with one of
-    instruction(+input), question, prompt or text."""
+def read_prompt_file(path: str | os.PathLike[str]) -> list[str | list[dict]]:
+    """Prompts of a user file: JSONL or a JSON list; each record a string, an object with one of
+    instruction(+input), question, prompt or text, or a chat in ``messages`` (ending with a user turn)."""
     p = Path(path)
     if not p.is_file():
         raise DataError(f"prompt file {p} does not exist: give a JSONL or JSON file of prompts")
-    prompts = [_prompt_text(r) for r in read_records(p)]
-    prompts = [t for t in prompts if t]
+    prompts = [t for t in map(_prompt, read_records(p)) if t]
     if not prompts:
         raise DataError(
-            f"prompt file {p} holds no prompts: give records with an instruction, question, prompt or text field"
+            f"prompt file {p} holds no prompts: give records with an instruction, question, prompt or text "
+            "field, or messages ending with a user turn"
         )
     return prompts
 
 
 def training_prompt_sources(data_dir: str | os.PathLike[str]) -> list[Path]:
-    """The training prompt files under ``data_dir``: train/*.json (GPTeacher), train/alpaca_libre_tasks_v*.jsonl,
-    gsm8k/train.jsonl. Never the benchmark prompt sets."""
+    """The training prompt files under ``data_dir``: train/*.json (GPTeacher), train/*.jsonl (alpaca-libre, the
+    project's context-copy and chat prompts), gsm8k/train.jsonl. Never the benchmark prompt sets."""
     d = Path(data_dir)
     if not d.is_dir():
         raise DataError(
             f"training data directory {d} does not exist: pass --data-dir (holding train/ and gsm8k/) "
             f"or --prompts FILE"
         )
-    files = sorted((d / "train").glob("*.json")) + sorted((d / "train").glob("alpaca_libre_tasks_v*.jsonl"))
+    files = sorted((d / "train").glob("*.json")) + sorted((d / "train").glob("*.jsonl"))
     if (d / "gsm8k" / "train.jsonl").is_file():
         files.append(d / "gsm8k" / "train.jsonl")
     if not files:
         raise DataError(
-            f"no training prompts in {d}: expected train/*.json, train/alpaca_libre_tasks_v*.jsonl or "
+            f"no training prompts in {d}: expected train/*.json, train/*.jsonl or "
             f"gsm8k/train.jsonl; pass another --data-dir or --prompts FILE"
         )
     return files
 
 
-def load_training_prompts(data_dir: str | os.PathLike[str] | None = None, prompts_file=None) -> list[str]:
-    """All training prompts, deduplicated, in file order: from ``prompts_file`` if given, else the data dir."""
+def default_data_dirs() -> list[Path]:
+    """The shared data directory, and the project's own data/ when this is a source checkout that has it."""
+    return [DEFAULT_DATA_DIR] + ([PROJECT_DATA_DIR] if (PROJECT_DATA_DIR / "train").is_dir() else [])
+
+
+def load_training_prompts(
+    data_dir: str | os.PathLike[str] | list | None = None, prompts_file=None, *, with_sources: bool = False
+):
+    """All training prompts, deduplicated, in file order: from ``prompts_file`` if given, else from the data
+    directories (a path, a comma-separated string of paths or a list; default: `default_data_dirs`).
+    ``with_sources``: also return each prompt's source file name (the data manifest counts them)."""
+    pairs: list[tuple[str | list[dict], str]] = []
     if prompts_file is not None:
-        prompts = read_prompt_file(prompts_file)
+        pairs = [(t, Path(prompts_file).name) for t in read_prompt_file(prompts_file)]
     else:
-        prompts = []
-        for path in training_prompt_sources(data_dir if data_dir is not None else DEFAULT_DATA_DIR):
-            records = read_records(path)
-            if path.name.startswith("alpaca_libre"):
-                records = (r for r in records if r.get("status") == "ok")
-            prompts += [t for t in map(_prompt_text, records) if t]
-    prompts = list(dict.fromkeys(prompts))
-    if not prompts:
+        if data_dir is None:
+            dirs = default_data_dirs()
+        elif isinstance(data_dir, (list, tuple)):
+            dirs = [Path(x) for x in data_dir]
+        else:
+            dirs = [Path(x) for x in str(data_dir).split(",") if x]
+        for d in dirs:
+            for path in training_prompt_sources(d):
+                records = read_records(path)
+                if path.name.startswith("alpaca_libre"):
+                    records = (r for r in records if r.get("status") == "ok")
+                pairs += [(t, path.name) for t in map(_prompt, records) if t]
+    seen: dict[str, tuple[str | list[dict], str]] = {}
+    for t, src in pairs:
+        seen.setdefault(_key(t), (t, src))  # the first occurrence wins
+    unique = list(seen.values())
+    if not unique:
         raise DataError("the prompt set is empty: give a data directory or prompt file with prompts in it")
-    return prompts
+    prompts = [t for t, _ in unique]
+    return (prompts, [src for _, src in unique]) if with_sources else prompts
 
 
 # ---- settings and manifest ---------------------------------------------------------------------------
@@ -200,6 +252,7 @@ class Manifest:
     shards: list[dict] = field(default_factory=list)  # {file, split, sequences, positions, anchors}
     complete: bool = False
     skipped_long_prompts: int = 0
+    sources: dict = field(default_factory=dict)  # prompt source file -> prompts selected from it
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "version": FORMAT_VERSION, **asdict(self)}
@@ -242,9 +295,12 @@ class Selected:
     ids: list[int]  # prompt token ids (chat-templated)
     split: str  # "val" | "train"
     sampled: bool
+    source: str = ""  # the prompt's source file, when known
 
 
-def select_prompts(tokenizer, prompts: list[str], settings: GenSettings) -> tuple[list[Selected], int]:
+def select_prompts(
+    tokenizer, prompts: list, settings: GenSettings, sources: list[str] | None = None
+) -> tuple[list[Selected], int]:
     """Shuffle (seeded), skip prompts over ``max_prompt_tokens``, take ``num_prompts``; the first
     ``val_fraction`` of them (at least one when there are two or more) is the validation split.
     Returns (selected, number of long prompts skipped)."""
@@ -252,6 +308,7 @@ def select_prompts(tokenizer, prompts: list[str], settings: GenSettings) -> tupl
     order = list(range(len(prompts)))
     rng.shuffle(order)
     chosen: list[list[int]] = []
+    origin: list[str] = []
     skipped = 0
     for i in order:
         if len(chosen) == settings.num_prompts:
@@ -264,6 +321,7 @@ def select_prompts(tokenizer, prompts: list[str], settings: GenSettings) -> tupl
             skipped += 1
             continue
         chosen.append(ids)
+        origin.append(sources[i] if sources is not None else "")
     if not chosen:
         raise DataError(
             f"no usable prompt: all {len(prompts)} are empty or longer than max_prompt_tokens="
@@ -273,8 +331,8 @@ def select_prompts(tokenizer, prompts: list[str], settings: GenSettings) -> tupl
     num_val = max(1, round(n * settings.val_fraction)) if n >= 2 and settings.val_fraction > 0 else 0
     sample_rng = random.Random(settings.seed + 1)
     selected = [
-        Selected(ids, "val" if j < num_val else "train", sample_rng.random() < settings.sample_fraction)
-        for j, ids in enumerate(chosen)
+        Selected(ids, "val" if j < num_val else "train", sample_rng.random() < settings.sample_fraction, src)
+        for j, (ids, src) in enumerate(zip(chosen, origin, strict=True))
     ]
     return selected, skipped
 
@@ -404,7 +462,8 @@ def generate_data(
     tokenizer,
     out_dir: str | os.PathLike[str],
     *,
-    prompts: list[str],
+    prompts: list,
+    sources: list[str] | None = None,
     settings: GenSettings = GenSettings(),
     batch_size: int = 32,
     base_model: str | None = None,
@@ -420,7 +479,7 @@ def generate_data(
     d = Path(out_dir)
     if d.exists() and not d.is_dir():
         raise DataError(f"distillation directory {d} is a file: give a directory")
-    selected, skipped = select_prompts(tokenizer, prompts, settings)
+    selected, skipped = select_prompts(tokenizer, prompts, settings, sources)
     hidden = model.get_input_embeddings().weight.shape[1]
     vocab = model.get_output_embeddings().weight.shape[0]
     name = base_model or model_name(model)
@@ -433,6 +492,7 @@ def generate_data(
         num_val=sum(s.split == "val" for s in selected),
         num_train=sum(s.split == "train" for s in selected),
         skipped_long_prompts=skipped,
+        sources=dict(Counter(s.source for s in selected if s.source)),
     )
     d.mkdir(parents=True, exist_ok=True)
     if (d / MANIFEST).exists():
@@ -443,7 +503,10 @@ def generate_data(
         if any(d.glob("*.safetensors")):
             raise DataError(f"{d} holds shards but no {MANIFEST}: delete them or use another --distill-dir")
         manifest = fresh
-        lines = [json.dumps({"split": s.split, "sampled": s.sampled, "ids": s.ids}) for s in selected]
+        lines = [
+            json.dumps({"split": s.split, "sampled": s.sampled, "source": s.source, "ids": s.ids})
+            for s in selected
+        ]
         write_text_atomic(d / PROMPTS, "\n".join(lines) + "\n")
         manifest.write(d)
     done = {s["file"] for s in manifest.shards}

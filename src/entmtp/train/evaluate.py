@@ -1,6 +1,7 @@
-"""How good are trained heads? Teacher-forced accuracy and realised tokens per step, per benchmark task.
+"""How good are trained heads? Teacher-forced accuracy and realised tokens per step, per benchmark task, and
+the same numbers for the heads they would replace (``baseline``: by default the shipped heads), in one table.
 
-Metrics (all on the calibration prompts of each task, never trained on):
+Metrics (on the test split of each task by default, or its calibration split; never trained on):
 
 * ``top1`` / ``top5`` / ``top10`` of head k: at every position t of the base model's greedy continuation
   (from the last prompt position on), is x_{t+k+1} among head k's top-1/5/10? Hydra heads are teacher-forced:
@@ -8,6 +9,8 @@ Metrics (all on the calibration prompts of each task, never trained on):
 * ``chain`` at depth k: heads 1..k are all top-1 right at t (what a chain of k drafts would accept).
 * ``tokens_per_step`` per tree: realised mean tokens per verification step of greedy speculative decoding
   (accepted drafts + 1 bonus token), i.e. generated tokens / steps over all prompts of the task.
+* ``tokens_per_second`` per tree: generated tokens over decoding wall time. The heads and the baseline decode
+  each prompt back to back, so machine load hits both alike; ratios between them are what to read.
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ import torch
 
 from ..engine import Engine
 from ..model import encode_prompt
-from ..prompts import FOUR_TASKS, TASKS, load_prompts
+from ..prompts import FOUR_TASKS, SPECBENCH, TASKS, load_prompts
 from ..tree import load_tree
 from .data import generate_responses
 
 TOPS = (1, 5, 10)
-DEFAULT_TREES = ("mc_sim_7b_63", "tree_16")
+# The published default tree, and the static tree `entmtp generate` uses for heads without a profile.
+DEFAULT_TREES = ("mc_sim_7b_63", "tree_8")
+EVAL_TASKS = FOUR_TASKS + tuple(SPECBENCH)  # the paper's four tasks, then the dev benchmark's categories
 
 
 @torch.inference_mode()
@@ -72,23 +77,35 @@ def teacher_forced_accuracy(model, heads, sequences: list[tuple[list[int], list[
     return report
 
 
-def speculative_tokens_per_step(
-    model, tokenizer, heads, prompts: list[list[int]], tree: str, max_new_tokens: int
-) -> dict:
-    engine = Engine(model, tokenizer, heads, tree=tree)
-    tokens = steps = 0
-    t0 = time.perf_counter()
+def speculative_runs(
+    model,
+    tokenizer,
+    heads: dict[str, object],
+    prompts: list[list[int]],
+    trees: list[str],
+    max_new_tokens: int,
+) -> dict[str, dict[str, dict]]:
+    """Greedy speculative decoding of every prompt with every (heads, tree), the heads interleaved prompt by
+    prompt: {heads name: {tree: tokens_per_step, steps, tokens, seconds, tokens_per_second}}."""
+    engines = {(n, t): Engine(model, tokenizer, h, tree=t) for n, h in heads.items() for t in trees}
+    sums = {key: [0, 0, 0.0] for key in engines}  # tokens after the first, steps, seconds
     for ids in prompts:
-        result = engine.generate(ids, max_new_tokens=max_new_tokens, temperature=0.0)
-        tokens += sum(result.tokens_per_step)
-        steps += result.num_steps
-    seconds = time.perf_counter() - t0
-    return {
-        "tokens_per_step": tokens / max(1, steps),
-        "steps": steps,
-        "tokens": tokens,
-        "tokens_per_second": tokens / max(1e-9, seconds),
-    }
+        for key, engine in engines.items():
+            result = engine.generate(ids, max_new_tokens=max_new_tokens, temperature=0.0)
+            acc = sums[key]
+            acc[0] += sum(result.tokens_per_step)
+            acc[1] += result.num_steps
+            acc[2] += result.seconds
+    out: dict[str, dict[str, dict]] = {n: {} for n in heads}
+    for (n, t), (tokens, steps, seconds) in sums.items():
+        out[n][t] = {
+            "tokens_per_step": tokens / max(1, steps),
+            "steps": steps,
+            "tokens": tokens,
+            "seconds": seconds,
+            "tokens_per_second": tokens / max(1e-9, seconds),
+        }
+    return out
 
 
 def evaluate_heads(
@@ -97,43 +114,58 @@ def evaluate_heads(
     heads,
     *,
     tasks: tuple[str, ...] = FOUR_TASKS,
+    split: str = "calib",
     num_prompts: int = 10,
     max_new_tokens: int = 128,
     trees: tuple[str, ...] = DEFAULT_TREES,
+    baseline=None,
+    baseline_name: str = "baseline",
     batch_size: int = 8,
     progress: bool = True,
 ) -> dict:
-    """The evaluation report as a dict (see the module docstring); ``heads`` are bound to ``model``."""
-    heads.bind(model)
-    heads.to(device=model.device, dtype=model.dtype).eval()
-    usable = [t for t in trees if load_tree(t).depth <= heads.config.num_heads]
+    """The evaluation report as a dict (see the module docstring). ``baseline``: other heads for the same
+    model, measured the same way on the same prompts (report["baseline"] and each task's "baseline")."""
+    named = {"heads": heads} | ({"baseline": baseline} if baseline is not None else {})
+    for h in named.values():
+        h.bind(model)
+        h.to(device=model.device, dtype=model.dtype).eval()
+    depth = min(h.config.num_heads for h in named.values())
+    usable = [t for t in trees if load_tree(t).depth <= depth]
     report: dict = {
         "heads": dataclasses.asdict(heads.config),
-        "settings": {"num_prompts": num_prompts, "max_new_tokens": max_new_tokens, "split": "calib"},
+        "settings": {"num_prompts": num_prompts, "max_new_tokens": max_new_tokens, "split": split},
         "trees": usable,
-        "skipped_trees": {
-            t: f"depth {load_tree(t).depth} > {heads.config.num_heads} heads"
-            for t in trees
-            if t not in usable
-        },
+        "skipped_trees": {t: f"depth {load_tree(t).depth} > {depth} heads" for t in trees if t not in usable},
         "tasks": {},
     }
+    if baseline is not None:
+        report["baseline"] = {"name": baseline_name, "heads": dataclasses.asdict(baseline.config)}
     for task in tasks:
         t0 = time.perf_counter()
-        prompts = [encode_prompt(tokenizer, p) for p in load_prompts(task, "calib", num_prompts)]
+        prompts = [encode_prompt(tokenizer, p) for p in load_prompts(task, split, num_prompts)]
         responses = generate_responses(
             model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size
         )
+        pairs = list(zip(prompts, responses, strict=True))
+        runs = speculative_runs(model, tokenizer, named, prompts, usable, max_new_tokens)
         entry = {"label": TASKS[task][1], "prompts": len(prompts)}
-        entry.update(teacher_forced_accuracy(model, heads, list(zip(prompts, responses, strict=True))))
-        entry["speculative"] = {
-            tree: speculative_tokens_per_step(model, tokenizer, heads, prompts, tree, max_new_tokens)
-            for tree in usable
-        }
+        entry.update(teacher_forced_accuracy(model, heads, pairs))
+        entry["speculative"] = runs["heads"]
+        if baseline is not None:
+            entry["baseline"] = teacher_forced_accuracy(model, baseline, pairs)
+            entry["baseline"]["speculative"] = runs["baseline"]
         entry["seconds"] = time.perf_counter() - t0
         report["tasks"][task] = entry
         if progress:
             tps = ", ".join(f"{t} {v['tokens_per_step']:.2f}" for t, v in entry["speculative"].items())
+            if baseline is not None:
+                tps += (
+                    " (baseline "
+                    + ", ".join(
+                        f"{v['tokens_per_step']:.2f}" for v in entry["baseline"]["speculative"].values()
+                    )
+                    + ")"
+                )
             print(f"eval {task}: head top-1 {_fmt(entry['top1'])}; tokens/step {tps}", flush=True)
     return report
 
@@ -148,7 +180,8 @@ def report_markdown(report: dict) -> str:
     lines = [
         f"# Heads evaluation: {report['heads']['kind']}, {K} heads, base {report['heads'].get('base_model') or '?'}",
         "",
-        f"Calibration prompts per task: {report['settings']['num_prompts']}; greedy continuations of up to "
+        f"{report['settings'].get('split', 'calib').capitalize()}-split prompts per task: "
+        f"{report['settings']['num_prompts']}; greedy continuations of up to "
         f"{report['settings']['max_new_tokens']} tokens. Accuracy is teacher-forced against the base model's "
         "own greedy continuation; head k predicts the token k+1 ahead.",
         "",
@@ -179,9 +212,64 @@ def report_markdown(report: dict) -> str:
                 + " |"
             )
         lines.append("")
+    if "baseline" in report and report["trees"]:
+        lines += comparison_table(report)
     for tree, why in report["skipped_trees"].items():
         lines.append(f"Tree {tree} skipped: {why}.")
     return "\n".join(lines) + "\n"
+
+
+def _groups(tasks: dict) -> list[tuple[str, list[str]]]:
+    """Summary rows: the paper's four tasks and the dev categories, where the report has them."""
+    four = [t for t in FOUR_TASKS if t in tasks]
+    dev = [t for t in SPECBENCH if t in tasks]
+    return [(name, ts) for name, ts in (("four tasks", four), ("dev categories", dev)) if ts]
+
+
+def comparison_table(report: dict) -> list[str]:
+    """One table: tokens/step of the heads and the baseline per tree and task, and the tokens/s ratio with the
+    last tree (the default one), with means (and the dev categories' minimum) below."""
+    trees, tasks, name = report["trees"], report["tasks"], report["baseline"]["name"]
+    default = trees[-1]
+    head = ["task"] + [f"{t} {who}" for t in trees for who in ("new", name)]
+    head.append(f"{default} tokens/s new / {name}")
+    lines = [
+        f"## Against {name} (greedy tokens per step; tokens/s ratio with {default})",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|---|" + "---|" * (len(head) - 1),
+    ]
+
+    def cells(values: list[dict]) -> list[str]:  # values: the tasks' entries to average (or take the min of)
+        out = []
+        for t in trees:
+            for side in ("new", "baseline"):
+                xs = [
+                    (e if side == "new" else e["baseline"])["speculative"][t]["tokens_per_step"]
+                    for e in values
+                ]
+                out.append(f"{sum(xs) / len(xs):.2f}")
+        ratios = [
+            e["speculative"][default]["tokens_per_second"]
+            / max(1e-9, e["baseline"]["speculative"][default]["tokens_per_second"])
+            for e in values
+        ]
+        out.append(f"{sum(ratios) / len(ratios):.2f}x")
+        return out
+
+    for e in tasks.values():
+        lines.append("| " + " | ".join([e["label"], *cells([e])]) + " |")
+    for group, ts in _groups(tasks):
+        lines.append("| " + " | ".join([f"**mean, {group}**", *cells([tasks[t] for t in ts])]) + " |")
+        if group == "dev categories":
+            worst = [
+                f"{min((tasks[t] if side == 'new' else tasks[t]['baseline'])['speculative'][tr]['tokens_per_step'] for t in ts):.2f}"
+                for tr in trees
+                for side in ("new", "baseline")
+            ]
+            lines.append("| " + " | ".join([f"**min, {group}**", *worst, ""]) + " |")
+    lines.append("")
+    return lines
 
 
 def write_report(report: dict, out_dir: str | os.PathLike[str]) -> tuple[Path, Path]:

@@ -1,7 +1,7 @@
 """``train_heads``: data generation, training and evaluation in one call; and the two CLI commands.
 
     entmtp train-heads --kind medusa|hydra --out DIR [--stages gen,train,eval] ...
-    entmtp eval-heads HEADS_DIR [--out DIR] ...
+    entmtp eval-heads HEADS [--against shipped|none|DIR] [--out DIR] ...
 
 Directory layout of ``--out``: ``config.json`` + ``heads.safetensors`` (the final heads, via ``save_heads``),
 ``checkpoints/`` (resumable state), ``train_log.jsonl`` (the learning curve), ``learning_curve.png``,
@@ -24,9 +24,9 @@ from ..errors import DataError, HeadsError
 from ..heads import CONFIG_FILE, HeadsConfig, frequent_tokens, load_heads, random_heads, save_heads
 from ..model import DTYPES, EMBEDDED, load_model
 from ..prompts import FOUR_TASKS, TASKS
-from ..shipped import HEAD_KINDS
+from ..shipped import HEAD_KINDS, shipped_heads_dir
 from .data import DEFAULT_DATA_DIR, GenSettings, Manifest, generate_data, load_split, load_training_prompts
-from .evaluate import DEFAULT_TREES, evaluate_heads, plot_learning_curve, write_report
+from .evaluate import DEFAULT_TREES, EVAL_TASKS, evaluate_heads, plot_learning_curve, write_report
 from .trainer import LOG, LOSSES, TrainSettings, check_output_dir, train
 
 STAGES = ("gen", "train", "eval")
@@ -87,6 +87,7 @@ def train_heads(
     draft_vocab: int = 16384,  # heads draft from this many most frequent tokens (0: all); see set_draft_vocab
     gen_time_limit: float | None = None,  # seconds: start no new data shard after this (train on what exists)
     train_time_limit: float | None = None,  # seconds: plan fewer steps (shorter lr schedule) if needed
+    init: str | os.PathLike[str] | None = None,  # start from these heads' weights (same kind and shape)
 ) -> dict:
     """Generate self-distillation data, train Medusa/Hydra heads on it, save and evaluate them.
 
@@ -130,7 +131,9 @@ def train_heads(
         raise HeadsError(
             f"no heads in {out} to evaluate: run the train stage first (or give the heads directory)"
         )
-    prompts = load_training_prompts(data_dir, prompts_file) if "gen" in stages else None
+    prompts, sources = (
+        load_training_prompts(data_dir, prompts_file, with_sources=True) if "gen" in stages else (None, None)
+    )
     if "train" in stages and "gen" not in stages:
         Manifest.read(distill)  # raises a clear DataError when the data is missing
 
@@ -149,6 +152,7 @@ def train_heads(
             tokenizer,
             distill,
             prompts=prompts,
+            sources=sources,
             settings=gen_settings,
             batch_size=batch,
             base_model=base_name,
@@ -180,9 +184,15 @@ def train_heads(
             share_lm_head=share_lm_head,
             base_model=base_name,
         )
-        heads = random_heads(config, seed=seed)
-        if not share_lm_head:
-            heads.bind(model_obj).init_projections_from_base()
+        init_vocab = None
+        if init is not None:  # continue from trained heads (e.g. the shipped ones, on new data)
+            heads = _init_heads(init, config)
+            init_vocab = heads.draft_vocab  # the new data's draft vocabulary extends it (below)
+            heads.set_draft_vocab(None)
+        else:
+            heads = random_heads(config, seed=seed)
+            if not share_lm_head:
+                heads.bind(model_obj).init_projections_from_base()
         result = train(
             model_obj,
             heads,
@@ -203,7 +213,10 @@ def train_heads(
         if draft_vocab:  # the tokens the base model itself writes most often (its distillation data)
             tokens = load_split(distill, "train", manifest).tokens
             counts = torch.bincount(tokens, minlength=model_obj.config.vocab_size)
-            heads.set_draft_vocab(frequent_tokens(counts, draft_vocab, keep=tokenizer.all_special_ids))
+            ids = frequent_tokens(counts, draft_vocab, keep=tokenizer.all_special_ids)
+            if init_vocab is not None:  # what the --init heads could draft stays draftable
+                ids = torch.cat([ids, init_vocab.to(ids.device)])
+            heads.set_draft_vocab(ids)
         heads.to(dtype=DTYPES[save_dtype])
         save_heads(heads, out, overwrite=overwrite)
 
@@ -224,6 +237,33 @@ def train_heads(
         write_report(report, out / "eval")
         summary["eval"] = report
     return summary
+
+
+def _init_heads(path, config: HeadsConfig):
+    """Heads loaded from ``path`` to train further; their architecture must be the one asked for."""
+    heads = load_heads(shipped_heads_dir(str(path)) if str(path) in HEAD_KINDS else path, dtype=torch.float32)
+    have, want = heads.config, config
+    fields = (
+        "kind",
+        "num_heads",
+        "num_layers",
+        "hidden_size",
+        "vocab_size",
+        "share_lm_head",
+        "head_arch",
+        "grounded",
+    )
+    diff = [
+        f"{f}={getattr(have, f)!r} (asked {getattr(want, f)!r})"
+        for f in fields
+        if getattr(have, f) != getattr(want, f)
+    ]
+    if diff:
+        raise HeadsError(
+            f"--init heads in {path} differ from the heads to train: {', '.join(diff)}; pass matching "
+            "--kind/--num-heads/--num-layers/--head-arch, or drop --init to train from scratch"
+        )
+    return heads
 
 
 def _name(model) -> str:
@@ -250,7 +290,12 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory: heads, checkpoints, log, eval report")
     _model_args(p)
     p.add_argument("--stages", default="gen,train,eval", help="comma list of gen, train, eval (default: all)")
-    p.add_argument("--data-dir", default=None, help=f"training prompt sources (default {DEFAULT_DATA_DIR})")
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help=f"training prompt directories, comma-separated (default {DEFAULT_DATA_DIR} and, in a source "
+        f"checkout, the project's data/)",
+    )
     p.add_argument("--prompts", default=None, help="JSONL/JSON prompt file instead of --data-dir")
     p.add_argument(
         "--distill-dir", default=None, help="generated data directory (default OUT/distill); reused"
@@ -291,6 +336,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-dtype", default="float32", choices=list(DTYPES))
     p.add_argument("--overwrite", action="store_true", help="replace heads / checkpoints already in --out")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    p.add_argument(
+        "--init",
+        default=None,
+        help="start from these heads instead of random ones: medusa | hydra (shipped) | a heads directory",
+    )
     _eval_options(p, prefix="eval-")
     p.add_argument(
         "--draft-vocab", type=int, default=16384, help="draft from the N most frequent tokens (0: all)"
@@ -304,18 +354,27 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
-def _eval_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
+def _eval_options(p: argparse.ArgumentParser, prefix: str = "", tasks: tuple[str, ...] = FOUR_TASKS) -> None:
     p.add_argument(
         f"--{prefix}prompts" if prefix else "--num-prompts",
         dest="eval_prompts",
         type=int,
         default=10,
-        help="calibration prompts per task (default 10)",
+        help="prompts per task (default 10)",
     )
     p.add_argument(f"--{prefix}max-new-tokens", dest="eval_max_new_tokens", type=int, default=128)
-    p.add_argument(f"--{prefix}trees", dest="eval_trees", default=",".join(DEFAULT_TREES))
     p.add_argument(
-        f"--{prefix}tasks", dest="eval_tasks", default=",".join(FOUR_TASKS), help=f"of {', '.join(TASKS)}"
+        f"--{prefix}trees",
+        dest="eval_trees",
+        default=",".join(DEFAULT_TREES),
+        help="the last one's tokens/s is compared with the baseline's (default: the published mc_sim_7b_63 "
+        "and tree_8, what generate uses for heads without a profile)",
+    )
+    p.add_argument(
+        f"--{prefix}tasks",
+        dest="eval_tasks",
+        default=",".join(tasks),
+        help=f"comma list of {', '.join(TASKS)} (default {','.join(tasks)})",
     )
 
 
@@ -372,6 +431,7 @@ def run_train(args) -> int:
         draft_vocab=args.draft_vocab,
         gen_time_limit=args.gen_time_limit,
         train_time_limit=args.time_limit,
+        init=args.init,
     )
     brief = {k: v for k, v in summary.items() if k != "eval"}
     print(json.dumps(brief, indent=2))
@@ -381,16 +441,43 @@ def run_train(args) -> int:
 
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("heads_dir", help="directory holding trained heads (config.json + weights)")
+    p.add_argument(
+        "heads_dir", help="trained heads: a directory (config.json + weights), or medusa | hydra (shipped)"
+    )
+    p.add_argument(
+        "--against",
+        default="shipped",
+        help="heads to compare with, measured on the same prompts in the same run: shipped (the shipped heads "
+        "of the same kind; default), none, or a heads directory",
+    )
+    p.add_argument("--split", default="test", choices=["calib", "test"], help="prompt split (default test)")
     p.add_argument("--out", default=None, help="report directory (default HEADS_DIR/eval)")
     _model_args(p)
-    _eval_options(p)
+    _eval_options(p, tasks=EVAL_TASKS)
     p.add_argument("--no-progress", action="store_true")
+
+
+def _heads_arg(spec: str) -> Path:
+    """A heads directory from a name (medusa, hydra: the shipped ones) or a path."""
+    return shipped_heads_dir(spec) if spec in HEAD_KINDS else Path(spec)
 
 
 def run_eval(args) -> int:
     _setup(args)
-    heads = load_heads(args.heads_dir)
+    tasks = _csv(args.eval_tasks)
+    for t in tasks:
+        if t not in TASKS:
+            raise DataError(f"unknown task {t!r} in --tasks: use {', '.join(TASKS)}")
+    path = _heads_arg(args.heads_dir)
+    heads = load_heads(path)
+    against = None
+    if args.against == "shipped":
+        shipped = shipped_heads_dir(heads.config.kind)
+        if (shipped / "config.json").exists() and shipped.resolve() != path.resolve():
+            against = shipped
+    elif args.against != "none":
+        against = _heads_arg(args.against)
+    baseline = load_heads(against) if against is not None else None
     model, tokenizer = load_model(
         args.model or heads.config.base_model or None, dtype=args.dtype, device=args.device
     )
@@ -398,16 +485,25 @@ def run_eval(args) -> int:
         model,
         tokenizer,
         heads,
-        tasks=_csv(args.eval_tasks),
+        tasks=tasks,
+        split=args.split,
         num_prompts=args.eval_prompts,
         max_new_tokens=args.eval_max_new_tokens,
         trees=_csv(args.eval_trees),
+        baseline=baseline,
+        baseline_name=f"shipped {heads.config.kind}" if args.against == "shipped" else str(args.against),
         progress=not args.no_progress,
     )
-    js, md = write_report(report, args.out or Path(args.heads_dir) / "eval")
-    log = Path(args.heads_dir) / LOG
-    if log.is_file():
-        plot_learning_curve(log, Path(args.heads_dir) / "learning_curve.png")
+    shipped = args.heads_dir in HEAD_KINDS  # the package's own folder: write the report elsewhere
+    out = (
+        Path(args.out)
+        if args.out
+        else (Path("runs") / f"eval-{args.heads_dir}" if shipped else path / "eval")
+    )
+    js, md = write_report(report, out)
+    log = path / LOG
+    if log.is_file() and not shipped:
+        plot_learning_curve(log, path / "learning_curve.png")
     print(md.read_text(encoding="utf-8"))
     print(f"written: {js}, {md}")
     return 0
