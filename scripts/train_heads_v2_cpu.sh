@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Heads v2 on a 2-core CPU (issue #10, no GPU): continue the shipped Medusa and Hydra heads on the project's
+# context-copy and multi-turn prompts (data/train/, built by scripts/build_training_prompts.py; see
+# docs/training-data.md), then measure them against the shipped heads with `entmtp eval-heads`.
+# The time limits bound each stage: generation starts no new shard after GEN_LIMIT seconds, training plans as
+# many steps (with a full lr schedule) as fit in its limit. Everything lands in $WORK, with logs.
+set -euo pipefail
+WORK=${WORK:-runs/heads-v2}
+ENTMTP=${ENTMTP:-.venv/bin/entmtp}
+GEN_LIMIT=${GEN_LIMIT:-1500}
+HYDRA_LIMIT=${HYDRA_LIMIT:-900}
+MEDUSA_LIMIT=${MEDUSA_LIMIT:-480}
+EVAL_PROMPTS=${EVAL_PROMPTS:-3}
+mkdir -p "$WORK"
+
+common=(--device cpu --threads 2 --distill-dir "$WORK/distill" --data-dir data --num-prompts 4000
+        --max-new-tokens 192 --max-prompt-tokens 1024 --gen-batch-size 16 --shard-size 64 --num-heads 4
+        --batch-size 8 --window 128 --lr 3e-4 --checkpoint-every 100 --eval-every 200 --save-dtype bfloat16
+        --no-progress)
+$ENTMTP train-heads --kind hydra --init hydra --out "$WORK/hydra" --stages gen,train \
+    --gen-time-limit "$GEN_LIMIT" --time-limit "$HYDRA_LIMIT" "${common[@]}" 2>&1 | tee "$WORK/hydra.log"
+$ENTMTP train-heads --kind medusa --init medusa --out "$WORK/medusa" --stages train \
+    --time-limit "$MEDUSA_LIMIT" "${common[@]}" 2>&1 | tee "$WORK/medusa.log"
+for kind in hydra medusa; do
+    $ENTMTP eval-heads "$WORK/$kind" --num-prompts "$EVAL_PROMPTS" --max-new-tokens 96 --threads 2 \
+        --no-progress 2>&1 | tee "$WORK/eval-$kind.log"
+done
