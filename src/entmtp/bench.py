@@ -242,7 +242,7 @@ def run_bench(args) -> int:
 
 # What a run compares unless told otherwise. The full run: every peer that needs no training, entmtp's prompt
 # lookup, both heads with the published default tree and Hydra with its best small static tree, every policy
-# for Hydra (the better heads here) and EntMTP* for Medusa. --quick (about 6 minutes on a 2-core CPU for all
+# for Hydra (the better heads here) and EntMTP* for Medusa. --quick (about 7 minutes on a 2-core CPU for all
 # 11 tasks): the strongest peer, lookup, the published default, EntMTP* and the two best policies, shorter.
 FULL = {
     "num_prompts": 10,
