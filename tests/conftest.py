@@ -108,25 +108,15 @@ def embedded():
 def save_tiny_model(path):
     """Save a 2-layer random Llama at `path` with the embedded model's tokenizer (real prompts and chat
     template, the full 49152-token vocabulary), for commands that load a model by path; returns the model."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer
 
     from entmtp.model import embedded_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir())
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=2048,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        tie_word_embeddings=True,
+    ids = dict(eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
+    model = tiny_model(
+        "llama", vocab=len(tokenizer), max_position_embeddings=2048, tie_word_embeddings=True, **ids
     )
-    model = LlamaForCausalLM(config).eval()
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return model
