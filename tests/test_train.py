@@ -500,3 +500,5 @@ def test_eval_heads_compares_with_baseline_heads_on_tasks_and_dev_categories(tmp
     assert "unknown task 'nosuch'" in capsys.readouterr().err
     assert main(["eval-heads", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    assert main(["eval-heads", str(tmp_path / "new"), "--against", str(tmp_path / "nothing")]) == 2
+    assert f"heads directory {tmp_path / 'nothing'} does not exist" in capsys.readouterr().err

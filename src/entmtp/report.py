@@ -40,7 +40,10 @@ def markdown(data: dict, labels: dict[str, str], command: str, images=()) -> str
         + (" — interrupted: partial results" if meta.get("interrupted") else ""),
         "",
         "Speedup = tokens/s over plain decoding (ratio of sums; prefill included); the interval is a 95% "
-        "bootstrap interval of the mean per-prompt speedup. Identical = outputs equal to plain decoding's (T=0)."
+        "bootstrap interval of the mean per-prompt speedup. Decode tokens/s leaves the prefill out. Choose ms = "
+        "the scheduler's time per step (probe included). Trees: each tree's share of the steps (the three most "
+        "used). Identical = outputs equal to plain decoding's (T=0), with the first differing token of each "
+        "that is not."
         + (" Perplexity: of the sampled continuations under the base model (T=1)." if sampled else ""),
     ]
     if meta.get("date") or meta.get("commit"):
@@ -51,8 +54,16 @@ def markdown(data: dict, labels: dict[str, str], command: str, images=()) -> str
     for task, rows in data["summary"].items():
         lines += ["", f"## {labels.get(task, task)} ({next(iter(rows.values()))['prompts']} prompts)", ""]
         last = "perplexity" if sampled else "identical"
-        lines += [f"| method | tokens/s | speedup | per-prompt speedup (95% CI) | tokens/step | {last} |"]
-        lines += ["|---|---|---|---|---|---|"]
+        head = [
+            "method",
+            "tokens/s",
+            "speedup",
+            "per-prompt speedup (95% CI)",
+            "tokens/step",
+            "decode tokens/s",
+        ]
+        head += ["choose ms", "trees", last]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for name, r in rows.items():
             lo, hi = r.get("speedup_ci95", [float("nan")] * 2)
             tps = r["tokens_per_step"]
@@ -61,14 +72,31 @@ def markdown(data: dict, labels: dict[str, str], command: str, images=()) -> str
                 tail = f"{r['perplexity']:.2f}" if "perplexity" in r else ""
             else:
                 tail = "" if same is None else f"{same:.0%}"
-            lines.append(
-                f"| {name} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | "
-                f"{r.get('speedup_mean_of_ratios', float('nan')):.2f}x ({lo:.2f}-{hi:.2f}) | "
-                f"{'' if tps != tps else f'{tps:.2f}'} | {tail} |"
-            )
+                if r.get("first_differences"):
+                    tail += " (at " + ", ".join(str(i) for i in r["first_differences"]) + ")"
+            steps = tps == tps  # a peer has no per-step records
+            cells = [
+                name,
+                f"{r['tokens_per_second']:.1f}",
+                f"{r['speedup']:.2f}x",
+                f"{r.get('speedup_mean_of_ratios', float('nan')):.2f}x ({lo:.2f}-{hi:.2f})",
+                f"{tps:.2f}" if steps else "",
+                f"{r['decode_tokens_per_second']:.1f}" if steps else "",
+                f"{r['choose_ms_per_step']:.2f}" if steps else "",
+                _usage(r.get("tree_usage", {})) if steps and name != "plain" else "",
+                tail,
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
     for caption, file in images:
         lines += ["", f"![{caption}]({file})"]
     return "\n".join(lines) + "\n"
+
+
+def _usage(usage: dict[str, int], most: int = 3) -> str:
+    """The most used trees with their share of the steps, e.g. "n3d2 61%, none 30%, n8d4 9%"."""
+    total = sum(usage.values())
+    top = sorted(usage.items(), key=lambda kv: -kv[1])[:most]
+    return ", ".join(f"{tree} {n / total:.0%}" for tree, n in top) if total else ""
 
 
 def speedup_plot(summary: dict, labels: dict[str, str], path: Path) -> None:
