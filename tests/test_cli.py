@@ -328,6 +328,9 @@ def test_generate_rejects_malformed_hybrid_tree_files(tmp_path, capsys, content,
         (["--peers", "vllm"], "unknown peer 'vllm'"),
         (["--lookup-only", "sometimes"], "unknown --lookup-only variant 'sometimes'"),
         (["--heads", "hydra", "--policies", "hydra:fancy+lookup"], "unknown policy 'fancy+lookup'"),
+        (["--heads", "hydra", "--trees", "nosuch"], "--trees: unknown tree 'nosuch'"),
+        (["--heads", "hydra", "--trees", "hydr:tree_8"], "--trees item 'hydr:tree_8' is for heads 'hydr'"),
+        (["--heads", "hydr"], "unknown heads 'hydr' in --heads"),
     ],
 )
 def test_bench_rejects_unknown_peers_and_lookup_variants(capsys, args, message):

@@ -28,14 +28,15 @@ from rich.progress import Progress
 from rich.table import Table
 
 from .engine import Engine
-from .errors import EntMTPError
+from .errors import EntMTPError, TreeError
 from .files import write_text_atomic
 from .lookup import Lookup
 from .prompts import TASKS, load_prompt_file, load_prompts
 from .report import markdown, speedup_interval, speedup_plot, trace_plot
 from .scheduler.plots import plot_profile
 from .scheduler.profiles import POLICY_NAMES
-from .shipped import resolve_heads
+from .shipped import HEAD_KINDS, resolve_heads
+from .tree import load_tree
 
 
 def run_bench(args) -> int:
@@ -57,6 +58,7 @@ def run_bench(args) -> int:
             raise EntMTPError(
                 f"unknown policy {item!r} in --policies: use {', '.join(POLICY_NAMES)} (+lookup)"
             )
+    _check_heads_and_trees(kinds, args)
     peers = _check_peers(args.peers)
     lookup_only = [x for x in args.lookup_only.split(",") if x]
     for x in lookup_only:
@@ -358,6 +360,29 @@ def _heads_labels(specs: list[str]) -> dict[str, str]:
     """Config names' heads part: medusa, hydra, or a heads directory's name (its path if two share it)."""
     names = [Path(s).name for s in specs]
     return {s: n if names.count(n) == 1 else s for s, n in zip(specs, names, strict=True)}
+
+
+def _check_heads_and_trees(kinds: list[str], args) -> None:
+    """Unknown heads, a HEADS: prefix naming no heads, and unknown trees are named before any model loads."""
+    for spec in kinds:
+        if spec not in HEAD_KINDS and not Path(spec).is_dir():
+            raise EntMTPError(
+                f"unknown heads {spec!r} in --heads: use medusa, hydra, none or a heads directory"
+            )
+    for flag, spec in (("--trees", args.trees), ("--policies", args.policies)):
+        for item in (x for x in spec.split(",") if x):
+            only, sep, _ = item.partition(":")
+            if sep and only not in kinds and only not in HEAD_KINDS:
+                raise EntMTPError(
+                    f"{flag} item {item!r} is for heads {only!r}, which --heads does not name: "
+                    f"use {' or '.join(f'{k}:' for k in kinds or HEAD_KINDS)} or no prefix"
+                )
+    for kind in kinds:
+        for item in _for_heads(args.trees, kind):
+            try:
+                load_tree(_split_lookup(item, args)[0])
+            except TreeError as e:
+                raise EntMTPError(f"--trees: {e}") from e
 
 
 def _check_peers(spec: str) -> list[str]:
