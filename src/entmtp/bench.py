@@ -35,7 +35,7 @@ from .prompts import TASKS, load_prompt_file, load_prompts
 from .report import markdown, speedup_interval, speedup_plot, trace_plot
 from .scheduler.plots import plot_profile
 from .scheduler.profiles import POLICY_NAMES
-from .shipped import HEAD_KINDS, resolve_heads
+from .shipped import HEAD_KINDS, heads_path, resolve_heads
 from .tree import load_tree
 
 
@@ -365,7 +365,7 @@ def _heads_labels(specs: list[str]) -> dict[str, str]:
 def _check_heads_and_trees(kinds: list[str], args) -> None:
     """Unknown heads, a HEADS: prefix naming no heads, and unknown trees are named before any model loads."""
     for spec in kinds:
-        if spec not in HEAD_KINDS and not Path(spec).is_dir():
+        if not heads_path(spec).is_dir():
             raise EntMTPError(
                 f"unknown heads {spec!r} in --heads: use medusa, hydra, none or a heads directory"
             )

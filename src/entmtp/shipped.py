@@ -14,19 +14,26 @@ def shipped_heads_dir(kind: str) -> Path:
     return Path(str(resources.files("entmtp") / "assets" / "heads" / kind))
 
 
+def heads_path(spec: str | Path) -> Path:
+    """The directory of heads named by `spec`: medusa | hydra (the shipped ones) or a heads directory."""
+    if str(spec) not in HEAD_KINDS:
+        return Path(spec)
+    path = shipped_heads_dir(str(spec))
+    if not (path / "config.json").exists():
+        raise EntMTPError(
+            f"no trained {spec} heads ship with this version: train some with `entmtp train-heads --kind {spec}` "
+            "and pass their directory to --heads"
+        )
+    return path
+
+
 def resolve_heads(spec: str | None, model):
     """`spec`: medusa | hydra (shipped heads for the embedded model) | none | a heads directory."""
     from .heads import load_heads
 
     if spec in (None, "none"):
         return None
-    path = shipped_heads_dir(spec) if spec in HEAD_KINDS else Path(spec)
-    if spec in HEAD_KINDS and not (path / "config.json").exists():
-        raise EntMTPError(
-            f"no trained {spec} heads ship with this version: train some with `entmtp train-heads --kind {spec}` "
-            "and pass their directory to --heads"
-        )
-    return load_heads(path, dtype=model.dtype, device=model.device)
+    return load_heads(heads_path(spec), dtype=model.dtype, device=model.device)
 
 
 def default_heads() -> str:

@@ -72,14 +72,10 @@ def _prompt_text(rec: dict) -> str:
     return ""
 
 
-def _prompt(rec) -> str | list[dict] | None:
-    """A record's prompt: a chat (``messages``, a list of {role, content} ending with a user turn; the earlier
-    assistant turns are given, the model answers the last user turn) or one string (see ``_prompt_text``).
-    None when the record holds neither."""
-    if isinstance(rec, str):
-        return rec.strip() or None
-    if not isinstance(rec, dict):
-        return None
+def _prompt(rec: dict) -> str | list[dict] | None:
+    """A record's prompt (records come from ``read_records``): a chat (``messages``, a list of {role, content}
+    ending with a user turn; the earlier assistant turns are given, the model answers the last user turn) or
+    one string (see ``_prompt_text``). None when the record holds neither."""
     msgs = rec.get("messages")
     if msgs is not None:
         ok = (

@@ -240,14 +240,14 @@ def comparison_table(report: dict) -> list[str]:
         "|---|" + "---|" * (len(head) - 1),
     ]
 
-    def cells(values: list[dict]) -> list[str]:  # values: the tasks' entries to average (or take the min of)
+    def tps(e: dict, side: str, tree: str) -> float:  # tokens/step of the new heads or the baseline
+        return (e if side == "new" else e["baseline"])["speculative"][tree]["tokens_per_step"]
+
+    def cells(values: list[dict]) -> list[str]:  # values: the tasks' entries to average
         out = []
         for t in trees:
             for side in ("new", "baseline"):
-                xs = [
-                    (e if side == "new" else e["baseline"])["speculative"][t]["tokens_per_step"]
-                    for e in values
-                ]
+                xs = [tps(e, side, t) for e in values]
                 out.append(f"{sum(xs) / len(xs):.2f}")
         ratios = [
             e["speculative"][default]["tokens_per_second"]
@@ -263,7 +263,7 @@ def comparison_table(report: dict) -> list[str]:
         lines.append("| " + " | ".join([f"**mean, {group}**", *cells([tasks[t] for t in ts])]) + " |")
         if group == "dev categories":
             worst = [
-                f"{min((tasks[t] if side == 'new' else tasks[t]['baseline'])['speculative'][tr]['tokens_per_step'] for t in ts):.2f}"
+                f"{min(tps(tasks[t], side, tr) for t in ts):.2f}"
                 for tr in trees
                 for side in ("new", "baseline")
             ]

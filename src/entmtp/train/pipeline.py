@@ -24,7 +24,7 @@ from ..errors import DataError, HeadsError
 from ..heads import CONFIG_FILE, HeadsConfig, frequent_tokens, load_heads, random_heads, save_heads
 from ..model import DTYPES, EMBEDDED, load_model
 from ..prompts import FOUR_TASKS, TASKS
-from ..shipped import HEAD_KINDS, shipped_heads_dir
+from ..shipped import HEAD_KINDS, heads_path, shipped_heads_dir
 from .data import DEFAULT_DATA_DIR, GenSettings, Manifest, generate_data, load_split, load_training_prompts
 from .evaluate import DEFAULT_TREES, EVAL_TASKS, evaluate_heads, plot_learning_curve, write_report
 from .trainer import LOG, LOSSES, TrainSettings, check_output_dir, train
@@ -241,7 +241,7 @@ def train_heads(
 
 def _init_heads(path, config: HeadsConfig):
     """Heads loaded from ``path`` to train further; their architecture must be the one asked for."""
-    heads = load_heads(shipped_heads_dir(str(path)) if str(path) in HEAD_KINDS else path, dtype=torch.float32)
+    heads = load_heads(heads_path(path), dtype=torch.float32)
     have, want = heads.config, config
     fields = (
         "kind",
@@ -457,26 +457,21 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
-def _heads_arg(spec: str) -> Path:
-    """A heads directory from a name (medusa, hydra: the shipped ones) or a path."""
-    return shipped_heads_dir(spec) if spec in HEAD_KINDS else Path(spec)
-
-
 def run_eval(args) -> int:
     _setup(args)
     tasks = _csv(args.eval_tasks)
     for t in tasks:
         if t not in TASKS:
             raise DataError(f"unknown task {t!r} in --tasks: use {', '.join(TASKS)}")
-    path = _heads_arg(args.heads_dir)
+    path = heads_path(args.heads_dir)
     heads = load_heads(path)
     against = None
     if args.against == "shipped":
-        shipped = shipped_heads_dir(heads.config.kind)
-        if (shipped / "config.json").exists() and shipped.resolve() != path.resolve():
-            against = shipped
+        same_kind = shipped_heads_dir(heads.config.kind)
+        if (same_kind / "config.json").exists() and same_kind.resolve() != path.resolve():
+            against = same_kind
     elif args.against != "none":
-        against = _heads_arg(args.against)
+        against = heads_path(args.against)
     baseline = load_heads(against) if against is not None else None
     model, tokenizer = load_model(
         args.model or heads.config.base_model or None, dtype=args.dtype, device=args.device
