@@ -20,11 +20,22 @@ common=(--device cpu --threads 2 --distill-dir "$WORK/distill" --data-dir data -
         --num-heads 4
         --batch-size 8 --window 128 --lr 3e-4 --checkpoint-every 100 --eval-every 200 --save-dtype bfloat16
         --no-progress)
-$ENTMTP train-heads --kind hydra --init hydra --out "$WORK/hydra" --stages gen,train \
-    --gen-time-limit "$GEN_LIMIT" --time-limit "$HYDRA_LIMIT" "${common[@]}" 2>&1 | tee "$WORK/hydra.log"
-$ENTMTP train-heads --kind medusa --init medusa --out "$WORK/medusa" --stages train \
-    --time-limit "$MEDUSA_LIMIT" "${common[@]}" 2>&1 | tee "$WORK/medusa.log"
-for kind in hydra medusa; do
-    $ENTMTP eval-heads "$WORK/$kind" --num-prompts "$EVAL_PROMPTS" --max-new-tokens 96 --threads 2 \
-        --no-progress 2>&1 | tee "$WORK/eval-$kind.log"
+# RUNS picks the runs (each reads the data the hydra run generates); every run is then evaluated.
+RUNS=${RUNS:-"hydra medusa hydra-pp"}
+for run in $RUNS; do
+    case $run in
+    hydra) $ENTMTP train-heads --kind hydra --init hydra --out "$WORK/hydra" --stages gen,train \
+        --gen-time-limit "$GEN_LIMIT" --time-limit "$HYDRA_LIMIT" "${common[@]}" 2>&1 | tee "$WORK/hydra.log" ;;
+    medusa) $ENTMTP train-heads --kind medusa --init medusa --out "$WORK/medusa" --stages train \
+        --time-limit "$MEDUSA_LIMIT" "${common[@]}" 2>&1 | tee "$WORK/medusa.log" ;;
+    # Hydra++: the shipped Hydra heads behind a new prefix layer that starts near the identity, on the same
+    # data with the same time budget as the hydra run
+    hydra-pp) $ENTMTP train-heads --kind hydra --head-arch prefix-mlp --init hydra --out "$WORK/hydra-pp" \
+        --stages train --time-limit "$HYDRA_LIMIT" "${common[@]}" 2>&1 | tee "$WORK/hydra-pp.log" ;;
+    *) echo "unknown run $run: use hydra, medusa or hydra-pp" >&2; exit 2 ;;
+    esac
+done
+for run in $RUNS; do
+    $ENTMTP eval-heads "$WORK/$run" --num-prompts "$EVAL_PROMPTS" --max-new-tokens 96 --threads 2 \
+        --no-progress 2>&1 | tee "$WORK/eval-$run.log"
 done

@@ -18,7 +18,7 @@ from entmtp.heads import HeadsConfig, load_heads, random_heads, save_heads
 from entmtp.train import GenSettings, TrainSettings, generate_data, load_split, load_training_prompts, train
 from entmtp.train import data as data_mod
 from entmtp.train.evaluate import plot_learning_curve, report_markdown, teacher_forced_accuracy
-from entmtp.train.pipeline import add_train_arguments, train_heads
+from entmtp.train.pipeline import add_train_arguments, cap_vocab, train_heads
 from entmtp.train.trainer import LOG, batch_windows, make_windows
 
 CHATML = (
@@ -341,6 +341,37 @@ def test_train_heads_end_to_end(base, tmp_path):
     assert old_vocab <= set(load_heads(tmp_path / "hydra2").draft_vocab.tolist())
     with pytest.raises(HeadsError, match="--init heads in .* differ.*kind='hydra' \\(asked 'medusa'\\)"):
         train_heads("medusa", tmp_path / "medusa2", init=tmp_path / "hydra", **more)
+    # Hydra++ from Hydra mlp heads: the same heads behind a prefix layer that starts as x -> s * x / rms(x)
+    train_heads("hydra", tmp_path / "hydrapp", init=tmp_path / "hydra", head_arch="prefix-mlp", **more)
+    old, pp = (
+        load_heads(tmp_path / "hydra", dtype=torch.float32),
+        load_heads(tmp_path / "hydrapp", dtype=torch.float32),
+    )
+    assert pp.config.head_arch == "prefix-mlp" and old_vocab <= set(pp.draft_vocab.tolist())
+    state = pp.state_dict()
+    assert all(torch.allclose(v.float(), state[k].float(), atol=1e-5) for k, v in old.state_dict().items())
+    hidden = load_split(out / "distill", "train").hidden.float()
+    scale = hidden.pow(2).mean(-1).sqrt().mean()
+    assert torch.allclose(pp.prefix.norm.weight, scale.expand_as(pp.prefix.norm.weight), rtol=1e-4)
+    model, _ = base
+    old.bind(model)
+    pp.bind(model)
+    h, t = hidden[None, :12], torch.arange(12)[None] + 5  # [1, 12, H], [1, 12]
+    eps = model.config.rms_norm_eps
+    expect = old.features(pp.prefix.norm.weight * h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps), t)
+    for a, b in zip(pp.features(h, t), expect, strict=True):
+        assert torch.allclose(a, b, atol=1e-4)
+    with pytest.raises(HeadsError, match="head_arch='prefix-mlp' \\(asked 'mlp'\\)"):
+        train_heads("hydra", tmp_path / "back", init=tmp_path / "hydrapp", **more)
+
+
+def test_cap_vocab():
+    counts = torch.tensor([0, 5, 1, 9, 0, 3, 0, 2])  # [V] token counts in the new data
+    # special tokens stay however rare; then the most frequent
+    assert cap_vocab(torch.arange(7), counts, 3, keep=[0], prefer=torch.tensor([4, 6])).tolist() == [0, 1, 3]
+    # on ties (here unseen tokens) the old vocabulary comes first
+    assert cap_vocab(torch.tensor([2, 4, 6, 7]), counts, 3, prefer=torch.tensor([6])).tolist() == [2, 6, 7]
+    assert cap_vocab(torch.tensor([2, 4, 6, 7]), counts, 3, prefer=torch.tensor([4])).tolist() == [2, 4, 7]
 
 
 def test_bad_inputs(base, distill, tmp_path):
@@ -378,6 +409,8 @@ def test_bad_inputs(base, distill, tmp_path):
     assert not (tmp_path / "never2").exists()
     with pytest.raises(DataError, match="draft_vocab must be >= 0"):
         train_heads("medusa", tmp_path / "x", base=base, draft_vocab=-1)
+    with pytest.raises(DataError, match="max_draft_vocab must be >= 0 \\(0: no cap\\)"):
+        train_heads("medusa", tmp_path / "x", base=base, max_draft_vocab=-1)
     with pytest.raises(DataError, match="train_time_limit must be a positive number"):
         train_heads("medusa", tmp_path / "x", base=base, train_time_limit=0)
     with pytest.raises(DataError, match="gen_time_limit must be a positive number"):

@@ -21,7 +21,16 @@ from pathlib import Path
 import torch
 
 from ..errors import DataError, HeadsError
-from ..heads import CONFIG_FILE, HeadsConfig, frequent_tokens, load_heads, random_heads, save_heads
+from ..heads import (
+    CONFIG_FILE,
+    Heads,
+    HeadsConfig,
+    frequent_tokens,
+    load_heads,
+    random_heads,
+    save_heads,
+)
+from ..heads.hydra import heads_class
 from ..model import DTYPES, EMBEDDED, load_model
 from ..prompts import FOUR_TASKS, TASKS
 from ..shipped import HEAD_KINDS, heads_path, shipped_heads_dir
@@ -85,6 +94,7 @@ def train_heads(
     progress: bool = True,
     stop_after: int | None = None,  # stop training at this step (a resumable checkpoint), as if interrupted
     draft_vocab: int = 16384,  # heads draft from this many most frequent tokens (0: all); see set_draft_vocab
+    max_draft_vocab: int = 0,  # with init: cap the merged vocabulary at this many tokens (0: no cap)
     gen_time_limit: float | None = None,  # seconds: start no new data shard after this (train on what exists)
     train_time_limit: float | None = None,  # seconds: plan fewer steps (shorter lr schedule) if needed
     init: str | os.PathLike[str] | None = None,  # start from these heads' weights (same kind and shape)
@@ -96,6 +106,8 @@ def train_heads(
     stages = _stages(stages)
     if draft_vocab < 0:
         raise DataError(f"draft_vocab must be >= 0 (0: draft from the whole vocabulary), got {draft_vocab}")
+    if max_draft_vocab < 0:
+        raise DataError(f"max_draft_vocab must be >= 0 (0: no cap), got {max_draft_vocab}")
     for name, limit in (("gen_time_limit", gen_time_limit), ("train_time_limit", train_time_limit)):
         if limit is not None and not limit > 0:
             raise DataError(f"{name} must be a positive number of seconds, got {limit}")
@@ -186,7 +198,7 @@ def train_heads(
         )
         init_vocab = None
         if init is not None:  # continue from trained heads (e.g. the shipped ones, on new data)
-            heads = _init_heads(init, config)
+            heads = _init_heads(init, config, distill, seed)
             init_vocab = heads.draft_vocab  # the new data's draft vocabulary extends it (below)
             heads.set_draft_vocab(None)
         else:
@@ -214,8 +226,12 @@ def train_heads(
             tokens = load_split(distill, "train", manifest).tokens
             counts = torch.bincount(tokens, minlength=model_obj.config.vocab_size)
             ids = frequent_tokens(counts, draft_vocab, keep=tokenizer.all_special_ids)
-            if init_vocab is not None:  # what the --init heads could draft stays draftable
-                ids = torch.cat([ids, init_vocab.to(ids.device)])
+            if init_vocab is not None:  # what the --init heads could draft stays draftable (up to the cap)
+                ids = torch.cat([ids, init_vocab.to(ids.device)]).unique()
+            if max_draft_vocab and ids.numel() > max_draft_vocab:
+                ids = cap_vocab(
+                    ids, counts, max_draft_vocab, keep=tokenizer.all_special_ids, prefer=init_vocab
+                )
             heads.set_draft_vocab(ids)
         heads.to(dtype=DTYPES[save_dtype])
         save_heads(heads, out, overwrite=overwrite)
@@ -239,10 +255,26 @@ def train_heads(
     return summary
 
 
-def _init_heads(path, config: HeadsConfig):
-    """Heads loaded from ``path`` to train further; their architecture must be the one asked for."""
+def cap_vocab(
+    ids: torch.Tensor, counts: torch.Tensor, size: int, keep=(), prefer: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The ``size`` ids of ``ids`` [N] most frequent by ``counts`` [V], sorted. The ids of ``keep`` (special
+    tokens) among them always stay; on ties (unseen tokens too) the ids in ``prefer`` come first, e.g. the
+    vocabulary the heads already drafted from."""
+    keep = torch.as_tensor(list(keep), dtype=torch.long)
+    score = counts[ids].double()
+    if prefer is not None:
+        score += 0.5 * torch.isin(ids, prefer.to(ids.device)).double()
+    score[torch.isin(ids, keep)] = float("inf")
+    return ids[score.topk(max(size, int(torch.isin(ids, keep).sum()))).indices].sort().values
+
+
+def _init_heads(path, config: HeadsConfig, distill: Path, seed: int = 0) -> Heads:
+    """Heads loaded from ``path`` to train further. Their architecture must be the one asked for, except
+    that Hydra ``mlp`` heads may grow into Hydra++ (``prefix-mlp``): see `_add_prefix_layer`."""
     heads = load_heads(heads_path(path), dtype=torch.float32)
     have, want = heads.config, config
+    upgrade = have.head_arch == "mlp" and want.head_arch == "prefix-mlp"
     fields = (
         "kind",
         "num_heads",
@@ -256,14 +288,44 @@ def _init_heads(path, config: HeadsConfig):
     diff = [
         f"{f}={getattr(have, f)!r} (asked {getattr(want, f)!r})"
         for f in fields
-        if getattr(have, f) != getattr(want, f)
+        if getattr(have, f) != getattr(want, f) and not (f == "head_arch" and upgrade)
     ]
     if diff:
         raise HeadsError(
             f"--init heads in {path} differ from the heads to train: {', '.join(diff)}; pass matching "
-            "--kind/--num-heads/--num-layers/--head-arch, or drop --init to train from scratch"
+            "--kind/--num-heads/--num-layers/--head-arch (Hydra mlp heads may also start Hydra++ with "
+            "--head-arch prefix-mlp), or drop --init to train from scratch"
         )
+    if upgrade:
+        scale = float(load_split(distill, "train").hidden.float().pow(2).mean(-1).sqrt().mean())
+        heads = _add_prefix_layer(heads, config, scale, seed)
     return heads
+
+
+def _add_prefix_layer(heads: Heads, config: HeadsConfig, scale: float, seed: int) -> Heads:
+    """Hydra++ from trained Hydra ``mlp`` heads: the same heads behind a new prefix layer that starts as
+    (nearly) the identity, so training begins from the old heads' accuracy instead of from noise.
+
+    The layer's attention and MLP outputs start at zero (as fresh residual blocks do), which leaves its final
+    RMSNorm: x -> scale * x / rms(x). With ``scale`` the mean RMS of the features the heads read (the base
+    model's normed hidden states, whose RMS varies ~10% from token to token on SmolLM2), the heads see their
+    old inputs up to that spread."""
+    if config.head_dim == 0:
+        raise HeadsError("Hydra++ from mlp heads needs the base model's attention geometry in the config")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 1)
+        new = heads_class(config)(config)  # the geometry is known: the prefix layer is built here
+    missing, unexpected = new.load_state_dict(heads.state_dict(), strict=False)
+    if unexpected or any(not k.startswith("prefix.") for k in missing):
+        raise HeadsError(
+            f"cannot carry mlp heads into prefix-mlp heads: missing {missing}, extra {unexpected}"
+        )
+    with torch.no_grad():
+        new.prefix.self_attn.o_proj.weight.zero_()
+        new.prefix.mlp.down_proj.weight.zero_()
+        new.prefix.norm.weight.fill_(scale)
+    new.set_draft_vocab(heads.draft_vocab)
+    return new
 
 
 def _name(model) -> str:
@@ -344,6 +406,13 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     _eval_options(p, prefix="eval-")
     p.add_argument(
         "--draft-vocab", type=int, default=16384, help="draft from the N most frequent tokens (0: all)"
+    )
+    p.add_argument(
+        "--max-draft-vocab",
+        type=int,
+        default=0,
+        help="with --init, the draft vocabulary is the old one plus the new data's --draft-vocab most frequent "
+        "tokens; cap it at M, keeping the tokens most frequent in the new data (0: no cap)",
     )
     p.add_argument(
         "--gen-time-limit", type=float, default=None, help="seconds: start no new data shard after"
@@ -429,6 +498,7 @@ def run_train(args) -> int:
         eval_tasks=_csv(args.eval_tasks),
         progress=not args.no_progress,
         draft_vocab=args.draft_vocab,
+        max_draft_vocab=args.max_draft_vocab,
         gen_time_limit=args.gen_time_limit,
         train_time_limit=args.time_limit,
         init=args.init,
