@@ -31,7 +31,9 @@ def table(data: dict, methods: list[str] | None, replay: list[str]) -> str:
         for p in replay:
             rep = data.get("replays", {}).get(task, {}).get("hydra", {})
             ok = p in rep and "static" in rep
-            cells.append(f"{rep[p]['tokens_per_second'] / rep['static']['tokens_per_second']:.2f}x" if ok else "")
+            cells.append(
+                f"{rep[p]['tokens_per_second'] / rep['static']['tokens_per_second']:.2f}x" if ok else ""
+            )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -65,7 +65,7 @@ def run_bench(args) -> int:
         if x not in LOOKUP_VARIANTS:
             raise EntMTPError(f"unknown --lookup-only variant {x!r}: use {' or '.join(LOOKUP_VARIANTS)}")
     _lookup("adaptive", args)  # bad lookup settings fail before any model loads
-    model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
+    model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, pack=not args.no_pack)
     heads = {kind: h for kind in kinds if (h := resolve_heads(kind, model)) is not None}
     label = _heads_labels(list(heads))
     static = {"plain": Engine(model, tokenizer)}

@@ -25,6 +25,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="on CUDA, verify eagerly instead of replaying one captured CUDA graph per tree size",
     )
+    p.add_argument(
+        "--no-pack",
+        action="store_true",
+        help="on a CPU in bfloat16, leave the linear layers unpacked (packing: same outputs, faster steps)",
+    )
 
 
 def _setup_torch(args) -> None:
@@ -41,7 +46,7 @@ def _engine(args):
 
     _setup_torch(args)
     lookup = _lookup(args)  # bad lookup settings fail before any model loads
-    model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
+    model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, pack=not args.no_pack)
     spec = args.heads if args.heads is not None else default_heads()
     heads = resolve_heads(spec, model)
     if heads is not None:

@@ -20,6 +20,7 @@ from .cache import BaseModel
 from .errors import EntMTPError, PromptError
 from .lookup import Lookup, NgramIndex, draft_lookup, source_depths
 from .model import context_window, encode_prompt, eos_token_ids
+from .packing import PackedLinear, pack_linears
 from .policy import StaticPolicy, TreePolicy
 from .records import Result, Step, StepContext, TokenEvent
 from .tree import Tree, load_tree, prune
@@ -67,6 +68,8 @@ class Engine:
         else:
             heads.bind(model)
             heads.to(device=model.device, dtype=model.dtype)
+            if any(isinstance(m, PackedLinear) for m in model.modules()):
+                pack_linears(heads)  # the heads follow the model (packing.py): same drafts, faster
             for t in trees:
                 t.check_fits(heads.config.num_heads, require_contiguous=heads.config.kind == "hydra")
         if self.lookup is not None:

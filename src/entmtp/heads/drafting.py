@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import HeadsError
+from ..packing import PackedLinear, linear, packed_weight
 from .config import HeadsConfig
 from .modules import Head
 
@@ -114,7 +115,7 @@ class Heads(nn.Module):
         self._feature: torch.Tensor | None = None  # [H]: what the next draft starts from
         self._plans: weakref.WeakKeyDictionary[Tree, dict[torch.device, Any]] = weakref.WeakKeyDictionary()
         self.draft_vocab: torch.Tensor | None = None  # [Vd] token ids drafts are chosen from (None: all)
-        self._draft_proj: dict[tuple, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self._draft_proj: dict[tuple, tuple] = {}  # key -> (weight [Vd, H], bias, packed weight or None)
 
     proj_bias = False  # Medusa's projections have no bias; Hydra's do
 
@@ -313,9 +314,11 @@ class Heads(nn.Module):
             ids = self.draft_vocab.to(layer.weight.device)
             bias = layer.bias[ids] if getattr(layer, "bias", None) is not None else None
             self._draft_proj = {kk: v for kk, v in self._draft_proj.items() if kk[0] != key[0]}
-            self._draft_proj[key] = (layer.weight[ids].contiguous(), bias)  # [Vd, H], [Vd]
-        weight, bias = self._draft_proj[key]
-        return F.linear(feats.to(weight.dtype), weight, bias)
+            weight = layer.weight[ids].contiguous()  # [Vd, H]
+            packed = packed_weight(weight) if isinstance(layer, PackedLinear) else None  # the layer's choice
+            self._draft_proj[key] = (weight, bias, packed)  # bias [Vd]
+        weight, bias, packed = self._draft_proj[key]
+        return linear(feats.to(weight.dtype), weight, bias, packed)
 
     def _draft_ids(self, top: torch.Tensor) -> torch.Tensor:
         """Map indices into the draft vocabulary back to token ids."""

@@ -90,7 +90,7 @@ def run_calibrate(args) -> int:
         )
     old = load_profile(args.profile) if args.latency_only or args.retune else None
     texts = None if old else calibration_prompts(args.task, args.num_prompts)  # bad tasks fail before loading
-    model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
+    model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, pack=not args.no_pack)
     heads = resolve_heads(args.heads, model)
     if heads is None:
         raise EntMTPError("calibration needs heads: pass --heads medusa, hydra or a heads directory")
