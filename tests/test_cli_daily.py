@@ -12,6 +12,7 @@ from conftest import tiny_model
 from entmtp import __version__
 from entmtp.cli import main
 from entmtp.engine import Engine
+from entmtp.packing import bf16_supported
 
 FLOAT = ["--dtype", "float32", "--heads", "none"]
 
@@ -191,6 +192,7 @@ def test_doctor_reports_the_installation(capsys):
     assert code == 0 and r["entmtp"] == __version__ and r["torch"] == torch.__version__
     assert set(r["shipped_heads"]) == {"medusa", "hydra"} and "mixed" in r["shipped_profiles"]["hydra"]
     assert set(r["extras"]) >= {"llama_cpp", "fastapi", "openai"}
+    assert r["cpu_bf16_packing"].startswith("available" if bf16_supported() else "not available")
     code, out, _ = _run(capsys, ["doctor"])
     assert "model_cache:" in out and "extras:" in out
 

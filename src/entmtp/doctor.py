@@ -11,6 +11,7 @@ import torch
 
 from . import __version__
 from .model import EMBEDDED, cache_dir
+from .packing import bf16_supported
 from .shipped import HEAD_KINDS, shipped_heads_dir
 
 EXTRAS = {  # optional package -> what it enables
@@ -48,6 +49,9 @@ def report() -> dict:
         "transformers": _version("transformers"),
         "device": torch.cuda.get_device_name(0) if cuda else "cpu (no CUDA device)",
         "cpu_threads": torch.get_num_threads(),
+        "cpu_bf16_packing": "available (load_model packs bf16 CPU models)"
+        if bf16_supported()
+        else "not available (no oneDNN bf16 kernels in this torch build): bf16 linears run unpacked",
         "model_cache": str(cache_dir()),
         "embedded_model": {
             "gguf": gguf,

@@ -46,7 +46,7 @@ class PackedLinear(nn.Linear):
 def packed_weight(weight: torch.Tensor) -> torch.Tensor | None:
     """`weight` [out, in] in oneDNN's blocked layout for `linear`, or None where packing does not apply (not
     bfloat16 on a CPU with oneDNN's bf16 kernels)."""
-    if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or not _bf16_supported():
+    if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or not bf16_supported():
         return None
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
 
@@ -79,12 +79,13 @@ def can_pack(model: nn.Module) -> bool:
         p = next(model.parameters())
     except StopIteration:
         return False
-    return p.device.type == "cpu" and p.dtype == torch.bfloat16 and _bf16_supported()
+    return p.device.type == "cpu" and p.dtype == torch.bfloat16 and bf16_supported()
 
 
-def _bf16_supported() -> bool:
+def bf16_supported() -> bool:
+    """Whether this torch build has oneDNN's bf16 kernels (what packing needs)."""
     try:
-        return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnnbf16_supported())
     except (AttributeError, RuntimeError):  # a torch build without these kernels
         return False
 
