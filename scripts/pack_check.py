@@ -1,9 +1,11 @@
 """Prepacked bf16 linears on this CPU: verification forward and heads' drafting per tree, packed against
 unpacked, interleaved round by round (medians), and whether the logits and drafts are bit-for-bit the same.
 
-    python scripts/pack_check.py [--rounds 5] [--steps 10] [--past 300] [--threads 2] [--out FILE.json]
+    python scripts/pack_check.py [--rounds 5] [--steps 10] [--past 300] [--threads 2] [--out FILE.json] [--ops]
 
-Prints a table and writes JSON (default docs/results/packing-cpu/pack-check.json).
+Prints a table and writes JSON (default docs/results/packing-cpu/pack-check.json). `--ops` adds where a packed
+one-token forward's time goes, operator by operator (torch.profiler; the profiler's own overhead inflates
+the many small operators somewhat).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def main() -> None:
     ap.add_argument("--past", type=int, default=300, help="committed tokens before the timed forwards")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="docs/results/packing-cpu/pack-check.json")
+    ap.add_argument("--ops", action="store_true", help="also profile a packed one-token forward by operator")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     console = Console(width=160)
@@ -119,6 +122,18 @@ def main() -> None:
         f"weights {wb / 2**20:.0f} MiB / measured copy bandwidth {bw / 1e9:.1f} GB/s = {floor:.2f} ms: the floor "
         "of a forward that reads every weight once"
     )
+    ops = _ops(bases["packed"], caches["packed"], past, args) if args.ops else None
+    if ops is not None:
+        ops_table = Table(
+            title="packed one-token forward by operator (torch.profiler, self time per forward)"
+        )
+        for col in ("operator", "calls", "ms", "share"):
+            ops_table.add_column(col, justify="right")
+        total = sum(o["ms"] for o in ops)
+        for o in ops[:14]:
+            ops_table.add_row(o["name"], str(o["calls"]), f"{o['ms']:.2f}", f"{o['ms'] / total:.0%}")
+        ops_table.add_row("all operators", str(sum(o["calls"] for o in ops)), f"{total:.2f}", "100%")
+        console.print(ops_table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = dict(
@@ -126,8 +141,23 @@ def main() -> None:
         date=time.strftime("%Y-%m-%dT%H:%M:%S"), torch=torch.__version__, machine=platform.machine(),
         threads=args.threads, weight_bytes=wb, copy_bandwidth=bw, floor_ms=floor,
     )  # fmt: skip
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    out.write_text(json.dumps({"meta": meta, "rows": rows, "ops": ops}, indent=1) + "\n")
     console.print(f"wrote {out}")
+
+
+def _ops(base: BaseModel, cache, past: torch.Tensor, args) -> list[dict]:
+    """Self CPU time per operator of one packed one-token forward (mean over `args.steps` forwards)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(args.steps):
+            base.forward(past[:1], None, cache)
+            cache.length = args.past
+    rows = [
+        {"name": e.key, "calls": e.count // args.steps, "ms": e.self_cpu_time_total / 1000 / args.steps}
+        for e in prof.key_averages()
+    ]
+    return sorted((r for r in rows if r["ms"] > 0), key=lambda r: -r["ms"])
 
 
 if __name__ == "__main__":

@@ -25,3 +25,8 @@ common=(--device "$DEVICE" --distill-dir "$WORK/distill" --data-dir "$DATA_DIR" 
 $ENTMTP train-heads --kind medusa --out "$WORK/medusa" --stages gen,train --gen-time-limit "$GEN_LIMIT" \
     --time-limit "$MEDUSA_LIMIT" "${common[@]}"
 $ENTMTP train-heads --kind hydra --out "$WORK/hydra" --stages train --time-limit "$HYDRA_LIMIT" "${common[@]}"
+# Hydra++ (issue #10): the prefix-mlp architecture on the same data with the same budget as Hydra
+$ENTMTP train-heads --kind hydra --head-arch prefix-mlp --out "$WORK/hydra-pp" --stages train \
+    --time-limit "$HYDRA_LIMIT" "${common[@]}"
+# Then compare each against the shipped heads of its kind, on the CPU that will run them (tokens/s is the
+# criterion): entmtp eval-heads "$WORK/medusa" (and hydra, hydra-pp) --threads N
