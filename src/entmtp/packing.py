@@ -85,7 +85,7 @@ def can_pack(model: nn.Module) -> bool:
 def bf16_supported() -> bool:
     """Whether this torch build has oneDNN's bf16 kernels (what packing needs)."""
     try:
-        return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnnbf16_supported())
+        return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):  # a torch build without these kernels
         return False
 
