@@ -261,12 +261,12 @@ def cap_vocab(
     """The ``size`` ids of ``ids`` [N] most frequent by ``counts`` [V], sorted. The ids of ``keep`` (special
     tokens) among them always stay; on ties (unseen tokens too) the ids in ``prefer`` come first, e.g. the
     vocabulary the heads already drafted from."""
-    keep = torch.as_tensor(list(keep), dtype=torch.long)
+    special = torch.isin(ids, torch.as_tensor(list(keep), dtype=torch.long))
     score = counts[ids].double()
     if prefer is not None:
         score += 0.5 * torch.isin(ids, prefer.to(ids.device)).double()
-    score[torch.isin(ids, keep)] = float("inf")
-    return ids[score.topk(max(size, int(torch.isin(ids, keep).sum()))).indices].sort().values
+    score[special] = float("inf")
+    return ids[score.topk(max(size, int(special.sum()))).indices].sort().values
 
 
 def _init_heads(path, config: HeadsConfig, distill: Path, seed: int = 0) -> Heads:
