@@ -10,11 +10,11 @@ import torch
 from conftest import ByteTokenizer, OracleHeads, tiny_model
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError, TreeError
-from entmtp.heads import HeadsConfig, random_heads
+from entmtp.heads import HeadsConfig, Probe, random_heads
 from entmtp.lookup import Lookup, NgramIndex, draft_lookup, source_depths
 from entmtp.policy import StaticPolicy
 from entmtp.records import Step, StepContext
-from entmtp.scheduler.hybrid import HybridPolicy
+from entmtp.scheduler.hybrid import HybridPolicy, counterfactual_depth
 from entmtp.tree import Tree, load_tree, prune, with_lookup
 
 # ---- the n-gram index -------------------------------------------------------------------------------------
@@ -329,6 +329,52 @@ def test_hybrid_policy_takes_plain_steps_when_the_heads_keep_missing_and_retries
         tree = policy.choose(_ctx(nothing))
         retried += tree is base
     assert 1 <= retried <= 10  # tried again now and then, dropped again as long as the heads miss
+
+
+def test_dropped_heads_are_judged_by_their_probe_instead_of_retried_blindly():
+    """On a step without the heads' tree, the probe's depth-1 candidates (drafted anyway) against the emitted
+    token say exactly whether the heads would have been right: a dropped tree that keeps missing stays
+    dropped, and one that would have been right comes back within a few steps."""
+    base = load_tree("tree_8")
+    nothing = NgramIndex([1, 2, 3, 4])
+    probe = Probe(torch.tensor([[7, 8, 9]]), torch.zeros(1, 3))  # head 1's top 3 at every step
+
+    def run(policy, steps, token):
+        tree = policy.choose(StepContext(0, 4, 100, None, probe=probe, lookup=nothing))
+        kept = 0
+        for _ in range(steps):
+            accepted = int(tree.num_nodes > 0 and token in (7, 8, 9))  # tree_8 drafts ranks 0-2 at depth 1
+            policy.observe(
+                Step(tree.name, tree.num_nodes, accepted, accepted + 1, [token, 0][: accepted + 1])
+            )
+            tree = policy.choose(StepContext(0, 4, 100, None, probe=probe, lookup=nothing))
+            kept += tree is base
+        return tree, kept
+
+    for counterfactual, retried in ((True, 0), (False, 1)):
+        policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), counterfactual=counterfactual)
+        policy.reset()
+        tree, _ = run(policy, 16, token=0)  # verified and wrong: plain steps
+        assert tree.num_nodes == 0
+        _, kept = run(policy, 80, token=0)  # the probe keeps missing too
+        assert (kept > 0) == bool(retried)
+    policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8))
+    policy.reset()
+    run(policy, 16, token=0)
+    _, kept = run(policy, 12, token=8)  # rank 1 of head 1: tree_8 would have been right
+    assert kept >= 6  # back within a few steps, and kept
+
+
+def test_counterfactual_depth_reads_every_depth_a_probe_holds():
+    chain = load_tree("chain_3")  # ranks (0,), (0, 0), (0, 0, 0)
+    probe = Probe(torch.tensor([[5, 6], [7, 8], [9, 10]]), torch.zeros(3, 2))  # Medusa: every depth
+    assert counterfactual_depth(chain, probe, [5, 7, 9, 1]) == (3, 3)
+    assert counterfactual_depth(chain, probe, [5, 7, 1]) == (2, 3)  # wrong at depth 3
+    assert counterfactual_depth(chain, probe, [5, 8]) == (1, 3)  # rank 1 at depth 2: not in the chain
+    assert counterfactual_depth(chain, probe, [5, 7]) == (2, 2)  # two tokens emitted: depth 3 unknown
+    assert counterfactual_depth(chain, Probe(probe.tokens[:1], probe.logprobs[:1]), [5, 7]) == (1, 1)  # Hydra
+    assert counterfactual_depth(chain, None, [5]) == (0, 0)
+    assert counterfactual_depth(chain, Probe(torch.empty(0, dtype=torch.long), torch.zeros(0)), [5]) == (0, 0)
 
 
 def test_free_verification_copies_the_whole_branch():

@@ -12,9 +12,13 @@ import torch
 
 from conftest import ByteTokenizer, tiny_model
 from entmtp.engine import Engine
-from entmtp.heads import HeadsConfig, random_heads
-from entmtp.records import StepContext
+from entmtp.errors import EntMTPError
+from entmtp.heads import HeadsConfig, Probe, random_heads
+from entmtp.lookup import Lookup
+from entmtp.policy import StaticPolicy
+from entmtp.records import Step, StepContext
 from entmtp.scheduler.calibrate import CalibrationSettings, build_profile, fit_acceptance
+from entmtp.scheduler.hybrid import HybridPolicy
 from entmtp.scheduler.policies import (
     AcceptanceModel,
     BinaryPolicy,
@@ -22,6 +26,7 @@ from entmtp.scheduler.policies import (
     DynamicPolicy,
     LadderPolicy,
     LatencyModel,
+    OnlineCalibration,
 )
 from entmtp.scheduler.profiles import ProfileError, load_profile
 from entmtp.scheduler.replay import oracle, replay
@@ -250,8 +255,6 @@ def test_oracle_is_never_below_any_policy_on_the_same_replay():
         for lo, hi in ((0.1, 0.2), (1, 2))
     ]
     policies += [LadderPolicy(bank, "accept", [0.5, 1.5]), CostPolicy(bank, acc, list(ms.values()))]
-    from entmtp.policy import StaticPolicy
-
     policies += [StaticPolicy(t) for t in bank]
     for p in policies:
         assert replay(p, traces, ms_of).tokens_per_second <= best + 1e-9
@@ -260,12 +263,97 @@ def test_oracle_is_never_below_any_policy_on_the_same_replay():
 
 def test_replay_of_a_static_tree_is_its_simulation():
     traces = synthetic_traces()
-    from entmtp.policy import StaticPolicy
-
     tree = load_tree("tree_8")
     r = replay(StaticPolicy(tree), traces, lambda t: 10.0)
     s = simulate(tree, traces)
     assert (r.steps, r.tokens) == (s.steps, s.tokens)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "hydra"])
+@pytest.mark.parametrize("online", [False, True])
+def test_replay_of_scheduled_hybrids_is_the_real_decode_step_for_step(fitted, kind, online):
+    """The dynamic policy with a prompt-lookup branch, replayed from the trace of the same greedy output, takes
+    the very steps the engine takes: the same trees (lookup nodes pruned alike), accepted drafts and tokens."""
+    model, ids, ref, heads = fitted
+    lat = LatencyModel([0, 1, 4, 63], [10.0, 14.0, 20.0, 60.0])  # costly nodes: trees of every kind
+
+    def policy():
+        p = DynamicPolicy(load_tree("mc_sim_7b_63"), small_acceptance(), lat, online=online)
+        p.latency = lat  # what the hybrid costs steps by (as a profile's policies carry)
+        return p
+
+    engine = Engine(model, ByteTokenizer(), heads=heads[kind], tree=policy(), lookup=Lookup())
+    real = engine.generate(ids, max_new_tokens=48)
+    assert real.token_ids == ref
+    trace = trace_generation(engine.base, heads[kind], ids + ref, len(ids))
+    steps: list = []
+    replay(HybridPolicy(policy(), Lookup(), lat), [trace], lambda t: 10.0, record=steps)
+    got = [(s.tree, s.tree_nodes, s.lookup_nodes, s.tokens) for s in steps]
+    want = [(s.tree, s.tree_nodes, s.lookup_nodes, s.tokens) for s in real.steps]
+    assert got[:-1] == want[:-1]  # the last step: the engine cuts it at max_new_tokens
+    assert [s.sources for s in steps[:-1]] == [s.sources for s in real.steps[:-1]]
+    assert any(s.lookup_nodes for s in real.steps)  # the check has teeth: lookup branches, and heads' drafts
+    assert any(s.accepted >= 2 and not s.lookup_nodes for s in real.steps)  # accepted without them
+
+
+def test_a_lookup_replay_needs_the_traces_tokens():
+    tr = synthetic_traces()[0]
+    with pytest.raises(EntMTPError, match="greedy traces with their tokens"):
+        replay(HybridPolicy(StaticPolicy(load_tree("tree_4")), Lookup()), [tr], lambda t: 10.0)
+
+
+# ---- online recalibration of the acceptance model ------------------------------------------------------------
+
+
+def _probe_step(policy, right: bool, first: int = 7):
+    """One step of `policy` with a probe whose rank-0 depth-1 candidate is `first`; the base model's token is
+    `first` when `right`, else a token no head proposed."""
+    depth = 1
+    lp = torch.log(torch.tensor([[0.6, 0.2, 0.1] + [0.01] * (TOPK - 3)] * depth))
+    tokens = torch.tensor([[first, first + 1, first + 2] + [-1] * (TOPK - 3)] * depth)
+    ctx = StepContext(0, 10, 100, None, probe=Probe(tokens, lp))
+    tree = policy.choose(ctx)
+    emitted = [first if right else 999]
+    policy.observe(Step(tree.name, tree.num_nodes, 0, 1, emitted))
+    return tree
+
+
+def test_online_calibration_shrinks_trees_when_the_heads_keep_missing_and_grows_them_back():
+    lat = LatencyModel([0, 1, 4, 63], [10.0, 10.5, 11.0, 13.0])
+    master = load_tree("mc_sim_7b_63")
+    fixed = DynamicPolicy(master, small_acceptance(), lat, online=False)
+    online = DynamicPolicy(master, small_acceptance(), lat)
+    for p in (fixed, online):
+        p.reset()
+    start = _probe_step(online, right=False).num_nodes
+    assert start == _probe_step(fixed, right=False).num_nodes  # a fresh generation: the calibrated model
+    for _ in range(40):
+        missed, same = _probe_step(online, right=False), _probe_step(fixed, right=False)
+    assert online.calibration.scale < 0.2 and online.last_signals["calibration"] < 0.2
+    assert missed.num_nodes < same.num_nodes == start
+    for _ in range(60):  # right again, as often as the model predicts (its depth-1 nodes sum to 1 here)
+        grown = _probe_step(online, right=True)
+    assert online.calibration.scale > 0.8
+    assert grown.num_nodes == start
+    online.reset()
+    assert online.calibration.scale == 1.0
+
+
+def test_online_calibration_keeps_depth_one_a_probability_and_needs_probe_tokens():
+    master = load_tree("tree_8")
+    cal = OnlineCalibration(master)
+    p = torch.full((master.size,), 0.5)
+    p[0] = 1.0
+    for _ in range(50):  # always right: the scale grows past 1 ...
+        cal.predict(p * 0.2, Probe(torch.tensor([[3, 4, 5]]), torch.zeros(1, 3)))
+        cal.observe(Step("t", 8, 0, 1, [3]))
+    assert cal.scale > 2
+    scaled = cal.predict(p, None)  # ... but the depth-1 nodes never sum above 1
+    assert float(scaled[cal.first].sum()) == pytest.approx(1.0) and scaled[0] == 1.0
+    before = cal.scale
+    cal.predict(p, Probe(torch.empty(0, dtype=torch.long), torch.zeros(1, 3)))  # a replay without tokens
+    cal.observe(Step("t", 8, 0, 1, [999]))
+    assert cal.scale == before
 
 
 def test_fitted_acceptance_is_monotone():
@@ -314,6 +402,7 @@ def test_profile_round_trips(tiny_profile):
     assert sizes == sorted(sizes)
     for a, b in zip(p.traces(), traces, strict=True):
         assert torch.equal(a.ranks, b.ranks) and torch.allclose(a.raw, b.raw)
+        assert torch.equal(a.tokens, b.tokens)  # what lookup replays copy from
         assert torch.allclose(a.probe, b.probe, atol=1e-2)  # stored as float16
     p.check(model, heads["hydra"], warn_hardware=False)
     m = p.mode("greedy")

@@ -158,6 +158,7 @@ def run_bench(args) -> int:
                             Engine(model, tokenizer, heads=heads[k]),
                             outputs,
                             policies[k],
+                            args,
                         )
                         for k in heads
                         if policies[k]
@@ -452,16 +453,24 @@ def _record(i: int, r) -> dict:
     }
 
 
-def _replays(profile, heads, engine, outputs, policies) -> dict:
-    """Trace the plain greedy outputs through the heads; replay each policy and the oracle on them."""
-    from .scheduler.replay import oracle, replay
+def _replays(profile, heads, engine, outputs, policies, args) -> dict:
+    """Trace the plain greedy outputs through the heads; replay each policy (lookup hybrids included) and the
+    oracle on them."""
+    from .scheduler.hybrid import HybridPolicy
+    from .scheduler.replay import oracle, replay, step_ms
     from .scheduler.traces import trace_generation
 
     traces = [
         trace_generation(engine.base, heads, ids + out, len(ids)) for ids, out in outputs if len(out) >= 2
     ]
-    ms_of = profile.latency().ms_of
-    out = {p: replay(profile.policy(p), traces, ms_of).to_json() for p in policies if "+" not in p}
+    ms_of = step_ms(profile.latency())
+    out = {}
+    for p in policies:
+        name, lookup = _split_lookup(p, args)
+        policy = profile.policy(name)
+        if lookup is not None:
+            policy = HybridPolicy(policy, lookup, profile.latency())
+        out[p] = replay(policy, traces, ms_of).to_json()
     out["oracle"] = oracle(profile.bank(), traces, ms_of).to_json()
     return out
 

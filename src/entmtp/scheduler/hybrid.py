@@ -11,12 +11,15 @@ occurred before with a continuation; 0 = nothing to copy) and weighs, in expecte
   expected tokens = 1 + sum_k P(some branch is right to depth k)
                   = 1 + sum_k [1 - (1 - H_k)(1 - r_m^k)]     (the two sources taken as independent)
 
-H_k: how often the heads' tree was right to depth k; r_m: how often a lookup token was right after a match of
-length m (the chain is taken as geometric; each step weighs the same, so a long run cannot outvote the misses
-that follow it). Both are running estimates over this generation (steps decay with window `WINDOW`) started
-from priors (`HEADS_PRIOR`, `LOOKUP_PRIOR`), read from every step's `Step.sources`: exact counterfactuals for
-greedy decoding; evidence about a source not verified for a while ages towards its prior, so a dropped heads'
-tree is tried again.
+H_k = c_1 ... c_k: how often the heads' tree was right to depth k, from c_d, how often it was right at depth d
+when it was right to depth d - 1; r_m: how often a lookup token was right after a match of length m (the
+chain is taken as geometric; each step weighs the same, so a long run cannot outvote the misses that follow
+it). All are running estimates over this generation (steps decay with window `WINDOW`) started from priors
+(`HEADS_PRIOR`, `LOOKUP_PRIOR`), read from every step's `Step.sources`: exact counterfactuals for greedy
+decoding. On a step that drops the heads' tree, its probe (the candidates the tree drafts first, computed
+before the choice) against the emitted tokens still says exactly whether it would have been right to the
+depths the probe holds (`counterfactual_depth`: depth 1 for Hydra, every depth for Medusa); deeper evidence
+not verified for a while ages towards its prior.
 
 Cost, in one-token steps: the measured step latency of n drafted tokens relative to a plain step (the
 profile's latency curve when the inner policy comes from a profile, else `CPU_COST`, measured on this
@@ -29,6 +32,8 @@ decoding's rule) and the heads' tree is always kept.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -49,7 +54,7 @@ CPU_COST = LatencyModel(
 # the heads' drafting, in plain steps: Hydra's draft phase took 3.95-4.2 ms (median Step.seconds["draft"],
 # chain_2 / tree_4 / EntMTP*, bf16) against 36-38 ms plain steps on this project's 2-core CPU (2026-11-30)
 HEADS_DRAFT_COST = 0.11
-HEADS_PRIOR = 0.6  # H_k prior: 0.6^k
+HEADS_PRIOR = 0.6  # c_d prior, so H_k starts at 0.6^k
 LOOKUP_PRIOR = {0: 0.0, 1: 0.25, 2: 0.45, 3: 0.6}  # r_m prior by match length (3 = 3 or more)
 MAX_MATCH = max(LOOKUP_PRIOR)
 
@@ -73,8 +78,14 @@ class _Rate:
 class HybridPolicy:
     """Adds a lookup branch, sized per step (see the module docstring), to the trees of `inner`."""
 
-    def __init__(self, inner: TreePolicy, lookup: Lookup, latency: LatencyModel | None = None):
-        self.inner, self.lookup = inner, lookup
+    def __init__(
+        self,
+        inner: TreePolicy,
+        lookup: Lookup,
+        latency: LatencyModel | None = None,
+        counterfactual: bool = True,
+    ):
+        self.inner, self.lookup, self.counterfactual = inner, lookup, counterfactual
         self.trees = list(inner.trees)
         self.master = getattr(inner, "master", None)
         self.last_signals: dict[str, float] = {}
@@ -89,9 +100,10 @@ class HybridPolicy:
 
     def reset(self) -> None:
         self.inner.reset()
-        self.heads = [_Rate(HEADS_PRIOR**k) for k in range(1, 65)]  # H_k, k = 1..64
+        self.heads = [_Rate(HEADS_PRIOR) for _ in range(64)]  # c_d, d = 1..64
         self.copy = {m: _Rate(p) for m, p in LOOKUP_PRIOR.items()}
         self._chosen: tuple[int, int] = (0, 0)  # (match bucket, heads depth) of the running step
+        self._unverified: tuple[Tree, object] | None = None  # (inner tree, probe) when the heads were dropped
 
     def choose(self, ctx: StepContext) -> Tree:
         tree = self.inner.choose(ctx)
@@ -107,6 +119,8 @@ class HybridPolicy:
             heads, length = True, self.lookup.tokens if match else 0
         else:
             heads, length = self._best(tree, m)
+        dropped = not heads and tree.num_nodes and self.counterfactual
+        self._unverified = (tree, ctx.probe) if dropped else None
         if not heads:
             tree = Tree.root_only()
         self._chosen = (m, tree.depth)
@@ -120,7 +134,7 @@ class HybridPolicy:
         L = self.lookup.tokens if m else 0
         span = max(L, tree.depth)
         h = np.zeros(span)
-        h[: tree.depth] = [self.heads[k].value for k in range(tree.depth)]  # H_1..H_D
+        h[: tree.depth] = np.cumprod([self.heads[k].value for k in range(tree.depth)])  # H_1..H_D
         copy = np.zeros(span)
         copy[:L] = self.copy[m].value ** np.arange(1, L + 1)  # r^k
         best, score = (True, 0), -1.0
@@ -161,8 +175,35 @@ class HybridPolicy:
             depth = step.sources["heads"]
         else:
             depth = step.accepted
+        if self._unverified is not None:  # the heads were dropped: what their probe says they would have done
+            depth, heads_depth = counterfactual_depth(*self._unverified, step.token_ids)
         for k, rate in enumerate(self.heads, start=1):
-            if k <= heads_depth:
+            if k <= heads_depth and depth >= k - 1:  # a trial of c_k: right to depth k - 1, depth k judged
                 rate.add(float(depth >= k), 1.0, decay)
-            else:  # not verified this step: the evidence ages, so a dropped tree is tried again in time
+            else:  # not judged this step: the evidence ages, so a dropped tree is tried again in time
                 rate.add(0.0, 0.0, decay)
+
+
+def counterfactual_depth(tree: Tree, probe, emitted: list[int]) -> tuple[int, int]:
+    """(depth, known): how deep `tree` would have been right at a step it did not verify, judged to the depths
+    its probe holds (Medusa: all of them; Hydra: depth 1) and the step emitted; `known` is the deepest depth
+    that judgement covers (0: none, e.g. no probe tokens), and a miss at depth d settles every depth below it.
+    Exact for greedy decoding: a probe's candidates are the tokens the tree would have drafted."""
+    if probe is None or probe.tokens.numel() == 0:
+        return 0, 0
+    cands = probe.tokens.tolist()  # [Dp][k]
+    limit = min(len(cands), len(emitted), tree.depth)
+    paths = _path_set(tree)
+    path: tuple[int, ...] = ()
+    for d in range(limit):
+        row = cands[d]
+        r = row.index(emitted[d]) if emitted[d] in row else -1
+        if r < 0 or (*path, r) not in paths:
+            return d, tree.depth  # wrong at depth d + 1: so at every depth below
+        path = (*path, r)
+    return limit, limit
+
+
+@functools.lru_cache(maxsize=1024)
+def _path_set(tree: Tree) -> frozenset:
+    return frozenset(tree.paths)

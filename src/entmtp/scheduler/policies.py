@@ -10,6 +10,12 @@
   dynamic  the same rule over every subtree of a master tree: the best subtree of n nodes holds the n nodes of
            highest path probability, so the choice is one sort, a cumsum and an argmax over n
 
+`cost` and `dynamic` also recalibrate online (`OnlineCalibration`): their acceptance model was fitted on the
+calibration prompts, and heads are often more (or less) often right on the text at hand. Every step shows
+exactly whether head 1 was right, whatever tree ran: the probe's depth-1 candidates are what any tree drafts
+first, and the step's first emitted token is the base model's. The ratio of those hits to the model's
+predictions over recent steps scales every path probability (every path passes through depth 1).
+
 Every policy reads its signals with one host sync per step. `master` is the tree the heads probe before the
 choice (None: the policy needs no probe); every tree a policy returns is a subtree of it.
 """
@@ -137,6 +143,56 @@ class PathProbabilities:
         return (self.ancestors @ logf).exp()
 
 
+CALIBRATION_WINDOW = 32  # steps; older hits and predictions decay by (1 - 1/CALIBRATION_WINDOW) per step
+CALIBRATION_PRIOR = 2.0  # pseudo-steps of predicted hits behind the starting scale of 1
+
+
+class OnlineCalibration:
+    """Scale for a calibrated acceptance model on the text at hand: decayed sums of head 1's observed hits
+    over its predicted hit probability, (hits + w) / (predicted + w), starting at 1.
+
+    `predict(p, probe)` takes the master tree's path probabilities [M+1] from the acceptance model and the
+    step's probe, notes head 1's predicted hit probability (the depth-1 nodes' sum: they are exclusive), and
+    returns them scaled, capped so that the depth-1 nodes never sum above 1. `observe(step)` then checks the
+    probe's depth-1 candidates against the step's first emitted token. Without probe token ids (replays of
+    traces without tokens) nothing is observed and the scale stays 1.
+    """
+
+    def __init__(self, master: Tree, window: int = CALIBRATION_WINDOW, weight: float = CALIBRATION_PRIOR):
+        self.first = (master.depths == 1).nonzero().flatten()  # [K1] node ids of the depth-1 nodes
+        self.ranks = {int(master.ranks[i]) for i in self.first}
+        self.decay, self.weight = 1.0 - 1.0 / window, weight
+        self.reset()
+
+    def reset(self) -> None:
+        self.hits = self.predicted = 0.0
+        self._pending: tuple[float, list[int]] | None = None
+
+    @property
+    def scale(self) -> float:
+        return (self.hits + self.weight) / (self.predicted + self.weight)
+
+    def predict(self, p: torch.Tensor, probe) -> torch.Tensor:
+        total = float(p[self.first].sum())
+        self._pending = None
+        if probe is not None and probe.tokens.numel():
+            self._pending = (min(total, 1.0), probe.tokens[0].tolist())
+        scale = min(self.scale, 1.0 / total) if total > 0 else 1.0
+        out = p * scale
+        out[0] = 1.0  # the root is always accepted
+        return out
+
+    def observe(self, step: Step) -> None:
+        if self._pending is None or not step.token_ids:
+            return
+        predicted, cands = self._pending
+        first = step.token_ids[0]
+        hit = first in cands and cands.index(first) in self.ranks
+        self.hits = self.decay * self.hits + float(hit)
+        self.predicted = self.decay * self.predicted + predicted
+        self._pending = None
+
+
 class _SignalPolicy:
     """Shared by the signal-driven policies: the tracker, its reset and observe, the recorded signals."""
 
@@ -224,10 +280,41 @@ class LadderPolicy(_SignalPolicy):
         return self.trees[int(np.searchsorted(self.thresholds, s, side="right"))]
 
 
-class CostPolicy(_SignalPolicy):
+class _CalibratedPolicy(_SignalPolicy):
+    """Shared by `cost` and `dynamic`: path probabilities from the acceptance model, recalibrated online."""
+
+    paths: PathProbabilities
+    calibration: OnlineCalibration | None = None
+
+    def reset(self) -> None:
+        super().reset()
+        if self.calibration is not None:
+            self.calibration.reset()
+
+    def observe(self, step: Step) -> None:
+        super().observe(step)
+        if self.calibration is not None:
+            self.calibration.observe(step)
+
+    def _path_probabilities(self, ctx: StepContext) -> torch.Tensor:
+        """[M+1] P(each master node's path is accepted) this step."""
+        p = self.paths(None if ctx.probe is None else ctx.probe.logprobs)
+        return p if self.calibration is None else self.calibration.predict(p, ctx.probe)
+
+    def _scale(self) -> dict[str, float]:
+        return {} if self.calibration is None else {"calibration": self.calibration.scale}
+
+
+class CostPolicy(_CalibratedPolicy):
     """Per step, the bank tree of most expected tokens per second (see the module docstring)."""
 
-    def __init__(self, trees: Sequence[Tree], acceptance: AcceptanceModel, ms_per_step: Sequence[float]):
+    def __init__(
+        self,
+        trees: Sequence[Tree],
+        acceptance: AcceptanceModel,
+        ms_per_step: Sequence[float],
+        online: bool = True,
+    ):
         if len(ms_per_step) != len(trees) or min(ms_per_step) <= 0:
             raise EntMTPError("the cost policy needs one positive step latency per bank tree")
         super().__init__(trees, DEFAULT_WINDOW)
@@ -238,16 +325,17 @@ class CostPolicy(_SignalPolicy):
             member[b, subtree_index(tree, self.master)[1:]] = 1.0
         self.member = member
         self.inv_ms = 1.0 / torch.tensor(ms_per_step, dtype=torch.float32)  # [B]
+        self.calibration = OnlineCalibration(self.master) if online else None
 
     def choose(self, ctx: StepContext) -> Tree:
-        probe = None if ctx.probe is None else ctx.probe.logprobs
-        expected = 1.0 + self.member @ self.paths(probe)  # [B] tokens per step
+        p = self._path_probabilities(ctx)  # [M+1]
+        expected = 1.0 + self.member @ p  # [B] tokens per step
         best = int((expected * self.inv_ms).argmax())
-        self.last_signals = {"expected_tokens": float(expected[best])}
+        self.last_signals = {"expected_tokens": float(expected[best]), **self._scale()}
         return self.trees[best]
 
 
-class DynamicPolicy(_SignalPolicy):
+class DynamicPolicy(_CalibratedPolicy):
     """Per step, the best subtree of `master` by expected tokens per second (see the module docstring)."""
 
     def __init__(
@@ -256,23 +344,28 @@ class DynamicPolicy(_SignalPolicy):
         acceptance: AcceptanceModel,
         latency: LatencyModel,
         require_contiguous: bool = True,
+        online: bool = True,
     ):
         super().__init__([master], DEFAULT_WINDOW)
         self.master = master
         self.paths = PathProbabilities(master, acceptance)
+        self.calibration = OnlineCalibration(master) if online else None
         self.inv_ms = torch.tensor(1.0 / latency(np.arange(master.size)), dtype=torch.float32)  # [M+1]
         self.require_contiguous = require_contiguous
         self._subtrees: dict[tuple[int, ...], Tree] = {(): Tree.root_only()}
 
     def choose(self, ctx: StepContext) -> Tree:
-        probe = None if ctx.probe is None else ctx.probe.logprobs
-        p = self.paths(probe)[1:]  # [M]
+        p = self._path_probabilities(ctx)[1:]  # [M]
         order = torch.sort(p, descending=True, stable=True).indices  # parents before children on ties
         expected = torch.cat([torch.ones(1), 1.0 + p[order].cumsum(0)])  # [M+1]: best n-node subtree
         n = (expected * self.inv_ms).argmax()
         picked = torch.cat([n.reshape(1), order]).tolist()
         n, ids = picked[0], tuple(sorted(picked[1 : 1 + picked[0]]))
-        self.last_signals = {"expected_tokens": float(expected[n]), "nodes": float(n)}
+        self.last_signals = {
+            "expected_tokens": float(expected[n]),
+            "nodes": float(n),
+            **self._scale(),
+        }
         return self._subtree(ids)
 
     def _subtree(self, ids: tuple[int, ...]) -> Tree:

@@ -154,14 +154,15 @@ class Profile:
     def recommended_policy(self, mode: str = "greedy") -> str:
         return self.mode(mode).get("recommended_policy", "static")
 
-    def policy(self, name: str, mode: str = "greedy", require_contiguous: bool = True):
+    def policy(self, name: str, mode: str = "greedy", require_contiguous: bool = True, online: bool = True):
         """A policy object for the engine, built from this profile; its `latency` is the profile's step
-        latency curve (read by the hybrid policy when lookup drafts are added)."""
-        policy = self._policy(name, mode, require_contiguous)
+        latency curve (read by the hybrid policy when lookup drafts are added). `online`: `cost` and
+        `dynamic` recalibrate their acceptance model on the text at hand (policies.OnlineCalibration)."""
+        policy = self._policy(name, mode, require_contiguous, online)
         policy.latency = self.latency()
         return policy
 
-    def _policy(self, name: str, mode: str, require_contiguous: bool):
+    def _policy(self, name: str, mode: str, require_contiguous: bool, online: bool):
         from ..policy import StaticPolicy
 
         m = self.mode(mode)
@@ -187,13 +188,14 @@ class Profile:
         if name == "cost":
             bank = self.bank(mode)
             ms_of = self.latency().ms_of
-            return CostPolicy(bank, self.acceptance(mode), [ms_of(t) for t in bank])
+            return CostPolicy(bank, self.acceptance(mode), [ms_of(t) for t in bank], online=online)
         if name == "dynamic":
             return DynamicPolicy(
                 trees[m["master"]["name"]],
                 self.acceptance(mode),
                 self.latency(),
                 require_contiguous=require_contiguous,
+                online=online,
             )
         raise ProfileError(f"unknown policy {name!r}: use {', '.join(POLICY_NAMES)}")
 
@@ -216,7 +218,7 @@ class Profile:
         out = []
         for i, meta in enumerate(metas):
             key = f"{prefix}{i}"
-            mask = t.get(f"{key}.passmask")
+            mask, toks = t.get(f"{key}.passmask"), t.get(f"{key}.tokens")
             out.append(
                 Trace(
                     meta["prompt_len"],
@@ -225,6 +227,7 @@ class Profile:
                     t[f"{key}.probe"].float(),
                     t[f"{key}.raw"].float(),
                     None if mask is None else mask.long(),
+                    None if toks is None else toks.long(),
                 )
             )
         return out
@@ -296,6 +299,8 @@ class Profile:
                     tensors[f"{prefix}{i}.raw"] = tr.raw.float()
                     if tr.passmask is not None:
                         tensors[f"{prefix}{i}.passmask"] = tr.passmask.to(torch.int16)
+                    if tr.tokens is not None:
+                        tensors[f"{prefix}{i}.tokens"] = tr.tokens.to(torch.int32)
             save_tensors_atomic(side, tensors)
             self.data["traces"] = [{"prompt_len": tr.prompt_len, "length": tr.length} for tr in traces]
             if typical_traces:

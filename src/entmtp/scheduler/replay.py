@@ -14,11 +14,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import EntMTPError
 from ..heads import Probe
+from ..lookup import NgramIndex, draft_lookup, source_depths
 from ..records import Step, StepContext
-from ..tree import Tree
+from ..tree import Tree, prune
+from .hybrid import HEADS_DRAFT_COST
 from .search import accepted_length
-from .traces import Trace
+from .traces import MISS, TOPK, Trace
 
 
 @dataclass
@@ -45,38 +48,122 @@ class Replay:
         }
 
 
-_EMPTY = torch.empty(0, dtype=torch.long)
+def replay(
+    policy, traces: Sequence[Trace], ms_of: Callable[[Tree], float], record: list[Step] | None = None
+) -> Replay:
+    """Run `policy` (choose/observe, as in the engine) over the traces; `ms_of(tree)`: its step latency;
+    `record`, when given, receives every replayed `Step`.
 
-
-def replay(policy, traces: Sequence[Trace], ms_of: Callable[[Tree], float]) -> Replay:
-    """Run `policy` (choose/observe, as in the engine) over the traces; `ms_of(tree)`: its step latency."""
+    Trees with prompt-lookup nodes (a hybrid policy's, scheduler/hybrid.py) are replayed too, from the
+    traces' tokens: a lookup node copies what the n-gram index of the text so far proposes, exactly as the
+    engine drafts it (greedy traces only; a lookup node below a wrong head draft, never accepted, is kept or
+    dropped as the index answers for a stand-in branch)."""
     out = Replay()
     paths_of: dict[int, frozenset] = {}
+    lookup = getattr(policy, "lookup", None)
     for tr in traces:
         policy.reset()
         rows, raw = tr.ranks.tolist(), tr.raw.tolist()
         masks = tr.passmask.tolist() if tr.passmask is not None else [None] * len(rows)
-        j, end, index = 0, len(rows), 0
+        toks = tr.tokens.tolist() if tr.tokens is not None else None
+        index = None
+        if lookup is not None:
+            if toks is None or tr.passmask is not None:
+                raise EntMTPError("a replay with prompt-lookup drafts needs greedy traces with their tokens")
+            index = NgramIndex(toks[: tr.prompt_len + 1], lookup.max_ngram)
+        j, end, step_i = 0, len(rows), 0
         while j < end - 1:
+            root = tr.prompt_len + j  # tokens[root] is the step's root
             ctx = StepContext(
-                index,
-                tr.prompt_len + j,
+                step_i,
+                root,
                 end - 1 - j,
                 None,
-                probe=Probe(_EMPTY, tr.probe[j]),
+                probe=_probe(tr, j, toks),
                 raw_signals=raw[j],
+                lookup=index,
             )
             tree = policy.choose(ctx)
-            paths = paths_of.get(id(tree))
-            if paths is None:
-                paths = paths_of[id(tree)] = frozenset(tree.paths)
-            a = accepted_length(paths, rows[j], masks[j])
-            n = min(a + 1, end - 1 - j)
-            policy.observe(Step(tree.name, tree.num_nodes, a, n, []))
+            if tree.num_lookup:
+                step = _lookup_step(tree, rows[j], toks, root, index)
+                tree = prune(tree, step.pop("keep"))
+            else:
+                paths = paths_of.get(id(tree))
+                if paths is None:
+                    paths = paths_of[id(tree)] = frozenset(tree.paths)
+                step = {"accepted": accepted_length(paths, rows[j], masks[j])}
+            n = min(step["accepted"] + 1, end - 1 - j)
+            new = toks[root + 1 : root + 1 + n] if toks is not None else []
+            record_step = Step(
+                tree.name,
+                tree.num_nodes,
+                step["accepted"],
+                n,
+                new,
+                lookup_nodes=tree.num_lookup,
+                sources=step["sources"] if tree.num_lookup else {},  # as the engine: after pruning
+            )
+            policy.observe(record_step)
+            if record is not None:
+                record.append(record_step)
             out.tokens, out.steps, out.ms = out.tokens + n, out.steps + 1, out.ms + ms_of(tree)
             out.usage[tree.name] = out.usage.get(tree.name, 0) + 1
-            j, index = j + n, index + 1
+            if index is not None:
+                index.extend(new)
+            j, step_i = j + n, step_i + 1
     return out
+
+
+_EMPTY = torch.empty(0, dtype=torch.long)
+
+
+def step_ms(latency) -> Callable[[Tree], float]:
+    """A replay's step cost from a profile's `LatencyModel` (measured with the heads drafting): a tree without
+    head nodes (lookup only) is charged less the heads' drafting, as the hybrid policy itself assumes."""
+    draft_ms = HEADS_DRAFT_COST * float(latency(0))
+
+    def ms_of(tree: Tree) -> float:
+        ms = latency.ms_of(tree)
+        return ms - draft_ms if tree.num_nodes and not tree.heads_tree.num_nodes else ms
+
+    return ms_of
+
+
+def _probe(tr: Trace, j: int, toks: list[int] | None) -> Probe:
+    """The online probe at row j: its recorded log-probabilities and, where the trace has its tokens, each
+    depth's right token at its recorded rank (the other candidates' ids were not recorded: -1, never right)."""
+    if toks is None:
+        return Probe(_EMPTY, tr.probe[j])
+    depth = tr.probe.shape[1]
+    ids = torch.full((depth, TOPK), -1, dtype=torch.long)  # [Dp, K]
+    for d, r in enumerate(tr.ranks[j, :depth].tolist()):
+        t = tr.prompt_len + j + d + 1
+        if r < MISS and t < len(toks):
+            ids[d, r] = toks[t]
+    return Probe(ids, tr.probe[j])
+
+
+def _lookup_step(tree: Tree, ranks: list[int], toks: list[int], root: int, index: NgramIndex) -> dict:
+    """What the engine's greedy step with hybrid `tree` at `root` does: the lookup nodes that get a proposal
+    (`keep`), the drafts accepted, and how far each source was right (lookup.source_depths)."""
+    depths = tree.depths.tolist()
+    is_lookup, tree_ranks = tree.lookup.tolist(), tree.ranks.tolist()
+    truth = toks[root + 1 :]
+    tokens: list[int | None] = [toks[root]] + [None] * tree.num_nodes
+    for i in range(1, tree.size):  # head drafts: the right token at its rank, else one that is never right
+        if not is_lookup[i]:
+            d = depths[i]
+            tokens[i] = truth[d - 1] if d <= len(truth) and ranks[d - 1] == tree_ranks[i] else -1
+    keep = draft_lookup(tree, tokens, index)
+    pruned = prune(tree, tuple(keep))
+    ptokens = [tokens[0], *(tokens[i] for i in keep)]
+    right = [True] + [False] * pruned.num_nodes
+    accepted = 0
+    for i, (p, d) in enumerate(zip(pruned.parents.tolist(), pruned.depths.tolist(), strict=True)):
+        if i and right[p] and d <= len(truth) and ptokens[i] == truth[d - 1]:
+            right[i], accepted = True, max(accepted, d)
+    new = truth[: accepted + 1]
+    return {"keep": tuple(keep), "accepted": accepted, "sources": source_depths(pruned, ptokens, new)}
 
 
 def oracle(bank: Sequence[Tree], traces: Sequence[Trace], ms_of: Callable[[Tree], float]) -> Replay:

@@ -42,6 +42,8 @@ class Trace:
     # typical acceptance only: bit r of [j, d - 1] is set when head d's rank-r candidate below the trajectory's
     # own depth-(d-1) prefix passes the typical test (see search.accepted_length)
     passmask: torch.Tensor | None = None  # [R, D] int64
+    # the generation itself (prompt + output): what replays of prompt-lookup drafts copy from
+    tokens: torch.Tensor | None = None  # [length] int64
 
     @property
     def output_tokens(self) -> int:
@@ -102,7 +104,7 @@ def trace_generation(
             ok = passing[parent[:, None], ids_k] & (t + d + 1 < L)[:, None]  # [R, K]
             passmask[:, d] = (ok.long() * bits).sum(dim=1).cpu()
     raw = raw_signals(root_stats(fwd.logits[t]).cpu(), probe)  # [R, 4]
-    return Trace(prompt_len, L, ranks, probe, raw, passmask)
+    return Trace(prompt_len, L, ranks, probe, raw, passmask, ids.cpu())
 
 
 def generate_traces(
