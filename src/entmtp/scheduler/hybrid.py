@@ -45,11 +45,12 @@ from .policies import LatencyModel
 
 WINDOW = 16  # steps; older evidence decays by (1 - 1/WINDOW) per step
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind each prior
-# Step latency (ms) by drafted nodes with Hydra's shipped heads, 2-core CPU, SmolLM2-135M bf16: the shipped
-# profiles' measurements (scripts/calibrate_shipped.py, hydra/mixed.json); relative to the plain step.
+# Step latency (ms) by drafted nodes with Hydra's shipped heads, 2-core CPU (AMD EPYC), SmolLM2-135M bf16 with
+# packed weights: the shipped profile's measurements (entmtp calibrate --latency-only, hydra/mixed.json,
+# 2026-12-01); relative to the plain step. LatencyModel makes it non-decreasing.
 CPU_COST = LatencyModel(
     [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 90],
-    [36.8, 44.5, 49.5, 52.2, 56.6, 61.3, 67.0, 75.6, 85.4, 102.4, 121.6, 162.4, 187.1, 240.6],
+    [28.0, 33.0, 32.7, 32.3, 33.1, 35.8, 37.8, 42.1, 46.2, 56.3, 70.2, 89.6, 111.9, 136.1],
 )
 # the heads' drafting, in plain steps: Hydra's draft phase took 3.95-4.2 ms (median Step.seconds["draft"],
 # chain_2 / tree_4 / EntMTP*, bf16) against 36-38 ms plain steps on this project's 2-core CPU (2026-11-30)
