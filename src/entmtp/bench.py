@@ -4,8 +4,8 @@
 with a scheduling policy from a profile) back to back in the same process (so machine load hits all of them
 alike), checks that greedy outputs are identical, prints a table per task and writes everything as JSON. One
 warm-up generation per configuration is dropped. With `--replay`, the plain greedy outputs are also traced
-through the heads and every policy and the hindsight oracle are replayed on them with the profile's measured
-latencies (decode steps only): the oracle is a measurement, not a method one can run.
+through the heads and every policy (lookup hybrids included) and the hindsight oracle are replayed on them
+with the profile's measured latencies (decode steps only): the oracle is a measurement, not a method one can run.
 Convention: tokens per step = accepted drafts + 1 bonus token; tokens/s counts every generated token over the
 whole generation's wall time (prefill included).
 """
