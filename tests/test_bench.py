@@ -49,7 +49,7 @@ def test_bench_on_a_tiny_model_runs_every_task_and_writes_json_markdown_and_plot
             assert r["tokens_per_second"] > 0 and 0 <= r["lookup_share"] <= 1
             lo, hi = r["speedup_ci95"]
             assert lo <= r["speedup_mean_of_ratios"] <= hi
-        assert set(data["replays"][task]["heads"]) >= {"static", "cost", "dynamic+lookup", "oracle"}  # hybrids too
+        assert set(data["replays"][task]["heads"]) >= {"static", "cost", "dynamic+lookup", "oracle"}
     assert data["mismatches"] == []
     assert data["meta"]["command"].startswith("entmtp bench") and data["meta"]["commit"]
 
