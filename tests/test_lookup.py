@@ -15,6 +15,7 @@ from entmtp.lookup import Lookup, NgramIndex, draft_lookup, source_depths
 from entmtp.policy import StaticPolicy
 from entmtp.records import Step, StepContext
 from entmtp.scheduler.hybrid import HybridPolicy, counterfactual_depth
+from entmtp.scheduler.policies import LatencyModel
 from entmtp.tree import Tree, load_tree, prune, with_lookup
 
 # ---- the n-gram index -------------------------------------------------------------------------------------
@@ -255,6 +256,13 @@ def test_head_nodes_without_heads_get_a_clear_error():
 
 # ---- the hybrid policy ------------------------------------------------------------------------------------
 
+# step latency (ms) by drafted nodes on a machine where nodes are dear (~3 ms each against a 37 ms plain step:
+# the 2-core Intel Xeon the first shipped profiles were measured on), so the tests do not depend on CPU_COST
+COSTLY = LatencyModel(
+    [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 90],
+    [36.8, 44.5, 49.5, 52.2, 56.6, 61.3, 67.0, 75.6, 85.4, 102.4, 121.6, 162.4, 187.1, 240.6],
+)
+
 
 def _ctx(index):
     return StepContext(0, len(index.tokens), 100, None, lookup=index)
@@ -285,7 +293,7 @@ def _run(policy, index, steps, heads_depth, lookup_right):
 
 def test_hybrid_policy_adds_nothing_without_a_match_and_grows_with_evidence():
     base = load_tree("tree_8")
-    policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8))
+    policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), COSTLY)
     policy.reset()
     assert policy.choose(_ctx(NgramIndex([1, 2, 3, 4]))) is base  # no match: the heads' tree alone
     assert policy.last_signals["match"] == 0
@@ -300,7 +308,7 @@ def test_hybrid_policy_adds_nothing_without_a_match_and_grows_with_evidence():
 
 def test_hybrid_policy_keeps_the_heads_tree_when_the_heads_are_right():
     base = load_tree("tree_8")
-    policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8))
+    policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), COSTLY)
     policy.reset()
     index = NgramIndex([1, 2, 3, 4, 5, 6, 1, 2, 3], max_ngram=3)
     tree = _run(policy, index, 12, heads_depth=3, lookup_right=False)
@@ -317,7 +325,7 @@ def test_fixed_length_policy_always_adds_the_full_branch_when_there_is_a_match()
 
 def test_hybrid_policy_takes_plain_steps_when_the_heads_keep_missing_and_retries_them_later():
     base = load_tree("tree_8")
-    policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8))
+    policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), COSTLY)
     policy.reset()
     nothing = NgramIndex([1, 2, 3, 4])  # no match: no lookup branch
     tree = _run(policy, nothing, 16, heads_depth=0, lookup_right=False)
@@ -352,13 +360,13 @@ def test_dropped_heads_are_judged_by_their_probe_instead_of_retried_blindly():
         return tree, kept
 
     for counterfactual, retried in ((True, 0), (False, 1)):
-        policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), counterfactual=counterfactual)
+        policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), COSTLY, counterfactual=counterfactual)
         policy.reset()
         tree, _ = run(policy, 16, token=0)  # verified and wrong: plain steps
         assert tree.num_nodes == 0
         _, kept = run(policy, 80, token=0)  # the probe keeps missing too
         assert (kept > 0) == bool(retried)
-    policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8))
+    policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), COSTLY)
     policy.reset()
     run(policy, 16, token=0)
     _, kept = run(policy, 12, token=8)  # rank 1 of head 1: tree_8 would have been right
