@@ -468,8 +468,8 @@ def _replays(profile, heads, engine, outputs, policies, args) -> dict:
     for p in policies:
         name, lookup = _split_lookup(p, args)
         policy = profile.policy(name)
-        if lookup is not None:
-            policy = HybridPolicy(policy, lookup, profile.latency())
+        if lookup is not None:  # as the engine wraps it
+            policy = HybridPolicy(policy, lookup, policy.latency)
         out[p] = replay(policy, traces, ms_of).to_json()
     out["oracle"] = oracle(profile.bank(), traces, ms_of).to_json()
     return out

@@ -147,6 +147,7 @@ class Tree:
 
     name: str
     paths: tuple[RankPath, ...]  # canonical order; node i (1..N) is paths[i - 1]
+    path_set: frozenset[RankPath] = field(init=False)  # the same paths, for membership tests
     _allow_empty: InitVar[bool] = False  # only root_only() may build the zero-node tree
 
     depths: torch.Tensor = field(init=False)  # [N+1] int64; root 0. Also the position offset of each node
@@ -213,6 +214,7 @@ class Tree:
 
         set_ = object.__setattr__  # frozen dataclass: fields are set once, here
         set_(self, "paths", paths)
+        set_(self, "path_set", frozenset(paths))
         set_(self, "depths", torch.tensor(depths, dtype=torch.int64))  # [N+1]
         set_(self, "parents", torch.tensor(parents, dtype=torch.int64))  # [N+1]
         set_(self, "ranks", torch.tensor(ranks, dtype=torch.int64))  # [N+1]

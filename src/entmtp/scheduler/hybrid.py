@@ -33,8 +33,6 @@ decoding's rule) and the heads' tree is always kept.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from ..lookup import Lookup
@@ -194,17 +192,11 @@ def counterfactual_depth(tree: Tree, probe, emitted: list[int]) -> tuple[int, in
         return 0, 0
     cands = probe.tokens.tolist()  # [Dp][k]
     limit = min(len(cands), len(emitted), tree.depth)
-    paths = _path_set(tree)
     path: tuple[int, ...] = ()
     for d in range(limit):
         row = cands[d]
         r = row.index(emitted[d]) if emitted[d] in row else -1
-        if r < 0 or (*path, r) not in paths:
+        if r < 0 or (*path, r) not in tree.path_set:
             return d, tree.depth  # wrong at depth d + 1: so at every depth below
         path = (*path, r)
     return limit, limit
-
-
-@functools.lru_cache(maxsize=1024)
-def _path_set(tree: Tree) -> frozenset:
-    return frozenset(tree.paths)

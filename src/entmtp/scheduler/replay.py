@@ -59,7 +59,6 @@ def replay(
     engine drafts it (greedy traces only; a lookup node below a wrong head draft, never accepted, is kept or
     dropped as the index answers for a stand-in branch)."""
     out = Replay()
-    paths_of: dict[int, frozenset] = {}
     lookup = getattr(policy, "lookup", None)
     for tr in traces:
         policy.reset()
@@ -88,10 +87,7 @@ def replay(
                 step = _lookup_step(tree, rows[j], toks, root, index)
                 tree = prune(tree, step.pop("keep"))
             else:
-                paths = paths_of.get(id(tree))
-                if paths is None:
-                    paths = paths_of[id(tree)] = frozenset(tree.paths)
-                step = {"accepted": accepted_length(paths, rows[j], masks[j])}
+                step = {"accepted": accepted_length(tree.path_set, rows[j], masks[j])}
             n = min(step["accepted"] + 1, end - 1 - j)
             new = toks[root + 1 : root + 1 + n] if toks is not None else []
             record_step = Step(
@@ -169,7 +165,7 @@ def _lookup_step(tree: Tree, ranks: list[int], toks: list[int], root: int, index
 def oracle(bank: Sequence[Tree], traces: Sequence[Trace], ms_of: Callable[[Tree], float]) -> Replay:
     """The fastest schedule over `bank` in hindsight (dynamic programme over positions, see above)."""
     out = Replay()
-    sets = [frozenset(t.paths) for t in bank]
+    sets = [t.path_set for t in bank]
     costs = [ms_of(t) for t in bank]
     for tr in traces:
         rows = tr.ranks.tolist()

@@ -215,7 +215,7 @@ def accepted_length(
 def simulate(tree: Tree, traces: Sequence[Trace]) -> Simulated:
     """Decoding of every trace with `tree`, step by step: exact tokens per step for greedy traces (up to bf16
     rounding); for typical traces, as if every step had emitted the sampled trajectory's tokens."""
-    paths = frozenset(tree.paths)
+    paths = tree.path_set
     tokens = steps = 0
     for tr in traces:
         rows = tr.ranks.tolist()
