@@ -6,6 +6,9 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -616,3 +619,17 @@ def test_typical_section_from_sampled_generations(tiny_profile, fitted, tmp_path
         assert len(r.token_ids) == 24
         if name != "dynamic":
             assert {s.tree for s in r.steps} <= bank
+
+
+def test_replay_policies_script_names_an_unknown_task_before_loading_anything(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "scripts" / "replay_policies.py"
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, str(script), "--tasks", "gsm8k,nosuch", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode != 0
+    assert "unknown task(s) nosuch: use some of humaneval" in run.stderr
+    assert not out.exists()  # nothing half-made
