@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from entmtp.cli import HEAD_KINDS, shipped_heads_dir
 from entmtp.heads import DRAFT_VOCAB_FILE, frequent_tokens
 from entmtp.model import load_model
-from entmtp.train.data import read_records, training_prompt_sources
+from entmtp.shipped import HEAD_KINDS, shipped_heads_dir
+from entmtp.train.prompt_sources import read_records, training_prompt_sources
 
 
 def corpus_texts(data_dir: Path) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,20 @@ from transformers import PreTrainedTokenizerFast
 from conftest import tiny_model
 from entmtp.errors import DataError, HeadsError
 from entmtp.heads import HeadsConfig, load_heads, random_heads, save_heads
-from entmtp.train import GenSettings, TrainSettings, generate_data, load_split, load_training_prompts, train
-from entmtp.train import data as data_mod
+from entmtp.train import (
+    EvalSettings,
+    GenSettings,
+    HeadsSettings,
+    TrainSettings,
+    generate_data,
+    load_split,
+    load_training_prompts,
+    train,
+)
+from entmtp.train import shards as shards_mod
+from entmtp.train.command import add_train_arguments, train_settings_from_args
 from entmtp.train.evaluate import plot_learning_curve, report_markdown, teacher_forced_accuracy
-from entmtp.train.pipeline import add_train_arguments, cap_vocab, train_heads
+from entmtp.train.pipeline import cap_vocab, train_heads
 from entmtp.train.trainer import LOG, batch_windows, make_windows
 
 CHATML = (
@@ -172,8 +183,8 @@ def test_generation_resumes_and_is_reused(base, distill, tmp_path, monkeypatch):
     before = load_file(str(d / "train-00001.safetensors"))
     (d / "train-00001.safetensors").unlink()  # as if killed while writing it
     calls = []
-    real = data_mod.generate_responses
-    monkeypatch.setattr(data_mod, "generate_responses", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = shards_mod.generate_responses
+    monkeypatch.setattr(shards_mod, "generate_responses", lambda *a, **k: calls.append(1) or real(*a, **k))
     generate_data(
         model, tok, d, prompts=PROMPTS, settings=GEN, batch_size=3, base_model="tiny", progress=False
     )
@@ -306,10 +317,16 @@ def test_train_heads_end_to_end(base, tmp_path):
     pf = tmp_path / "prompts.jsonl"
     pf.write_text("\n".join(json.dumps({"instruction": p}) for p in PROMPTS) + "\n")
     kw = dict(
-        base=base, prompts_file=pf, num_prompts=8, max_new_tokens=16, val_fraction=0.25, shard_size=4, steps=4,
-        batch_size=2, window=16, checkpoint_every=2, eval_every=2, num_heads=2, progress=False,
-        eval_prompts=1, eval_max_new_tokens=8, eval_tasks=("gsm8k",), eval_trees=("tree_4", "tree_16"),
-    )  # fmt: skip
+        base=base,
+        prompts_file=pf,
+        gen_settings=GenSettings(num_prompts=8, max_new_tokens=16, val_fraction=0.25, shard_size=4),
+        train_settings=TrainSettings(steps=4, batch_size=2, window=16, checkpoint_every=2, eval_every=2),
+        heads_settings=HeadsSettings(num_heads=2),
+        eval_settings=EvalSettings(
+            prompts=1, max_new_tokens=8, tasks=("gsm8k",), trees=("tree_4", "tree_16")
+        ),
+        progress=False,
+    )
     summary = train_heads("medusa", tmp_path / "out", **kw)
     out = tmp_path / "out"
     assert (out / "config.json").is_file() and (out / "heads.safetensors").is_file()
@@ -333,7 +350,8 @@ def test_train_heads_end_to_end(base, tmp_path):
         train_heads("medusa", out, **kw)
     assert report_markdown(report).count("| GSM8K |") == 5
     # --init: continue from trained heads on (here the same) data; their weights are the starting point
-    more = {**kw, "distill_dir": out / "distill", "stages": "train", "steps": 2, "lr": 1e-9, "warmup": 0.0}
+    slow = replace(kw["train_settings"], steps=2, lr=1e-9, warmup=0.0)
+    more = {**kw, "distill_dir": out / "distill", "stages": "train", "train_settings": slow}
     train_heads("hydra", tmp_path / "hydra2", init=tmp_path / "hydra", **more)
     before, after = load_heads(tmp_path / "hydra").state_dict(), load_heads(tmp_path / "hydra2").state_dict()
     assert all(torch.allclose(before[k].float(), after[k].float(), atol=1e-5) for k in before)  # lr ~ 0
@@ -342,7 +360,8 @@ def test_train_heads_end_to_end(base, tmp_path):
     with pytest.raises(HeadsError, match="--init heads in .* differ.*kind='hydra' \\(asked 'medusa'\\)"):
         train_heads("medusa", tmp_path / "medusa2", init=tmp_path / "hydra", **more)
     # Hydra++ from Hydra mlp heads: the same heads behind a prefix layer that starts as x -> s * x / rms(x)
-    train_heads("hydra", tmp_path / "hydrapp", init=tmp_path / "hydra", head_arch="prefix-mlp", **more)
+    prefix = HeadsSettings(num_heads=2, head_arch="prefix-mlp")
+    train_heads("hydra", tmp_path / "hydrapp", init=tmp_path / "hydra", **{**more, "heads_settings": prefix})
     old, pp = (
         load_heads(tmp_path / "hydra", dtype=torch.float32),
         load_heads(tmp_path / "hydrapp", dtype=torch.float32),
@@ -408,9 +427,18 @@ def test_bad_inputs(base, distill, tmp_path):
         train_heads("medusa", tmp_path / "never2", base=base, stages="train", progress=False)
     assert not (tmp_path / "never2").exists()
     with pytest.raises(DataError, match="draft_vocab must be >= 0"):
-        train_heads("medusa", tmp_path / "x", base=base, draft_vocab=-1)
+        HeadsSettings(draft_vocab=-1)
     with pytest.raises(DataError, match="max_draft_vocab must be >= 0 \\(0: no cap\\)"):
-        train_heads("medusa", tmp_path / "x", base=base, max_draft_vocab=-1)
+        HeadsSettings(max_draft_vocab=-1)
+    with pytest.raises(HeadsError, match="save_dtype 'int8' is unknown"):
+        HeadsSettings(save_dtype="int8")
+    with pytest.raises(DataError, match="unknown task 'nosuch'"):
+        EvalSettings(tasks=("gsm8k", "nosuch"))
+    with pytest.raises(DataError, match="no training prompt source given.*--data-dir.*--prompts"):
+        load_training_prompts()
+    with pytest.raises(DataError, match="no training prompt source given"):
+        train_heads("medusa", tmp_path / "never3", base=base, progress=False)
+    assert not (tmp_path / "never3").exists()
     with pytest.raises(DataError, match="train_time_limit must be a positive number"):
         train_heads("medusa", tmp_path / "x", base=base, train_time_limit=0)
     with pytest.raises(DataError, match="gen_time_limit must be a positive number"):
@@ -432,6 +460,25 @@ def test_cli_arguments():
     )
     assert args.eval_prompts == 10 and args.eval_trees == "mc_sim_7b_63,tree_8"
     assert Path(args.out) == Path("o")
+    # the arguments' defaults are the settings' defaults
+    assert train_settings_from_args(args) == {
+        "gen_settings": GenSettings(),
+        "train_settings": TrainSettings(steps=7),
+        "heads_settings": HeadsSettings(),
+        "eval_settings": EvalSettings(),
+    }
+    args = p.parse_args(
+        ["--kind", "hydra", "--out", "o", "--seed", "3", "--own-lm-head", "--eval-tasks", "gsm8k"]
+    )
+    got = train_settings_from_args(args)
+    assert got["gen_settings"].seed == got["train_settings"].seed == 3  # one seed for data and training
+    assert not got["heads_settings"].share_lm_head and got["eval_settings"].tasks == ("gsm8k",)
+    # no default training data in the library: the CLI names it, relative to the working directory
+    assert args.data_dir is None
+    from entmtp.cli import build_parser
+
+    cli_args = build_parser().parse_args(["train-heads", "--kind", "medusa", "--out", "o"])
+    assert cli_args.data_dir.split(",")[0] == "../shared/data"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -441,11 +488,17 @@ def test_pipeline_on_cuda(tmp_path):
     pf = tmp_path / "prompts.jsonl"
     pf.write_text("\n".join(json.dumps({"instruction": p}) for p in PROMPTS) + "\n")
     summary = train_heads(
-        "hydra", tmp_path / "out", base=(model, tok), device="cuda", prompts_file=pf, num_prompts=8,
-        max_new_tokens=16, val_fraction=0.25, shard_size=4, steps=20, batch_size=4, window=16, lr=1e-2,
-        eval_every=10, num_heads=2, progress=False, eval_prompts=1, eval_max_new_tokens=8,
-        eval_tasks=("gsm8k",), eval_trees=("tree_4",),
-    )  # fmt: skip
+        "hydra",
+        tmp_path / "out",
+        base=(model, tok),
+        device="cuda",
+        prompts_file=pf,
+        gen_settings=GenSettings(num_prompts=8, max_new_tokens=16, val_fraction=0.25, shard_size=4),
+        train_settings=TrainSettings(steps=20, batch_size=4, window=16, lr=1e-2, eval_every=10),
+        heads_settings=HeadsSettings(num_heads=2),
+        eval_settings=EvalSettings(prompts=1, max_new_tokens=8, tasks=("gsm8k",), trees=("tree_4",)),
+        progress=False,
+    )
     log = [json.loads(line) for line in (tmp_path / "out" / LOG).read_text().splitlines()]
     losses = [r["loss"] for r in log if r.get("loss") is not None]
     assert summary["train"]["step"] == 20 and losses[-1] < losses[0]

@@ -454,7 +454,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     tr = sub.add_parser("train-heads", help="train Medusa or Hydra heads by self-distillation")
     add_train_arguments(tr)
-    tr.set_defaults(func=run_train)
+    # --data-dir's default, relative to the working directory (a source checkout's root): the shared data
+    # directory beside the checkout, plus the project's own prompts once scripts/build_training_prompts.py
+    # has built data/train/. The library assumes no folder of its own.
+    train_data = ["../shared/data"] + (["data"] if Path("data/train").is_dir() else [])
+    tr.set_defaults(func=run_train, data_dir=",".join(train_data))
     ev = sub.add_parser(
         "eval-heads",
         help="evaluate heads per task and dev category against the shipped ones (accuracy, tokens per step, tokens/s)",

@@ -1,13 +1,18 @@
-"""Training Medusa and Hydra heads by self-distillation: data (``data``), the training loop (``trainer``),
-the evaluation report (``evaluate``), and ``train_heads`` plus the CLI commands (``pipeline``)."""
+"""Training Medusa and Hydra heads by self-distillation: the training prompts (``prompt_sources``), the
+distillation shards made from them (``shards``), the training loop (``trainer``), the evaluation report
+(``evaluate``), ``train_heads`` with its settings (``pipeline``), and the two CLI commands (``command``)."""
 
-from .data import GenSettings, generate_data, load_split, load_training_prompts
+from .command import add_eval_arguments, add_train_arguments, run_eval, run_train
 from .evaluate import evaluate_heads, plot_learning_curve, write_report
-from .pipeline import add_eval_arguments, add_train_arguments, run_eval, run_train, train_heads
+from .pipeline import EvalSettings, HeadsSettings, train_heads
+from .prompt_sources import load_training_prompts
+from .shards import GenSettings, generate_data, load_split
 from .trainer import TrainSettings, train
 
 __all__ = [
+    "EvalSettings",
     "GenSettings",
+    "HeadsSettings",
     "TrainSettings",
     "add_eval_arguments",
     "add_train_arguments",

@@ -27,7 +27,7 @@ from ..engine import Engine
 from ..model import encode_prompt
 from ..prompts import FOUR_TASKS, SPECBENCH, TASKS, load_prompts
 from ..tree import load_tree
-from .data import generate_responses
+from .shards import generate_responses
 
 TOPS = (1, 5, 10)
 # The published default tree, and the static tree `entmtp generate` uses for heads without a profile.

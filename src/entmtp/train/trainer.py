@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from ..errors import DataError, HeadsError
 from ..files import write_text_atomic
 from ..heads import HEADS_FILES, Heads, HeadsConfig
-from .data import Manifest, SplitData, load_split
+from .shards import Manifest, SplitData, load_split
 
 CHECKPOINTS = "checkpoints"
 LOG = "train_log.jsonl"

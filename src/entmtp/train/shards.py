@@ -1,4 +1,5 @@
-"""Self-distillation data: the base model answers training prompts itself, and we keep what the heads learn from.
+"""Self-distillation shards: the base model answers the training prompts (see `prompt_sources`) itself, and
+we write what the heads learn from; `load_split` reads it back for training.
 
 Layout of a distillation directory (written once, reused by every training run on the same base model):
 
@@ -32,7 +33,6 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -49,146 +49,7 @@ FORMAT = "entmtp-distill"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 PROMPTS = "prompts.jsonl"
-# The repository's shared data directory (train/, gsm8k/): <repo>/../shared/data from src/entmtp/train/; and
-# the project's own training prompts (data/train/ of a source checkout, with data/train/PROVENANCE.md).
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[4] / "shared" / "data"
-PROJECT_DATA_DIR = Path(__file__).resolve().parents[3] / "data"
-ROLES = ("system", "user", "assistant")
 HIDDEN_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-# ---- training prompts --------------------------------------------------------------------------------
-
-
-def _prompt_text(rec: dict) -> str:
-    """instruction (+ blank line + input) for instruction records, question for GSM8K, prompt/text otherwise."""
-    for key in ("instruction", "question", "prompt", "text"):
-        value = rec.get(key)
-        if isinstance(value, str) and value.strip():
-            extra = rec.get("input") if key == "instruction" else None
-            if isinstance(extra, str) and extra.strip():
-                return value.strip() + "\n\n" + extra.strip()
-            return value.strip()
-    return ""
-
-
-def _prompt(rec: dict) -> str | list[dict] | None:
-    """A record's prompt (records come from ``read_records``): a chat (``messages``, a list of {role, content}
-    ending with a user turn; the earlier assistant turns are given, the model answers the last user turn) or
-    one string (see ``_prompt_text``). None when the record holds neither."""
-    msgs = rec.get("messages")
-    if msgs is not None:
-        ok = (
-            isinstance(msgs, list)
-            and msgs
-            and all(
-                isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)
-                for m in msgs
-            )
-        )
-        if not ok or msgs[-1]["role"] != "user":
-            return None
-        return [{"role": m["role"], "content": m["content"]} for m in msgs]
-    return _prompt_text(rec) or None
-
-
-def _key(prompt: str | list[dict]) -> str:
-    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
-
-
-def read_records(path: Path) -> Iterator[dict]:
-    """Records of a JSON list file or a JSONL file; JSONL lines that do not parse are skipped (alpaca-libre
-    v2 ends in broken lines upstream)."""
-    if path.suffix == ".json":
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise DataError(f"cannot read prompt file {path} ({e}): give a JSON list or a JSONL file") from e
-        if not isinstance(data, list):
-            raise DataError(f"prompt file {path} is not a JSON list of records: give a list of objects")
-        yield from (r if isinstance(r, dict) else {"prompt": r} for r in data)
-        return
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            yield rec if isinstance(rec, dict) else {"prompt": rec}
-
-
-def read_prompt_file(path: str | os.PathLike[str]) -> list[str | list[dict]]:
-    """Prompts of a user file: JSONL or a JSON list; each record a string, an object with one of
-    instruction(+input), question, prompt or text, or a chat in ``messages`` (ending with a user turn)."""
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"prompt file {p} does not exist: give a JSONL or JSON file of prompts")
-    prompts = [t for t in map(_prompt, read_records(p)) if t]
-    if not prompts:
-        raise DataError(
-            f"prompt file {p} holds no prompts: give records with an instruction, question, prompt or text "
-            "field, or messages ending with a user turn"
-        )
-    return prompts
-
-
-def training_prompt_sources(data_dir: str | os.PathLike[str]) -> list[Path]:
-    """The training prompt files under ``data_dir``: train/*.json (GPTeacher), train/*.jsonl (alpaca-libre, the
-    project's context-copy and chat prompts), gsm8k/train.jsonl. Never the benchmark prompt sets."""
-    d = Path(data_dir)
-    if not d.is_dir():
-        raise DataError(
-            f"training data directory {d} does not exist: pass --data-dir (holding train/ and gsm8k/) "
-            f"or --prompts FILE"
-        )
-    files = sorted((d / "train").glob("*.json")) + sorted((d / "train").glob("*.jsonl"))
-    if (d / "gsm8k" / "train.jsonl").is_file():
-        files.append(d / "gsm8k" / "train.jsonl")
-    if not files:
-        raise DataError(
-            f"no training prompts in {d}: expected train/*.json, train/*.jsonl or "
-            f"gsm8k/train.jsonl; pass another --data-dir or --prompts FILE"
-        )
-    return files
-
-
-def default_data_dirs() -> list[Path]:
-    """The shared data directory, and the project's own data/ when this is a source checkout that has it."""
-    return [DEFAULT_DATA_DIR] + ([PROJECT_DATA_DIR] if (PROJECT_DATA_DIR / "train").is_dir() else [])
-
-
-def load_training_prompts(
-    data_dir: str | os.PathLike[str] | list | None = None, prompts_file=None, *, with_sources: bool = False
-):
-    """All training prompts, deduplicated, in file order: from ``prompts_file`` if given, else from the data
-    directories (a path, a comma-separated string of paths or a list; default: `default_data_dirs`).
-    ``with_sources``: also return each prompt's source file name (the data manifest counts them)."""
-    pairs: list[tuple[str | list[dict], str]] = []
-    if prompts_file is not None:
-        pairs = [(t, Path(prompts_file).name) for t in read_prompt_file(prompts_file)]
-    else:
-        if data_dir is None:
-            dirs = default_data_dirs()
-        elif isinstance(data_dir, (list, tuple)):
-            dirs = [Path(x) for x in data_dir]
-        else:
-            dirs = [Path(x) for x in str(data_dir).split(",") if x]
-        for d in dirs:
-            for path in training_prompt_sources(d):
-                records = read_records(path)
-                if path.name.startswith("alpaca_libre"):
-                    records = (r for r in records if r.get("status") == "ok")
-                pairs += [(t, path.name) for t in map(_prompt, records) if t]
-    seen: dict[str, tuple[str | list[dict], str]] = {}
-    for t, src in pairs:
-        seen.setdefault(_key(t), (t, src))  # the first occurrence wins
-    unique = list(seen.values())
-    if not unique:
-        raise DataError("the prompt set is empty: give a data directory or prompt file with prompts in it")
-    prompts = [t for t, _ in unique]
-    return (prompts, [src for _, src in unique]) if with_sources else prompts
 
 
 # ---- settings and manifest ---------------------------------------------------------------------------
@@ -476,13 +337,10 @@ def generate_data(
     if d.exists() and not d.is_dir():
         raise DataError(f"distillation directory {d} is a file: give a directory")
     selected, skipped = select_prompts(tokenizer, prompts, settings, sources)
-    hidden = model.get_input_embeddings().weight.shape[1]
-    vocab = model.get_output_embeddings().weight.shape[0]
-    name = base_model or model_name(model)
     fresh = Manifest(
-        base_model=name,
-        hidden_size=hidden,
-        vocab_size=vocab,
+        base_model=base_model or model_name(model),
+        hidden_size=model.get_input_embeddings().weight.shape[1],
+        vocab_size=model.get_output_embeddings().weight.shape[0],
         settings=asdict(settings),
         prompts_sha=_prompts_sha(selected),
         num_val=sum(s.split == "val" for s in selected),
@@ -490,26 +348,11 @@ def generate_data(
         skipped_long_prompts=skipped,
         sources=dict(Counter(s.source for s in selected if s.source)),
     )
-    d.mkdir(parents=True, exist_ok=True)
-    if (d / MANIFEST).exists():
-        manifest = Manifest.read(d)
-        _check_same_data(d, manifest, fresh)
-        manifest.shards = [s for s in manifest.shards if (d / s["file"]).is_file()]
-    else:
-        if any(d.glob("*.safetensors")):
-            raise DataError(f"{d} holds shards but no {MANIFEST}: delete them or use another --distill-dir")
-        manifest = fresh
-        lines = [
-            json.dumps({"split": s.split, "sampled": s.sampled, "source": s.source, "ids": s.ids})
-            for s in selected
-        ]
-        write_text_atomic(d / PROMPTS, "\n".join(lines) + "\n")
-        manifest.write(d)
+    manifest = _open_manifest(d, fresh, selected)
     done = {s["file"] for s in manifest.shards}
     plan = [
         (n, f, idx) for n, (f, idx) in enumerate(_shard_plan(selected, settings.shard_size)) if f not in done
     ]
-    hidden_dtype = HIDDEN_DTYPES[settings.hidden_dtype]
     with _GenProgress(progress, len(plan)) as bar:
         for n, file, idx in plan:
             t0 = time.perf_counter()
@@ -518,51 +361,16 @@ def generate_data(
             torch.manual_seed(
                 settings.seed * 1_000_003 + n
             )  # sampling repeats whether or not the run resumed
-            prompt_ids = [selected[i].ids for i in idx]
-            responses: list[list[int]] = [[] for _ in idx]
-            for sample in (False, True):
-                group = [j for j, i in enumerate(idx) if selected[i].sampled == sample]
-                if not group:
-                    continue
-                got = generate_responses(
-                    model,
-                    tokenizer,
-                    [prompt_ids[j] for j in group],
-                    max_new_tokens=settings.max_new_tokens,
-                    sample=sample,
-                    temperature=settings.temperature,
-                    batch_size=batch_size,
-                )
-                for j, r in zip(group, got, strict=True):
-                    responses[j] = r
-            seqs = [p + r for p, r in zip(prompt_ids, responses, strict=True)]
-            rows = base_targets(
-                model,
-                seqs,
-                top_k=settings.top_k,
-                hidden_state_offset=settings.hidden_state_offset,
-                batch_size=max(1, batch_size // 4),
+            tensors, new_tokens = _make_shard(
+                model, tokenizer, [selected[i] for i in idx], settings, batch_size
             )
-            lengths = [r["tokens"].shape[0] for r in rows]
-            offsets = torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0)
-            prompt_lens = torch.tensor([len(p) for p in prompt_ids], dtype=torch.int32)
-            tensors = {
-                "hidden": torch.cat([r["hidden"] for r in rows]).to(hidden_dtype),
-                "tokens": torch.cat([r["tokens"] for r in rows]),
-                "topk_ids": torch.cat([r["topk_ids"] for r in rows]),
-                "topk_logp": torch.cat([r["topk_logp"] for r in rows]),
-                "offsets": offsets,
-                "prompt_lens": prompt_lens,
-                "sampled": torch.tensor([selected[i].sampled for i in idx], dtype=torch.uint8),
-            }
             save_tensors_atomic(d / file, tensors)
-            new_tokens = sum(len(r) for r in responses)
             manifest.shards.append(
                 {
                     "file": file,
                     "split": file.split("-")[0],
                     "sequences": len(idx),
-                    "positions": int(offsets[-1]),
+                    "positions": int(tensors["offsets"][-1]),
                     "anchors": new_tokens,  # positions >= prompt_len - 1: one per response token
                     "seconds": round(time.perf_counter() - t0, 2),
                 }
@@ -572,6 +380,69 @@ def generate_data(
     manifest.complete = True
     manifest.write(d)
     return manifest
+
+
+def _open_manifest(d: Path, fresh: Manifest, selected: list[Selected]) -> Manifest:
+    """The manifest of ``d`` when it holds the same data (the shards on disk), else ``fresh``, written
+    with the selected prompts (``prompts.jsonl``) into a new directory."""
+    d.mkdir(parents=True, exist_ok=True)
+    if (d / MANIFEST).exists():
+        manifest = Manifest.read(d)
+        _check_same_data(d, manifest, fresh)
+        manifest.shards = [s for s in manifest.shards if (d / s["file"]).is_file()]
+        return manifest
+    if any(d.glob("*.safetensors")):
+        raise DataError(f"{d} holds shards but no {MANIFEST}: delete them or use another --distill-dir")
+    lines = [
+        json.dumps({"split": s.split, "sampled": s.sampled, "source": s.source, "ids": s.ids})
+        for s in selected
+    ]
+    write_text_atomic(d / PROMPTS, "\n".join(lines) + "\n")
+    fresh.write(d)
+    return fresh
+
+
+def _make_shard(
+    model, tokenizer, chosen: list[Selected], settings: GenSettings, batch_size: int
+) -> tuple[dict[str, torch.Tensor], int]:
+    """One shard's tensors (see the module docstring) for the prompts ``chosen``, and the number of response
+    tokens generated. Greedy and sampled responses are generated in separate groups."""
+    prompt_ids = [s.ids for s in chosen]
+    responses: list[list[int]] = [[] for _ in chosen]
+    for sample in (False, True):
+        group = [j for j, s in enumerate(chosen) if s.sampled == sample]
+        if not group:
+            continue
+        got = generate_responses(
+            model,
+            tokenizer,
+            [prompt_ids[j] for j in group],
+            max_new_tokens=settings.max_new_tokens,
+            sample=sample,
+            temperature=settings.temperature,
+            batch_size=batch_size,
+        )
+        for j, r in zip(group, got, strict=True):
+            responses[j] = r
+    seqs = [p + r for p, r in zip(prompt_ids, responses, strict=True)]
+    rows = base_targets(
+        model,
+        seqs,
+        top_k=settings.top_k,
+        hidden_state_offset=settings.hidden_state_offset,
+        batch_size=max(1, batch_size // 4),
+    )
+    lengths = [r["tokens"].shape[0] for r in rows]
+    tensors = {
+        "hidden": torch.cat([r["hidden"] for r in rows]).to(HIDDEN_DTYPES[settings.hidden_dtype]),
+        "tokens": torch.cat([r["tokens"] for r in rows]),
+        "topk_ids": torch.cat([r["topk_ids"] for r in rows]),
+        "topk_logp": torch.cat([r["topk_logp"] for r in rows]),
+        "offsets": torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0),
+        "prompt_lens": torch.tensor([len(p) for p in prompt_ids], dtype=torch.int32),
+        "sampled": torch.tensor([s.sampled for s in chosen], dtype=torch.uint8),
+    }
+    return tensors, sum(len(r) for r in responses)
 
 
 def _check_same_data(d: Path, old: Manifest, new: Manifest) -> None:
