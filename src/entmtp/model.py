@@ -190,6 +190,26 @@ def context_window(model: PreTrainedModel) -> int:
     return int(getattr(model.config, "max_position_embeddings", 2048))
 
 
+def check_request(prompt_len: int, max_new_tokens: int, window: int, *, name: str = "max_new_tokens") -> None:
+    """Raise PromptError unless a prompt of `prompt_len` tokens and `max_new_tokens` new ones fit a context
+    window of `window` tokens. The one check of a request's lengths, shared by the Engine, the peer decoders and
+    the server (which passes name="max_tokens", so its errors name the field its clients send). The prompt is
+    checked first: a prompt that fills the window leaves no valid max_new_tokens to suggest."""
+    if prompt_len == 0:
+        raise PromptError("the prompt is empty: give some text or token ids")
+    if prompt_len >= window:
+        raise PromptError(
+            f"the prompt has {prompt_len} tokens but the model's context window is {window}: shorten the prompt"
+        )
+    if max_new_tokens <= 0:
+        raise PromptError(f"{name} must be >= 1, got {max_new_tokens}")
+    if prompt_len + max_new_tokens > window:
+        raise PromptError(
+            f"prompt ({prompt_len} tokens) + {name} ({max_new_tokens}) exceeds the context window ({window}): "
+            f"use {name} <= {window - prompt_len}"
+        )
+
+
 def encode_prompt(tokenizer, prompt: str | list[dict], *, chat: bool = True) -> list[int]:
     """Token ids of a prompt. A string is wrapped as one user message in the chat template when the
     tokenizer has one (and `chat` is True); a list of {"role", "content"} messages always uses it."""

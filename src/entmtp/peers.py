@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from .errors import EntMTPError, PromptError
-from .model import context_window, embedded_gguf, eos_token_ids
+from .errors import EntMTPError
+from .model import check_request, context_window, embedded_gguf, eos_token_ids
 from .records import Result
 
 LLAMA_CPP_HINT = "pip install llama-cpp-python (builds llama.cpp from source, a few minutes)"
@@ -152,17 +152,10 @@ class HFGenerate:
 
 
 def _check_request(ids: list[int], max_new_tokens: int, temperature: float, window: int) -> None:
-    if not ids:
-        raise PromptError("the prompt is empty: give some token ids")
-    if max_new_tokens <= 0:
-        raise PromptError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    """The lengths, checked as the Engine checks them (model.check_request), then the temperature."""
+    check_request(len(ids), max_new_tokens, window)
     if temperature < 0:
         raise EntMTPError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-    if len(ids) + max_new_tokens > window:
-        raise PromptError(
-            f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context window "
-            f"({window}): use max_new_tokens <= {max(0, window - len(ids))}"
-        )
 
 
 def _cut(new: list[int], eos: set[int], max_new_tokens: int) -> tuple[list[int], str]:

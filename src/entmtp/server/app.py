@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import Engine
 from ..errors import EntMTPError
-from ..model import encode_prompt
+from ..model import check_request, encode_prompt
 from . import schema
 from .metrics import Metrics
 from .worker import Job, QueueFull, Worker
@@ -97,15 +97,8 @@ def create_app(
             ids = encode_prompt(engine.tokenizer, prompt, chat=chat)
         if any(not 0 <= t < engine.model.config.vocab_size for t in ids):
             raise EntMTPError(f"prompt token ids must be in 0..{engine.model.config.vocab_size - 1}")
-        room = window - len(ids)
-        if room <= 0:
-            raise EntMTPError(f"the prompt has {len(ids)} tokens, the context window is {window}: shorten it")
-        limit = req.limit if req.limit is not None else min(schema.DEFAULT_MAX_TOKENS, room)
-        if limit > room:
-            raise EntMTPError(
-                f"max_tokens {limit} + the prompt's {len(ids)} tokens exceed the context window ({window}): "
-                f"use max_tokens <= {room}"
-            )
+        limit = req.limit if req.limit is not None else min(schema.DEFAULT_MAX_TOKENS, window - len(ids))
+        check_request(len(ids), limit, window, name="max_tokens")  # a PromptError: a 400 below
         kwargs = dict(max_new_tokens=limit, temperature=req.temperature or 0.0, seed=req.seed, stop=req.stop)
         return ids, kwargs
 
