@@ -6,8 +6,8 @@ alike), checks that greedy outputs are identical, prints a table per task and wr
 warm-up generation per configuration is dropped. With `--replay`, the plain greedy outputs are also traced
 through the heads and every policy (lookup hybrids included) and the hindsight oracle are replayed on them
 with the profile's measured latencies (decode steps only): the oracle is a measurement, not a method one can run.
-Convention: tokens per step = accepted drafts + 1 bonus token; tokens/s counts every generated token over the
-whole generation's wall time (prefill included).
+Convention (metrics.py): tokens per step = accepted drafts + 1 bonus token; tokens/s counts every generated token
+over the whole generation's wall time (prefill included).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from . import metrics
 from .engine import Engine
 from .errors import EntMTPError, TreeError
 from .files import write_text_atomic
@@ -148,7 +149,7 @@ def run_bench(args) -> int:
                                 {"task": task, "prompt": i, "config": name, "first_difference": first}
                             )
                         bar.advance(job)
-                        tps = tokens_seconds[0] / max(tokens_seconds[1], 1e-9)
+                        tps = metrics.tokens_per_second(*tokens_seconds)
                         bar.update(job, description=f"{task} {name}: {tps:.1f} tok/s")
                 if args.replay and args.temperature == 0:
                     replays[task] = {
@@ -180,7 +181,7 @@ def run_bench(args) -> int:
     for t in tasks:
         base = summary[t]["plain"]["tokens_per_second"]
         for name, row in summary[t].items():
-            row["speedup"] = row["tokens_per_second"] / base if base else 0.0
+            row["speedup"] = metrics.speedup(row["tokens_per_second"], base)
             row.update(speedup_interval(runs[t][name], runs[t]["plain"], seed=args.seed))
             if args.temperature == 0 and name not in ("plain", "llama-cpp"):  # which outputs equal plain's
                 diffs = [m["first_difference"] for m in mismatches if m["task"] == t and m["config"] == name]
@@ -482,6 +483,7 @@ def _summarise(rs: list[dict]) -> dict:
     step_seconds = sum(r["step_seconds"] for r in rs)
     if not steps:  # a peer: no per-step records
         step_seconds = seconds
+    decode = metrics.step_tokens(tokens, len(rs))  # each prompt's first token comes from its prefill
     usage: dict[str, int] = {}
     for r in rs:
         for k, v in r["trees"].items():
@@ -490,11 +492,13 @@ def _summarise(rs: list[dict]) -> dict:
         "prompts": len(rs),
         "tokens": tokens,
         "seconds": seconds,
-        "tokens_per_second": tokens / seconds if seconds else 0.0,
-        "decode_tokens_per_second": (tokens - len(rs)) / step_seconds if step_seconds else 0.0,
-        "tokens_per_step": (tokens - len(rs)) / steps if steps else float("nan"),  # prefill's token: no step
+        "tokens_per_second": metrics.tokens_per_second(tokens, seconds),
+        "decode_tokens_per_second": metrics.tokens_per_second(decode, step_seconds),
+        "tokens_per_step": metrics.mean_tokens_per_step(decode, steps) if steps else float("nan"),
         "lookup_share": sum(r["lookup_tokens"] for r in rs) / max(1, tokens),
-        "median_prompt_tokens_per_second": statistics.median(r["tokens"] / r["seconds"] for r in rs),
+        "median_prompt_tokens_per_second": statistics.median(
+            metrics.tokens_per_second(r["tokens"], r["seconds"]) for r in rs
+        ),
         "choose_ms_per_step": 1000 * sum(r["choose_seconds"] for r in rs) / max(1, steps),
         "probe_ms_per_step": 1000 * sum(r["probe_seconds"] for r in rs) / max(1, steps),
         "ms_per_step": 1000 * step_seconds / max(1, steps),
@@ -542,7 +546,7 @@ def _print(summary: dict, replays: dict, args) -> None:
                 rt.add_column(col, justify="right")
             base = rep.get("static", {}).get("tokens_per_second")
             for name, r in rep.items():
-                ratio = f"{r['tokens_per_second'] / base:.3f}x" if base else ""
+                ratio = f"{metrics.speedup(r['tokens_per_second'], base):.3f}x" if base else ""
                 rt.add_row(name, f"{r['tokens_per_second']:.1f}", f"{r['tokens_per_step']:.2f}", ratio)
             console.print(rt)
 

@@ -1,5 +1,6 @@
 """Per-step records shared by the engine, policies and benchmarks: a step, a whole generation, a streamed token
-event, and what a policy sees before a step. Convention: tokens per step = accepted drafts + 1 bonus token."""
+event, and what a policy sees before a step. Convention: tokens per step = accepted drafts + 1 bonus token
+(metrics.py defines every speed metric)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
+
+from . import metrics
 
 if TYPE_CHECKING:
     from .heads import Probe
@@ -52,11 +55,11 @@ class Result:
 
     @property
     def mean_tokens_per_step(self) -> float:
-        return sum(self.tokens_per_step) / max(1, self.num_steps)
+        return metrics.mean_tokens_per_step(sum(self.tokens_per_step), self.num_steps)
 
     @property
     def tokens_per_second(self) -> float:
-        return len(self.token_ids) / self.seconds if self.seconds > 0 else 0.0
+        return metrics.tokens_per_second(len(self.token_ids), self.seconds)  # prefill included
 
     def to_json(self) -> dict:
         return {

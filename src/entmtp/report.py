@@ -6,18 +6,19 @@ from pathlib import Path
 
 import numpy as np
 
+from .metrics import speedup, tokens_per_second
+
 BOOTSTRAP = 2000  # resamples of the prompts for the 95% interval
 
 
 def speedup_interval(runs: list[dict], plain: list[dict], seed: int = 0) -> dict:
     """Per-prompt speedups (tokens/s over plain decoding's on the same prompt): their mean and a 95% bootstrap
     interval of that mean (percentile method; one prompt gives a zero-width interval)."""
-    ratios = np.array(
-        [
-            (r["tokens"] / r["seconds"]) / (p["tokens"] / p["seconds"])
-            for r, p in zip(runs, plain, strict=True)
-        ]
-    )
+
+    def rate(run: dict) -> float:
+        return tokens_per_second(run["tokens"], run["seconds"])
+
+    ratios = np.array([speedup(rate(r), rate(p)) for r, p in zip(runs, plain, strict=True)])
     if len(ratios) == 0:
         return {"speedup_mean_of_ratios": float("nan"), "speedup_ci95": [float("nan"), float("nan")]}
     rng = np.random.default_rng(seed)

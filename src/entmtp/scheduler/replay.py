@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import metrics
 from ..errors import EntMTPError
 from ..heads import Probe
 from ..lookup import NgramIndex, draft_lookup, source_depths
@@ -33,11 +34,11 @@ class Replay:
 
     @property
     def tokens_per_second(self) -> float:
-        return 1000.0 * self.tokens / self.ms if self.ms else 0.0
+        return metrics.replay_tokens_per_second(self.tokens, self.ms)  # decode steps only
 
     @property
     def tokens_per_step(self) -> float:
-        return self.tokens / max(1, self.steps)
+        return metrics.mean_tokens_per_step(self.tokens, self.steps)
 
     def to_json(self) -> dict:
         return {

@@ -9,8 +9,9 @@ Metrics (on the test split of each task by default, or its calibration split; ne
 * ``chain`` at depth k: heads 1..k are all top-1 right at t (what a chain of k drafts would accept).
 * ``tokens_per_step`` per tree: realised mean tokens per verification step of greedy speculative decoding
   (accepted drafts + 1 bonus token), i.e. generated tokens / steps over all prompts of the task.
-* ``tokens_per_second`` per tree: generated tokens over decoding wall time. The heads and the baseline decode
-  each prompt back to back, so machine load hits both alike; ratios between them are what to read.
+* ``tokens_per_second`` per tree: the steps' tokens (the prefill's first token left out) over the whole
+  generations' wall time (see metrics.py). The heads and the baseline decode each prompt back to back, so
+  machine load hits both alike; ratios between them are what to read.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from .. import metrics
 from ..engine import Engine
 from ..model import encode_prompt
 from ..prompts import FOUR_TASKS, SPECBENCH, TASKS, load_prompts
@@ -99,11 +101,11 @@ def speculative_runs(
     out: dict[str, dict[str, dict]] = {n: {} for n in heads}
     for (n, t), (tokens, steps, seconds) in sums.items():
         out[n][t] = {
-            "tokens_per_step": tokens / max(1, steps),
+            "tokens_per_step": metrics.mean_tokens_per_step(tokens, steps),
             "steps": steps,
             "tokens": tokens,
             "seconds": seconds,
-            "tokens_per_second": tokens / max(1e-9, seconds),
+            "tokens_per_second": metrics.tokens_per_second(tokens, seconds),
         }
     return out
 
@@ -250,8 +252,10 @@ def comparison_table(report: dict) -> list[str]:
                 xs = [tps(e, side, t) for e in values]
                 out.append(f"{sum(xs) / len(xs):.2f}")
         ratios = [
-            e["speculative"][default]["tokens_per_second"]
-            / max(1e-9, e["baseline"]["speculative"][default]["tokens_per_second"])
+            metrics.speedup(
+                e["speculative"][default]["tokens_per_second"],
+                e["baseline"]["speculative"][default]["tokens_per_second"],
+            )
             for e in values
         ]
         out.append(f"{sum(ratios) / len(ratios):.2f}x")
