@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import ByteTokenizer, tiny_model
+from entmtp.costs import CostCurve
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
 from entmtp.heads import HeadsConfig, Probe, random_heads
@@ -280,12 +281,12 @@ def test_replay_of_scheduled_hybrids_is_the_real_decode_step_for_step(fitted, ki
     model, ids, ref, heads = fitted
     lat = LatencyModel([0, 1, 4, 63], [10.0, 14.0, 20.0, 60.0])  # costly nodes: trees of every kind
 
-    def policy():
-        p = DynamicPolicy(load_tree("mc_sim_7b_63"), small_acceptance(), lat, online=online)
-        p.latency = lat  # what the hybrid costs steps by (as a profile's policies carry)
-        return p
+    costs = CostCurve.from_latency(list(lat.nodes), list(lat.ms), "test")  # what the hybrid costs steps by
 
-    engine = Engine(model, ByteTokenizer(), heads=heads[kind], tree=policy(), lookup=Lookup())
+    def policy():
+        return DynamicPolicy(load_tree("mc_sim_7b_63"), small_acceptance(), lat, online=online)
+
+    engine = Engine(model, ByteTokenizer(), heads=heads[kind], tree=policy(), lookup=Lookup(), costs=costs)
     real = engine.generate(ids, max_new_tokens=48)
     assert real.token_ids == ref
     trace = trace_generation(engine.base, heads[kind], ids + ref, len(ids))

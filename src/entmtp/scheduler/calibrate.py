@@ -30,12 +30,14 @@ import torch
 from rich.progress import Progress
 
 from .. import __version__
+from ..costs import LatencyModel
 from ..engine import Engine
 from ..errors import EntMTPError
+from ..machine import hardware, heads_checksum, model_fingerprint
 from ..policy import StaticPolicy
 from ..tree import Tree, load_tree, union_tree
-from .policies import AcceptanceModel, BinaryPolicy, CostPolicy, DynamicPolicy, LadderPolicy, LatencyModel
-from .profiles import FORMAT, VERSION, Profile, hardware, heads_checksum, model_fingerprint
+from .policies import AcceptanceModel, BinaryPolicy, CostPolicy, DynamicPolicy, LadderPolicy
+from .profiles import FORMAT, VERSION, Profile
 from .replay import oracle, replay
 from .search import Scores, acceptance_frontier, grow, simulate
 from .signals import SIGNALS
@@ -55,6 +57,7 @@ class CalibrationSettings:
     latency_prompts: int = 2  # prompts decoded per measured tree
     latency_tokens: int = 48
     latency_repeats: int = 2  # interleaved rounds; medians over all their steps
+    tree_seconds: float = 8.0  # decoding time per measured tree, all rounds together (then it stops early)
     window: int = 8  # EMA window of the signal policies
 
 
@@ -68,15 +71,17 @@ def measure_trees(
     progress: Progress | None = None,
 ) -> dict[str, dict]:
     """Decode `prompts` with every tree (and plain decoding), interleaved prompt by prompt and repeated;
-    per tree the median step latency (ms, first 2 steps of each generation dropped) and measured speed."""
+    per tree the median step latency (ms, first 2 steps of each generation dropped) and measured speed.
+    Each tree's decoding is capped by time (`tree_seconds`, once it has `MIN_TIMED_STEPS` timed steps), so a
+    machine where big trees cost seconds per step still finishes in minutes."""
     engines = {"none": Engine(model, tokenizer)}
     for t in trees:
         engines[t.name] = Engine(model, tokenizer, heads=heads, tree=t)
     for e in engines.values():  # warm-up
-        e.generate(prompts[0], max_new_tokens=8)
+        e.generate(prompts[0], max_new_tokens=4)
     ms: dict[str, list[float]] = {n: [] for n in engines}
-    speed: dict[str, list[float]] = {n: [] for n in engines}
-    tps: dict[str, list[float]] = {n: [] for n in engines}
+    tokens: dict[str, list[int]] = {n: [] for n in engines}
+    spent: dict[str, float] = dict.fromkeys(engines, 0.0)
     job = (
         progress.add_task("latency", total=settings.latency_repeats * len(prompts) * len(engines))
         if progress
@@ -85,22 +90,42 @@ def measure_trees(
     for _ in range(settings.latency_repeats):
         for ids in prompts:
             for name, e in engines.items():
-                r = e.generate(ids, max_new_tokens=settings.latency_tokens)
-                ms[name] += [1000 * s.seconds["total"] for s in r.steps[2:]]
-                speed[name].append(r.tokens_per_second)
-                tps[name].append(r.mean_tokens_per_step)
+                if spent[name] < settings.tree_seconds or len(ms[name]) < MIN_TIMED_STEPS:
+                    spent[name] += _timed_generation(e, ids, settings, ms[name], tokens[name])
                 if progress:
                     progress.advance(job)
     out = {}
     for name, e in engines.items():
         nodes = 0 if name == "none" else e.policy.trees[0].num_nodes
+        step_ms = statistics.median(ms[name])
+        tps = statistics.mean(tokens[name])
         out[name] = {
             "nodes": nodes,
-            "ms_per_step": statistics.median(ms[name]),
-            "measured_tokens_per_second": statistics.median(speed[name]),
-            "measured_tokens_per_step": statistics.mean(tps[name]),
+            "ms_per_step": step_ms,
+            "measured_tokens_per_second": 1000.0 * tps / step_ms,  # decode steps only
+            "measured_tokens_per_step": tps,
+            "timed_steps": len(ms[name]),
         }
     return out
+
+
+MIN_TIMED_STEPS = 4  # a tree's measurement stops at its time cap only once it has this many timed steps
+
+
+def _timed_generation(engine, ids, settings, ms: list[float], tokens: list[int]) -> float:
+    """Decode up to `latency_tokens` after `ids`, stopping at the tree's time cap; appends each timed step's
+    ms and tokens (the first 2 steps are warm-up) and returns the seconds spent."""
+    t0 = time.perf_counter()
+    steps = []
+    for event in engine.stream(ids, max_new_tokens=settings.latency_tokens):
+        if event.step is not None:
+            steps.append(event.step)
+        if time.perf_counter() - t0 > settings.tree_seconds and len(ms) + len(steps) - 2 >= MIN_TIMED_STEPS:
+            break
+    timed = steps[2:] or steps  # a generation of 1-2 steps (a tree that accepts everything) still counts
+    ms += [1000 * s.seconds["total"] for s in timed]
+    tokens += [s.tokens for s in timed]
+    return time.perf_counter() - t0
 
 
 def fit_acceptance(traces: Sequence[Trace], probe_depth: int, num_heads: int) -> AcceptanceModel:

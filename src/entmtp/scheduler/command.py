@@ -47,6 +47,12 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--latency-tokens", type=int, default=48, help="new tokens per latency measurement")
     p.add_argument("--latency-repeats", type=int, default=2, help="interleaved rounds of latency measurement")
     p.add_argument(
+        "--tree-seconds",
+        type=float,
+        default=8.0,
+        help="decoding time per measured tree, all rounds together (default 8: caps a slow machine's run)",
+    )
+    p.add_argument(
         "--greedy-only",
         action="store_true",
         help="skip the T=0.7 typical-acceptance section (its sampled generations double the decoding time)",
@@ -80,6 +86,8 @@ def run_calibrate(args) -> int:
     if (args.latency_only or args.retune) and not args.profile:
         flag = "--latency-only" if args.latency_only else "--retune"
         raise EntMTPError(f"{flag} updates an existing profile: pass it with --profile FILE")
+    if args.tree_seconds <= 0:
+        raise EntMTPError(f"--tree-seconds must be > 0, got {args.tree_seconds}")
     if (
         min(args.num_prompts, args.latency_prompts, args.latency_repeats) < 1
         or min(args.max_new_tokens, args.latency_tokens) < 4
@@ -100,6 +108,7 @@ def run_calibrate(args) -> int:
         latency_prompts=args.latency_prompts,
         latency_tokens=args.latency_tokens,
         latency_repeats=args.latency_repeats,
+        tree_seconds=args.tree_seconds,
     )
     if args.retune:
         old.check(model, heads, warn_hardware=False)

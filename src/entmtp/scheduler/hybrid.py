@@ -21,9 +21,10 @@ before the choice) against the emitted tokens still says exactly whether it woul
 depths the probe holds (`counterfactual_depth`: depth 1 for Hydra, every depth for Medusa); deeper evidence
 not verified for a while ages towards its prior.
 
-Cost, in one-token steps: the measured step latency of n drafted tokens relative to a plain step (the
-profile's latency curve when the inner policy comes from a profile, else `CPU_COST`, measured on this
-project's 2-core CPU), less the heads' drafting (`HEADS_DRAFT_COST`) on steps that use no head; or, with
+Cost, in one-token steps: the measured step latency of n drafted tokens relative to a plain step (`latency`:
+this machine's cost curve, costs.py, or a profile's stored latencies; else `CPU_COST`, measured on one 2-core
+CPU), less the heads' drafting (`draft_cost`: the curve's measured share, else `HEADS_DRAFT_COST`) on steps
+that use no head; or, with
 `Lookup.node_cost` set, 1 + c n (c near 0 on a GPU, where verifying up to ~64 tokens is nearly free). The
 choice depends on the text alone, so seeded sampling repeats exactly.
 
@@ -35,11 +36,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..costs import LatencyModel
 from ..lookup import Lookup
 from ..policy import TreePolicy
 from ..records import Step, StepContext
 from ..tree import Tree, with_lookup
-from .policies import LatencyModel
 
 WINDOW = 16  # steps; older evidence decays by (1 - 1/WINDOW) per step
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind each prior
@@ -83,6 +84,7 @@ class HybridPolicy:
         lookup: Lookup,
         latency: LatencyModel | None = None,
         counterfactual: bool = True,
+        draft_cost: float | None = None,
     ):
         self.inner, self.lookup, self.counterfactual = inner, lookup, counterfactual
         self.trees = list(inner.trees)
@@ -94,7 +96,8 @@ class HybridPolicy:
             self.cost, self.draft_cost = 1.0 + lookup.node_cost * n, 0.0
         else:
             curve = latency or CPU_COST
-            self.cost, self.draft_cost = curve(n) / float(curve(0)), HEADS_DRAFT_COST
+            self.cost = curve(n) / float(curve(0))
+            self.draft_cost = HEADS_DRAFT_COST if draft_cost is None else draft_cost
         self.reset()
 
     def reset(self) -> None:

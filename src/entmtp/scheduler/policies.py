@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..costs import LatencyModel
 from ..errors import EntMTPError
 from ..records import Step, StepContext
 from ..tree import Tree, subtree_index, union_tree
@@ -72,37 +73,6 @@ class AcceptanceModel:
             return tuple(nested(v) for v in x) if isinstance(x, list) else float(x)
 
         return cls(tuple(d["edges"]), tuple(d["ctx_edges"]), nested(d["rates"]), nested(d["rank_rates"]))
-
-
-class LatencyModel:
-    """Measured step latency (ms, drafting included) against tree nodes, interpolated between measurements;
-    `ms_of` prefers a tree's own measurement when it has one (`measured`: tree name -> entry)."""
-
-    def __init__(self, nodes: Sequence[int], ms: Sequence[float], measured: dict[str, dict] | None = None):
-        if len(nodes) == 0 or len(nodes) != len(ms):
-            raise EntMTPError("a latency profile needs as many step times as tree sizes, at least one")
-        order = np.argsort(nodes)
-        self.nodes = np.asarray(nodes, dtype=float)[order]
-        self.ms = np.maximum.accumulate(np.asarray(ms, dtype=float)[order])  # more nodes never cost less
-        self.measured = measured or {}
-
-    @classmethod
-    def from_measured(cls, measured: dict[str, dict]) -> LatencyModel:
-        """From per-tree measurements: name -> {"nodes", "ms_per_step", ...}."""
-        entries = list(measured.values())
-        return cls([m["nodes"] for m in entries], [m["ms_per_step"] for m in entries], measured)
-
-    def __call__(self, nodes) -> np.ndarray:
-        return np.interp(nodes, self.nodes, self.ms)
-
-    def ms_of(self, tree: Tree) -> float:
-        """The tree's measured step latency, else interpolated by its node count."""
-        m = self.measured.get(tree.name)
-        return (
-            m["ms_per_step"]
-            if m is not None and m["nodes"] == tree.num_nodes
-            else float(self(tree.num_nodes))
-        )
 
 
 class PathProbabilities:

@@ -1,4 +1,11 @@
-"""Scheduler profiles: one calibrated tree bank per (base model, heads, task, hardware), as files.
+"""Scheduler profiles: one calibrated tree bank per (base model, heads, task), as files.
+
+What a profile holds splits by what it depends on. The task part (traces, acceptance frontier with each tree's
+simulated tokens per step, bank, master tree, acceptance model, signal statistics) is portable across
+machines. The machine part (the `latency` section: ms per step of each measured tree, from the machine that
+calibrated) is not: `policy(name, costs=curve)` and `best_tree(latency=...)` re-derive EntMTP* and build the
+cost-aware policies on another machine's curve (costs.py) in microseconds. Tuned binary/ladder thresholds and
+the recommended policy stay those of the calibration machine.
 
 A profile is a JSON file (the bank, both frontiers, the latency profile, the acceptance model, the signal
 statistics, the tuned thresholds, the replayed policies, and what it was made from) with a sidecar
@@ -12,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import warnings
 from dataclasses import dataclass
 from importlib import resources
@@ -23,6 +29,7 @@ from safetensors.torch import load_file
 
 from ..errors import EntMTPError
 from ..files import save_tensors_atomic, write_text_atomic
+from ..machine import hardware, heads_checksum, model_fingerprint
 from ..tree import Tree, TreeError
 from .policies import (
     AcceptanceModel,
@@ -43,59 +50,6 @@ POLICY_NAMES = ("static", "binary", "ladder", "cost", "dynamic")  # what Profile
 
 class ProfileError(EntMTPError):
     """A scheduler profile is missing, corrupt, or made for another model or heads."""
-
-
-# ---- fingerprints: what a profile was made from ------------------------------------------------------
-
-
-def model_fingerprint(model) -> dict:
-    cfg = model.config
-    emb = model.get_input_embeddings().weight
-    digest = hashlib.sha256(emb[:64].detach().to(torch.bfloat16).float().cpu().numpy().tobytes()).hexdigest()
-    return {
-        "name": getattr(cfg, "_name_or_path", "") or type(model).__name__,
-        "hidden_size": int(cfg.hidden_size),
-        "vocab_size": int(emb.shape[0]),
-        "num_hidden_layers": int(getattr(cfg, "num_hidden_layers", 0)),
-        "embedding_sha256": digest[:16],
-    }
-
-
-def heads_checksum(heads) -> str:
-    """sha256 of the heads' weights (rounded to bf16, so a float32 load of bf16 weights matches) and draft
-    vocabulary; the same heads loaded on any device or dtype give the same checksum."""
-    h = hashlib.sha256()
-    for name, t in sorted(heads.state_dict().items()):
-        h.update(name.encode())
-        h.update(t.detach().to(torch.bfloat16).float().cpu().numpy().tobytes())
-    if heads.draft_vocab is not None:
-        h.update(heads.draft_vocab.cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def hardware(model) -> dict:
-    dev = model.device if hasattr(model, "device") else torch.device("cpu")
-    if dev.type == "cuda":
-        name = torch.cuda.get_device_name(dev)
-    else:
-        name = _cpu_model()
-    return {
-        "device": dev.type,
-        "name": name,
-        "cpu_count": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "dtype": str(model.dtype).removeprefix("torch."),
-    }
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 # ---- the profile -----------------------------------------------------------------------------------------
@@ -136,9 +90,20 @@ class Profile:
         trees = self.trees(mode)
         return [trees[name] for name in self.mode(mode)["bank"]]
 
-    def best_tree(self, mode: str = "greedy") -> Tree:
-        """EntMTP*: the fastest static tree of the task on the calibration hardware."""
-        return self.trees(mode)[self.mode(mode)["best"]]
+    def best_tree(self, mode: str = "greedy", latency: LatencyModel | None = None) -> Tree:
+        """EntMTP*: the fastest static tree of the task, plain decoding included; on the calibration hardware
+        (stored), or re-derived under `latency` (another machine's curve)."""
+        if latency is None:
+            return self.trees(mode)[self.mode(mode)["best"]]
+        speed = self.static_speeds(mode, latency)
+        return self.trees(mode)[max(speed, key=speed.get)]
+
+    def static_speeds(self, mode: str, latency: LatencyModel) -> dict[str, float]:
+        """Expected tokens/s of every bank tree (the root-only tree: plain decoding) under `latency`:
+        simulated tokens per step on the calibration positions / the curve's ms per step."""
+        tps = {e["name"]: e["tokens_per_step_simulated"] for e in self.mode(mode)["acceptance_frontier"]}
+        tps["none"] = 1.0
+        return {t.name: 1000.0 * tps[t.name] / latency.ms_of(t) for t in self.bank(mode)}
 
     def acceptance(self, mode: str = "greedy") -> AcceptanceModel:
         return AcceptanceModel.from_json(self.mode(mode)["acceptance_model"])
@@ -154,50 +119,56 @@ class Profile:
     def recommended_policy(self, mode: str = "greedy") -> str:
         return self.mode(mode).get("recommended_policy", "static")
 
-    def policy(self, name: str, mode: str = "greedy", require_contiguous: bool = True, online: bool = True):
-        """A policy object for the engine, built from this profile; its `latency` is the profile's step
-        latency curve (read by the hybrid policy when lookup drafts are added). `online`: `cost` and
+    def policy(
+        self,
+        name: str,
+        mode: str = "greedy",
+        require_contiguous: bool = True,
+        online: bool = True,
+        latency: LatencyModel | None = None,
+    ):
+        """A policy object for the engine, built from this profile's task part and `latency` (this machine's
+        cost curve, `CostCurve.latency()`; None: the latencies stored at calibration). `online`: `cost` and
         `dynamic` recalibrate their acceptance model on the text at hand (policies.OnlineCalibration)."""
-        policy = self._policy(name, mode, require_contiguous, online)
-        policy.latency = self.latency()
-        return policy
-
-    def _policy(self, name: str, mode: str, require_contiguous: bool, online: bool):
         from ..policy import StaticPolicy
 
         m = self.mode(mode)
+        stored = latency is None
+        latency = self.latency() if stored else latency
         if name == "static":
-            return StaticPolicy(self.best_tree(mode))
+            return StaticPolicy(self.best_tree(mode, None if stored else latency))
         trees = self.trees(mode)
         if name in ("binary", "ladder"):
-            th = m["thresholds"].get(name)
-            if th is None:
-                raise ProfileError(f"profile {self._where()} has no tuned {name} thresholds: calibrate again")
-            if name == "binary":
-                return BinaryPolicy(
-                    trees[th["small"]],
-                    trees[th["large"]],
-                    th["signal"],
-                    th["tau_off"],
-                    th["tau_on"],
-                    window=th.get("window", 8),
-                )
-            return LadderPolicy(
-                [trees[n] for n in th["trees"]], th["signal"], th["thresholds"], window=th.get("window", 8)
-            )
+            return self._threshold_policy(name, m, trees)
         if name == "cost":
             bank = self.bank(mode)
-            ms_of = self.latency().ms_of
-            return CostPolicy(bank, self.acceptance(mode), [ms_of(t) for t in bank], online=online)
+            return CostPolicy(bank, self.acceptance(mode), [latency.ms_of(t) for t in bank], online=online)
         if name == "dynamic":
             return DynamicPolicy(
                 trees[m["master"]["name"]],
                 self.acceptance(mode),
-                self.latency(),
+                latency,
                 require_contiguous=require_contiguous,
                 online=online,
             )
         raise ProfileError(f"unknown policy {name!r}: use {', '.join(POLICY_NAMES)}")
+
+    def _threshold_policy(self, name: str, m: dict, trees: dict[str, Tree]):
+        th = m["thresholds"].get(name)
+        if th is None:
+            raise ProfileError(f"profile {self._where()} has no tuned {name} thresholds: calibrate again")
+        if name == "binary":
+            return BinaryPolicy(
+                trees[th["small"]],
+                trees[th["large"]],
+                th["signal"],
+                th["tau_off"],
+                th["tau_on"],
+                window=th.get("window", 8),
+            )
+        return LadderPolicy(
+            [trees[n] for n in th["trees"]], th["signal"], th["thresholds"], window=th.get("window", 8)
+        )
 
     def traces(self, mode: str = "greedy") -> list[Trace]:
         """The calibration traces of a mode from the sidecar file (checked against the recorded sha256)."""
@@ -265,14 +236,15 @@ class Profile:
                 raise ProfileError(f"profile {self._where()}: {e}") from None
         if warn_hardware:
             here, there = hardware(model), self.data["hardware"]
-            keys = ("device", "name", "threads", "dtype")
+            keys = ("device", "name", "threads", "dtype") + (("cpu_flags",) if "cpu_flags" in there else ())
             if any(here[k] != there.get(k) for k in keys):
                 diff = ", ".join(
                     f"{k} {there.get(k)!r} -> {here[k]!r}" for k in keys if here[k] != there.get(k)
                 )
                 warnings.warn(
-                    f"profile {self._where()} was calibrated on other hardware ({diff}): its latencies and so its "
-                    f"tree choices may not hold here; re-measure them with `entmtp calibrate --latency-only "
+                    f"profile {self._where()} was calibrated on other hardware ({diff}) and its stored latencies "
+                    "are in use (--no-probe): its tree choices may not hold here; drop --no-probe to use this "
+                    f"machine's measured step costs, or re-measure with `entmtp calibrate --latency-only "
                     f"--profile {self._where()}` (minutes)",
                     stacklevel=2,
                 )

@@ -1,0 +1,481 @@
+"""The machine part of a schedule: what a verification step costs here, measured, cached and corrected.
+
+A profile (scheduler/profiles.py) holds what belongs to the task: traces, the acceptance model, the candidate
+trees and how many tokens each accepts per step. What a tree *costs* belongs to the machine (CPU model and
+flags, GPU, threads, dtype, packing, model and heads), and differs a lot across machines: a 4-node tree costs
+1.1 plain steps on a 2-core CPU with native bf16 and 2.8 on one with AVX2 only. So the first time a (model,
+heads, dtype, device, threads, machine) is used, `costs_for` measures a `CostCurve` (ms per step against
+drafted nodes, at two context lengths; ~10-20 s, one progress line), writes it atomically under
+`$ENTMTP_CACHE/costs/`, and reuses it on later runs. Policies and the lookup hybrid are built on it
+(`Profile.policy(..., costs=curve)`), so the same shipped profile gives small trees on a small CPU and big
+ones on a GPU.
+
+What changes a cached curve: `CostCorrector` compares the measured ms of a generation's steps with the curve
+and, where they disagree by more than `NOISE` on enough steps, rewrites those points for *later* builds (a
+policy keeps the curve it was built with, so a seeded run repeats given the same cache). Delete the file (or
+run `entmtp doctor --probe`) to measure again; `ENTMTP_NO_PROBE=1` or `--no-probe` uses a profile's stored
+latencies instead.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import __version__
+from .accept import Sampling, accept
+from .cache import BaseModel
+from .errors import EntMTPError
+from .files import write_text_atomic
+from .machine import digest, hardware, heads_checksum, model_fingerprint
+from .packing import PackedLinear
+from .tree import Tree
+
+FORMAT, VERSION = "entmtp-costs", 1
+SIZES = (0, 1, 2, 4, 8, 16, 32, 64)  # drafted nodes measured (0 = a plain step)
+CONTEXTS = (128, 768)  # committed tokens before the measured steps: a short and a long context
+BUDGET_S = 20.0  # the whole measurement; sizes past it are extrapolated from the last two measured
+MIN_REPS, MAX_REPS = 3, 9  # timed steps per (context, size), after one warm-up step
+SIZE_CAP_S = 1.0  # a size stops repeating once its timed steps took this long (and MIN_REPS ran)
+DEPTH_STEP, RANK_STEP = 1.0, 0.45  # -log score per depth and per rank: mc_sim_7b_63-like widths
+NOISE = 0.25  # relative disagreement between measured steps and the curve that counts as a change
+MIN_STEPS = 6  # steps of one size a correction needs
+
+
+class CostsError(EntMTPError):
+    """A cost curve file is corrupt or does not belong to this machine."""
+
+
+class LatencyModel:
+    """Measured step latency (ms, drafting included) against tree nodes, interpolated between measurements;
+    `ms_of` prefers a tree's own measurement when it has one (`measured`: tree name -> entry)."""
+
+    def __init__(self, nodes: Sequence[int], ms: Sequence[float], measured: dict[str, dict] | None = None):
+        if len(nodes) == 0 or len(nodes) != len(ms):
+            raise EntMTPError("a latency profile needs as many step times as tree sizes, at least one")
+        order = np.argsort(nodes)
+        self.nodes = np.asarray(nodes, dtype=float)[order]
+        self.ms = np.maximum.accumulate(np.asarray(ms, dtype=float)[order])  # more nodes never cost less
+        self.measured = measured or {}
+
+    @classmethod
+    def from_measured(cls, measured: dict[str, dict]) -> LatencyModel:
+        """From per-tree measurements: name -> {"nodes", "ms_per_step", ...}."""
+        entries = list(measured.values())
+        return cls([m["nodes"] for m in entries], [m["ms_per_step"] for m in entries], measured)
+
+    def __call__(self, nodes) -> np.ndarray:
+        return np.interp(nodes, self.nodes, self.ms)
+
+    def ms_of(self, tree: Tree) -> float:
+        """The tree's measured step latency, else interpolated by its node count."""
+        m = self.measured.get(tree.name)
+        return (
+            m["ms_per_step"]
+            if m is not None and m["nodes"] == tree.num_nodes
+            else float(self(tree.num_nodes))
+        )
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """ms per step (the heads' drafting, verification, acceptance and commit; not the probe) by drafted nodes.
+
+    `step_ms[i]` is the mean over the measured contexts of `by_context[c][i]`; `draft_ms[i]` the heads' part of
+    it (0 without heads); `prefill_ms_per_token` the prefill of the longest context, per token."""
+
+    nodes: tuple[int, ...]  # [S]
+    step_ms: tuple[float, ...]  # [S]
+    draft_ms: tuple[float, ...]  # [S]
+    contexts: tuple[int, ...] = ()  # [C]
+    by_context: tuple[tuple[float, ...], ...] = ()  # [C][S]
+    prefill_ms_per_token: float | None = None
+    key: dict = field(default_factory=dict)  # what the curve was measured on (see `cost_key`)
+    source: str = "probe"  # probe | profile | corrected | a file name
+    seconds: float = 0.0  # how long the measurement took
+
+    def __post_init__(self):
+        if not self.nodes or len(self.nodes) != len(self.step_ms) or self.nodes[0] != 0:
+            raise CostsError(
+                "a cost curve needs a step time per size, starting with the plain step (0 nodes)"
+            )
+
+    @property
+    def plain_ms(self) -> float:
+        return self.step_ms[0]
+
+    def latency(self) -> LatencyModel:
+        """The curve as the policies read it (interpolated, non-decreasing in nodes)."""
+        return LatencyModel(self.nodes, self.step_ms)
+
+    def relative(self, nodes) -> np.ndarray:
+        """Step cost in plain steps."""
+        return self.latency()(nodes) / self.plain_ms
+
+    @property
+    def draft_share(self) -> float | None:
+        """The heads' drafting in plain steps (median over the sizes that draft): what a step that drops the
+        heads' tree saves; None when the curve does not split it out (a profile's stored latencies)."""
+        shares = [
+            d / self.plain_ms for n, d in zip(self.nodes, self.draft_ms, strict=True) if n > 0 and d > 0
+        ]
+        return statistics.median(shares) if shares else None
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["by_context"] = [list(r) for r in self.by_context]
+        return {"format": FORMAT, "version": VERSION, **d}
+
+    @classmethod
+    def from_json(cls, d: dict) -> CostCurve:
+        if d.get("format") != FORMAT or d.get("version") != VERSION:
+            raise CostsError(f"not an {FORMAT} v{VERSION} document")
+        return cls(
+            tuple(int(n) for n in d["nodes"]),
+            tuple(float(x) for x in d["step_ms"]),
+            tuple(float(x) for x in d["draft_ms"]),
+            tuple(int(c) for c in d.get("contexts", ())),
+            tuple(tuple(float(x) for x in r) for r in d.get("by_context", ())),
+            d.get("prefill_ms_per_token"),
+            d.get("key", {}),
+            d.get("source", "probe"),
+            float(d.get("seconds", 0.0)),
+        )
+
+    @classmethod
+    def from_latency(cls, nodes: Sequence[int], ms: Sequence[float], source: str) -> CostCurve:
+        """From a profile's latency section or another tool's measured (nodes, ms) pairs; no drafting split."""
+        order = np.argsort(nodes)
+        n = tuple(int(nodes[i]) for i in order)
+        m = tuple(float(ms[i]) for i in order)
+        if n[0] != 0:
+            raise CostsError(f"{source}: the measurements lack the plain step (0 nodes)")
+        return cls(n, m, (0.0,) * len(n), source=source)
+
+    @classmethod
+    def from_step_costs(cls, path: str | os.PathLike[str]) -> CostCurve:
+        """From a per-step cost table (`entmtp step-costs --out F.json`: rows of ms per phase per tree); the
+        first row per node count (e.g. one KV mode) is taken."""
+        rows = json.loads(Path(path).read_text(encoding="utf-8"))["rows"].values()
+        seen: dict[int, dict] = {}
+        for r in rows:
+            seen.setdefault(int(r["nodes"]), r)
+        n = sorted(seen)
+        return cls(
+            tuple(n),
+            tuple(float(seen[k]["total"]) for k in n),
+            tuple(float(seen[k]["draft"]) for k in n),
+            source=Path(path).name,
+        )
+
+    def with_points(self, updates: dict[int, float]) -> CostCurve:
+        """The curve with some sizes' step times replaced (a correction)."""
+        step = tuple(updates.get(n, ms) for n, ms in zip(self.nodes, self.step_ms, strict=True))
+        return CostCurve(
+            self.nodes, step, self.draft_ms, self.contexts, self.by_context, self.prefill_ms_per_token,
+            self.key, "corrected", self.seconds,
+        )  # fmt: skip
+
+
+# ---- the key: what a curve belongs to -------------------------------------------------------------------
+
+
+def cost_key(model, heads) -> dict:
+    """Everything that changes what a step costs: the machine, the model, its dtype and packing, the heads."""
+    return {
+        "hardware": hardware(model),
+        "model": model_fingerprint(model),
+        "packed": any(isinstance(m, PackedLinear) for m in model.modules()),
+        "heads": None
+        if heads is None
+        else {
+            "kind": heads.config.kind,
+            "num_heads": heads.config.num_heads,
+            "checksum": heads_checksum(heads),
+        },
+        "versions": {"entmtp": __version__, "torch": torch.__version__},
+    }
+
+
+def costs_dir() -> Path:
+    from .model import cache_dir
+
+    return cache_dir() / "costs"
+
+
+def cost_path(key: dict) -> Path:
+    return costs_dir() / f"{digest(key)}.json"
+
+
+# ---- measuring -----------------------------------------------------------------------------------------
+
+
+def synthetic_tree(nodes: int, num_heads: int) -> Tree:
+    """A tree of `nodes` nodes shaped like the calibrated ones: the top paths by a score that halves per
+    rank and falls with depth (so prefix-closed and rank-contiguous), at most `num_heads` deep."""
+    if nodes == 0:
+        return Tree.root_only()
+    out: list[tuple[int, ...]] = []
+    heap: list[tuple[float, tuple[int, ...]]] = [(0.0, ())]  # (cost = -log score, path): root first
+    while heap and len(out) < nodes:
+        cost, path = heapq.heappop(heap)
+        if path:
+            out.append(path)
+        if len(path) < num_heads:  # its first child; each later child is pushed by its left sibling
+            heapq.heappush(heap, (cost + DEPTH_STEP, (*path, 0)))
+        if path:
+            heapq.heappush(heap, (cost + RANK_STEP, (*path[:-1], path[-1] + 1)))
+    return Tree(f"probe{nodes}", tuple(out))
+
+
+class _Line:
+    """One progress line: rich's bar on a terminal, else a plain line at the start and the end."""
+
+    def __init__(self, what: str, total: int, enabled: bool):
+        self.what, self.total, self.enabled = what, total, enabled
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from rich.progress import Progress
+
+            self.bar = Progress(transient=True)
+            self.bar.start()
+            self.job = self.bar.add_task(what, total=total)
+        elif enabled:
+            print(f"entmtp: {what}...", file=sys.stderr, flush=True)
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.job)
+
+    def close(self, summary: str) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+        if self.enabled:
+            print(f"entmtp: {summary}", file=sys.stderr, flush=True)
+
+
+def _now(dev: torch.device) -> float:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return time.perf_counter()
+
+
+@torch.inference_mode()
+def measure(
+    model,
+    heads=None,
+    *,
+    sizes: Sequence[int] = SIZES,
+    contexts: Sequence[int] = CONTEXTS,
+    budget_s: float = BUDGET_S,
+    progress: bool = True,
+) -> CostCurve:
+    """Time decode steps of synthetic trees of each size at each context length (random tokens: the cost of
+    a step does not depend on what it holds), the way `engine.decode` runs them: the heads' drafting, one
+    verification forward, acceptance and commit. Within `budget_s`: a size repeats until `SIZE_CAP_S` (at least
+    `MIN_REPS` times); once the budget is spent, larger sizes and the next context are not measured."""
+    t_start = time.perf_counter()
+    num_heads = heads.config.num_heads if heads is not None else 4
+    offset = heads.config.hidden_state_offset if heads is not None else 0
+    base = BaseModel(model, hidden_state_offset=offset)
+    from .model import context_window
+
+    window = context_window(model)
+    contexts = sorted({max(8, min(c, window - 2 * max(sizes) - 64)) for c in contexts})
+    trees = {n: synthetic_tree(n, num_heads) for n in sizes}
+    if heads is not None:
+        heads.bind(model)
+    gen = torch.Generator().manual_seed(0)
+    vocab, dev = model.config.vocab_size, base.device
+    line = _Line("measuring this machine's step costs (once)", len(sizes) * len(contexts), progress)
+    rows: list[dict[int, float]] = []
+    drafts: dict[int, list[float]] = {n: [] for n in sizes}
+    prefill_ms_per_token = None
+    greedy = Sampling()
+    try:
+        for ctx in contexts:
+            left = budget_s - (time.perf_counter() - t_start)
+            if rows and (left < budget_s / 3 or left < 2 * ctx * (prefill_ms_per_token or 0) / 1000):
+                break  # no time for a useful second row: the first context's curve stands alone
+            cache = base.new_cache(ctx + len(sizes) * (MAX_REPS + 1) * (num_heads + 1) + max(sizes) + 2)
+            ids = torch.randint(0, vocab, (ctx,), generator=gen).to(dev)
+            t0 = _now(dev)
+            fwd = base.forward(ids, None, cache)
+            prefill_ms_per_token = 1000 * (_now(dev) - t0) / ctx
+            base.commit(cache, list(range(ctx)))
+            if heads is not None:
+                heads.reset()
+                heads.extend(fwd.hidden)
+            row: dict[int, float] = {}
+            for n in sizes:
+                if row and time.perf_counter() - t_start > budget_s:
+                    break
+                times, spent = [], 0.0
+                for rep in range(MAX_REPS + 1):
+                    ms, draft_ms = _step(base, heads, trees[n], cache, vocab, gen, greedy)
+                    if rep == 0:
+                        continue  # warm-up: first calls of a shape allocate
+                    times.append(ms)
+                    drafts[n].append(draft_ms)
+                    spent += ms / 1000
+                    if len(times) >= MIN_REPS and spent > SIZE_CAP_S:
+                        break
+                row[n] = statistics.median(times)
+                line.advance()
+            rows.append(row)
+    finally:
+        seconds = time.perf_counter() - t_start
+    first = _extrapolate(rows[0], sizes)  # the short context, measured first, is the reference shape
+    by_context = (tuple(first),) + tuple(tuple(_like(r, first, sizes)) for r in rows[1:])
+    step = tuple(float(np.mean([r[i] for r in by_context])) for i in range(len(sizes)))
+    draft = tuple(float(statistics.median(drafts[n])) if drafts[n] else 0.0 for n in sizes)
+    draft = tuple(_extrapolate(dict(zip(sizes, draft, strict=True)), sizes))
+    curve = CostCurve(
+        tuple(sizes), step, draft, tuple(contexts[: len(rows)]), by_context, prefill_ms_per_token,
+        cost_key(model, heads), "probe", seconds,
+    )  # fmt: skip
+    line.close(
+        f"step costs measured in {seconds:.1f} s: plain {curve.plain_ms:.1f} ms, "
+        + ", ".join(f"{n} nodes {curve.step_ms[i] / curve.plain_ms:.2f}x" for i, n in enumerate(sizes) if n)
+    )
+    return curve
+
+
+def _step(base: BaseModel, heads, tree: Tree, cache, vocab: int, gen, sampling) -> tuple[float, float]:
+    """(ms of one decode step, ms of its drafting) with random tokens; commits the accepted path."""
+    dev = base.device
+    root = torch.randint(0, vocab, (1,), generator=gen).to(dev)
+    t0 = _now(dev)
+    if heads is not None and tree.num_nodes:
+        tokens = torch.cat([root, heads.draft(tree, root).tokens])
+    else:
+        tokens = torch.cat([root, torch.randint(0, vocab, (tree.num_nodes,), generator=gen).to(dev)])
+    t1 = _now(dev)
+    fwd = base.forward(tokens, tree, cache)
+    acc = accept(tree, tokens, fwd.logits, sampling, None)
+    base.commit(cache, acc.path)
+    if heads is not None:
+        heads.extend(fwd.hidden[torch.tensor(acc.path, device=dev)])
+    t2 = _now(dev)
+    return 1000 * (t2 - t0), 1000 * (t1 - t0)
+
+
+def _like(row: dict[int, float], reference: Sequence[float], sizes: Sequence[int]) -> list[float]:
+    """A later context's step times for every size: measured, else the reference row's shape scaled to the
+    largest size measured in both."""
+    ref = dict(zip(sizes, reference, strict=True))
+    top = max(row)
+    return [row[n] if n in row else ref[n] * row[top] / ref[top] for n in sizes]
+
+
+def _extrapolate(row: dict[int, float], sizes: Sequence[int]) -> list[float]:
+    """Step times for every size: measured, or linear in nodes from the two largest measured (never less)."""
+    known = sorted(row)
+    out = []
+    for n in sizes:
+        if n in row:
+            out.append(row[n])
+        elif len(known) >= 2:
+            a, b = known[-2], known[-1]
+            # pessimistic past the measurements: the steeper of the last segment and the mean slope so far
+            slope = max(
+                (row[b] - row[a]) / max(1, b - a), (row[b] - row[known[0]]) / max(1, b - known[0]), 0.0
+            )
+            out.append(row[b] + slope * (n - b))
+        else:
+            out.append(row[known[-1]] * max(1.0, n))  # one point: assume a node costs a plain step
+    return out
+
+
+# ---- the cache ------------------------------------------------------------------------------------------
+
+
+def load_curve(path: str | os.PathLike[str]) -> CostCurve:
+    p = Path(path)
+    try:
+        return CostCurve.from_json(json.loads(p.read_text(encoding="utf-8")))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as e:
+        raise CostsError(
+            f"cost curve {p} is unreadable ({type(e).__name__}: {e}): delete it to measure again"
+        ) from e
+
+
+def save_curve(curve: CostCurve, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(curve.to_json(), indent=1) + "\n")
+
+
+def costs_for(model, heads=None, *, refresh: bool = False, budget_s: float = BUDGET_S, progress: bool = True):
+    """This machine's cost curve for (model, heads): the cached one, or measured now and cached."""
+    key = cost_key(model, heads)
+    path = cost_path(key)
+    if path.exists() and not refresh:
+        try:
+            curve = load_curve(path)
+            if curve.key == json.loads(json.dumps(key)):
+                return curve
+        except CostsError as e:
+            print(f"entmtp: {e}; measuring again", file=sys.stderr)
+    curve = measure(model, heads, budget_s=budget_s, progress=progress)
+    save_curve(curve, path)
+    return curve
+
+
+def probing_disabled() -> bool:
+    return os.environ.get("ENTMTP_NO_PROBE", "").strip() not in ("", "0", "false", "no")
+
+
+# ---- correction -----------------------------------------------------------------------------------------
+
+
+class CostCorrector:
+    """Compares the measured ms of a generation's steps with the curve its policy was built on; where a size
+    disagrees by more than `NOISE` over at least `MIN_STEPS` steps, rewrites that point of the cached curve
+    (for later builds; the running policy keeps its curve). Steps are matched to the nearest measured size."""
+
+    def __init__(self, curve: CostCurve, path: Path | None):
+        self.curve, self.path = curve, path
+        self.samples: dict[int, list[float]] = {n: [] for n in curve.nodes}
+
+    @classmethod
+    def for_curve(cls, curve: CostCurve) -> CostCorrector | None:
+        """A corrector for a measured curve, writing to its cache file; None for curves read from a profile or
+        another file (nothing of this machine's to correct)."""
+        if curve.source not in ("probe", "corrected") or not curve.key:
+            return None
+        return cls(curve, cost_path(curve.key))
+
+    def observe(self, steps) -> CostCurve | None:
+        """Add a generation's steps (first two dropped: warm-up); return the corrected curve when one was
+        written."""
+        nodes = np.asarray(self.curve.nodes)
+        for s in steps[2:]:
+            n = int(nodes[np.abs(nodes - s.tree_nodes).argmin()])
+            if n == s.tree_nodes and "total" in s.seconds:
+                probe = s.seconds.get("probe", 0.0) + s.seconds.get("choose", 0.0)
+                self.samples[n].append(1000 * (s.seconds["total"] - probe))
+        updates = {}
+        for i, n in enumerate(self.curve.nodes):
+            got = self.samples[n]
+            if len(got) >= MIN_STEPS:
+                observed = statistics.median(got)
+                if abs(math.log(observed / self.curve.step_ms[i])) > math.log1p(NOISE):
+                    updates[n] = observed
+                self.samples[n] = []
+        if not updates:
+            return None
+        self.curve = self.curve.with_points(updates)
+        if self.path is not None:
+            save_curve(self.curve, self.path)
+        return self.curve
