@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 status=0
 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py || status=1  # the cost curves still run
 for shape in smollm2-135m llama-7b; do
-  "$PY" -m entmtp.cli profile --device cuda --dtype bfloat16 --random-model "$shape" \
+  "$PY" -m entmtp.cli step-costs --device cuda --dtype bfloat16 --random-model "$shape" \
     --kv dynamic,kv,graphs --trees chain_1,tree_16,mc_sim_7b_63 --steps 20 \
     --out "$OUT_DIR/profile-$shape.json" || status=1
 done

@@ -1,4 +1,4 @@
-"""The #8 GPU targets, read from two `entmtp profile --kv dynamic,kv,graphs` JSON files (scripts/gpu_check.sh).
+"""The #8 GPU targets, read from two `entmtp step-costs --kv dynamic,kv,graphs` JSON files (scripts/gpu_check.sh).
 
 Prints a Markdown table: each target, the measured ratio, and whether it holds.
 Usage: python scripts/gpu_targets.py PROFILE_SMOLLM2.json PROFILE_LLAMA7B.json

@@ -102,14 +102,15 @@ def test_bench_writes_table_and_json(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_profile_writes_phase_breakdown(tmp_path, capsys):
-    out = tmp_path / "profile.json"
-    assert (
-        main(["profile", "--heads", "medusa", "--trees", "chain_1,tree_4", "--steps", "3", "--out", str(out)])
-        == 0
-    )
+def test_step_costs_writes_phase_breakdown_and_answers_to_its_old_name(tmp_path, capsys):
+    out = tmp_path / "costs.json"
+    argv = ["--heads", "medusa", "--trees", "chain_1,tree_4", "--steps", "3", "--out", str(out)]
+    assert main(["step-costs", *argv]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert set(rows) == {"plain", "chain_1", "tree_4"}
+    assert "is now `entmtp step-costs`" not in capsys.readouterr().err
+    assert main(["profile", *argv[:-4], "--steps", "1", "--out", str(out)]) == 0  # the old name still works
+    assert "`entmtp profile` is now `entmtp step-costs`" in capsys.readouterr().err
     for r in rows.values():
         assert r["total"] >= r["verify"] > 0 and r["overhead"] >= 0
     assert rows["tree_4"]["nodes"] == 4 and rows["plain"]["tokens_per_step"] == 1.0
@@ -197,7 +198,7 @@ def test_calibrate_then_generate_with_every_policy_then_latency_only(tmp_path, c
         got = json.loads(capsys.readouterr().out)
         assert got["token_ids"] == ref, policy
         assert len(got["trees"]) == len(got["signals"]) == got["num_steps"]
-    sampled = [*plain, "--heads", "medusa", "--profile", str(out), "--policy", "cost"]
+    sampled = [*plain, "--heads", "medusa", "--profile", str(out), "--policy", "cost", "--no-lookup"]
     assert main([*sampled, "--temperature", "0.7", "--acceptance", "typical", "--seed", "1"]) == 0
     typical_bank = set(json.loads(out.read_text())["modes"]["typical"]["bank"])
     assert set(json.loads(capsys.readouterr().out)["trees"]) <= typical_bank  # T > 0 uses the typical section
@@ -446,11 +447,11 @@ TINY_CONFIG = dict(
 )
 
 
-def test_profile_random_model_from_a_config_compares_cache_paths(tmp_path, capsys):
+def test_step_costs_random_model_from_a_config_compares_cache_paths(tmp_path, capsys):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY_CONFIG))
     out = tmp_path / "p.json"
-    argv = ["profile", "--random-model", str(config), "--kv", "dynamic,kv", "--trees", "chain_1,tree_4"]
+    argv = ["step-costs", "--random-model", str(config), "--kv", "dynamic,kv", "--trees", "chain_1,tree_4"]
     assert main([*argv, "--steps", "2", "--rounds", "2", "--past", "20", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     assert set(data["rows"]) == {
@@ -472,18 +473,18 @@ def test_profile_random_model_from_a_config_compares_cache_paths(tmp_path, capsy
         (["--rounds", "0"], "--past, --steps and --rounds must be >= 1"),
     ],
 )
-def test_profile_bad_options_are_named(argv, message, capsys):
-    assert main(["profile", *argv]) == 2
+def test_step_costs_bad_options_are_named(argv, message, capsys):
+    assert main(["step-costs", *argv]) == 2
     assert message in capsys.readouterr().err
 
 
-def test_profile_random_model_config_errors(tmp_path, capsys):
+def test_step_costs_random_model_config_errors(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    assert main(["profile", "--random-model", str(bad)]) == 2
+    assert main(["step-costs", "--random-model", str(bad)]) == 2
     assert "not a JSON config" in capsys.readouterr().err
     bad.write_text(json.dumps({"hidden_size": 8}))
-    assert main(["profile", "--random-model", str(bad)]) == 2
+    assert main(["step-costs", "--random-model", str(bad)]) == 2
     assert "needs a model_type" in capsys.readouterr().err
 
 

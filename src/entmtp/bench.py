@@ -28,6 +28,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from . import metrics
+from .costs import costs_for
 from .engine import Engine
 from .errors import EntMTPError, TreeError
 from .files import write_text_atomic
@@ -69,14 +70,20 @@ def run_bench(args) -> int:
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, pack=not args.no_pack)
     heads = {kind: h for kind in kinds if (h := resolve_heads(kind, model)) is not None}
     label = _heads_labels(list(heads))
+    # this machine's step costs (costs.py; measured once, cached): what policies and lookup branches are sized
+    # by, unless --no-probe (then the profiles' stored latencies, and the lookup-only rule's CPU_COST)
+    costs = {k: None if args.no_probe else costs_for(model, h) for k, h in [("none", None), *heads.items()]}
     static = {"plain": Engine(model, tokenizer)}
     static |= _peers(peers, model, tokenizer, embedded=args.model is None)
     for x in lookup_only:
-        static[LOOKUP_VARIANTS[x]] = Engine(model, tokenizer, lookup=_lookup(x, args))
+        static[LOOKUP_VARIANTS[x]] = Engine(model, tokenizer, lookup=_lookup(x, args), costs=costs["none"])
     for kind, h in heads.items():
         for item in _for_heads(args.trees, kind):
             tree, lookup = _split_lookup(item, args)
-            static[f"{label[kind]}/{item}"] = Engine(model, tokenizer, heads=h, tree=tree, lookup=lookup)
+            static[f"{label[kind]}/{item}"] = Engine(
+                model, tokenizer, heads=h, tree=tree, lookup=lookup, costs=costs[kind]
+            )
+    plans = _defaults(args, model, tokenizer, static) if args.defaults else {}
 
     def profile_for(kind: str, task: str):
         spec = args.profile if args.profile != "auto" else (task if task in PROFILE_TASKS else "mixed")
@@ -116,8 +123,9 @@ def run_bench(args) -> int:
                             model,
                             tokenizer,
                             heads=heads[kind],
-                            tree=_policy(profiles[(kind, task)], pol, args),
+                            tree=_policy(profiles[(kind, task)], pol, args, costs[kind]),
                             lookup=lookup,
+                            costs=costs[kind],
                         )
                 outputs = []
                 for i, prompt in enumerate(prompts[task]):
@@ -160,6 +168,7 @@ def run_bench(args) -> int:
                             outputs,
                             policies[k],
                             args,
+                            costs[k],
                         )
                         for k in heads
                         if policies[k]
@@ -210,6 +219,8 @@ def run_bench(args) -> int:
         "temperature": args.temperature,
         "acceptance": args.acceptance,
         "profiles": {f"{k}/{t}": str(p.path) for (k, t), p in profiles.items()},
+        "step_costs": {k: c.to_json() if c is not None else "profile latencies" for k, c in costs.items()},
+        "plans": plans,
         "torch": torch.__version__,
         "prompts_file": args.prompts,
         "quick": args.quick,
@@ -428,8 +439,33 @@ def _for_heads(spec: str, kind: str) -> list[str]:
     return out
 
 
-def _policy(profile, name: str, args):
-    return profile.policy(name, profile.mode_for(args.temperature))
+def _policy(profile, name: str, args, costs):
+    latency = costs.latency() if costs is not None else None
+    return profile.policy(name, profile.mode_for(args.temperature), latency=latency)
+
+
+def _defaults(args, model, tokenizer, engines: dict) -> dict[str, str]:
+    """--defaults: add plain decoding in the other CPU dtype, `default` (what `entmtp generate` builds: auto
+    dtype, this machine's step costs, lookup drafts) and `previous-default` (until this version's: bfloat16,
+    the shipped `mixed` profile's recommended policy on its stored latencies, no lookup). Returns each built
+    engine's plan, for the results' meta."""
+    from .build import EngineSpec, build
+    from .model import load_model
+    from .scheduler.profiles import resolve_profile
+
+    other = "float32" if args.dtype == "bfloat16" else "bfloat16"
+    m2, t2 = load_model(args.model, dtype=other, device=args.device, pack=not args.no_pack)
+    engines[f"plain@{other}"] = Engine(m2, t2)
+    spec = EngineSpec(model=args.model, device=args.device, threads=args.threads, lookup=Lookup())
+    built = build(spec)
+    engines["default"] = built.engine
+    old_model, old_tok = (model, tokenizer) if args.dtype == "bfloat16" else (m2, t2)
+    hydra = resolve_heads("hydra", old_model)
+    profile = resolve_profile("mixed", "hydra")
+    engines["previous-default"] = Engine(
+        old_model, old_tok, heads=hydra, tree=profile.policy(profile.recommended_policy())
+    )
+    return {"default": built.plan.describe()}
 
 
 def _record(i: int, r) -> dict:
@@ -454,7 +490,7 @@ def _record(i: int, r) -> dict:
     }
 
 
-def _replays(profile, heads, engine, outputs, policies, args) -> dict:
+def _replays(profile, heads, engine, outputs, policies, args, costs) -> dict:
     """Trace the plain greedy outputs through the heads; replay each policy (lookup hybrids included) and the
     oracle on them."""
     from .scheduler.hybrid import HybridPolicy
@@ -464,13 +500,15 @@ def _replays(profile, heads, engine, outputs, policies, args) -> dict:
     traces = [
         trace_generation(engine.base, heads, ids + out, len(ids)) for ids, out in outputs if len(out) >= 2
     ]
-    ms_of = step_ms(profile.latency())
+    latency = costs.latency() if costs is not None else profile.latency()
+    ms_of = step_ms(latency)
     out = {}
     for p in policies:
         name, lookup = _split_lookup(p, args)
-        policy = profile.policy(name)
+        policy = profile.policy(name, latency=latency)
         if lookup is not None:  # as the engine wraps it
-            policy = HybridPolicy(policy, lookup, policy.latency)
+            share = costs.draft_share if costs is not None else None
+            policy = HybridPolicy(policy, lookup, latency, draft_cost=share)
         out[p] = replay(policy, traces, ms_of).to_json()
     out["oracle"] = oracle(profile.bank(), traces, ms_of).to_json()
     return out

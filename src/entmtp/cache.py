@@ -35,7 +35,7 @@ _NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBack
 
 @dataclass
 class Forward:
-    logits: torch.Tensor  # [n, V] base logits at each input position
+    logits: torch.Tensor  # [n, V] base logits at each input position (the last k with logits_to_keep=k)
     hidden: torch.Tensor  # [n, H] the hidden states the heads read
 
 
@@ -68,7 +68,9 @@ class KVCache(Cache):
         if self.kv is None:
             b, h, _, d = key_states.shape
             shape = (2, self.num_layers, b, h, self.capacity, d)
-            self.kv = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
+            # eager forwards read only slots they wrote; static ones read every slot (masked: no NaN there)
+            alloc = torch.zeros if self.static else torch.empty
+            self.kv = alloc(shape, dtype=key_states.dtype, device=key_states.device)
             if self.static and self.slots is not None:
                 self.slots = self.slots.to(key_states.device)
         keys, values = self.kv[0, layer_idx], self.kv[1, layer_idx]  # [1, kv_heads, capacity, head_dim]
@@ -171,22 +173,29 @@ class BaseModel:
         tokens: torch.Tensor,  # [n] on the model's device
         tree: Tree | None,  # None: a causal chain (the prefill)
         cache: KVCache | DynamicKV,
+        *,
+        logits_to_keep: int = 0,
     ) -> Forward:
         """Tokens at positions cache.length + depth, each attending to the committed prefix and to its own
         ancestors in the tree; their keys and values go into the cache's scratch slots (`commit` keeps the
-        accepted ones)."""
+        accepted ones). `logits_to_keep` > 0: logits of the last that many tokens only (a prefill needs the
+        last one's: the LM head over every prompt position is up to a fifth of a long prompt's work)."""
         n, past, dev = tokens.numel(), cache.length, tokens.device
         depths = torch.arange(n) if tree is None else tree.depths  # [n]
         positions = (past + depths).to(dev)
         cache.begin(n)
+        chain = tree is None or tree.num_nodes == tree.depth
         if cache.static:
             mask = static_mask(tree_mask(tree, n).to(dev), past, cache.capacity)
-        elif isinstance(cache, KVCache) or (tree is not None and tree.num_nodes != tree.depth):
+        elif chain and (past == 0 or isinstance(cache, DynamicKV)):
+            # transformers' own causal mask: on an empty cache none at all, SDPA's is_causal with grouped
+            # heads, as generate's prefill runs (on the CPU bit for bit the explicit mask's keys, values and
+            # hidden states, without its [n, n] mask and repeated keys)
+            mask = None
+        else:
             mask = torch.ones(n, past + n, dtype=torch.bool, device=dev)  # [n, past + n]
             mask[:, past:] = tree_mask(tree, n).to(dev)
-        else:
-            mask = None  # DynamicCache and a chain: transformers' own causal mask
-        return self.run(tokens, positions, mask, cache)
+        return self.run(tokens, positions, mask, cache, logits_to_keep=logits_to_keep)
 
     def run(
         self,
@@ -196,6 +205,7 @@ class BaseModel:
         cache: KVCache | DynamicKV,
         *,
         fixed_shape: bool = False,
+        logits_to_keep: int = 0,
     ) -> Forward:
         """The bare decoder + LM head call (what graphs.py captures, with `fixed_shape`).
 
@@ -219,7 +229,8 @@ class BaseModel:
             )
         last = out.last_hidden_state[0]  # [n, H]
         hidden = out.hidden_states[-1 - offset][0] if offset > 0 else last
-        return Forward(logits=self.lm_head(last), hidden=hidden)
+        keep = last[-logits_to_keep:] if logits_to_keep > 0 else last
+        return Forward(logits=self.lm_head(keep), hidden=hidden)
 
     def commit(self, cache: KVCache | DynamicKV, path: list[int]) -> None:
         """Keep the accepted path (node ids, root first) of the last forward; drop the rest of its tokens."""

@@ -10,14 +10,23 @@ from pathlib import Path
 
 from .errors import EntMTPError
 from .prompts import TASKS
-from .shipped import HEAD_KINDS, default_heads, resolve_heads
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
+def _add_model_args(p: argparse.ArgumentParser, auto_dtype: bool = False) -> None:
     p.add_argument(
         "--model", default=None, help="Hugging Face model id or local path (default: embedded SmolLM2)"
     )
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    if auto_dtype:
+        p.add_argument(
+            "--dtype",
+            default="auto",
+            choices=["auto", "bfloat16", "float32", "float16"],
+            help="auto (default): on a CPU, the dtype with the most expected tokens/s on this machine's "
+            "measured step costs (bf16 or float32, measured once and cached); bf16 on CUDA. float32: output "
+            "identical to plain decoding, token for token",
+        )
+    else:
+        p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument(
@@ -39,20 +48,35 @@ def _setup_torch(args) -> None:
         torch.set_num_threads(args.threads)
 
 
-def _engine(args):
-    """The model, heads, tree policy and lookup that `generate` and `chat` share."""
-    from .engine import Engine
-    from .model import load_model
+def engine_spec(args):
+    """The `EngineSpec` that generate, chat and serve's options name."""
+    from .build import EngineSpec
 
-    _setup_torch(args)
-    lookup = _lookup(args)  # bad lookup settings fail before any model loads
-    model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, pack=not args.no_pack)
-    spec = args.heads if args.heads is not None else default_heads()
-    heads = resolve_heads(spec, model)
-    if heads is not None:
-        heads.bind(model)  # heads made for another model: say so before anything else about them
-    tree = _tree_or_policy(args, spec, model, heads)
-    return Engine(model, tokenizer, heads=heads, tree=tree, lookup=lookup, graphs=not args.no_graphs)
+    return EngineSpec(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        threads=args.threads,
+        heads=args.heads,
+        tree=args.tree,
+        policy=args.policy,
+        profile=args.profile,
+        lookup=_lookup(args),  # bad lookup settings fail before any model loads
+        temperature=getattr(args, "temperature", 0.0),
+        probe=not args.no_probe,
+        pack=not args.no_pack,
+        graphs=not args.no_graphs,
+    )
+
+
+def _engine(args):
+    """The engine that `generate`, `chat` and `serve` share (build.py); `-v` prints the plan behind it."""
+    from .build import build
+
+    built = build(engine_spec(args))
+    if getattr(args, "verbose", False):
+        print(built.plan.describe(), file=sys.stderr)
+    return built.engine
 
 
 def _sampling_kwargs(args) -> dict:
@@ -153,18 +177,29 @@ def cmd_serve(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from .doctor import format_report, report
+    from .doctor import format_report, probe_report, report
 
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    plan = probe_report() if args.probe else None  # first: its measurement then shows in step_costs
     r = report()
+    if plan is not None:
+        r["default_engine"] = plan
     print(json.dumps(r, indent=1) if args.json else format_report(r))
     return 0
 
 
 def _lookup(args):
-    """--lookup and its settings -> a `Lookup` (None without --lookup)."""
+    """--lookup / --no-lookup and the lookup settings -> a `Lookup` or None. Unsaid, lookup drafts go with
+    the scheduled default (heads and no --tree); `--heads none` stays plain decoding, a --tree that tree."""
     from .lookup import Lookup
 
-    if not args.lookup:
+    on = args.lookup
+    if on is None:
+        on = args.heads != "none" and args.tree is None
+    if not on:
         return None
     return Lookup(
         max_ngram=args.lookup_ngram,
@@ -176,8 +211,16 @@ def _lookup(args):
 
 def add_lookup_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
+        "--no-lookup",
+        dest="lookup",
+        action="store_false",
+        default=None,
+        help="no prompt-lookup drafts in the scheduled default's trees (they are on unless --heads none or --tree)",
+    )
+    p.add_argument(
         "--lookup",
         action="store_true",
+        default=None,
         help="add prompt-lookup drafts (copies from the prompt and output) to every step's tree; with "
         "--heads none: prompt lookup decoding for any model",
     )
@@ -202,45 +245,6 @@ def add_lookup_settings(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _tree_or_policy(args, heads_spec: str, model, heads):
-    """--tree alone: that static tree. Otherwise a scheduling policy from a profile (default: the shipped
-    `mixed` profile of the shipped heads, and the policy it recommends)."""
-    from .scheduler.policies import POLICIES
-    from .scheduler.profiles import resolve_profile, shipped_profiles_dir
-
-    if heads is None:
-        return args.tree  # None: plain decoding (or prompt lookup with --lookup); a tree of lookup nodes
-    if args.policy is None and args.tree is not None:
-        return args.tree
-    if args.policy == "static" and args.tree is not None:
-        return args.tree
-    if args.profile is None and heads_spec not in HEAD_KINDS:
-        if args.policy is None:
-            print("entmtp: no --profile for these heads: using the static tree tree_8", file=sys.stderr)
-            return "tree_8"
-        raise EntMTPError(
-            f"--policy {args.policy} needs a profile for these heads: make one with `entmtp calibrate --heads "
-            f"{heads_spec} --task TASK --out P.json` and pass --profile P.json"
-        )
-    if (
-        args.policy is None
-        and args.profile is None
-        and not (shipped_profiles_dir(heads_spec) / "mixed.json").exists()
-    ):
-        print(
-            f"entmtp: no shipped scheduler profile for {heads_spec} heads: using the static tree tree_8",
-            file=sys.stderr,
-        )
-        return "tree_8"
-    profile = resolve_profile(args.profile, heads_spec)
-    profile.check(model, heads)
-    mode = profile.mode_for(args.temperature)
-    name = args.policy or profile.recommended_policy(mode)
-    if name not in POLICIES:
-        raise EntMTPError(f"unknown policy {name!r}: use one of {', '.join(POLICIES)}")
-    return profile.policy(name, mode)
-
-
 def cmd_trees(args) -> int:
     from .tree import list_trees, load_tree
 
@@ -251,15 +255,22 @@ def cmd_trees(args) -> int:
     return 0
 
 
-def cmd_profile(args) -> int:
-    from .profile import run_profile
+def cmd_step_costs(args) -> int:
+    from .step_costs import run_step_costs
+
+    if args.command == "profile":
+        print(
+            "entmtp: `entmtp profile` is now `entmtp step-costs` (a profile is a scheduler profile, see "
+            "`entmtp calibrate`); the old name will go in a later version",
+            file=sys.stderr,
+        )
 
     if args.random_model and args.model:
         raise EntMTPError("give either --model or --random-model, not both")
     if args.past < 1 or args.steps < 1 or args.rounds < 1:
         raise EntMTPError("--past, --steps and --rounds must be >= 1")
     _setup_torch(args)
-    return run_profile(args)
+    return run_step_costs(args)
 
 
 def cmd_bench(args) -> int:
@@ -304,7 +315,13 @@ def _add_engine_args(g: argparse.ArgumentParser) -> None:
         "from `entmtp calibrate` (default: mixed)",
     )
     add_lookup_arguments(g)
-    _add_model_args(g)
+    _add_model_args(g, auto_dtype=True)
+    g.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="do not measure this machine's step costs (cached after the first run, ~10-20 s): use the "
+        "profile's stored latencies (also: ENTMTP_NO_PROBE=1)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -346,18 +363,29 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor", help="versions, device, caches, shipped heads and profiles, optional extras"
     )
     dr.add_argument("--json", action="store_true")
+    dr.add_argument(
+        "--probe",
+        action="store_true",
+        help="also build the default engine: measure this machine's step costs if not cached (~20 s), and "
+        "print the dtype and policy it chooses and why",
+    )
+    dr.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     dr.set_defaults(func=cmd_doctor)
 
     t = sub.add_parser("trees", help="list the named trees")
     t.set_defaults(func=cmd_trees)
 
-    p = sub.add_parser("profile", help="per-step cost breakdown (draft/verify/accept/commit) per tree size")
+    p = sub.add_parser(
+        "step-costs",
+        aliases=["profile"],
+        help="per-step cost breakdown (draft/verify/accept/commit) per tree size (`profile`: its old name)",
+    )
     p.add_argument(
         "--heads", default=None, help="medusa | hydra | PATH (default: shipped, else random heads)"
     )
     p.add_argument("--trees", default="chain_1,tree_4,tree_16,mc_sim_7b_63")
     p.add_argument("--steps", type=int, default=40, help="decode steps measured per tree (after warm-up)")
-    p.add_argument("--out", default="runs/profile.json")
+    p.add_argument("--out", default="runs/step-costs.json")
     p.add_argument(
         "--random-model",
         default=None,
@@ -377,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(the preallocated cache), graphs (kv + CUDA graphs)",
     )
     _add_model_args(p)
-    p.set_defaults(func=cmd_profile)
+    p.set_defaults(func=cmd_step_costs)
 
     b = sub.add_parser(
         "bench", help="tokens/s and tokens/step against plain decoding, per task (table + JSON)"
@@ -414,6 +442,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_lookup_settings(b)
     b.add_argument("--replay", action="store_true", help="also replay the policies and the oracle (greedy)")
+    b.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="size policies and lookup branches by the profiles' stored latencies, not this machine's measured "
+        "step costs",
+    )
+    b.add_argument(
+        "--defaults",
+        action="store_true",
+        help="also run plain decoding in the other CPU dtype, `default` (what `entmtp generate` builds: auto "
+        "dtype, this machine's costs, lookup) and `previous-default` (bf16, mixed profile, stored latencies)",
+    )
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--acceptance", default="auto", choices=["auto", "greedy", "sample", "typical"])
     b.add_argument("--seed", type=int, default=0, help="sampling seed of prompt i is seed + i")

@@ -10,6 +10,7 @@ import sys
 import torch
 
 from . import __version__
+from .machine import CPU_FLAGS, cpu_info
 from .model import EMBEDDED, cache_dir
 from .packing import bf16_supported
 from .shipped import HEAD_KINDS, shipped_heads_dir
@@ -48,6 +49,8 @@ def report() -> dict:
         "torch": torch.__version__,
         "transformers": _version("transformers"),
         "device": torch.cuda.get_device_name(0) if cuda else "cpu (no CUDA device)",
+        "cpu": cpu_info()["name"],
+        "cpu_flags": ", ".join(cpu_info()["flags"]) or "none of " + ", ".join(CPU_FLAGS),
         "cpu_threads": torch.get_num_threads(),
         "cpu_bf16_packing": "available (load_model packs bf16 CPU models)"
         if bf16_supported()
@@ -63,11 +66,40 @@ def report() -> dict:
         "shipped_profiles": {
             k: sorted(p.stem for p in shipped_profiles_dir(k).glob("*.json")) for k in HEAD_KINDS
         },
+        "step_costs": _cached_costs(),
         "extras": {
             name: ("installed" if importlib.util.find_spec(name) else f"missing: {what}")
             for name, what in EXTRAS.items()
         },
     }
+
+
+def _cached_costs() -> dict:
+    """The cost curves measured on this machine so far (costs.py), one line each."""
+    from .costs import CostsError, costs_dir, load_curve
+
+    out = {}
+    for path in sorted(costs_dir().glob("*.json")) if costs_dir().is_dir() else []:
+        if path.name == "dtype-choices.json":
+            continue
+        try:
+            c = load_curve(path)
+        except CostsError as e:
+            out[path.name] = str(e)
+            continue
+        hw, heads = c.key.get("hardware", {}), c.key.get("heads") or {}
+        rel = ", ".join(f"{n}: {ms / c.plain_ms:.2f}x" for n, ms in zip(c.nodes, c.step_ms, strict=True) if n)
+        what = f"{hw.get('dtype')}, {hw.get('threads')} threads, heads {heads.get('kind', 'none')}"
+        out[path.name] = f"{what}: plain {c.plain_ms:.1f} ms; nodes {rel} ({c.source}, {c.seconds:.0f} s)"
+    return out or {"none yet": "the first `entmtp generate` measures them (or `entmtp doctor --probe`)"}
+
+
+def probe_report() -> str:
+    """What `entmtp generate` with no options builds here, and why (measures this machine's costs if needed)."""
+    from .build import EngineSpec, build
+    from .lookup import Lookup
+
+    return build(EngineSpec(lookup=Lookup())).plan.describe()
 
 
 def format_report(r: dict) -> str:

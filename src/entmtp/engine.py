@@ -17,9 +17,10 @@ import torch
 
 from .accept import Sampling, accept
 from .cache import BaseModel
-from .errors import EntMTPError, PromptError
+from .costs import CostCorrector, CostCurve
+from .errors import EntMTPError
 from .lookup import Lookup, NgramIndex, draft_lookup, source_depths
-from .model import context_window, encode_prompt, eos_token_ids
+from .model import check_request, context_window, encode_prompt, eos_token_ids
 from .packing import PackedLinear, pack_linears
 from .policy import StaticPolicy, TreePolicy
 from .records import Result, Step, StepContext, TokenEvent
@@ -36,7 +37,9 @@ class Engine:
 
     `kv="auto"` keeps keys and values in a preallocated cache where the model allows it (cache.py);
     `kv="dynamic"` uses transformers' DynamicCache. On CUDA, `graphs=True` replays one captured graph per
-    tree size for verification (graphs.py).
+    tree size for verification (graphs.py). `costs`: this machine's cost curve (costs.py) that the policy was
+    built on; the lookup branch is sized on it, and measured steps that disagree with it correct the cached
+    curve for later engines. `build_engine` (build.py) assembles all of this from names.
     """
 
     def __init__(
@@ -49,6 +52,7 @@ class Engine:
         *,
         kv: str = "auto",
         graphs: bool = True,
+        costs: CostCurve | None = None,
     ):
         self.model, self.tokenizer, self.heads = model, tokenizer, heads
         self.lookup = Lookup() if lookup is True else (lookup or None)
@@ -75,8 +79,11 @@ class Engine:
         if self.lookup is not None:
             from .scheduler.hybrid import HybridPolicy
 
-            policy = HybridPolicy(policy, self.lookup, getattr(policy, "latency", None))
+            latency, share = (costs.latency(), costs.draft_share) if costs is not None else (None, None)
+            policy = HybridPolicy(policy, self.lookup, latency, draft_cost=share)
         self.policy = policy
+        self.costs = costs  # the machine's cost curve the policy was built on (costs.py), if any
+        self._corrector = CostCorrector.for_curve(costs) if costs is not None else None
         self.uses_lookup = self.lookup is not None or any(t.num_lookup for t in trees)
         self.max_ngram = self.lookup.max_ngram if self.lookup is not None else Lookup.max_ngram
         offset = heads.config.hidden_state_offset if heads is not None else 0
@@ -112,7 +119,7 @@ class Engine:
     ) -> Iterator[TokenEvent]:
         """Yield a `TokenEvent` per step; the last one carries `finish_reason` and `result`."""
         ids = list(prompt) if _is_ids(prompt) else encode_prompt(self.tokenizer, prompt, chat=chat)
-        self._check_lengths(len(ids), max_new_tokens)
+        check_request(len(ids), max_new_tokens, self.window)
         sampling = Sampling(temperature=temperature, acceptance=acceptance)
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         out: list[int] = []
@@ -147,25 +154,9 @@ class Engine:
         # decode() stops only past max_new_tokens, which sets reason "length" first: the loop always breaks,
         # and its last (unyielded) tokens go out with the result.
         result = Result(detok.final_text(), out, len(ids), steps, seconds, prefill_seconds, finish)
+        if self._corrector is not None:
+            self._corrector.observe(steps)
         yield TokenEvent(new, text, step, finish_reason=finish, result=result)
-
-    # -- checks --------------------------------------------------------------------------------------------
-
-    def _check_lengths(self, prompt_len: int, max_new_tokens: int) -> None:
-        if prompt_len == 0:
-            raise PromptError("the prompt is empty: give some text or token ids")
-        if max_new_tokens <= 0:
-            raise PromptError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if prompt_len >= self.window:
-            raise PromptError(
-                f"the prompt has {prompt_len} tokens but the model's context window is {self.window}: "
-                "shorten the prompt"
-            )
-        if prompt_len + max_new_tokens > self.window:
-            raise PromptError(
-                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context window "
-                f"({self.window}): use max_new_tokens <= {self.window - prompt_len}"
-            )
 
 
 @contextlib.contextmanager
@@ -191,7 +182,7 @@ def decode(
     base, heads, policy = engine.base, engine.heads, engine.policy
     dev = base.device
     prompt = torch.tensor(ids, device=dev)
-    fwd = base.forward(prompt, None, cache)
+    fwd = base.forward(prompt, None, cache, logits_to_keep=1)  # logits [1, V]: the last position only
     base.commit(cache, list(range(len(ids))))
     # the first token: the acceptance rule on the root-only tree draws it from the last prompt position
     root = accept(Tree.root_only(), prompt[-1:], fwd.logits[-1:], sampling, generator).bonus
@@ -310,15 +301,18 @@ def _find_end(new: list[int], eos_ids: set[int], detok: _Detokenizer) -> tuple[i
 
 
 class _Detokenizer:
-    """Incremental text: decodes the whole output and emits what is new (held back while it ends in an
-    incomplete UTF-8 character). Stop strings end the text just before them."""
+    """Incremental text: emits what new tokens add (held back while it ends in an incomplete UTF-8
+    character), decoding only the tokens since the previous emission's (their text is the part to skip), so
+    a step costs the same at any output length: decoding the whole output every step cost 0.1 ms per token
+    already at 64 tokens and grew with the output. Stop strings end the text just before them."""
 
     def __init__(self, tokenizer, stop: list[str]):
         if any(not s for s in stop):
             raise EntMTPError("stop strings must be non-empty")
         self.tokenizer, self.stop = tokenizer, stop
         self.ids: list[int] = []
-        self.sent = 0
+        self.sent = 0  # characters emitted
+        self.start = self.read = 0  # ids[start:read]: the tokens of the previous emission; ids[:read] emitted
         self.stopped_at: int | None = None
 
     def _text(self, ids: list[int]) -> str:
@@ -337,10 +331,16 @@ class _Detokenizer:
 
     def push(self, new: list[int]) -> str:
         self.ids += new
-        text = self.final_text()
-        if text.endswith("\ufffd") and self.stopped_at is None:
+        if self.stopped_at is not None:  # the last push: the rest of the text up to the stop string
+            text = self.final_text()
+            delta, self.sent = text[self.sent :], len(text)
+            return delta
+        text = self._text(self.ids[self.start :])
+        if text.endswith("\ufffd"):
             return ""
-        delta, self.sent = text[self.sent :], len(text)
+        delta = text[len(self._text(self.ids[self.start : self.read])) :]
+        self.sent += len(delta)
+        self.start, self.read = self.read, len(self.ids)
         return delta
 
     def final_text(self) -> str:

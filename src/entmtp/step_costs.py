@@ -1,6 +1,6 @@
 """Per-step cost breakdown: where a speculative step spends its time, per tree, against plain decoding.
 
-`entmtp profile` prints a table (median milliseconds per phase over the measured steps, warm-up dropped)
+`entmtp step-costs` (formerly `entmtp profile`) prints a table (median milliseconds per phase over the measured steps, warm-up dropped)
 and writes it as JSON. Non-model overhead = draft + accept + commit + bookkeeping (everything but the
 verification forward).
 """
@@ -49,7 +49,7 @@ def summarize(measured: list) -> dict:
     return row
 
 
-def run_profile(args) -> int:
+def run_step_costs(args) -> int:
     import torch
 
     from .engine import Engine

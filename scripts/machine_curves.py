@@ -1,0 +1,103 @@
+"""How each shipped profile's choice moves with the machine: EntMTP* and the default schedule under several
+measured cost curves, replayed on the profile's own calibration traces (no timing noise).
+
+    python scripts/machine_curves.py --out docs/results/hardware-aware/machine-curves.json [--this-machine]
+
+Curves: the AVX2-only 2-core CPU (tests/data/machines, bf16 and float32), the AVX-512/bf16 2-core CPU whose
+latencies the shipped profiles store, one H200 with CUDA graphs (docs/results/gpu-check), and with
+--this-machine the curves measured here (`costs_for`, bf16 and float32: measured once, then cached).
+Per (profile, curve): EntMTP*'s nodes, and the replayed tokens/s of the default schedule (build.scheduled_policy)
+and of EntMTP*, over plain decoding on that curve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from entmtp.build import scheduled_policy
+from entmtp.costs import CostCurve, costs_for
+from entmtp.policy import StaticPolicy
+from entmtp.scheduler.profiles import PROFILE_TASKS, resolve_profile
+from entmtp.scheduler.replay import replay, step_ms
+from entmtp.tree import Tree
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def shared_curves() -> dict[str, CostCurve]:
+    rows = json.loads((ROOT / "docs/results/gpu-check/profile-smollm2-135m.json").read_text())["rows"]
+    graphs = [r for r in rows.values() if r["mode"] == "graphs"]
+    machines = ROOT / "tests/data/machines"
+    return {
+        "avx2 bf16": CostCurve.from_step_costs(machines / "avx2-bfloat16.json"),
+        "avx2 fp32": CostCurve.from_step_costs(machines / "avx2-float32.json"),
+        "h200 graphs": CostCurve.from_latency(
+            [r["nodes"] for r in graphs], [r["total"] for r in graphs], "h200"
+        ),
+    }
+
+
+def here_curves(kind: str) -> dict[str, CostCurve]:
+    from entmtp.model import load_model
+    from entmtp.shipped import resolve_heads
+
+    out = {}
+    for dtype in ("bfloat16", "float32"):
+        model, _ = load_model(dtype=dtype)
+        out[f"here {dtype[:4]}"] = costs_for(model, resolve_heads(kind, model))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--this-machine", action="store_true", help="add this machine's measured curves")
+    args = ap.parse_args()
+    console = Console()
+    result: dict = {}
+    for kind in ("hydra", "medusa"):
+        curves = dict(shared_curves())
+        if args.this_machine:
+            curves |= here_curves(kind)
+        table = Table(title=f"{kind}: EntMTP* nodes / default and EntMTP* over plain, replayed")
+        table.add_column("profile")
+        for name in ("stored", *curves):
+            table.add_column(name, justify="right")
+        for task in PROFILE_TASKS:
+            profile = resolve_profile(task, kind)
+            traces = profile.traces()
+            lat0 = profile.latency()
+            cs = {"stored": CostCurve.from_latency(list(lat0.nodes), list(lat0.ms), "stored"), **curves}
+            cells = []
+            for name, curve in cs.items():
+                lat = curve.latency()
+                ms_of = step_ms(lat)
+                plain = 1000.0 / float(lat(0))
+                chosen, why, _ = scheduled_policy(profile, "greedy", lat)
+                policy = StaticPolicy(chosen) if isinstance(chosen, Tree) else chosen
+                best = profile.best_tree("greedy", lat)
+                default = replay(policy, traces, ms_of).tokens_per_second / plain
+                star = replay(StaticPolicy(best), traces, ms_of).tokens_per_second / plain
+                result.setdefault(kind, {}).setdefault(task, {})[name] = {
+                    "entmtp_star": best.name,
+                    "entmtp_star_nodes": best.num_nodes,
+                    "default_over_plain": default,
+                    "entmtp_star_over_plain": star,
+                    "default": why,
+                    "plain_ms": float(lat(0)),
+                }
+                cells.append(f"{best.num_nodes} / {default:.2f}x / {star:.2f}x")
+            table.add_row(task, *cells)
+        console.print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    console.print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

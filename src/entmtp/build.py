@@ -1,0 +1,320 @@
+"""One way to build an engine: `EngineSpec` names what is wanted, `build` resolves it once.
+
+Every face (the CLI's generate / chat / serve, library users) goes through here: model and dtype, heads, a
+static tree or a scheduling policy from a profile, prompt lookup, and this machine's cost curve (costs.py).
+Every name is checked before a model loads, and each rule lives in one place:
+
+  dtype    `auto`: on CUDA bf16 where supported (else fp16); on a CPU, each candidate (bf16, float32) is
+           loaded and its cost curve measured (once: cached), and the one with the most expected tokens/s
+           is kept (the choice is cached too). A named dtype is used as it is.
+  heads    `None`: the shipped heads if any; `none`: plain decoding (or prompt lookup with `lookup`).
+  policy   `--tree` alone: that static tree. Otherwise a policy from a profile (default: the shipped `mixed`
+           profile and the policy it recommends), built on this machine's cost curve. When no bank tree is
+           expected to beat a plain step here, the engine decodes plain steps (no heads' probe either):
+           never slower than plain decoding by construction, up to the curve's accuracy.
+  costs    measured here unless `probe=False` (or ENTMTP_NO_PROBE=1): then a profile's stored latencies.
+
+Expected tokens/s of a (dtype, policy) pair: the best bank tree's simulated tokens per step on the profile's
+calibration positions over its step cost on this curve (plain decoding: 1 / the plain step).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .costs import CostCurve, costs_dir, costs_for, probing_disabled
+from .engine import Engine
+from .errors import EntMTPError
+from .files import write_text_atomic
+from .lookup import Lookup
+from .machine import cpu_info, digest
+from .shipped import HEAD_KINDS, default_heads
+from .tree import Tree
+
+DTYPE_CHOICES = ("auto", "bfloat16", "float32", "float16")
+CPU_CANDIDATES = ("bfloat16", "float32")  # what `auto` compares on a CPU (fp16 matmuls are slow there)
+POLICY_CHOICES = ("static", "binary", "ladder", "cost", "dynamic")
+THRESHOLD_POLICIES = ("binary", "ladder")
+AUTO_BUDGET_S = 9.0  # per dtype candidate when `auto` measures two (one probe: costs.BUDGET_S)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What to build. Defaults are what `entmtp generate` does with no options."""
+
+    model: str | None = None  # Hugging Face id or local path; None: the embedded SmolLM2-135M-Instruct
+    dtype: str = "auto"  # auto | bfloat16 | float32 | float16 (auto: measured, see the module docstring)
+    device: str = "cpu"
+    threads: int | None = None  # torch CPU threads; None: torch's choice
+    heads: str | None = None  # medusa | hydra | none | a heads directory; None: the shipped heads
+    tree: str | None = None  # a static tree: a name from `entmtp trees` or a JSON file of paths
+    policy: str | None = None  # static | binary | ladder | cost | dynamic; None: the profile's recommended
+    profile: str | None = None  # a task name (shipped profile) or a profile file; None: `mixed`
+    lookup: Lookup | None = None  # prompt-lookup drafts in every step's tree
+    temperature: float = 0.0  # picks the profile's section: greedy, or typical for T > 0
+    probe: bool = True  # measure this machine's step costs (cached); False: the profile's stored latencies
+    pack: bool = True  # prepack bf16 linears on a CPU (packing.py)
+    graphs: bool = True  # CUDA graphs per tree size on a GPU
+    kv: str = "auto"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `build` decided and why (`entmtp doctor` and `generate -v` print it)."""
+
+    dtype: str
+    dtype_reason: str
+    policy: str  # a policy name, "tree <name>", "plain" or "lookup"
+    policy_reason: str
+    costs: CostCurve | None
+    expected_tokens_per_second: dict[str, float] = field(default_factory=dict)  # per dtype candidate
+
+    def describe(self) -> str:
+        lines = [
+            f"dtype: {self.dtype} ({self.dtype_reason})",
+            f"policy: {self.policy} ({self.policy_reason})",
+        ]
+        if self.costs is not None:
+            c = self.costs
+            rel = ", ".join(
+                f"{n}: {ms / c.plain_ms:.2f}x" for n, ms in zip(c.nodes, c.step_ms, strict=True) if n
+            )
+            lines.append(f"step costs ({c.source}): plain {c.plain_ms:.1f} ms; nodes {rel}")
+        return "\n".join(lines)
+
+
+@dataclass
+class Built:
+    engine: Engine
+    plan: Plan
+
+
+def build_engine(spec: EngineSpec = EngineSpec(), *, log=None) -> Engine:
+    """The engine `spec` names (see the module docstring)."""
+    return build(spec, log=log).engine
+
+
+def build(spec: EngineSpec = EngineSpec(), *, log=None) -> Built:
+    """The engine and the plan behind it. `log(str)`: notes for the user (default: stderr)."""
+    log = log or (lambda msg: print(f"entmtp: {msg}", file=sys.stderr))
+    check_spec(spec)
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    heads_spec = spec.heads if spec.heads is not None else default_heads()
+    candidates = _dtype_candidates(spec)
+    probe = spec.probe and not probing_disabled()
+    choice_key = _choice_key(spec, heads_spec) if len(candidates) > 1 and probe else None
+    cached = _cached_choice(choice_key)
+    if cached in candidates:
+        candidates = [cached]
+    loaded = {}
+    for dtype in candidates:
+        if loaded and not _room_for_another(next(iter(loaded.values())).model, dtype):
+            log(f"not comparing {dtype}: a second copy of the model would not fit in free memory")
+            break
+        budget = AUTO_BUDGET_S if len(candidates) > 1 else None
+        loaded[dtype] = _load(spec, heads_spec, dtype, probe, budget, log)
+    speeds = {d: option.expected for d, option in loaded.items()}
+    dtype = max(speeds, key=speeds.get)
+    if spec.dtype != "auto":
+        reason = "as asked"
+    elif cached is not None:
+        reason = f"measured earlier on this machine ({_choices_path()} holds the choice)"
+    elif len(speeds) > 1:
+        reason = "most expected tokens/s here: " + ", ".join(f"{d} {s:.1f}" for d, s in speeds.items())
+        _save_choice(choice_key, dtype)
+    else:
+        reason = "CUDA" if spec.device.startswith("cuda") else "the only candidate"
+    option = loaded[dtype]
+    engine = Engine(
+        option.model,
+        option.tokenizer,
+        heads=option.heads if option.uses_heads else None,
+        tree=option.policy,
+        lookup=spec.lookup,
+        kv=spec.kv,
+        graphs=spec.graphs,
+        costs=option.costs,
+    )
+    plan = Plan(dtype, reason, option.policy_name, option.policy_reason, option.costs, speeds)
+    return Built(engine, plan)
+
+
+def check_spec(spec: EngineSpec) -> None:
+    """Every name in `spec` that can be checked before a model loads."""
+    if spec.dtype not in DTYPE_CHOICES:
+        raise EntMTPError(f"unknown dtype {spec.dtype!r}: use one of {', '.join(DTYPE_CHOICES)}")
+    if spec.policy is not None and spec.policy not in POLICY_CHOICES:
+        raise EntMTPError(f"unknown policy {spec.policy!r}: use one of {', '.join(POLICY_CHOICES)}")
+    if spec.kv not in ("auto", "dynamic"):
+        raise EntMTPError(f"unknown kv cache {spec.kv!r}: use 'auto' or 'dynamic'")
+    if spec.tree is not None:
+        from .tree import load_tree
+
+        load_tree(spec.tree)  # a bad name or file fails here, with the tree module's message
+
+
+# ---- one dtype candidate ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Option:
+    model: object
+    tokenizer: object
+    heads: object
+    policy: object  # a tree name, a Tree, or a policy object
+    policy_name: str
+    policy_reason: str
+    costs: CostCurve | None
+    expected: float  # tokens/s
+    uses_heads: bool = True
+
+
+def _load(spec: EngineSpec, heads_spec: str, dtype: str, probe: bool, budget: float | None, log) -> _Option:
+    from .model import load_model
+    from .shipped import resolve_heads
+
+    model, tokenizer = load_model(spec.model, dtype=dtype, device=spec.device, pack=spec.pack)
+    heads = resolve_heads(heads_spec, model)
+    if heads is not None:
+        heads.bind(model)  # heads made for another model: say so before anything else about them
+    kwargs = {} if budget is None else {"budget_s": budget}
+    costs = costs_for(model, heads, **kwargs) if probe else None
+    policy, name, reason, expected = _policy(spec, heads_spec, model, heads, costs, log)
+    uses_heads = heads is not None and not (isinstance(policy, Tree) and policy.heads_tree.num_nodes == 0)
+    return _Option(model, tokenizer, heads, policy, name, reason, costs, expected, uses_heads)
+
+
+def _policy(spec: EngineSpec, heads_spec: str, model, heads, costs: CostCurve | None, log):
+    """(tree or policy, its name, why, expected tokens/s) for one loaded candidate."""
+    plain_speed = 1000.0 / costs.plain_ms if costs is not None else 0.0
+    if heads is None:
+        name = (
+            "lookup" if spec.lookup is not None else ("plain" if spec.tree is None else f"tree {spec.tree}")
+        )
+        return spec.tree, name, "no heads", plain_speed
+    if spec.tree is not None and spec.policy in (None, "static"):
+        return spec.tree, f"tree {spec.tree}", "as asked", _tree_speed(spec.tree, costs)
+    from .scheduler.profiles import resolve_profile, shipped_profiles_dir
+
+    if spec.profile is None and heads_spec not in HEAD_KINDS:
+        if spec.policy is not None:
+            raise EntMTPError(
+                f"--policy {spec.policy} needs a profile for these heads: make one with `entmtp calibrate "
+                f"--heads {heads_spec} --task TASK --out P.json` and pass --profile P.json"
+            )
+        log("no --profile for these heads: using the static tree tree_8")
+        return "tree_8", "tree tree_8", "no profile for these heads", _tree_speed("tree_8", costs)
+    if spec.profile is None and not (shipped_profiles_dir(heads_spec) / "mixed.json").exists():
+        log(f"no shipped scheduler profile for {heads_spec} heads: using the static tree tree_8")
+        return "tree_8", "tree tree_8", "no shipped profile", _tree_speed("tree_8", costs)
+    profile = resolve_profile(spec.profile, heads_spec)
+    profile.check(model, heads, warn_hardware=costs is None)
+    mode = profile.mode_for(spec.temperature)
+    name = spec.policy or profile.recommended_policy(mode)
+    if costs is None:
+        return profile.policy(name, mode), name, "the profile's stored latencies (no probe)", 0.0
+    policy, reason, expected = scheduled_policy(profile, mode, costs.latency(), spec.policy)
+    return policy, ("plain" if isinstance(policy, Tree) else name), reason, expected
+
+
+def scheduled_policy(profile, mode: str, latency, name: str | None = None):
+    """(policy or the root-only tree, why, expected tokens/s) of a profile on a machine's `latency` curve:
+    the policy `name`, or by default plain steps when no bank tree is expected to beat a plain step here, else
+    the profile's recommended policy (`dynamic` in place of binary and ladder, whose thresholds were tuned
+    on the calibration machine's latencies)."""
+    speeds = profile.static_speeds(mode, latency)
+    best = max(speeds, key=speeds.get)
+    if best == "none" and name is None:
+        why = f"no tree of the {profile.task} profile beats a plain step on this machine's costs"
+        return Tree.root_only(), why, speeds[best]
+    if name is None:
+        name = profile.recommended_policy(mode)
+        if name in THRESHOLD_POLICIES:  # tuned on the calibration machine's latencies: they do not transfer
+            name = "dynamic"
+    why = f"{profile.task} profile, {name}; EntMTP* here: {best} ({speeds[best]:.1f} tokens/s expected)"
+    return profile.policy(name, mode, latency=latency), why, speeds[best]
+
+
+def _tree_speed(tree: str, costs: CostCurve | None) -> float:
+    """A forced tree accepts the same under any dtype: its speed ranks dtypes by its step cost alone."""
+    if costs is None:
+        return 0.0
+    from .tree import load_tree
+
+    return 1000.0 / float(costs.latency()(load_tree(tree).num_nodes))
+
+
+def _dtype_candidates(spec: EngineSpec) -> list[str]:
+    if spec.dtype != "auto":
+        return [spec.dtype]
+    if spec.device.startswith("cuda"):
+        return ["bfloat16" if torch.cuda.is_bf16_supported() else "float16"]
+    if not spec.probe or probing_disabled():
+        return ["bfloat16"]  # nothing measured: the dtype that is faster on most CPUs for one-token steps
+    return list(CPU_CANDIDATES)
+
+
+def _room_for_another(model, dtype: str) -> bool:
+    """Whether a copy of `model`'s weights in `dtype` fits in half the memory free now (Linux; else yes)."""
+    from .model import DTYPES
+
+    params = sum(p.numel() for p in model.parameters())
+    need = params * torch.tensor([], dtype=DTYPES[dtype]).element_size()
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+        free = next(int(x.split()[1]) * 1024 for x in lines if x.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return True
+    return need < free / 2
+
+
+# ---- the cached dtype choice ------------------------------------------------------------------------------
+
+
+def _choices_path():
+    return costs_dir() / "dtype-choices.json"
+
+
+def _choice_key(spec: EngineSpec, heads_spec: str) -> str:
+    cpu = cpu_info()
+    return digest(
+        {
+            "cpu": cpu,
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "model": spec.model,
+            "heads": heads_spec,
+            "tree": spec.tree,
+            "policy": spec.policy,
+            "profile": spec.profile,
+            "pack": spec.pack,
+            "temperature": spec.temperature > 0,
+        }
+    )
+
+
+def _read_choices() -> dict:
+    try:
+        return json.loads(_choices_path().read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+
+
+def _cached_choice(key: str | None) -> str | None:
+    return None if key is None else _read_choices().get(key)
+
+
+def _save_choice(key: str | None, dtype: str) -> None:
+    if key is None:
+        return
+    choices = _read_choices()
+    choices[key] = dtype
+    path = _choices_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(choices, indent=1) + "\n")

@@ -1,0 +1,232 @@
+"""The machine part of a schedule (costs.py) and choosing by it (build.py).
+
+The replays charge each step the step cost of one machine's curve: this project's AVX2-only 2-core CPU
+(tests/data/machines, `entmtp step-costs` output), the AVX-512/bf16 CPU whose latencies the shipped profiles
+carry, and one H200 with CUDA graphs (docs/results/gpu-check). On each, the default schedule must never be
+slower than plain decoding and never more than a few percent below that curve's best static tree.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import save_tiny_model, tiny_model
+from entmtp import build as build_mod
+from entmtp import costs as costs_mod
+from entmtp.build import EngineSpec, build, scheduled_policy
+from entmtp.cli import main
+from entmtp.costs import CostCorrector, CostCurve, CostsError, costs_for, measure, synthetic_tree
+from entmtp.policy import StaticPolicy
+from entmtp.records import Step
+from entmtp.scheduler.profiles import resolve_profile
+from entmtp.scheduler.replay import replay, step_ms
+from entmtp.tree import Tree
+
+ROOT = Path(__file__).resolve().parents[1]
+MACHINES = Path(__file__).parent / "data" / "machines"
+
+
+def gpu_curve() -> CostCurve:
+    rows = json.loads((ROOT / "docs/results/gpu-check/profile-smollm2-135m.json").read_text())["rows"]
+    graphs = [r for r in rows.values() if r["mode"] == "graphs"]
+    return CostCurve.from_latency([r["nodes"] for r in graphs], [r["total"] for r in graphs], "h200")
+
+
+def curves(profile) -> dict[str, CostCurve]:
+    lat = profile.latency()
+    return {
+        "avx2-bfloat16": CostCurve.from_step_costs(MACHINES / "avx2-bfloat16.json"),
+        "avx2-float32": CostCurve.from_step_costs(MACHINES / "avx2-float32.json"),
+        "avx512-bf16 (shipped)": CostCurve.from_latency(list(lat.nodes), list(lat.ms), "shipped"),
+        "h200": gpu_curve(),
+    }
+
+
+def curve(ms: list[float], nodes=(0, 1, 2, 4, 8, 16, 32, 64)) -> CostCurve:
+    return CostCurve(tuple(nodes), tuple(ms), (0.0,) * len(nodes))
+
+
+# ---- the curve -------------------------------------------------------------------------------------------
+
+
+def test_a_curve_round_trips_through_json_and_reads_step_cost_tables():
+    c = CostCurve.from_step_costs(MACHINES / "avx2-bfloat16.json")
+    assert c.nodes[0] == 0 and c.plain_ms == pytest.approx(41.1, abs=0.1)
+    assert c.draft_share > 0  # the heads' drafting was measured in that table
+    assert CostCurve.from_json(json.loads(json.dumps(c.to_json()))) == c
+    with pytest.raises(CostsError, match="plain step"):
+        CostCurve.from_latency([1, 4], [30.0, 40.0], "no plain row")
+
+
+def test_synthetic_trees_are_valid_trees_of_the_asked_size_and_depth():
+    for n in (1, 2, 4, 8, 16, 32, 64):
+        t = synthetic_tree(n, num_heads=4)
+        assert t.num_nodes == n and t.depth <= 4
+        t.check_fits(4, require_contiguous=True)  # prefix-closed and rank-contiguous, as Hydra needs
+    assert synthetic_tree(0, 4).num_nodes == 0
+    assert synthetic_tree(64, 4).nodes_per_depth[0] < 16  # wide and deep like mc_sim_7b_63, not a fan
+
+
+def test_sizes_past_the_budget_are_extrapolated_pessimistically():
+    row = {0: 10.0, 1: 11.0, 2: 12.0, 4: 20.0}
+    out = costs_mod._extrapolate(row, (0, 1, 2, 4, 8))
+    assert out[:4] == [10.0, 11.0, 12.0, 20.0]
+    assert out[4] == pytest.approx(20.0 + 4 * 4.0)  # the last segment's slope (4 ms/node) is the steeper
+    flat = costs_mod._extrapolate({0: 10.0, 1: 9.0}, (0, 1, 8))  # noise made the last segment fall
+    assert flat[2] >= 9.0
+
+
+def test_measure_times_every_size_within_its_budget():
+    model = tiny_model()
+    c = measure(model, None, sizes=(0, 1, 4), contexts=(16, 48), budget_s=5.0, progress=False)
+    assert c.nodes == (0, 1, 4) and all(ms > 0 for ms in c.step_ms)
+    assert c.contexts == (16, 48) and len(c.by_context) == 2
+    assert c.seconds < 5.0 + 2.0 and c.key["model"]["hidden_size"] == 64
+
+
+def test_costs_are_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
+    calls = []
+    real = costs_mod.measure
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return real(*a, sizes=(0, 1), contexts=(16,), progress=False)
+
+    monkeypatch.setattr(costs_mod, "measure", counted)
+    model = tiny_model()
+    first = costs_for(model, None)
+    again = costs_for(model, None)
+    assert len(calls) == 1 and again == first
+    files = list((tmp_path / "costs").glob("*.json"))
+    assert len(files) == 1 and not list((tmp_path / "costs").glob(".*tmp*"))  # atomic: no leftovers
+    files[0].write_text("{ truncated")
+    costs_for(model, None)  # a corrupt file is measured again, not trusted
+    assert len(calls) == 2 and json.loads(files[0].read_text())["format"] == "entmtp-costs"
+
+
+def test_the_corrector_rewrites_a_size_only_when_steps_disagree_beyond_the_noise(tmp_path):
+    c = CostCurve((0, 4), (10.0, 20.0), (0.0, 0.0), key={"k": 1}, source="probe")
+    path = tmp_path / "c.json"
+    fix = CostCorrector(c, path)
+
+    def steps(nodes, ms, n=10):
+        return [Step("t", nodes, 0, 1, [1], {"total": ms / 1000}) for _ in range(n)]
+
+    assert fix.observe(steps(4, 22.0)) is None and not path.exists()  # 10% off: noise
+    fixed = fix.observe(steps(4, 40.0))  # twice the curve: the machine changed
+    assert fixed.step_ms == (10.0, 40.0) and fixed.source == "corrected"
+    assert CostCurve.from_json(json.loads(path.read_text())).step_ms == (10.0, 40.0)
+    assert fix.observe(steps(0, 10.0, n=3)) is None  # too few steps to judge
+
+
+# ---- choosing by the curve: replays on three machines ------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["hydra", "medusa"])
+def test_the_default_schedule_is_never_below_plain_nor_far_below_the_best_static_tree(kind):
+    profile = resolve_profile("mixed", kind)
+    traces = profile.traces()
+    for name, c in curves(profile).items():
+        lat = c.latency()
+        ms_of = step_ms(lat)
+        chosen, _, _ = scheduled_policy(profile, "greedy", lat)
+        policy = StaticPolicy(chosen) if isinstance(chosen, Tree) else chosen
+        got = replay(policy, traces, ms_of).tokens_per_second
+        plain = 1000.0 / float(lat(0))
+        best = max(replay(StaticPolicy(t), traces, ms_of).tokens_per_second for t in profile.bank())
+        assert got >= 0.999 * plain, f"{kind} on {name}: {got:.1f} tokens/s below plain {plain:.1f}"
+        assert got >= 0.97 * best, f"{kind} on {name}: {got:.1f} tokens/s, best static tree {best:.1f}"
+
+
+def test_entmtp_star_moves_with_the_machine():
+    profile = resolve_profile("mixed", "hydra")
+    on = {name: profile.best_tree("greedy", c.latency()).num_nodes for name, c in curves(profile).items()}
+    assert on["avx2-bfloat16"] == 0  # a 1-node tree costs 1.5 plain steps there: plain decoding wins
+    assert on["h200"] >= 16 > on["avx512-bf16 (shipped)"] >= 2  # nodes are nearly free on the GPU
+    assert profile.best_tree("greedy").name == profile.mode("greedy")["best"]  # no curve: the stored one
+
+
+def test_where_every_tree_loses_the_default_decodes_plain_steps_only():
+    profile = resolve_profile("mixed", "hydra")
+    dear = curve([10.0] + [10.0 * (2 + n) for n in (1, 2, 4, 8, 16, 32, 64)])  # a node costs > a plain step
+    chosen, why, _ = scheduled_policy(profile, "greedy", dear.latency())
+    assert isinstance(chosen, Tree) and chosen.num_nodes == 0 and "beats a plain step" in why
+    forced, _, _ = scheduled_policy(profile, "greedy", dear.latency(), "dynamic")  # asked for: given
+    assert not isinstance(forced, Tree)
+
+
+def test_threshold_policies_are_not_the_default_on_another_machines_curve():
+    profile = resolve_profile("mixed", "medusa")  # recommends `binary`, tuned on the calibration machine
+    assert profile.recommended_policy() == "binary"
+    chosen, why, _ = scheduled_policy(profile, "greedy", gpu_curve().latency())
+    assert type(chosen).__name__ == "DynamicPolicy" and "dynamic" in why
+
+
+# ---- building: dtype by measurement ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_auto_dtype_keeps_the_faster_candidate_and_where_trees_lose_decodes_plain(tmp_path, monkeypatch):
+    """Fake curves: float32 is faster here and every tree loses. The build keeps float32, drops the heads
+    (no probe cost either), remembers the choice, and decodes plain steps only."""
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
+    monkeypatch.delenv("ENTMTP_NO_PROBE")
+    ms = {torch.bfloat16: 40.0, torch.float32: 30.0}
+    seen = []
+
+    def fake(model, heads, **kw):
+        seen.append(model.dtype)
+        base = ms[model.dtype]
+        return CostCurve((0, 1, 4, 64), (base, 3 * base, 6 * base, 70 * base), (0.0,) * 4, source="test")
+
+    monkeypatch.setattr(build_mod, "costs_for", fake)
+    monkeypatch.setattr(build_mod, "_choices_path", lambda: tmp_path / "choices.json")
+    built = build(EngineSpec(heads="hydra"), log=lambda m: None)
+    assert built.plan.dtype == "float32" and built.plan.policy == "plain"
+    assert built.engine.heads is None and built.engine.model.dtype == torch.float32
+    result = built.engine.generate("Name three colors.", max_new_tokens=12)
+    assert result.steps and all(s.tree_nodes == 0 for s in result.steps)
+    seen.clear()
+    again = build(EngineSpec(heads="hydra"), log=lambda m: None)  # the choice is cached: one load
+    assert again.plan.dtype == "float32" and seen == [torch.float32]
+
+
+def test_generate_measures_the_machine_once_and_says_what_it_chose(tmp_path, monkeypatch, capsys):
+    save_tiny_model(tmp_path / "m")
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("ENTMTP_NO_PROBE")
+    monkeypatch.setattr(costs_mod, "SIZES", (0, 1, 4))
+    monkeypatch.setattr(costs_mod, "measure", _small(costs_mod.measure))
+    args = [
+        "-v",
+        "generate",
+        "Hi",
+        "--model",
+        str(tmp_path / "m"),
+        "--heads",
+        "none",
+        "--max-new-tokens",
+        "4",
+    ]
+    assert main([*args, "--dtype", "float32", "--threads", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "measuring this machine's step costs" in err and "step costs (probe): plain" in err
+    assert "dtype: float32 (as asked)" in err
+    assert main([*args, "--dtype", "float32", "--threads", "1"]) == 0  # cached: measured once
+    assert "measuring" not in capsys.readouterr().err
+    assert main([*args, "--threads", "1"]) == 0  # auto: both CPU dtypes compared, the choice said
+    assert "most expected tokens/s here: bfloat16" in capsys.readouterr().err
+
+
+def _small(measure):
+    def run(model, heads=None, **kw):
+        return measure(
+            model, heads, sizes=(0, 1, 4), contexts=(16,), budget_s=3.0, progress=kw.get("progress", True)
+        )
+
+    return run
