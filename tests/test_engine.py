@@ -127,6 +127,26 @@ def test_stop_string_ends_text_before_it():
     assert out.text == text[: text.find(stop)]
 
 
+def test_streamed_text_is_what_decoding_the_whole_output_streams():
+    """The detokenizer decodes only the latest tokens: each piece is still the new part of the whole output's
+    text, held back while it ends in an incomplete UTF-8 character (random bytes: many of those)."""
+    from entmtp.engine import _Detokenizer
+
+    tok, rng = ByteTokenizer(), torch.Generator().manual_seed(0)
+    for _ in range(50):
+        ids = torch.randint(0, 256, (int(torch.randint(1, 120, (), generator=rng)),), generator=rng).tolist()
+        ids += list("é ✓ 😀".encode())
+        detok, sent, i = _Detokenizer(tok, []), 0, 0
+        while i < len(ids):
+            new = ids[i : i + int(torch.randint(1, 4, (), generator=rng))]
+            i += len(new)
+            text = tok.decode(ids[:i])  # what the whole output's decode streams
+            want = "" if text.endswith("\ufffd") else text[sent:]
+            sent += len(want)
+            assert detok.push(new) == want
+        assert detok.final_text() == tok.decode(ids)
+
+
 def test_sampling_is_seeded_and_repeatable():
     model = tiny_model("llama", seed=7)
     cfg = HeadsConfig(kind="medusa", num_heads=3, hidden_size=64, vocab_size=256)
