@@ -40,7 +40,7 @@ DTYPE_CHOICES = ("auto", "bfloat16", "float32", "float16")
 CPU_CANDIDATES = ("bfloat16", "float32")  # what `auto` compares on a CPU (fp16 matmuls are slow there)
 POLICY_CHOICES = ("static", "binary", "ladder", "cost", "dynamic")
 THRESHOLD_POLICIES = ("binary", "ladder")
-AUTO_BUDGET_S = 9.0  # per dtype candidate when `auto` measures two (one probe: costs.BUDGET_S)
+AUTO_BUDGET_S = 8.0  # per dtype candidate when `auto` measures two (one probe: costs.BUDGET_S)
 
 
 @dataclass(frozen=True)
