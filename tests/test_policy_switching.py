@@ -19,6 +19,9 @@ CYCLE = ["none", "chain_3", "mc_sim_7b_63", "tree_4"]
 class CyclingPolicy:
     """Cycles through root-only, chain_3, mc_sim_7b_63, tree_4 and back, one tree per step."""
 
+    master = None  # no probe
+    last_signals: dict = {}
+
     def __init__(self):
         self.trees = [Tree.root_only()] + [load_tree(n) for n in CYCLE[1:]]
         self.contexts: list[StepContext] = []

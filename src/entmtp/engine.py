@@ -61,7 +61,7 @@ class Engine:
         if isinstance(tree, str):
             tree = load_tree(tree)
         policy: TreePolicy = StaticPolicy(tree) if isinstance(tree, Tree) else tree
-        master = getattr(policy, "master", None)
+        master = policy.master
         trees = [*policy.trees, *([master] if master is not None else [])]
         if heads is None:
             if (t := next((t for t in trees if t.heads_tree.num_nodes), None)) is not None:
@@ -193,7 +193,7 @@ def decode(
     yield None, [root]
     emitted, plain = 1, Tree.root_only()
     limit = min(engine.window, cache.capacity)
-    master = getattr(policy, "master", None) if heads is not None else None
+    master = policy.master if heads is not None else None
     index = NgramIndex([*ids, root], engine.max_ngram) if engine.uses_lookup else None  # prompt + output
     policy.reset()
     for step_i in itertools.count():
@@ -237,7 +237,7 @@ def decode(
         emitted += len(new)
         root, root_logits = acc.bonus, fwd.logits[acc.path[-1]].clone()  # a graph's output is overwritten
         times["total"] = clock.total()
-        signals = dict(getattr(policy, "last_signals", None) or {})
+        signals = dict(policy.last_signals)
         step = Step(tree.name, tree.num_nodes, len(acc.path) - 1, len(new), new, times, signals)
         if tree.num_lookup:  # which drafts were copies, and how far each source alone was right
             step.lookup_path = tree.lookup[acc.path[1:]].tolist()

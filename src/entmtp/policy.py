@@ -13,11 +13,11 @@ from .tree import Tree
 
 
 class TreePolicy(Protocol):
-    """`choose` before each step, `observe` after it. Optional attributes the engine reads: `master` (a tree
-    containing every tree the policy returns: the heads probe it before `choose`, see heads.Probe) and
-    `last_signals` (a dict recorded with the step)."""
+    """`choose` before each step, `observe` after it; the engine reads exactly these members."""
 
     trees: list[Tree]  # every tree the policy may return (checked against the heads up front)
+    master: Tree | None  # contains every tree it returns: the heads probe it before `choose` (heads.Probe)
+    last_signals: dict[str, float]  # what `choose` read, recorded with the step
 
     def reset(self) -> None: ...
 
@@ -29,9 +29,12 @@ class TreePolicy(Protocol):
 class StaticPolicy:
     """One fixed tree for the whole generation."""
 
+    master = None  # nothing to probe: the tree is fixed
+
     def __init__(self, tree: Tree):
         self.tree = tree
         self.trees = [tree]
+        self.last_signals: dict[str, float] = {}
 
     def reset(self) -> None:
         pass

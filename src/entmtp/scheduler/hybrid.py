@@ -88,7 +88,7 @@ class HybridPolicy:
     ):
         self.inner, self.lookup, self.counterfactual = inner, lookup, counterfactual
         self.trees = list(inner.trees)
-        self.master = getattr(inner, "master", None)
+        self.master = inner.master
         self.last_signals: dict[str, float] = {}
         self._hybrids: dict[tuple[int, int], tuple[Tree, Tree]] = {}
         n = np.arange(max(t.num_nodes for t in self.trees) + lookup.tokens + 1)  # [n] drafted nodes
@@ -109,7 +109,7 @@ class HybridPolicy:
 
     def choose(self, ctx: StepContext) -> Tree:
         tree = self.inner.choose(ctx)
-        signals = dict(getattr(self.inner, "last_signals", None) or {})
+        signals = dict(self.inner.last_signals)
         index = ctx.lookup
         match = 0
         if index is not None:
