@@ -9,6 +9,7 @@ slower than plain decoding and never more than a few percent below that curve's 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from entmtp import costs as costs_mod
 from entmtp.build import EngineSpec, build, scheduled_policy
 from entmtp.cli import main
 from entmtp.costs import CostCorrector, CostCurve, CostsError, costs_for, measure, synthetic_tree
+from entmtp.errors import EntMTPError
 from entmtp.policy import StaticPolicy
 from entmtp.records import Step
 from entmtp.scheduler.profiles import resolve_profile
@@ -230,3 +232,26 @@ def _small(measure):
         )
 
     return run
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (EngineSpec(dtype="fp8"), "unknown dtype 'fp8': use one of auto, bfloat16, float32, float16"),
+        (
+            EngineSpec(policy="fast"),
+            "unknown policy 'fast': use one of static, binary, ladder, cost, dynamic",
+        ),
+        (EngineSpec(kv="paged"), "unknown kv cache 'paged'"),
+        (EngineSpec(tree="no_such_tree"), "no_such_tree"),
+    ],
+)
+def test_a_bad_spec_is_named_before_any_model_loads(spec, message, monkeypatch):
+    monkeypatch.setattr(build_mod, "_load", lambda *a, **kw: pytest.fail("a model was loaded"))
+    with pytest.raises(EntMTPError, match=re.escape(message)):
+        build(spec)
+
+
+def test_calibrate_refuses_a_time_cap_of_zero(capsys):
+    assert main(["calibrate", "--heads", "hydra", "--tree-seconds", "0"]) == 2
+    assert "--tree-seconds must be > 0, got 0.0" in capsys.readouterr().err

@@ -33,12 +33,12 @@ from .errors import EntMTPError
 from .files import write_text_atomic
 from .lookup import Lookup
 from .machine import cpu_info, digest
+from .scheduler.policies import POLICIES
 from .shipped import HEAD_KINDS, default_heads
 from .tree import Tree
 
 DTYPE_CHOICES = ("auto", "bfloat16", "float32", "float16")
 CPU_CANDIDATES = ("bfloat16", "float32")  # what `auto` compares on a CPU (fp16 matmuls are slow there)
-POLICY_CHOICES = ("static", "binary", "ladder", "cost", "dynamic")
 THRESHOLD_POLICIES = ("binary", "ladder")
 AUTO_BUDGET_S = 8.0  # per dtype candidate when `auto` measures two (one probe: costs.BUDGET_S)
 
@@ -149,8 +149,8 @@ def check_spec(spec: EngineSpec) -> None:
     """Every name in `spec` that can be checked before a model loads."""
     if spec.dtype not in DTYPE_CHOICES:
         raise EntMTPError(f"unknown dtype {spec.dtype!r}: use one of {', '.join(DTYPE_CHOICES)}")
-    if spec.policy is not None and spec.policy not in POLICY_CHOICES:
-        raise EntMTPError(f"unknown policy {spec.policy!r}: use one of {', '.join(POLICY_CHOICES)}")
+    if spec.policy is not None and spec.policy not in POLICIES:
+        raise EntMTPError(f"unknown policy {spec.policy!r}: use one of {', '.join(POLICIES)}")
     if spec.kv not in ("auto", "dynamic"):
         raise EntMTPError(f"unknown kv cache {spec.kv!r}: use 'auto' or 'dynamic'")
     if spec.tree is not None:

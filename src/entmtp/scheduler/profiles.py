@@ -30,8 +30,10 @@ from safetensors.torch import load_file
 from ..errors import EntMTPError
 from ..files import save_tensors_atomic, write_text_atomic
 from ..machine import hardware, heads_checksum, model_fingerprint
+from ..shipped import HEAD_KINDS
 from ..tree import Tree, TreeError
 from .policies import (
+    POLICIES,
     AcceptanceModel,
     BinaryPolicy,
     CostPolicy,
@@ -45,7 +47,7 @@ FORMAT = "entmtp-profile"
 VERSION = 1
 PROFILE_TASKS = ("humaneval", "sharegpt", "gsm8k", "writing", "mixed")
 
-POLICY_NAMES = ("static", "binary", "ladder", "cost", "dynamic")  # what Profile.policy builds
+POLICY_NAMES = POLICIES  # what Profile.policy builds
 
 
 class ProfileError(EntMTPError):
@@ -337,7 +339,7 @@ def resolve_profile(spec: str | os.PathLike[str] | None, heads_spec: str | None)
     None = the shipped `mixed` profile."""
     spec = "mixed" if spec is None else str(spec)
     if spec in PROFILE_TASKS:
-        if heads_spec not in ("medusa", "hydra"):
+        if heads_spec not in HEAD_KINDS:
             raise ProfileError(
                 f"shipped profiles exist only for the shipped heads (medusa, hydra), not {heads_spec!r}: "
                 f"calibrate yours with `entmtp calibrate --heads {heads_spec} --task {spec} --out P.json` "
