@@ -244,10 +244,11 @@ class Profile:
                     f"{k} {there.get(k)!r} -> {here[k]!r}" for k in keys if here[k] != there.get(k)
                 )
                 warnings.warn(
-                    f"profile {self._where()} was calibrated on other hardware ({diff}) and its stored latencies "
-                    "are in use (--no-probe): its tree choices may not hold here; drop --no-probe to use this "
-                    f"machine's measured step costs, or re-measure with `entmtp calibrate --latency-only "
-                    f"--profile {self._where()}` (minutes)",
+                    f"profile {self._where()} was calibrated on other hardware ({diff}): its stored latencies "
+                    "may not hold here; build policies on this machine's measured step costs instead (the "
+                    "default; --no-probe turns it off; in Python `profile.policy(name, latency=costs_for(model, "
+                    f"heads).latency())`), or re-measure with `entmtp calibrate --latency-only --profile "
+                    f"{self._where()}` (minutes)",
                     stacklevel=2,
                 )
 
