@@ -90,6 +90,15 @@ def test_measure_times_every_size_within_its_budget():
     assert c.seconds < 5.0 + 2.0 and c.key["model"]["hidden_size"] == 64
 
 
+def test_measure_can_verify_through_the_graphs_padded_forward():
+    """On CUDA the engine verifies by replaying one graph per tree-size bucket, so the probe does too; on a
+    CPU the same padded static-shape forward runs eagerly, which is what this checks."""
+    c = measure(
+        tiny_model(), None, sizes=(0, 1, 4), contexts=(16,), budget_s=5.0, progress=False, graphs=True
+    )
+    assert c.nodes == (0, 1, 4) and all(ms > 0 for ms in c.step_ms) and c.key["graphs"] is True
+
+
 def test_costs_are_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
     calls = []

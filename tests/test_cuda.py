@@ -100,3 +100,11 @@ def test_replay_equals_the_same_forward_run_eagerly_at_smollm2_shape_bf16():
         engine.graphs = VerifyGraphs(engine.base, capture=capture)
         outs.append(engine.generate(ids, max_new_tokens=64).token_ids)
     assert outs[0] == outs[1]
+
+
+def test_the_cost_probe_verifies_through_captured_graphs_as_the_engine_does():
+    from entmtp.costs import measure
+
+    curve = measure(cuda_model(3), None, sizes=(0, 1, 4, 16), contexts=(32,), budget_s=10.0, progress=False)
+    assert curve.key["graphs"] is True and curve.key["hardware"]["device"] == "cuda"
+    assert all(ms > 0 for ms in curve.step_ms)

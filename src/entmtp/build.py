@@ -184,7 +184,7 @@ def _load(spec: EngineSpec, heads_spec: str, dtype: str, probe: bool, budget: fl
     if heads is not None:
         heads.bind(model)  # heads made for another model: say so before anything else about them
     kwargs = {} if budget is None else {"budget_s": budget}
-    costs = costs_for(model, heads, **kwargs) if probe else None
+    costs = costs_for(model, heads, graphs=spec.graphs, **kwargs) if probe else None
     policy, name, reason, expected = _policy(spec, heads_spec, model, heads, costs, log)
     uses_heads = heads is not None and not (isinstance(policy, Tree) and policy.heads_tree.num_nodes == 0)
     return _Option(model, tokenizer, heads, policy, name, reason, costs, expected, uses_heads)

@@ -192,9 +192,11 @@ class CostCurve:
 # ---- the key: what a curve belongs to -------------------------------------------------------------------
 
 
-def cost_key(model, heads) -> dict:
-    """Everything that changes what a step costs: the machine, the model, its dtype and packing, the heads."""
+def cost_key(model, heads, graphs: bool = False) -> dict:
+    """Everything that changes what a step costs: the machine, the model, its dtype and packing, the heads,
+    CUDA graphs."""
     return {
+        "graphs": graphs,
         "hardware": hardware(model),
         "model": model_fingerprint(model),
         "packed": any(isinstance(m, PackedLinear) for m in model.modules()),
@@ -281,6 +283,7 @@ def measure(
     contexts: Sequence[int] = CONTEXTS,
     budget_s: float = BUDGET_S,
     progress: bool = True,
+    graphs: bool | None = None,
 ) -> CostCurve:
     """Time decode steps of synthetic trees of each size at each context length (random tokens: the cost of
     a step does not depend on what it holds), the way `engine.decode` runs them: the heads' drafting, one
@@ -290,6 +293,12 @@ def measure(
     num_heads = heads.config.num_heads if heads is not None else 4
     offset = heads.config.hidden_state_offset if heads is not None else 0
     base = BaseModel(model, hidden_state_offset=offset)
+    graphs = uses_graphs(model) if graphs is None else graphs
+    replay = None
+    if graphs:  # as the engine verifies: one graph per tree-size bucket (on a CPU: the same padded forward)
+        from .graphs import VerifyGraphs
+
+        replay = VerifyGraphs(base, capture=base.device.type == "cuda", verbose=False)
     from .model import context_window
 
     window = context_window(model)
@@ -310,7 +319,8 @@ def measure(
             if rows and (left < budget_s / 3 or left < 2 * ctx * (prefill_ms_per_token or 0) / 1000):
                 break  # no time for a useful second row: the first context's curve stands alone
             steps = len(sizes) * (MAX_REPS + 1) + WARMUP_STEPS + MIN_REPS
-            cache = base.new_cache(ctx + steps * (num_heads + 1) + max(sizes) + 2)
+            need = ctx + steps * (num_heads + 1) + max(sizes) + 2
+            cache = replay.cache_for(need, window) if replay is not None else base.new_cache(need)
             ids = torch.randint(0, vocab, (ctx,), generator=gen).to(dev)
             t0 = _now(dev)
             fwd = base.forward(ids, None, cache)
@@ -321,14 +331,14 @@ def measure(
                 heads.extend(fwd.hidden)
             if not rows:  # a fresh process: the first calls of each kernel are slow, whatever their size
                 for n in [0] * WARMUP_STEPS + [m for m in sizes if m][:1]:
-                    _step(base, heads, trees[n], cache, vocab, gen, greedy)
+                    _step(base, replay, heads, trees[n], cache, vocab, gen, greedy)
             row: dict[int, float] = {}
             for n in sizes:
                 if row and time.perf_counter() - t_start > budget_s:
                     break
                 times, spent = [], 0.0
                 for rep in range(MAX_REPS + 1):
-                    ms, draft_ms = _step(base, heads, trees[n], cache, vocab, gen, greedy)
+                    ms, draft_ms = _step(base, replay, heads, trees[n], cache, vocab, gen, greedy)
                     if rep == 0:
                         continue  # warm-up: first calls of a shape allocate
                     times.append(ms)
@@ -339,7 +349,10 @@ def measure(
                 row[n] = statistics.median(times)
                 line.advance()
             if 0 in row:  # the plain step once more, last: a slow start must not make plain look dear
-                again = [_step(base, heads, trees[0], cache, vocab, gen, greedy)[0] for _ in range(MIN_REPS)]
+                again = [
+                    _step(base, replay, heads, trees[0], cache, vocab, gen, greedy)[0]
+                    for _ in range(MIN_REPS)
+                ]
                 row[0] = min(row[0], statistics.median(again))
             rows.append(row)
     finally:
@@ -351,7 +364,7 @@ def measure(
     draft = tuple(_extrapolate(dict(zip(sizes, draft, strict=True)), sizes))
     curve = CostCurve(
         tuple(sizes), step, draft, tuple(contexts[: len(rows)]), by_context, prefill_ms_per_token,
-        cost_key(model, heads), "probe", seconds,
+        cost_key(model, heads, graphs), "probe", seconds,
     )  # fmt: skip
     line.close(
         f"step costs measured in {seconds:.1f} s: plain {curve.plain_ms:.1f} ms, "
@@ -360,7 +373,7 @@ def measure(
     return curve
 
 
-def _step(base: BaseModel, heads, tree: Tree, cache, vocab: int, gen, sampling) -> tuple[float, float]:
+def _step(base: BaseModel, replay, heads, tree: Tree, cache, vocab, gen, sampling) -> tuple[float, float]:
     """(ms of one decode step, ms of its drafting) with random tokens; commits the accepted path."""
     dev = base.device
     root = torch.randint(0, vocab, (1,), generator=gen).to(dev)
@@ -370,7 +383,9 @@ def _step(base: BaseModel, heads, tree: Tree, cache, vocab: int, gen, sampling) 
     else:
         tokens = torch.cat([root, torch.randint(0, vocab, (tree.num_nodes,), generator=gen).to(dev)])
     t1 = _now(dev)
-    fwd = base.forward(tokens, tree, cache)
+    fwd = replay.forward(tokens, tree) if replay is not None else None
+    if fwd is None:
+        fwd = base.forward(tokens, tree, cache)
     acc = accept(tree, tokens, fwd.logits, sampling, None)
     base.commit(cache, acc.path)
     if heads is not None:
@@ -424,9 +439,27 @@ def save_curve(curve: CostCurve, path: Path) -> None:
     write_text_atomic(path, json.dumps(curve.to_json(), indent=1) + "\n")
 
 
-def costs_for(model, heads=None, *, refresh: bool = False, budget_s: float = BUDGET_S, progress: bool = True):
-    """This machine's cost curve for (model, heads): the cached one, or measured now and cached."""
-    key = cost_key(model, heads)
+def uses_graphs(model, graphs: bool = True) -> bool:
+    """Whether an engine over `model` verifies with CUDA graphs (the engine's rule: on CUDA, with the
+    preallocated cache)."""
+    from .cache import preallocation_blocker
+
+    return graphs and model.device.type == "cuda" and preallocation_blocker(model) is None
+
+
+def costs_for(
+    model,
+    heads=None,
+    *,
+    refresh: bool = False,
+    budget_s: float = BUDGET_S,
+    progress: bool = True,
+    graphs: bool = True,
+):
+    """This machine's cost curve for (model, heads): the cached one, or measured now and cached. `graphs`:
+    as the engine's (`Engine(graphs=...)`); they are used on CUDA only."""
+    graphs = uses_graphs(model, graphs)
+    key = cost_key(model, heads, graphs)
     path = cost_path(key)
     if path.exists() and not refresh:
         try:
@@ -435,7 +468,7 @@ def costs_for(model, heads=None, *, refresh: bool = False, budget_s: float = BUD
                 return curve
         except CostsError as e:
             print(f"entmtp: {e}; measuring again", file=sys.stderr)
-    curve = measure(model, heads, budget_s=budget_s, progress=progress)
+    curve = measure(model, heads, budget_s=budget_s, progress=progress, graphs=graphs)
     save_curve(curve, path)
     return curve
 
