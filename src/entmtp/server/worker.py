@@ -51,7 +51,9 @@ class Worker:
 
     def submit(self, job: Job) -> None:
         with self._lock:
-            if self.waiting >= self.max_queue:
+            # one job runs and max_queue wait: count the accepted jobs the thread has not picked up yet as
+            # waiting for the free slot too, or a burst on an idle server is refused before the thread wakes
+            if self.waiting + self.running >= self.max_queue + 1:
                 raise QueueFull
             self.waiting += 1
         self._jobs.put(job)
