@@ -28,7 +28,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from . import metrics
-from .costs import costs_for
+from .costs import costs_for, probing_disabled
 from .engine import Engine
 from .errors import EntMTPError, TreeError
 from .files import write_text_atomic
@@ -71,8 +71,9 @@ def run_bench(args) -> int:
     heads = {kind: h for kind in kinds if (h := resolve_heads(kind, model)) is not None}
     label = _heads_labels(list(heads))
     # this machine's step costs (costs.py; measured once, cached): what policies and lookup branches are sized
-    # by, unless --no-probe (then the profiles' stored latencies, and the lookup-only rule's CPU_COST)
-    costs = {k: None if args.no_probe else costs_for(model, h) for k, h in [("none", None), *heads.items()]}
+    # by, unless --no-probe or ENTMTP_NO_PROBE=1 (then the profiles' stored latencies, and the lookup-only rule's CPU_COST)
+    measured = not (args.no_probe or probing_disabled())
+    costs = {k: costs_for(model, h) if measured else None for k, h in [("none", None), *heads.items()]}
     static = {"plain": Engine(model, tokenizer)}
     static |= _peers(peers, model, tokenizer, embedded=args.model is None)
     for x in lookup_only:

@@ -33,11 +33,12 @@ from .errors import EntMTPError
 from .files import write_text_atomic
 from .lookup import Lookup
 from .machine import cpu_info, digest
+from .model import DTYPES
 from .scheduler.policies import POLICIES
 from .shipped import HEAD_KINDS, default_heads
 from .tree import Tree
 
-DTYPE_CHOICES = ("auto", "bfloat16", "float32", "float16")
+DTYPE_CHOICES = ("auto", *DTYPES)
 CPU_CANDIDATES = ("bfloat16", "float32")  # what `auto` compares on a CPU (fp16 matmuls are slow there)
 THRESHOLD_POLICIES = ("binary", "ladder")
 AUTO_BUDGET_S = 8.0  # per dtype candidate when `auto` measures two (one probe: costs.BUDGET_S)
@@ -80,11 +81,7 @@ class Plan:
             f"policy: {self.policy} ({self.policy_reason})",
         ]
         if self.costs is not None:
-            c = self.costs
-            rel = ", ".join(
-                f"{n}: {ms / c.plain_ms:.2f}x" for n, ms in zip(c.nodes, c.step_ms, strict=True) if n
-            )
-            lines.append(f"step costs ({c.source}): plain {c.plain_ms:.1f} ms; nodes {rel}")
+            lines.append(f"step costs ({self.costs.source}): {self.costs.summary()}")
         return "\n".join(lines)
 
 
@@ -106,8 +103,8 @@ def build(spec: EngineSpec = EngineSpec(), *, log=None) -> Built:
     if spec.threads:
         torch.set_num_threads(spec.threads)
     heads_spec = spec.heads if spec.heads is not None else default_heads()
-    candidates = _dtype_candidates(spec)
     probe = spec.probe and not probing_disabled()
+    candidates = _dtype_candidates(spec, probe)
     choice_key = _choice_key(spec, heads_spec) if len(candidates) > 1 and probe else None
     cached = _cached_choice(choice_key)
     if cached in candidates:
@@ -250,20 +247,18 @@ def _tree_speed(tree: str, costs: CostCurve | None) -> float:
     return 1000.0 / float(costs.latency()(load_tree(tree).num_nodes))
 
 
-def _dtype_candidates(spec: EngineSpec) -> list[str]:
+def _dtype_candidates(spec: EngineSpec, probe: bool) -> list[str]:
     if spec.dtype != "auto":
         return [spec.dtype]
     if spec.device.startswith("cuda"):
         return ["bfloat16" if torch.cuda.is_bf16_supported() else "float16"]
-    if not spec.probe or probing_disabled():
+    if not probe:
         return ["bfloat16"]  # nothing measured: the dtype that is faster on most CPUs for one-token steps
     return list(CPU_CANDIDATES)
 
 
 def _room_for_another(model, dtype: str) -> bool:
     """Whether a copy of `model`'s weights in `dtype` fits in half the memory free now (Linux; else yes)."""
-    from .model import DTYPES
-
     params = sum(p.numel() for p in model.parameters())
     need = params * torch.tensor([], dtype=DTYPES[dtype]).element_size()
     try:

@@ -42,6 +42,7 @@ def report() -> dict:
         gguf = f"missing ({e})"
     converted = cache_dir() / "models" / EMBEDDED
     cuda = torch.cuda.is_available()
+    cpu = cpu_info()
     return {
         "entmtp": __version__,
         "python": sys.version.split()[0],
@@ -49,8 +50,8 @@ def report() -> dict:
         "torch": torch.__version__,
         "transformers": _version("transformers"),
         "device": torch.cuda.get_device_name(0) if cuda else "cpu (no CUDA device)",
-        "cpu": cpu_info()["name"],
-        "cpu_flags": ", ".join(cpu_info()["flags"]) or "none of " + ", ".join(CPU_FLAGS),
+        "cpu": cpu["name"],
+        "cpu_flags": ", ".join(cpu["flags"]) or "none of " + ", ".join(CPU_FLAGS),
         "cpu_threads": torch.get_num_threads(),
         "cpu_bf16_packing": "available (load_model packs bf16 CPU models)"
         if bf16_supported()
@@ -88,9 +89,8 @@ def _cached_costs() -> dict:
             out[path.name] = str(e)
             continue
         hw, heads = c.key.get("hardware", {}), c.key.get("heads") or {}
-        rel = ", ".join(f"{n}: {ms / c.plain_ms:.2f}x" for n, ms in zip(c.nodes, c.step_ms, strict=True) if n)
         what = f"{hw.get('dtype')}, {hw.get('threads')} threads, heads {heads.get('kind', 'none')}"
-        out[path.name] = f"{what}: plain {c.plain_ms:.1f} ms; nodes {rel} ({c.source}, {c.seconds:.0f} s)"
+        out[path.name] = f"{what}: {c.summary()} ({c.source}, {c.seconds:.0f} s)"
     return out or {"none yet": "the first `entmtp generate` measures them (or `entmtp doctor --probe`)"}
 
 
