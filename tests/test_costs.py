@@ -129,10 +129,19 @@ def test_the_corrector_rewrites_a_size_only_when_steps_disagree_beyond_the_noise
         return [Step("t", nodes, 0, 1, [1], {"total": ms / 1000}) for _ in range(n)]
 
     assert fix.observe(steps(4, 22.0)) is None and not path.exists()  # 10% off: noise
-    fixed = fix.observe(steps(4, 40.0))  # twice the curve: the machine changed
+    assert fix.observe(steps(4, 40.0)) is None and not path.exists()  # once: maybe a burst of load
+    fixed = fix.observe(steps(4, 40.0))  # twice the curve, twice in a row: the machine changed
     assert fixed.step_ms == (10.0, 40.0) and fixed.source == "corrected"
     assert CostCurve.from_json(json.loads(path.read_text())).step_ms == (10.0, 40.0)
     assert fix.observe(steps(0, 10.0, n=3)) is None  # too few steps to judge
+
+
+def test_a_corrected_point_stays_between_its_neighbours(tmp_path):
+    c = CostCurve((0, 4, 8), (10.0, 20.0, 30.0), (0.0,) * 3, key={"k": 1}, source="probe")
+    fix = CostCorrector(c, tmp_path / "c.json")
+    slow = [Step("t", 4, 0, 1, [1], {"total": 0.240}) for _ in range(10)]  # 4 nodes at 240 ms: load
+    fix.observe(slow)
+    assert fix.observe(slow).step_ms == (10.0, 30.0, 30.0)  # not dearer than 8 nodes
 
 
 # ---- choosing by the curve: replays on three machines ------------------------------------------------------

@@ -124,6 +124,13 @@ class CostCurve:
         """Step cost in plain steps."""
         return self.latency()(nodes) / self.plain_ms
 
+    def summary(self) -> str:
+        """One line: the plain step's ms and every other size in plain steps."""
+        rel = ", ".join(
+            f"{n}: {ms / self.plain_ms:.2f}x" for n, ms in zip(self.nodes, self.step_ms, strict=True) if n
+        )
+        return f"plain {self.plain_ms:.1f} ms; nodes {rel}"
+
     @property
     def draft_share(self) -> float | None:
         """The heads' drafting in plain steps (median over the sizes that draft): what a step that drops the
@@ -261,9 +268,12 @@ class _Line:
         if self.bar is not None:
             self.bar.advance(self.job)
 
-    def close(self, summary: str) -> None:
+    def stop(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+            self.bar = None
+
+    def say(self, summary: str) -> None:
         if self.enabled:
             print(f"entmtp: {summary}", file=sys.stderr, flush=True)
 
@@ -356,7 +366,8 @@ def measure(
                 row[0] = min(row[0], statistics.median(again))
             rows.append(row)
     finally:
-        seconds = time.perf_counter() - t_start
+        line.stop()  # a failure must not leave the bar drawing
+    seconds = time.perf_counter() - t_start
     first = _extrapolate(rows[0], sizes)  # the short context, measured first, is the reference shape
     by_context = (tuple(first),) + tuple(tuple(_like(r, first, sizes)) for r in rows[1:])
     step = tuple(float(np.mean([r[i] for r in by_context])) for i in range(len(sizes)))
@@ -366,10 +377,7 @@ def measure(
         tuple(sizes), step, draft, tuple(contexts[: len(rows)]), by_context, prefill_ms_per_token,
         cost_key(model, heads, graphs), "probe", seconds,
     )  # fmt: skip
-    line.close(
-        f"step costs measured in {seconds:.1f} s: plain {curve.plain_ms:.1f} ms, "
-        + ", ".join(f"{n} nodes {curve.step_ms[i] / curve.plain_ms:.2f}x" for i, n in enumerate(sizes) if n)
-    )
+    line.say(f"step costs measured in {seconds:.1f} s: {curve.summary()}")
     return curve
 
 
@@ -481,13 +489,17 @@ def probing_disabled() -> bool:
 
 
 class CostCorrector:
-    """Compares the measured ms of a generation's steps with the curve its policy was built on; where a size
-    disagrees by more than `NOISE` over at least `MIN_STEPS` steps, rewrites that point of the cached curve
-    (for later builds; the running policy keeps its curve). Steps are matched to the nearest measured size."""
+    """Compares the measured ms of generations' steps with the curve their policy was built on, and rewrites
+    a size's point of the cached curve (for later builds; the running policy keeps its curve) when it
+    disagrees by more than `NOISE`, over at least `MIN_STEPS` steps, twice in a row in the same direction.
+    The new point stays between its neighbours' (the curve keeps its shape): a burst of load on the machine
+    must not make one size look dearer than every larger one, which the policies would then never choose
+    again, so never re-measure. Steps are matched to the measured sizes exactly."""
 
     def __init__(self, curve: CostCurve, path: Path | None):
         self.curve, self.path = curve, path
         self.samples: dict[int, list[float]] = {n: [] for n in curve.nodes}
+        self.verdicts: dict[int, float] = {}  # size -> the last disagreeing median, awaiting a second one
 
     @classmethod
     def for_curve(cls, curve: CostCurve) -> CostCorrector | None:
@@ -507,13 +519,23 @@ class CostCorrector:
                 probe = s.seconds.get("probe", 0.0) + s.seconds.get("choose", 0.0)
                 self.samples[n].append(1000 * (s.seconds["total"] - probe))
         updates = {}
+        ms = self.curve.step_ms
         for i, n in enumerate(self.curve.nodes):
             got = self.samples[n]
-            if len(got) >= MIN_STEPS:
-                observed = statistics.median(got)
-                if abs(math.log(observed / self.curve.step_ms[i])) > math.log1p(NOISE):
-                    updates[n] = observed
-                self.samples[n] = []
+            if len(got) < MIN_STEPS:
+                continue
+            observed, self.samples[n] = statistics.median(got), []
+            off = math.log(observed / ms[i])
+            if abs(off) <= math.log1p(NOISE):
+                self.verdicts.pop(n, None)
+                continue
+            before = self.verdicts.pop(n, None)
+            if before is None or (before > ms[i]) != (observed > ms[i]):
+                self.verdicts[n] = observed  # the first verdict: wait for a second
+                continue
+            low = ms[i - 1] if i > 0 else 0.0
+            high = ms[i + 1] if i + 1 < len(ms) else math.inf
+            updates[n] = min(max(statistics.median([before, observed]), low), high)
         if not updates:
             return None
         self.curve = self.curve.with_points(updates)
