@@ -130,13 +130,13 @@ def test_stop_string_ends_text_before_it():
 def test_streamed_text_is_what_decoding_the_whole_output_streams():
     """The detokenizer decodes only the latest tokens: each piece is still the new part of the whole output's
     text, held back while it ends in an incomplete UTF-8 character (random bytes: many of those)."""
-    from entmtp.engine import _Detokenizer
+    from entmtp.text import Detokenizer
 
     tok, rng = ByteTokenizer(), torch.Generator().manual_seed(0)
     for _ in range(50):
         ids = torch.randint(0, 256, (int(torch.randint(1, 120, (), generator=rng)),), generator=rng).tolist()
         ids += list("é ✓ 😀".encode())
-        detok, sent, i = _Detokenizer(tok, []), 0, 0
+        detok, sent, i = Detokenizer(tok, []), 0, 0
         while i < len(ids):
             new = ids[i : i + int(torch.randint(1, 4, (), generator=rng))]
             i += len(new)
