@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from entmtp.engine import Engine  # noqa: E402
 
 pytestmark = pytest.mark.slow
-MAX_BODY = 20_000
+MAX_BODY = 2_000_000  # room for a 10k-message chat
 
 
 def _free_port() -> int:
@@ -30,42 +31,48 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server():
-    port = _free_port()
+def _start_server(tmp_path, *extra: str, port: int | None = None):
+    """(process, url, stderr file) of `entmtp serve` on the embedded model, once /health answers."""
+    port = port or _free_port()
     cmd = [sys.executable, "-m", "entmtp.cli", "serve", "--port", str(port), "--dtype", "float32"]
-    cmd += [
-        "--heads",
-        "hydra",
-        "--tree",
-        "tree_4",
-        "--lookup",
-        "--max-queue",
-        "2",
-        "--max-body",
-        str(MAX_BODY),
-    ]
+    cmd += ["--heads", "hydra", "--tree", "tree_4", "--lookup", "--max-body", str(MAX_BODY), *extra]
     env = dict(os.environ, ENTMTP_TEST_THREADS="2")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    log = tmp_path / f"serve-{port}.log"  # a file, not a pipe: the access log must never block the server
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("w"), text=True, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read()}")
+            raise RuntimeError(f"server exited: {log.read_text()}")
         try:
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
+                return proc, url, log
         except httpx.HTTPError:
             time.sleep(0.5)
-    else:
-        proc.kill()
-        raise RuntimeError("server did not start in 180 s")
-    yield url
+    proc.kill()
+    raise RuntimeError("server did not start in 180 s")
+
+
+def _stop(proc) -> None:
     proc.terminate()
     try:
-        proc.wait(timeout=20)
+        proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    proc, url, log = _start_server(
+        tmp_path_factory.mktemp("serve"), "--max-queue", "2", "--header-timeout", "2"
+    )
+    yield url, log
+    _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    return served[0]
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +171,9 @@ def test_a_full_queue_answers_503_with_retry_after(server):
     codes = sorted(r.status_code for r in results)
     assert codes.count(200) >= 3 and 503 in codes
     busy = next(r for r in results if r.status_code == 503)
-    assert busy.headers["retry-after"] and busy.json()["error"]["type"] == "server_busy"
+    assert busy.json()["error"]["type"] == "server_busy"
+    # from the measured queue: 1 running + 2 waiting jobs of 48 tokens, each seconds long here (was fixed 2 s)
+    assert 3 <= int(busy.headers["retry-after"]) <= 600
 
 
 def _metric(server, name: str) -> float:
@@ -207,11 +216,30 @@ def test_a_client_that_disconnects_stops_its_generation(server, client):
         ({"messages": CHAT, "top_p": 0.5}, 400, "top_p"),
         ({"messages": [{"role": "user", "content": "x" * (MAX_BODY + 1)}]}, 413, "over the limit"),
         ({"prompt": 12}, 400, "prompt"),
+        ({"prompt": []}, 400, "empty"),
+        (b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "nested too deeply"),
+        (b'{"messages": [{"role": "user", "content": "a\\ud800"}]}', 400, "surrogate"),
+        (b'{"prompt": "\\udfff b"}', 400, "surrogate"),
+        ({"messages": CHAT, "stop": ["\ud800"]}, 400, "surrogate"),
+        ({"messages": CHAT, "seed": 2**64}, 400, "seed"),
+        ({"messages": CHAT, "seed": -(2**63) - 1, "stream": True}, 400, "seed"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 400, "finite"),
+        ({"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+        ({"messages": CHAT, "tool_choice": "required"}, 400, "tool_choice"),
+        ({"messages": CHAT, "response_format": {"type": "json_object"}}, 400, "response_format"),
+        ({"messages": CHAT, "presence_penalty": 0.5}, 400, "presence_penalty"),
+        ({"messages": CHAT, "frequency_penalty": 1}, 400, "frequency_penalty"),
+        ({"messages": CHAT, "logit_bias": {"50": 100}}, 400, "logit_bias"),
+        ({"prompt": "Hi", "echo": True}, 400, "echo"),
+        ({"prompt": "Hi", "best_of": 2}, 400, "best_of"),
+        ({"prompt": "Hi", "suffix": "end"}, 400, "suffix"),
     ],
 )
 def test_bad_input_gets_a_4xx_in_openai_error_shape(server, body, status, words):
     path = "/v1/completions" if isinstance(body, dict) and "prompt" in body else "/v1/chat/completions"
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    if isinstance(body, bytes) and b'"prompt"' in body:
+        path = "/v1/completions"
     r = httpx.post(f"{server}{path}", content=content, headers={"content-type": "application/json"})
     assert r.status_code == status, r.text
     err = r.json()["error"]
@@ -236,3 +264,176 @@ def test_metrics_parse_as_prometheus_text(server, client):
     } <= names
     assert {"entmtp_tree_steps", "entmtp_tokens_per_second", "entmtp_running"} <= names
     assert _metric(server, "entmtp_generated_tokens_total") > 0
+
+
+def test_neutral_values_of_unsupported_fields_are_accepted(client):
+    """What clients such as LangChain send by default asks for nothing: no 400 for it."""
+    extra = {"presence_penalty": 0, "frequency_penalty": 0.0, "tool_choice": "none", "logit_bias": {}}
+    r = client.chat.completions.create(model="m", messages=CHAT, max_tokens=2, extra_body=extra)
+    assert r.choices[0].message.content
+
+
+def test_a_multi_token_stop_string_streams_what_the_non_streamed_reply_is(client):
+    """The issue's case: the stream showed the first tokens of a stop string before the stop was recognized."""
+    messages = [{"role": "user", "content": "Why is the sky blue? Answer in one sentence."}]
+    full = client.chat.completions.create(model="m", messages=messages, max_tokens=40, temperature=0)
+    words = full.choices[0].message.content.split(" ")
+    assert len(words) > 8
+    for stop in (" ".join(words[3:6]), " ".join(words[6:8])):  # several tokens each
+        ask = dict(model="m", messages=messages, max_tokens=40, temperature=0, stop=[stop])
+        whole = client.chat.completions.create(**ask).choices[0].message.content
+        pieces = [
+            c.choices[0].delta.content or "" for c in client.chat.completions.create(**ask, stream=True)
+        ]
+        assert "".join(pieces) == whole == full.choices[0].message.content.split(stop)[0], stop
+
+
+def test_a_non_streamed_client_that_disconnects_frees_the_worker(server):
+    before = _metric(server, "entmtp_cancelled_generations_total")
+    body = {"messages": CHAT, "max_tokens": 400, "temperature": 0.9, "seed": 2}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server}/v1/chat/completions", json=body, timeout=1.5)
+    left = time.time()
+    while httpx.get(f"{server}/health").json()["running"] and time.time() - left < 5:
+        time.sleep(0.1)
+    assert httpx.get(f"{server}/health").json()["running"] == 0, "still generating for a client that left"
+    assert time.time() - left < 3
+    assert _metric(server, "entmtp_cancelled_generations_total") == before + 1
+
+
+def test_the_model_is_reported_truthfully_and_requests_carry_an_id(served):
+    server, log = served
+    body = {"model": "gpt-4", "messages": CHAT, "max_tokens": 2}
+    r = httpx.post(
+        f"{server}/v1/chat/completions", json=body, headers={"X-Request-Id": "trace-42"}, timeout=60
+    )
+    assert r.json()["model"] == "smollm2-135m-instruct" and r.headers["x-request-id"] == "trace-42"
+    mine = httpx.get(f"{server}/health").headers["x-request-id"]  # none given: a new one
+    assert len(mine) == 32 and mine != httpx.get(f"{server}/health").headers["x-request-id"]
+    bad = httpx.get(f"{server}/health", headers={"X-Request-Id": "two words"}).headers["x-request-id"]
+    assert bad != "two words"
+    time.sleep(0.2)
+    lines = log.read_text().splitlines()
+    assert any('"POST /v1/chat/completions" 200' in line and "request_id=trace-42" in line for line in lines)
+    assert any(f"request_id={mine}" in line for line in lines)
+
+
+def test_metrics_are_labelled_by_route_not_by_raw_path(server):
+    for i in range(30):
+        assert httpx.get(f"{server}/scan/{i}/x{i}").status_code == 404
+    text = httpx.get(f"{server}/metrics").text
+    endpoints = {
+        sample.labels["endpoint"]
+        for family in text_string_to_metric_families(text)
+        if family.name == "entmtp_requests"
+        for sample in family.samples
+    }
+    assert not any(e.startswith("/scan/") for e in endpoints) and "unmatched" in endpoints
+    assert endpoints <= {
+        "unmatched",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/health",
+        "/metrics",
+    }
+
+
+def test_tokenizing_a_huge_chat_does_not_block_the_event_loop(server):
+    """10k messages take ~0.5 s in the chat template: /health answers meanwhile (before: after the big one)."""
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi there"} for i in range(10_000)]
+    done: list[tuple[str, float]] = []
+
+    def big():
+        r = httpx.post(f"{server}/v1/chat/completions", json={"messages": messages}, timeout=60)
+        done.append(("big", time.time()))
+        assert r.status_code == 400 and "context window" in r.json()["error"]["message"]
+
+    t = threading.Thread(target=big)
+    t.start()
+    time.sleep(0.3)  # the body is sent and being tokenized
+    httpx.get(f"{server}/health", timeout=30)
+    done.append(("health", time.time()))
+    t.join()
+    assert done[0][0] == "health", done
+
+
+def test_a_connection_without_request_headers_is_closed(server):
+    port = int(server.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+        s.settimeout(8)
+        t0 = time.time()
+        assert s.recv(100) == b""  # closed by the server (--header-timeout 2), not left open
+        assert time.time() - t0 < 6
+
+
+def test_a_second_server_on_a_busy_port_fails_before_loading_the_model(server):
+    port = server.rsplit(":", 1)[1]
+    r = subprocess.run(
+        [sys.executable, "-m", "entmtp.cli", "serve", "--port", port],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "cannot listen" in r.stderr and f":{port}" in r.stderr
+    assert "serving" not in r.stderr and "Loading" not in r.stderr
+
+
+def test_worker_retry_after_is_the_queue_times_the_recent_service_time():
+    from entmtp.server.worker import Worker
+
+    w = Worker(engine=None, max_queue=4)
+    w.close()
+    assert w.retry_after(default=2.0) == 1  # nothing ahead: at least 1 s
+    w.waiting, w.running = 3, 1
+    assert w.retry_after(default=2.0) == 8  # no history: 2 s a job
+    w._service.extend([10.0, 20.0])
+    assert w.retry_after() == 60
+
+
+def test_sigterm_drains_and_ends_every_open_stream_in_openai_shape(tmp_path):
+    proc, url, log = _start_server(tmp_path, "--max-queue", "4", "--drain-timeout", "2")
+    body = {"messages": CHAT, "max_tokens": 600, "temperature": 0.9, "seed": 5, "stream": True}
+    streams: list[list[str]] = [[] for _ in range(3)]
+    plain_reply: list[httpx.Response] = []
+    started = threading.Event()
+
+    def read_stream(lines):
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    lines.append(line[5:].strip())
+                    started.set()
+
+    def read_plain():
+        plain_reply.append(
+            httpx.post(f"{url}/v1/chat/completions", json={**body, "stream": False}, timeout=60)
+        )
+
+    threads = [threading.Thread(target=read_stream, args=(lines,)) for lines in streams]
+    threads.append(threading.Thread(target=read_plain))
+    for t in threads:
+        t.start()
+        time.sleep(0.1)
+    assert started.wait(60)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    with pytest.raises(httpx.ConnectError):  # no longer accepting
+        httpx.get(f"{url}/health", timeout=2)
+    for t in threads:
+        t.join(60)
+    assert proc.wait(timeout=60) == 0, log.read_text()
+    for lines in streams:
+        assert lines[-1] == "[DONE]", lines[-3:]
+        last = json.loads(lines[-2])
+        if "error" in last:  # cut after the drain timeout: OpenAI's error shape
+            assert last["error"]["code"] == "shutdown" and "drain" in last["error"]["message"]
+        else:
+            assert last["choices"][0]["finish_reason"] in ("stop", "length")
+    assert sum("error" in json.loads(lines[-2]) for lines in streams) >= 1  # 600 tokens outlast 2 s here
+    reply = plain_reply[0]
+    assert reply.status_code in (200, 503) and (
+        "choices" in reply.json() or reply.json()["error"]["code"] == "shutdown"
+    )

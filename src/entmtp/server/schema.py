@@ -1,8 +1,10 @@
-"""Requests as pydantic models (known fields type-checked, unknown ones ignored, as OpenAI's API does) and the
+"""Requests as pydantic models (known fields type-checked; OpenAI fields entmtp does not implement refused with a
+400 naming them unless they hold their no-op value; other unknown fields ignored, as OpenAI's API does) and the
 OpenAI response shapes: chat.completion(.chunk), text_completion, error."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Literal
@@ -10,6 +12,54 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 DEFAULT_MAX_TOKENS = 256  # when a request gives none (never past the context window)
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.manual_seed takes
+
+# OpenAI request fields entmtp does not implement, with the values that ask for nothing (clients such as
+# LangChain send some of these by default): any other value is a 400 naming the field, never a silent no-op.
+UNSUPPORTED: dict[str, tuple] = {
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),  # "auto" with no tools chooses none
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "repetition_penalty": (None, 1, 1.0),
+    "logit_bias": (None, {}),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+    "reasoning_effort": (None,),
+    "web_search_options": (None,),
+}
+
+
+def unsupported(data: dict) -> tuple[str, str] | None:
+    """(message, field) for the first field of a request body that asks for something entmtp does not do."""
+    for name, no_op in UNSUPPORTED.items():
+        if name in data and not any(type(data[name]) is type(v) and data[name] == v for v in no_op):
+            allowed = " or ".join(json.dumps(v) for v in no_op)
+            return (
+                f"{name} is not supported by entmtp: leave it out (or send {allowed}); "
+                "the request would otherwise not do what it asks",
+                name,
+            )
+    return None
+
+
+def _valid_unicode(s: str) -> str:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = s[e.start : e.end].encode("unicode_escape").decode()
+        raise ValueError(
+            f"contains {bad} at character {e.start}, a lone surrogate that is not valid Unicode: "
+            "send text as UTF-8 (a surrogate pair must be complete)"
+        ) from None
+    return s
 
 
 class ContentPart(BaseModel):
@@ -17,11 +67,18 @@ class ContentPart(BaseModel):
     type: Literal["text"]
     text: str
 
+    _unicode = field_validator("text")(_valid_unicode)
+
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart]
+
+    @field_validator("content")
+    @classmethod
+    def _unicode(cls, v):
+        return _valid_unicode(v) if isinstance(v, str) else v
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
@@ -32,9 +89,9 @@ class _Params(BaseModel):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: dict | None = None
@@ -53,7 +110,7 @@ class _Params(BaseModel):
         stops = [v] if isinstance(v, str) else (v or [])
         if len(stops) > 4 or any(not s for s in stops):
             raise ValueError("stop takes up to 4 non-empty strings")
-        return stops or None
+        return [_valid_unicode(s) for s in stops] or None
 
     @property
     def limit(self) -> int | None:
@@ -70,6 +127,13 @@ class ChatRequest(_Params):
 
 class CompletionRequest(_Params):
     prompt: str | list[int]
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v):
+        if isinstance(v, list) and not v:
+            raise ValueError("the prompt is empty: give some text or token ids to continue")
+        return _valid_unicode(v) if isinstance(v, str) else v
 
 
 def validation_message(e: ValidationError) -> tuple[str, str | None]:

@@ -1,0 +1,97 @@
+"""Running the app: the port is bound before the model loads (a busy port fails in a second, not after the
+load), connections that do not send their request headers in time are closed, and SIGTERM / SIGINT drain:
+the listening socket closes, open generations may finish for `drain_timeout` seconds, and what is still open
+then is cut (streams end with an error event and [DONE]); a second signal quits at once."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from ..errors import EntMTPError
+
+CUT_GRACE_S = (
+    5  # after the drain: time for cut requests to write their last event before uvicorn cancels them
+)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, or an EntMTPError naming the address and the fix."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=128)
+    except OSError as e:
+        raise EntMTPError(
+            f"cannot listen on {host}:{port}: {e.strerror or e}; is another server running there? "
+            "choose another --port (or stop that server)"
+        ) from None
+
+
+def _protocol(header_timeout: float) -> type[H11Protocol]:
+    class HeaderTimeout(H11Protocol):
+        """uvicorn's h11 protocol, closing a connection whose next request's headers do not arrive within
+        `header_timeout` s of it opening or of its previous response (uvicorn has no such limit: a client
+        that connects and sends nothing, or half a header, held the connection forever)."""
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def _arm(self) -> None:
+            self.loop.call_later(header_timeout, self._header_timeout, self.cycle)
+
+        def _header_timeout(self, cycle) -> None:
+            waiting = self.cycle is cycle and (cycle is None or cycle.response_complete)
+            if waiting and not self.transport.is_closing():  # no new request began since
+                self.transport.close()
+
+    return HeaderTimeout
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, drain):
+        super().__init__(config)
+        self.drain = drain  # a coroutine function: lets open generations finish, then cuts the rest
+
+    async def shutdown(self, sockets=None) -> None:
+        for server in self.servers:  # stop accepting at once; the drain can take a while
+            server.close()
+        if not self.force_exit:
+            await self.drain()
+        await super().shutdown(sockets)
+        self._captured_signals.clear()  # a drained shutdown exits 0, not by re-raising the signal
+
+
+def serve(
+    app,
+    sock: socket.socket,
+    *,
+    drain_timeout: float = 30.0,
+    header_timeout: float = 10.0,
+    access_log: bool = True,
+    verbose: bool = False,
+) -> None:
+    """Serve `app` (create_app's) on the bound `sock` until SIGTERM / SIGINT, then drain."""
+    if access_log:
+        logger = logging.getLogger("entmtp.server")
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s entmtp: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    config = uvicorn.Config(
+        app,
+        log_level="info" if verbose else "warning",
+        access_log=False,  # ours is in the app: one line per request with its request id
+        http=_protocol(header_timeout),
+        timeout_graceful_shutdown=CUT_GRACE_S,  # counted after the drain
+    )
+    _Server(config, lambda: app.state.drain(drain_timeout)).run(sockets=[sock])
