@@ -158,21 +158,31 @@ def cmd_chat(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    if args.max_queue < 0 or args.max_body < 1:
+        raise EntMTPError("--max-queue must be >= 0 and --max-body >= 1")
+    if args.drain_timeout < 0 or args.header_timeout <= 0:
+        raise EntMTPError("--drain-timeout must be >= 0 and --header-timeout > 0 (seconds)")
     try:
-        import uvicorn
+        from .server.run import bind, serve  # light: the port is bound before torch is even imported
 
+        sock = bind(args.host, args.port)  # a busy port fails at once, not after the model loads
         from .server.app import create_app
     except ImportError as e:
         raise EntMTPError(
             f"`entmtp serve` needs the server extra ({e.name} is missing): pip install 'entmtp[server]'"
         ) from e
-    if args.max_queue < 0 or args.max_body < 1:
-        raise EntMTPError("--max-queue must be >= 0 and --max-body >= 1")
     engine = _engine(args)
     name = args.model_name or args.model or "smollm2-135m-instruct"
     app = create_app(engine, name, max_queue=args.max_queue, max_body_bytes=args.max_body)
     print(f"entmtp: serving {name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning" if not args.verbose else "info")
+    serve(
+        app,
+        sock,
+        drain_timeout=args.drain_timeout,
+        header_timeout=args.header_timeout,
+        access_log=not args.no_access_log,
+        verbose=args.verbose,
+    )
     return 0
 
 
@@ -357,6 +367,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sv.add_argument("--max-queue", type=int, default=8, help="requests that may wait; more get 503")
     sv.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes")
+    sv.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM/SIGINT, seconds open requests may still run before they are cut (default 30)",
+    )
+    sv.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="close a connection that sends no complete request headers within this many seconds",
+    )
+    sv.add_argument("--no-access-log", action="store_true", help="no log line per request on stderr")
     sv.set_defaults(func=cmd_serve, temperature=0.0)  # the profile's greedy section picks the policy
 
     dr = sub.add_parser(
