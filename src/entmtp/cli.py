@@ -13,6 +13,9 @@ from .prompts import TASKS
 
 
 def _add_model_args(p: argparse.ArgumentParser, auto_dtype: bool = False) -> None:
+    from .build import DTYPE_CHOICES
+    from .model import DTYPES
+
     p.add_argument(
         "--model", default=None, help="Hugging Face model id or local path (default: embedded SmolLM2)"
     )
@@ -20,15 +23,15 @@ def _add_model_args(p: argparse.ArgumentParser, auto_dtype: bool = False) -> Non
         p.add_argument(
             "--dtype",
             default="auto",
-            choices=["auto", "bfloat16", "float32", "float16"],
+            choices=DTYPE_CHOICES,
             help="auto (default): on a CPU, the dtype with the most expected tokens/s on this machine's "
             "measured step costs (bf16 or float32, measured once and cached); bf16 on CUDA. float32: output "
             "identical to plain decoding, token for token",
         )
     else:
-        p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+        p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    _add_threads_arg(p)
     p.add_argument(
         "--no-graphs",
         action="store_true",
@@ -39,6 +42,16 @@ def _add_model_args(p: argparse.ArgumentParser, auto_dtype: bool = False) -> Non
         action="store_true",
         help="on a CPU in bfloat16, leave the linear layers unpacked (packing: same outputs, faster steps)",
     )
+
+
+def _add_threads_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def _add_acceptance_arg(p: argparse.ArgumentParser) -> None:
+    from .accept import ACCEPTANCE
+
+    p.add_argument("--acceptance", default="auto", choices=["auto", *ACCEPTANCE])
 
 
 def _setup_torch(args) -> None:
@@ -189,10 +202,7 @@ def cmd_serve(args) -> int:
 def cmd_doctor(args) -> int:
     from .doctor import format_report, probe_report, report
 
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    _setup_torch(args)
     plan = probe_report() if args.probe else None  # first: its measurement then shows in step_costs
     r = report()
     if plan is not None:
@@ -296,15 +306,21 @@ def _add_generation_args(g: argparse.ArgumentParser) -> None:
     g.add_argument("--system", default=None, help="a system message (uses the chat template)")
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--acceptance", default="auto", choices=["auto", "greedy", "sample", "typical"])
+    _add_acceptance_arg(g)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
 def _add_engine_args(g: argparse.ArgumentParser) -> None:
     """Model, heads, tree, policy and lookup options: what builds an `Engine`."""
+    from .scheduler.policies import POLICIES
+    from .scheduler.profiles import PROFILE_TASKS
+    from .shipped import HEAD_KINDS
+
     g.add_argument(
-        "--heads", default=None, help="medusa | hydra | none | PATH (default: shipped heads, if any)"
+        "--heads",
+        default=None,
+        help=f"{' | '.join(HEAD_KINDS)} | none | PATH (default: shipped heads, if any)",
     )
     g.add_argument(
         "--tree",
@@ -315,13 +331,13 @@ def _add_engine_args(g: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--policy",
         default=None,
-        choices=["static", "binary", "ladder", "cost", "dynamic"],
+        choices=POLICIES,
         help="tree scheduling policy (default: the one the profile recommends; static = the profile's EntMTP*)",
     )
     g.add_argument(
         "--profile",
         default=None,
-        help="scheduler profile: humaneval | sharegpt | gsm8k | writing | mixed (shipped) or a JSON file "
+        help=f"scheduler profile: {' | '.join(PROFILE_TASKS)} (shipped) or a JSON file "
         "from `entmtp calibrate` (default: mixed)",
     )
     add_lookup_arguments(g)
@@ -334,16 +350,7 @@ def _add_engine_args(g: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-
-    parser = argparse.ArgumentParser(prog="entmtp", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"entmtp {__version__}")
-    parser.add_argument(
-        "-v", "--verbose", action="store_true", help="show library logs and progress bars (transformers)"
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_generate(sub) -> None:
     g = sub.add_parser("generate", help="generate text with speculative decoding")
     g.add_argument("prompt", nargs="?", help="the prompt; - or nothing reads it from stdin")
     g.add_argument("--prompt-file", default=None, help="read the prompt from this file")
@@ -352,10 +359,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     g.set_defaults(func=cmd_generate)
 
+
+def _add_chat(sub) -> None:
     ch = sub.add_parser("chat", help="an interactive multi-turn chat (one turn per line when piped)")
     _add_generation_args(ch)
     ch.set_defaults(func=cmd_chat)
 
+
+def _add_serve(sub) -> None:
     sv = sub.add_parser(
         "serve", help="an OpenAI-compatible HTTP server (chat, completions, streaming, metrics)"
     )
@@ -382,6 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--no-access-log", action="store_true", help="no log line per request on stderr")
     sv.set_defaults(func=cmd_serve, temperature=0.0)  # the profile's greedy section picks the policy
 
+
+def _add_doctor(sub) -> None:
     dr = sub.add_parser(
         "doctor", help="versions, device, caches, shipped heads and profiles, optional extras"
     )
@@ -392,11 +405,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="also build the default engine: measure this machine's step costs if not cached (~20 s), and "
         "print the dtype and policy it chooses and why",
     )
-    dr.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    _add_threads_arg(dr)
     dr.set_defaults(func=cmd_doctor)
 
+
+def _add_trees(sub) -> None:
     t = sub.add_parser("trees", help="list the named trees")
     t.set_defaults(func=cmd_trees)
+
+
+def _add_step_costs(sub) -> None:
+    from .shipped import HEAD_KINDS
 
     p = sub.add_parser(
         "step-costs",
@@ -404,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="per-step cost breakdown (draft/verify/accept/commit) per tree size (`profile`: its old name)",
     )
     p.add_argument(
-        "--heads", default=None, help="medusa | hydra | PATH (default: shipped, else random heads)"
+        "--heads", default=None, help=f"{' | '.join(HEAD_KINDS)} | PATH (default: shipped, else random heads)"
     )
     p.add_argument("--trees", default="chain_1,tree_4,tree_16,mc_sim_7b_63")
     p.add_argument("--steps", type=int, default=40, help="decode steps measured per tree (after warm-up)")
@@ -430,10 +449,48 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     p.set_defaults(func=cmd_step_costs)
 
+
+def _add_bench(sub) -> None:
     b = sub.add_parser(
         "bench", help="tokens/s and tokens/step against plain decoding, per task (table + JSON)"
     )
-    b.add_argument("--heads", default="hydra,medusa", help="comma list: medusa, hydra or heads directories")
+    _add_bench_methods_args(b)
+    add_lookup_settings(b)
+    b.add_argument("--replay", action="store_true", help="also replay the policies and the oracle (greedy)")
+    b.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="size policies and lookup branches by the profiles' stored latencies, not this machine's measured "
+        "step costs",
+    )
+    b.add_argument(
+        "--defaults",
+        action="store_true",
+        help="also run plain decoding in the other CPU dtype, `default` (what `entmtp generate` builds: auto "
+        "dtype, this machine's costs, lookup) and `previous-default` (bf16, mixed profile, stored latencies)",
+    )
+    b.add_argument("--temperature", type=float, default=0.0)
+    _add_acceptance_arg(b)
+    b.add_argument("--seed", type=int, default=0, help="sampling seed of prompt i is seed + i")
+    _add_bench_workload_args(b)
+    b.add_argument(
+        "--out",
+        default=None,
+        help="directory for results.json, report.md and the plots (default: runs/bench-DATE-TIME)",
+    )
+    b.add_argument("--no-progress", action="store_true")
+    _add_model_args(b)
+    b.set_defaults(func=cmd_bench)
+
+
+def _add_bench_methods_args(b: argparse.ArgumentParser) -> None:
+    """What `bench` runs: heads, static trees, policies, peers and lookup-only decoding."""
+    from .scheduler.policies import POLICIES
+    from .shipped import HEAD_KINDS
+
+    b.add_argument(
+        "--heads", default="hydra,medusa", help=f"comma list: {', '.join(HEAD_KINDS)} or heads directories"
+    )
     b.add_argument(
         "--trees",
         default=None,
@@ -443,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--policies",
         default=None,
-        help="scheduling policies (comma list of static,binary,ladder,cost,dynamic, each optionally +lookup; "
+        help=f"scheduling policies (comma list of {','.join(POLICIES)}, each optionally +lookup; "
         "HEADS:POLICY for one heads only; default: every policy for hydra and dynamic+lookup, EntMTP* (static) "
         "for medusa; --quick: hydra's static, dynamic and dynamic+lookup; '' for none)",
     )
@@ -463,23 +520,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="entmtp prompt lookup without heads (comma list; default adaptive): adaptive (branch sized per step), fixed; "
         "TREE+lookup in --trees and POLICY+lookup in --policies add a lookup branch to heads configs",
     )
-    add_lookup_settings(b)
-    b.add_argument("--replay", action="store_true", help="also replay the policies and the oracle (greedy)")
-    b.add_argument(
-        "--no-probe",
-        action="store_true",
-        help="size policies and lookup branches by the profiles' stored latencies, not this machine's measured "
-        "step costs",
-    )
-    b.add_argument(
-        "--defaults",
-        action="store_true",
-        help="also run plain decoding in the other CPU dtype, `default` (what `entmtp generate` builds: auto "
-        "dtype, this machine's costs, lookup) and `previous-default` (bf16, mixed profile, stored latencies)",
-    )
-    b.add_argument("--temperature", type=float, default=0.0)
-    b.add_argument("--acceptance", default="auto", choices=["auto", "greedy", "sample", "typical"])
-    b.add_argument("--seed", type=int, default=0, help="sampling seed of prompt i is seed + i")
+
+
+def _add_bench_workload_args(b: argparse.ArgumentParser) -> None:
+    """What `bench` decodes: tasks or a prompt file, how many prompts and tokens."""
     b.add_argument("--tasks", default=",".join(TASKS), help="comma list (default: all of them)")
     b.add_argument(
         "--prompts",
@@ -495,16 +539,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="2 prompts per task, 48 tokens, the main methods (peer prompt lookup, lookup, Hydra mc_sim_7b_63, "
         "EntMTP*, dynamic, dynamic+lookup): about 7 minutes for all 11 tasks on a 2-core CPU",
     )
-    b.add_argument(
-        "--out",
-        default=None,
-        help="directory for results.json, report.md and the plots (default: runs/bench-DATE-TIME)",
-    )
-    b.add_argument("--no-progress", action="store_true")
-    _add_model_args(b)
-    b.set_defaults(func=cmd_bench)
 
-    from .scheduler.command import add_calibrate_arguments, run_calibrate
+
+def _add_calibrate(sub) -> None:
+    from .calibration.command import add_calibrate_arguments, run_calibrate
 
     c = sub.add_parser(
         "calibrate", help="build a task's scheduler profile (tree bank, frontiers, thresholds)"
@@ -513,7 +551,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(c)
     c.set_defaults(func=lambda a: (_setup_torch(a), run_calibrate(a))[1])
 
-    from .train import add_eval_arguments, add_train_arguments, run_eval, run_train
+
+def _add_train_heads(sub) -> None:
+    from .train import add_train_arguments, run_train
 
     tr = sub.add_parser("train-heads", help="train Medusa or Hydra heads by self-distillation")
     add_train_arguments(tr)
@@ -522,12 +562,44 @@ def build_parser() -> argparse.ArgumentParser:
     # has built data/train/. The library assumes no folder of its own.
     train_data = ["../shared/data"] + (["data"] if Path("data/train").is_dir() else [])
     tr.set_defaults(func=run_train, data_dir=",".join(train_data))
+
+
+def _add_eval_heads(sub) -> None:
+    from .train import add_eval_arguments, run_eval
+
     ev = sub.add_parser(
         "eval-heads",
         help="evaluate heads per task and dev category against the shipped ones (accuracy, tokens per step, tokens/s)",
     )
     add_eval_arguments(ev)
     ev.set_defaults(func=run_eval)
+
+
+_SUBCOMMANDS = (
+    _add_generate,
+    _add_chat,
+    _add_serve,
+    _add_doctor,
+    _add_trees,
+    _add_step_costs,
+    _add_bench,
+    _add_calibrate,
+    _add_train_heads,
+    _add_eval_heads,
+)  # in the order `entmtp --help` lists them
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(prog="entmtp", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"entmtp {__version__}")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="show library logs and progress bars (transformers)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add_subcommand in _SUBCOMMANDS:
+        add_subcommand(sub)
     return parser
 
 
