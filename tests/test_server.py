@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
@@ -437,3 +438,54 @@ def test_sigterm_drains_and_ends_every_open_stream_in_openai_shape(tmp_path):
     assert reply.status_code in (200, 503) and (
         "choices" in reply.json() or reply.json()["error"]["code"] == "shutdown"
     )
+
+
+def _reference_logprobs(embedded, prompt_ids: list[int], out: list[int]) -> torch.Tensor:
+    """The base model's log-softmax at the positions that predicted `out` (one plain forward, float32)."""
+    model, _ = embedded
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt_ids + out])).logits[0, len(prompt_ids) - 1 : -1]  # [len(out), V]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def test_logprobs_are_the_base_models_log_softmax(client, plain, embedded):
+    """At T=0 the output is plain greedy decoding's, so the reference is one forward over prompt + output."""
+    from entmtp.model import encode_prompt
+
+    model, tokenizer = embedded
+    out = plain.generate(CHAT, max_new_tokens=12).token_ids
+    ref = _reference_logprobs(embedded, encode_prompt(tokenizer, CHAT), out)
+    ask = dict(model="m", messages=CHAT, max_tokens=12, temperature=0, logprobs=True, top_logprobs=3)
+    got = client.chat.completions.create(**ask).choices[0].logprobs.content
+    assert len(got) == len(out)
+    for i, (item, tok) in enumerate(zip(got, out, strict=True)):
+        assert item.token == tokenizer.decode([tok]) and abs(item.logprob - ref[i, tok].item()) < 1e-4
+        top_lp, top_ids = ref[i].topk(3)
+        assert [t.token for t in item.top_logprobs] == [tokenizer.decode([t]) for t in top_ids.tolist()]
+        assert max(abs(t.logprob - v) for t, v in zip(item.top_logprobs, top_lp.tolist(), strict=True)) < 1e-4
+    streamed = []
+    for c in client.chat.completions.create(**ask, stream=True):
+        if c.choices and c.choices[0].logprobs:
+            streamed += c.choices[0].logprobs.content
+    assert [(s.token, round(s.logprob, 4)) for s in streamed] == [(g.token, round(g.logprob, 4)) for g in got]
+    # completions: OpenAI's legacy shape, top tokens as a dict, offsets into the text
+    prompt = "The capital of France is"
+    out = plain.generate(prompt, max_new_tokens=6, chat=False).token_ids
+    ref = _reference_logprobs(embedded, encode_prompt(tokenizer, prompt, chat=False), out)
+    resp = client.completions.create(model="m", prompt=prompt, max_tokens=6, temperature=0, logprobs=2)
+    lp = resp.choices[0].logprobs
+    assert (
+        max(abs(a - ref[i, t].item()) for i, (a, t) in enumerate(zip(lp.token_logprobs, out, strict=True)))
+        < 1e-4
+    )
+    assert all(len(top) <= 2 for top in lp.top_logprobs) and lp.text_offset[0] == 0
+    assert "".join(lp.tokens) == resp.choices[0].text
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [({"top_logprobs": 2}, "needs logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs")],
+)
+def test_bad_logprobs_requests_get_a_400(server, extra, words):
+    r = httpx.post(f"{server}/v1/chat/completions", json={"messages": CHAT, **extra})
+    assert r.status_code == 400 and words in r.json()["error"]["message"]

@@ -93,6 +93,7 @@ def create_app(
     metrics = Metrics()
     worker = Worker(engine, max_queue, on_finish=metrics.finished)
     tokenize = ThreadPoolExecutor(1, thread_name_prefix="entmtp-tokenize")  # off the event loop
+    token_text = schema.TokenText(engine.tokenizer)
 
     async def lifespan(app: FastAPI):
         yield
@@ -163,6 +164,8 @@ def create_app(
         limit = req.limit if req.limit is not None else min(schema.DEFAULT_MAX_TOKENS, window - len(ids))
         check_request(len(ids), limit, window, name="max_tokens")  # a PromptError: a 400 below
         kwargs = dict(max_new_tokens=limit, temperature=req.temperature or 0.0, seed=req.seed, stop=req.stop)
+        if req.top_k is not None:
+            kwargs["logprobs"] = req.top_k
         return ids, kwargs
 
     def shutting_down():
@@ -225,13 +228,13 @@ def create_app(
             job.cancel.set()  # no-op when it finished; stops it when this coroutine is cancelled
         if result is None:  # the client left and the generation stopped: nobody reads this
             return Response(status_code=499)
-        return JSONResponse(schema.response(rid, name, chat, result))
+        return JSONResponse(schema.response(rid, name, chat, result, token_text))
 
     async def stream(job: Job, rid: str, name: str, chat: bool, include_usage: bool):
         def sse(obj) -> str:
             return f"data: {json.dumps(obj)}\n\n"
 
-        sent = 0  # characters streamed
+        sent = offset = 0  # characters streamed; characters of the tokens streamed (completions' text_offset)
         try:
             if chat:
                 yield sse(schema.chunk(rid, name, True, None, None, first=True))
@@ -247,8 +250,11 @@ def create_app(
                 if event.result is not None:  # the rest of the whole text (what the detokenizer held)
                     text = event.result.text[sent:]
                 sent += len(text)
-                if text:
-                    yield sse(schema.chunk(rid, name, chat, text, None))
+                lp = schema.logprobs(chat, event.logprobs, token_text, offset)
+                if lp is not None and not chat:
+                    offset += sum(len(t) for t in lp["tokens"])
+                if text or lp:
+                    yield sse(schema.chunk(rid, name, chat, text, None, lp=lp))
                 if event.result is not None:
                     reason = schema.finish_reason(event.result.finish_reason)
                     yield sse(schema.chunk(rid, name, chat, None, reason))

@@ -9,10 +9,12 @@ import time
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DEFAULT_MAX_TOKENS = 256  # when a request gives none (never past the context window)
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.manual_seed takes
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI's
+MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs, as OpenAI's
 
 # OpenAI request fields entmtp does not implement, with the values that ask for nothing (clients such as
 # LangChain send some of these by default): any other value is a 400 naming the field, never a silent no-op.
@@ -123,10 +125,28 @@ class _Params(BaseModel):
 
 class ChatRequest(_Params):
     messages: list[Message] = Field(min_length=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    @property
+    def top_k(self) -> int | None:
+        """Engine.stream's `logprobs`: top tokens per position (None: no log-probabilities)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(_Params):
     prompt: str | list[int]
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+
+    @property
+    def top_k(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -184,23 +204,86 @@ def _envelope(rid: str, model: str, obj: str, choices: list[dict], **extra) -> d
     }
 
 
-def response(rid: str, model: str, chat: bool, result) -> dict:
+def _byte_level() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet, character -> byte (printable bytes stand for themselves, the others
+    for 256 + n): how a byte-level token's string spells its exact bytes, even half a UTF-8 character."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, n = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in chars:
+            chars[b], n = chr(256 + n), n + 1
+    return {c: b for b, c in chars.items()}
+
+
+class TokenText:
+    """A token id's text and bytes, as OpenAI's logprobs report them (cached per id)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.byte_of, self._cache = tokenizer, _byte_level(), {}
+
+    def __call__(self, token_id: int) -> tuple[str, list[int]]:
+        if token_id not in self._cache:
+            text = self.tokenizer.decode([token_id])  # special tokens spelled out, as OpenAI does
+            piece = self.tokenizer.convert_ids_to_tokens(token_id) or ""
+            if piece and all(c in self.byte_of for c in piece):  # byte-level BPE: the exact bytes
+                raw = [self.byte_of[c] for c in piece]
+            else:
+                raw = list(text.encode("utf-8"))
+            self._cache[token_id] = (text, raw)
+        return self._cache[token_id]
+
+
+def logprobs(chat: bool, items, token_text: TokenText, offset: int = 0) -> dict | None:
+    """OpenAI's `logprobs` of a choice for `items` (TokenLogprob ...): chat's {"content": [...]} or
+    completions' {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; `offset`: characters before."""
+    if items is None:
+        return None
+    if chat:
+        content = []
+        for item in items:
+            text, raw = token_text(item.token_id)
+            top = [
+                {"token": token_text(t)[0], "logprob": lp, "bytes": token_text(t)[1]} for t, lp in item.top
+            ]
+            content.append({"token": text, "logprob": item.logprob, "bytes": raw, "top_logprobs": top})
+        return {"content": content, "refusal": None}
+    texts = [token_text(item.token_id)[0] for item in items]
+    offsets = []
+    for text in texts:
+        offsets.append(offset)
+        offset += len(text)
+    return {
+        "tokens": texts,
+        "token_logprobs": [item.logprob for item in items],
+        "top_logprobs": [{token_text(t)[0]: lp for t, lp in item.top} for item in items],
+        "text_offset": offsets,
+    }
+
+
+def response(rid: str, model: str, chat: bool, result, token_text: TokenText | None = None) -> dict:
     """A whole (non-streamed) chat.completion or text_completion."""
     content = {"message": {"role": "assistant", "content": result.text}} if chat else {"text": result.text}
-    choice = {"index": 0, **content, "logprobs": None, "finish_reason": finish_reason(result.finish_reason)}
+    lp = logprobs(chat, getattr(result, "logprobs", None), token_text) if token_text else None
+    choice = {"index": 0, **content, "logprobs": lp, "finish_reason": finish_reason(result.finish_reason)}
     obj = "chat.completion" if chat else "text_completion"
     return _envelope(rid, model, obj, [choice], usage=usage(result))
 
 
 def chunk(
-    rid: str, model: str, chat: bool, text: str | None, finish: str | None, first: bool = False
+    rid: str,
+    model: str,
+    chat: bool,
+    text: str | None,
+    finish: str | None,
+    first: bool = False,
+    lp: dict | None = None,
 ) -> dict:
-    """One streamed chunk: a delta of text (chat) or a text piece (completions)."""
+    """One streamed chunk: a delta of text (chat) or a text piece (completions), with its tokens' `lp`."""
     if chat:
         delta: dict = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
     return _envelope(rid, model, _chunk_object(chat), [choice])
 
 
