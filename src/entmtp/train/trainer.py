@@ -424,156 +424,228 @@ def train(
     steps would not fit, fewer are planned and the lr schedule is shortened to end with them (a complete,
     shorter run, not an interrupted one).
     """
-    device = torch.device(device)
     out = Path(out_dir)
     manifest = Manifest.read(distill_dir)
     check_data_fits(manifest, heads.config, distill_dir)
     heads.bind(model)
     check_output_dir(out, overwrite=overwrite, resume=resume)
+    splits = _load_splits(distill_dir, manifest, heads.config, settings)
+    run = _TrainingRun(
+        heads, splits, _signature(heads, manifest, settings), out, settings, torch.device(device)
+    )
+    run.resume_or_start(resume=resume, overwrite=overwrite)
+    if run.step == 0 and splits.val is not None:  # the untrained heads: the learning curve's first point
+        run.log({"step": 0, "positions": 0, "loss": None, **run.validate()})
+    return run.loop(progress=progress, stop_after=stop_after, time_limit=time_limit)
+
+
+@dataclass(frozen=True)
+class _Splits:
+    """The distillation data's train split and optional val split, each cut into windows."""
+
+    train: SplitData
+    windows: Windows
+    val: SplitData | None
+    val_windows: Windows | None
+
+
+def _load_splits(distill_dir, manifest: Manifest, config: HeadsConfig, settings: TrainSettings) -> _Splits:
     train_data = load_split(distill_dir, "train", manifest)
     val_data = load_split(distill_dir, "val", manifest) if manifest.shard_files("val") else None
-    K = heads.config.num_heads
-    whole = heads.config.head_arch == "prefix-mlp"
+    K = config.num_heads
+    whole = config.head_arch == "prefix-mlp"
     windows = make_windows(train_data, settings.window, K, whole)
     val_windows = make_windows(val_data, settings.window, K, whole) if val_data is not None else None
+    return _Splits(train_data, windows, val_data, val_windows)
 
-    heads.to(device=device, dtype=torch.float32).train()
-    params = [p for p in heads.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
-    warmup = max(1, int(settings.warmup * settings.steps)) if settings.warmup > 0 else 0
-    schedule = WarmupCosine(settings.steps, warmup, settings.min_lr_ratio)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    signature = _signature(heads, manifest, settings)
 
-    step, positions = 0, 0
-    log_path = out / LOG
-    ckpt = latest_checkpoint(out) if resume else None
-    if ckpt is not None:
+class _TrainingRun:
+    """One call of `train`: the heads with their optimiser and lr schedule, the step and positions reached
+    (what a checkpoint holds), and the learning-curve log."""
+
+    def __init__(
+        self, heads: Heads, splits: _Splits, signature: dict, out: Path, settings: TrainSettings, device
+    ):
+        self.heads, self.splits, self.signature = heads, splits, signature
+        self.out, self.log_path, self.settings, self.device = out, out / LOG, settings, device
+        heads.to(device=device, dtype=torch.float32).train()
+        self.params = [p for p in heads.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=settings.lr, weight_decay=settings.weight_decay)
+        warmup = max(1, int(settings.warmup * settings.steps)) if settings.warmup > 0 else 0
+        self.schedule = WarmupCosine(
+            settings.steps, warmup, settings.min_lr_ratio
+        )  # a time limit shortens it
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
+        self.step, self.positions = 0, 0
+        self.val_top1: list[float] = []  # per head, from the last validation run
+
+    # ---- start, checkpoints, log -------------------------------------------------------------------------
+
+    def resume_or_start(self, *, resume: bool, overwrite: bool) -> None:
+        """Continue from the latest checkpoint (``resume``), keeping the log up to its step; or start afresh,
+        deleting old checkpoints (``overwrite``) and the old log."""
+        ckpt = latest_checkpoint(self.out) if resume else None
+        if ckpt is not None:
+            self._load_checkpoint(ckpt)
+            kept = _read_log(self.log_path, self.step)
+            write_text_atomic(self.log_path, "".join(line + "\n" for line in kept))
+            return
+        if overwrite:
+            shutil.rmtree(self.out / CHECKPOINTS, ignore_errors=True)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.log_path.unlink(missing_ok=True)
+
+    def _load_checkpoint(self, ckpt: Path) -> None:
         state = torch.load(ckpt, map_location="cpu", weights_only=True)
-        if state["signature"] != signature:
-            diff = sorted(k for k in signature if state["signature"].get(k) != signature[k])
+        if state["signature"] != self.signature:
+            diff = sorted(k for k in self.signature if state["signature"].get(k) != self.signature[k])
             raise HeadsError(
                 f"checkpoint {ckpt} was made with other settings ({', '.join(diff)} differ): resume with the "
                 f"same settings, or pass --overwrite to start over"
             )
-        heads.load_state_dict(state["heads"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
+        self.heads.load_state_dict(state["heads"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
         _set_rng_state(state["rng"])
-        step, positions = state["step"], state["positions"]
-        kept = _read_log(log_path, step)
-        write_text_atomic(log_path, "".join(line + "\n" for line in kept))
-    else:
-        if overwrite:
-            shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
-        out.mkdir(parents=True, exist_ok=True)
-        log_path.unlink(missing_ok=True)
+        self.step, self.positions = state["step"], state["positions"]
 
-    def checkpoint() -> None:
-        _save_checkpoint(
-            out,
-            {
-                "step": step,
-                "positions": positions,
-                "signature": signature,
-                "heads": heads.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "rng": _rng_state(),
-                "windows_consumed": step * settings.batch_size,
-            },
-            settings.keep_checkpoints,
-        )
+    def checkpoint(self) -> None:
+        state = {
+            "step": self.step,
+            "positions": self.positions,
+            "signature": self.signature,
+            "heads": self.heads.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": _rng_state(),
+            "windows_consumed": self.step * self.settings.batch_size,
+        }
+        _save_checkpoint(self.out, state, self.settings.keep_checkpoints)
 
-    def log(entry: dict) -> None:
-        with log_path.open("a", encoding="utf-8") as f:
+    def log(self, entry: dict) -> None:
+        with self.log_path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(entry) + "\n")
 
-    val_top1: list[float] = []
-    if step == 0 and val_data is not None:  # the untrained heads: the learning curve's first point
-        heads.eval()
-        ev = evaluate_split(heads, val_data, val_windows, settings, device)
-        heads.train()
-        val_top1 = ev["val_top1"]
-        log({"step": 0, "positions": 0, "loss": None, **ev})
+    # ---- one optimiser step, validation ----------------------------------------------------------------
 
-    planned = settings.steps  # may shrink to fit time_limit
-    end = planned if stop_after is None else min(planned, stop_after)
-    t_start, start_positions, start_step = time.perf_counter(), positions, step
-    interval = {"loss": 0.0, "steps": 0, "hits": [0] * K, "counts": [0] * K}
-    last_loss = float("nan")
-    bar = _TrainProgress(progress, settings.steps, step)
-    try:
-        with bar:
-            while step < end:
-                which = batch_windows(len(windows), settings.seed, step, settings.batch_size)
-                batch = _to(make_batch(train_data, windows, which), device)
-                optimizer.zero_grad(set_to_none=True)
-                loss, hits, counts = train_step(heads, train_data, batch, settings, device)
-                if settings.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
-                optimizer.step()
-                scheduler.step()
-                step += 1
-                positions += counts[0]
-                if time_limit and step - start_step == TIME_PROBE_STEPS:
-                    pace = (time.perf_counter() - t_start) / TIME_PROBE_STEPS  # seconds per step
-                    fit = start_step + int(0.9 * time_limit / pace)  # 10% for evals and checkpoints
-                    if fit < planned:
-                        planned = schedule.total = max(step, fit)
+    def optimise(self) -> tuple[float, list[int], list[int]]:
+        """Train on batch ``step``; returns `train_step`'s (loss, correct top-1 per head, positions per head)."""
+        s, data, windows = self.settings, self.splits.train, self.splits.windows
+        which = batch_windows(len(windows), s.seed, self.step, s.batch_size)
+        batch = _to(make_batch(data, windows, which), self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, hits, counts = train_step(self.heads, data, batch, s, self.device)
+        if s.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, s.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        self.positions += counts[0]
+        return loss, hits, counts
+
+    def validate(self) -> dict:
+        self.heads.eval()
+        ev = evaluate_split(self.heads, self.splits.val, self.splits.val_windows, self.settings, self.device)
+        self.heads.train()
+        self.val_top1 = ev["val_top1"]
+        return ev
+
+    def _fit_time_limit(self, time_limit: float, t_start: float, start_step: int, planned: int, bar) -> int:
+        """The steps planned once the first TIME_PROBE_STEPS of this call have measured the pace: fewer when
+        the rest would not fit in ``time_limit``, and the lr schedule then ends with them."""
+        pace = (time.perf_counter() - t_start) / TIME_PROBE_STEPS  # seconds per step
+        fit = start_step + int(0.9 * time_limit / pace)  # 10% for evals and checkpoints
+        if fit >= planned:
+            return planned
+        planned = self.schedule.total = max(self.step, fit)
+        bar.note(f"time limit {time_limit:.0f}s: training {planned} steps instead of {self.settings.steps}")
+        return planned
+
+    # ---- the loop ----------------------------------------------------------------------------------------
+
+    def loop(self, *, progress: bool, stop_after: int | None, time_limit: float | None) -> TrainResult:
+        s = self.settings
+        planned = s.steps  # may shrink to fit time_limit
+        end = planned if stop_after is None else min(planned, stop_after)
+        t_start, start_positions, start_step = time.perf_counter(), self.positions, self.step
+        interval = _Interval(self.heads.config.num_heads)
+        last_loss = float("nan")
+        bar = _TrainProgress(progress, s.steps, self.step)
+        try:
+            with bar:
+                while self.step < end:
+                    loss, hits, counts = self.optimise()
+                    if time_limit and self.step - start_step == TIME_PROBE_STEPS:
+                        planned = self._fit_time_limit(time_limit, t_start, start_step, planned, bar)
                         end = min(end, planned)
-                        bar.note(
-                            f"time limit {time_limit:.0f}s: training {planned} steps instead of {settings.steps}"
+                    interval.add(loss, hits, counts)
+                    rate = (self.positions - start_positions) / max(1e-9, time.perf_counter() - t_start)
+                    bar.update(self.step, loss, rate)
+                    entry = None
+                    if self.step % s.log_every == 0 or self.step == planned:
+                        entry = interval.entry(
+                            self.step, self.positions, self.scheduler.get_last_lr()[0], rate
                         )
-                interval["loss"] += loss
-                interval["steps"] += 1
-                interval["hits"] = [a + b for a, b in zip(interval["hits"], hits, strict=True)]
-                interval["counts"] = [a + b for a, b in zip(interval["counts"], counts, strict=True)]
-                rate = (positions - start_positions) / max(1e-9, time.perf_counter() - t_start)
-                bar.update(step, loss, rate)
-                entry = None
-                if step % settings.log_every == 0 or step == planned:
-                    last_loss = interval["loss"] / interval["steps"]
-                    entry = {
-                        "step": step,
-                        "positions": positions,
-                        "loss": last_loss,
-                        "lr": scheduler.get_last_lr()[0],
-                        "train_top1": [
-                            h / max(1, n) for h, n in zip(interval["hits"], interval["counts"], strict=True)
-                        ],
-                        "positions_per_second": rate,
-                    }
-                    interval = {"loss": 0.0, "steps": 0, "hits": [0] * K, "counts": [0] * K}
-                eval_now = val_data is not None and (
-                    step == planned or (settings.eval_every and step % settings.eval_every == 0)
-                )
-                if eval_now:
-                    heads.eval()
-                    ev = evaluate_split(heads, val_data, val_windows, settings, device)
-                    heads.train()
-                    val_top1 = ev["val_top1"]
-                    entry = {**(entry or {"step": step, "positions": positions}), **ev}
-                    bar.note(f"step {step}: val top-1 " + " ".join(f"{x:.3f}" for x in val_top1))
-                if entry is not None:
-                    log(entry)
-                if step == end or (settings.checkpoint_every and step % settings.checkpoint_every == 0):
-                    checkpoint()
-    except KeyboardInterrupt:
-        checkpoint()  # the completed steps are kept: --resume continues from here
-        raise
-    heads.eval()
-    seconds = time.perf_counter() - t_start
-    done_positions = positions - start_positions
-    return TrainResult(
-        step=step,
-        positions=positions,
-        loss=last_loss,
-        val_top1=val_top1,
-        seconds=seconds,
-        positions_per_second=done_positions / max(1e-9, seconds),
-        stopped_early=step < planned,
-    )
+                        last_loss = entry["loss"]
+                    if self.splits.val is not None and (
+                        self.step == planned or (s.eval_every and self.step % s.eval_every == 0)
+                    ):
+                        entry = {
+                            **(entry or {"step": self.step, "positions": self.positions}),
+                            **self.validate(),
+                        }
+                        bar.note(
+                            f"step {self.step}: val top-1 " + " ".join(f"{x:.3f}" for x in self.val_top1)
+                        )
+                    if entry is not None:
+                        self.log(entry)
+                    if self.step == end or (s.checkpoint_every and self.step % s.checkpoint_every == 0):
+                        self.checkpoint()
+        except KeyboardInterrupt:
+            self.checkpoint()  # the completed steps are kept: --resume continues from here
+            raise
+        self.heads.eval()
+        seconds = time.perf_counter() - t_start
+        return TrainResult(
+            step=self.step,
+            positions=self.positions,
+            loss=last_loss,
+            val_top1=self.val_top1,
+            seconds=seconds,
+            positions_per_second=(self.positions - start_positions) / max(1e-9, seconds),
+            stopped_early=self.step < planned,
+        )
+
+
+class _Interval:
+    """Training loss and top-1 hits per head since the last learning-curve line."""
+
+    def __init__(self, num_heads: int):
+        self.num_heads = num_heads
+        self._reset()
+
+    def _reset(self) -> None:
+        self.loss, self.steps = 0.0, 0
+        self.hits, self.counts = [0] * self.num_heads, [0] * self.num_heads
+
+    def add(self, loss: float, hits: list[int], counts: list[int]) -> None:
+        self.loss += loss
+        self.steps += 1
+        self.hits = [a + b for a, b in zip(self.hits, hits, strict=True)]
+        self.counts = [a + b for a, b in zip(self.counts, counts, strict=True)]
+
+    def entry(self, step: int, positions: int, lr: float, rate: float) -> dict:
+        """The learning-curve line of this interval (mean loss, top-1 per head); the next interval starts."""
+        entry = {
+            "step": step,
+            "positions": positions,
+            "loss": self.loss / self.steps,
+            "lr": lr,
+            "train_top1": [h / max(1, n) for h, n in zip(self.hits, self.counts, strict=True)],
+            "positions_per_second": rate,
+        }
+        self._reset()
+        return entry
 
 
 class _TrainProgress:
