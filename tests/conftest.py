@@ -75,28 +75,34 @@ class OracleHeads(torch.nn.Module):
         super().__init__()
         self.config = OracleConfig(num_heads)
         self.reference, self.rank_mod, self.wrong_every = reference, rank_mod, wrong_every
-        self.pos = 0
 
     def bind(self, model):
         self.vocab = model.config.vocab_size
         return self
 
-    def reset(self):
-        self.pos = 0
+    def drafter(self) -> OracleDrafter:
+        return OracleDrafter(self)
+
+
+class OracleDrafter:
+    """One generation's position in the oracle's reference (what `Heads.drafter()` gives real heads)."""
+
+    def __init__(self, heads: OracleHeads):
+        self.heads, self.pos = heads, 0
 
     def extend(self, hidden):
         self.pos += hidden.shape[0]
 
     def draft(self, tree, root_token, probe=None) -> Draft:
-        tokens = []
+        h, tokens = self.heads, []
         for node in range(1, tree.size):
             depth, rank = int(tree.depths[node]), int(tree.ranks[node])
             # truth after the committed prefix: reference[pos] is the root, reference[pos + d] at depth d
             idx = self.pos + depth
-            truth = self.reference[idx] if idx < len(self.reference) else 0
-            right_rank = (self.pos * 7 + depth) % self.rank_mod
-            miss = self.wrong_every and (self.pos + depth) % self.wrong_every == 0
-            tokens.append(truth if rank == right_rank and not miss else (truth + 1 + rank) % self.vocab)
+            truth = h.reference[idx] if idx < len(h.reference) else 0
+            right_rank = (self.pos * 7 + depth) % h.rank_mod
+            miss = h.wrong_every and (self.pos + depth) % h.wrong_every == 0
+            tokens.append(truth if rank == right_rank and not miss else (truth + 1 + rank) % h.vocab)
         t = torch.tensor(tokens, dtype=torch.long, device=root_token.device)
         return Draft(tokens=t, logprobs=torch.zeros(len(tokens)))
 

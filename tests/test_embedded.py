@@ -52,3 +52,22 @@ def test_speculative_equals_plain_greedy(engines, i):
         ids = encode_prompt(tok, prompt)
         hf = model.generate(torch.tensor([ids]), max_new_tokens=N_NEW, do_sample=False)[0, len(ids) :]
         assert hf.tolist() == ref.token_ids
+
+
+def test_two_interleaved_streams_on_one_engine_each_take_the_steps_they_take_alone(engines):
+    """Each generation owns its state (KV cache, the heads' feature, the n-gram index): two streams advanced
+    in turns on one engine emit the same tokens in the same steps (accepted drafts and all) as each alone."""
+    model, tok, plain, spec = engines
+    engine = spec[("hydra", "tree_16")]
+    prompts = [p for _, p in PROMPTS[:2]]
+    alone = [engine.generate(p, max_new_tokens=N_NEW) for p in prompts]
+    streams = [engine.stream(p, max_new_tokens=N_NEW) for p in prompts]
+    together = [None, None]
+    while None in together:
+        for i, s in enumerate(streams):
+            if together[i] is None:
+                together[i] = next(s).result
+    for a, b in zip(alone, together, strict=True):
+        assert b.token_ids == a.token_ids
+        assert [s.token_ids for s in b.steps] == [s.token_ids for s in a.steps]
+    assert any(s.accepted for s in alone[0].steps)  # the heads draft right at times: the check has teeth

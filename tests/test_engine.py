@@ -9,6 +9,7 @@ from conftest import ByteTokenizer, OracleHeads, tiny_model
 from entmtp.engine import Engine
 from entmtp.errors import PromptError
 from entmtp.heads import HeadsConfig, random_heads
+from entmtp.policy import StaticPolicy
 from entmtp.tree import Tree, load_tree
 
 TREES = ["mc_sim_7b_63", "tree_16", "tree_4", "chain_5", "chain_1"]
@@ -198,3 +199,48 @@ def test_root_only_tree_is_plain_decoding():
     )
     assert out.token_ids == plain_greedy(model, ids, 12)
     assert out.tokens_per_step == [1] * 11
+
+
+def test_logprobs_are_the_base_models_log_softmax_of_each_emitted_token():
+    model = tiny_model("llama", seed=7)
+    ids = list(range(60, 75))
+    ref = plain_greedy(model, ids, 20)
+    heads = OracleHeads(ids + ref, rank_mod=1)  # multi-token steps: several tokens' rows per verification
+    engine = Engine(model, ByteTokenizer(), heads=heads, tree="chain_5")
+    events = list(engine.stream(ids, max_new_tokens=20, logprobs=3))
+    result = events[-1].result
+    assert result.token_ids == ref and max(result.tokens_per_step) > 1
+    assert [lp for ev in events for lp in ev.logprobs] == result.logprobs
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + ref])).logits[
+            0, len(ids) - 1 : -1
+        ]  # [20, V]: row i predicts ref[i]
+    want = torch.log_softmax(logits.float(), dim=-1)
+    got = torch.tensor([lp.logprob for lp in result.logprobs])
+    torch.testing.assert_close(got, want[torch.arange(20), torch.tensor(ref)], atol=1e-4, rtol=0)
+    for row, lp in zip(want, result.logprobs, strict=True):
+        top = row.topk(3)
+        assert [t for t, _ in lp.top] == top.indices.tolist()
+        torch.testing.assert_close(torch.tensor([v for _, v in lp.top]), top.values, atol=1e-4, rtol=0)
+    assert engine.generate(ids, max_new_tokens=5).logprobs is None  # only when asked for
+
+
+def test_the_policy_observes_each_step_as_it_was_emitted():
+    """A step cut by EOS reaches the policy cut: what it learns from is what the user got."""
+    model = tiny_model("llama", seed=3)
+    ids = [1, 2, 3, 4, 5, 6]
+    ref = plain_greedy(model, ids, 40)
+    # an EOS token first seen inside a chain_5 step (steps emit tokens 1-6, 7-12, ...)
+    eos = next(i for i in range(6, 40) if ref[i] not in ref[:i] and i % 6 not in (0, 5))
+    model.generation_config.eos_token_id = ref[eos]
+    seen = []
+
+    class Recording(StaticPolicy):
+        def observe(self, step):
+            seen.append(step)
+
+    heads = OracleHeads(ids + ref, rank_mod=1)
+    result = Engine(model, ByteTokenizer(), heads=heads, tree=Recording(load_tree("chain_5"))).generate(ids)
+    assert result.finish_reason == "eos" and result.token_ids == ref[: eos + 1]
+    assert seen == result.steps
+    assert seen[-1].token_ids[-1] == ref[eos] and seen[-1].tokens == len(seen[-1].token_ids)

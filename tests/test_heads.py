@@ -56,11 +56,11 @@ def assert_same_heads(a, b, model):
     hidden, tokens = torch.randn(2, 9, H, generator=g), torch.randint(0, V, (2, 9), generator=g)
     for la, lb in zip(all_logits(a, hidden, tokens), all_logits(b, hidden, tokens), strict=True):
         torch.testing.assert_close(la, lb, rtol=0, atol=0)
-    for heads in (a, b):
-        heads.reset()
-        heads.extend(hidden[0])
+    drafters = a.drafter(), b.drafter()
+    for drafter in drafters:
+        drafter.extend(hidden[0])
     for tree in (FULL, UNEVEN):
-        da, db = a.draft(tree, tokens[0, 0]), b.draft(tree, tokens[0, 0])
+        da, db = (drafter.draft(tree, tokens[0, 0]) for drafter in drafters)
         assert torch.equal(da.tokens, db.tokens)
         torch.testing.assert_close(da.logprobs, db.logprobs, rtol=0, atol=0)
 
@@ -72,8 +72,9 @@ def assert_same_heads(a, b, model):
 def test_medusa_draft_matches_per_head_topk(model, prompt, share):
     heads = make(model, "medusa", share_lm_head=share)
     _, hidden, root = prompt
-    heads.extend(hidden)
-    draft = heads.draft(UNEVEN, root)
+    drafter = heads.drafter()
+    drafter.extend(hidden)
+    draft = drafter.draft(UNEVEN, root)
     assert draft.tokens.shape == (UNEVEN.num_nodes,) and draft.logprobs.dtype == torch.float32
     with torch.no_grad():
         lp = [
@@ -104,21 +105,23 @@ def naive_hydra(heads, feature, root, tree):
 def test_hydra_draft_matches_per_node_loop(model, prompt, arch, tree):
     heads = make(model, "hydra", head_arch=arch, share_lm_head=False)
     _, hidden, root = prompt
-    heads.extend(hidden)
-    draft = heads.draft(tree, root)
+    drafter = heads.drafter()
+    drafter.extend(hidden)
+    draft = drafter.draft(tree, root)
     with torch.no_grad():
-        tokens, logprobs = naive_hydra(heads, heads._feature, int(root), tree)
+        tokens, logprobs = naive_hydra(heads, drafter.feature, int(root), tree)
     assert torch.equal(draft.tokens, tokens)
     torch.testing.assert_close(draft.logprobs, logprobs)
-    again = heads.draft(tree, root)  # the cached per-tree plan gives the same draft
+    again = drafter.draft(tree, root)  # the cached per-tree plan gives the same draft
     assert torch.equal(again.tokens, draft.tokens)
 
 
 def test_ungrounded_hydra_drafts_like_medusa(model, prompt):
     heads = make(model, "hydra", grounded=False)
     _, hidden, root = prompt
-    heads.extend(hidden)
-    draft = heads.draft(FULL, root)
+    drafter = heads.drafter()
+    drafter.extend(hidden)
+    draft = drafter.draft(FULL, root)
     with torch.no_grad():
         first = torch.log_softmax(heads.project(0, heads.heads[0].blocks(hidden[-1])).float(), -1)
     assert draft.tokens[0] == first.argmax()
@@ -128,8 +131,9 @@ def test_ungrounded_hydra_drafts_like_medusa(model, prompt):
 def test_teacher_forced_features_reproduce_greedy_chain(model, prompt, arch):
     heads = make(model, "hydra", head_arch=arch)
     ids, hidden, root = prompt
-    heads.extend(hidden)
-    chain = heads.draft(CHAIN, root).tokens  # [3]: x_{t+2}, x_{t+3}, x_{t+4}
+    drafter = heads.drafter()
+    drafter.extend(hidden)
+    chain = drafter.draft(CHAIN, root).tokens  # [3]: x_{t+2}, x_{t+3}, x_{t+4}
     t = len(ids) - 1
     tokens = torch.cat([ids, root.reshape(1), chain])[None]  # [1, T+4]
     full_hidden = torch.cat([hidden, torch.zeros(4, H)])[None]  # positions after t are never read at t
@@ -139,20 +143,22 @@ def test_teacher_forced_features_reproduce_greedy_chain(model, prompt, arch):
 
 def test_root_only_tree_and_too_deep_tree(model, prompt):
     heads = make(model, "hydra", num_heads=2)
-    heads.extend(prompt[1])
-    assert heads.draft(Tree.root_only(), prompt[2]).tokens.shape == (0,)
+    drafter = heads.drafter()
+    drafter.extend(prompt[1])
+    assert drafter.draft(Tree.root_only(), prompt[2]).tokens.shape == (0,)
     with pytest.raises(HeadsError, match="depth 3 but the heads predict only 2"):
-        heads.draft(FULL, prompt[2])
+        drafter.draft(FULL, prompt[2])
 
 
 def test_draft_before_extend_and_unbound(model):
     config = HeadsConfig.for_model(model, "hydra", 3)
     heads = random_heads(config)
-    with pytest.raises(HeadsError, match="call heads.extend"):
-        heads.draft(FULL, torch.tensor(1))
-    heads.extend(torch.randn(3, H))
+    drafter = heads.drafter()
+    with pytest.raises(HeadsError, match=r"call extend\(prompt hidden states\)"):
+        drafter.draft(FULL, torch.tensor(1))
+    drafter.extend(torch.randn(3, H))
     with pytest.raises(HeadsError, match=r"heads.bind\(model\)"):
-        heads.draft(FULL, torch.tensor(1))
+        drafter.draft(FULL, torch.tensor(1))
 
 
 # ---- prefix-mlp -----------------------------------------------------------------------------------
@@ -161,13 +167,13 @@ def test_draft_before_extend_and_unbound(model):
 def test_prefix_extend_in_chunks_equals_one_chunk_and_features(model, prompt):
     heads = make(model, "hydra", head_arch="prefix-mlp")
     ids, hidden, root = prompt
-    heads.extend(hidden)
-    whole = heads._feature.clone()
-    heads.reset()
-    heads.extend(hidden[:5])
-    heads.extend(hidden[5:9])
-    heads.extend(hidden[9:])
-    torch.testing.assert_close(heads._feature, whole)
+    one = heads.drafter()
+    one.extend(hidden)
+    whole = one.feature.clone()
+    chunks = heads.drafter()
+    for chunk in (hidden[:5], hidden[5:9], hidden[9:]):
+        chunks.extend(chunk)
+    torch.testing.assert_close(chunks.feature, whole)
     with torch.no_grad():
         prefix_out, _ = heads._run_prefix(hidden[None], 0, None)  # what features() runs first
     torch.testing.assert_close(prefix_out[0, -1], whole)
@@ -185,8 +191,9 @@ def test_prefix_layer_equals_official_one_layer_llama(model, prompt, tmp_path):
     hidden = prompt[1]
     with torch.no_grad():
         expected = llama(inputs_embeds=hidden[None]).last_hidden_state[0]
-    heads.extend(hidden)
-    torch.testing.assert_close(heads._feature, expected[-1], rtol=1e-5, atol=1e-5)
+    drafter = heads.drafter()
+    drafter.extend(hidden)
+    torch.testing.assert_close(drafter.feature, expected[-1], rtol=1e-5, atol=1e-5)
 
 
 def _one_layer(config):
@@ -407,23 +414,25 @@ def test_draft_vocabulary_restricts_drafts_and_round_trips(model, prompt, tmp_pa
 
     heads = make(model, kind, share_lm_head=share)
     _, hidden, root = prompt
-    heads.extend(hidden)
-    full = heads.draft(UNEVEN, root)
+    drafter = heads.drafter()
+    drafter.extend(hidden)
+    full = drafter.draft(UNEVEN, root)
     heads.set_draft_vocab(torch.arange(V))  # the whole vocabulary: the same drafts
-    same = heads.draft(UNEVEN, root)
+    same = drafter.draft(UNEVEN, root)
     assert torch.equal(same.tokens, full.tokens)
     torch.testing.assert_close(same.logprobs, full.logprobs)
     # a subset without the full-vocabulary top-1 of every depth-1 draft: those tokens can no longer appear
     banned = set(full.tokens.tolist())
     vocab = torch.tensor([t for t in range(V) if t not in banned])
     heads.set_draft_vocab(vocab)
-    sub = heads.draft(UNEVEN, root)
+    sub = drafter.draft(UNEVEN, root)
     assert set(sub.tokens.tolist()) <= set(vocab.tolist())
     save_heads(heads, tmp_path / "h")
     loaded = load_heads(tmp_path / "h").bind(model)
     assert torch.equal(loaded.draft_vocab, vocab)
-    loaded.extend(hidden)
-    assert torch.equal(loaded.draft(UNEVEN, root).tokens, sub.tokens)
+    again = loaded.drafter()
+    again.extend(hidden)
+    assert torch.equal(again.draft(UNEVEN, root).tokens, sub.tokens)
     counts = torch.zeros(V)
     counts[[5, 9, 9, 9, 7, 7]] += torch.tensor([1.0, 3.0, 3.0, 3.0, 2.0, 2.0])
     assert frequent_tokens(counts, 2, keep=[0]).tolist() == [0, 7, 9]

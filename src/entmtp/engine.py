@@ -9,9 +9,10 @@ decoding: the root-only tree, one token per step.
 from __future__ import annotations
 
 import contextlib
-import itertools
+import dataclasses
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,11 +20,12 @@ from .accept import Sampling, accept
 from .cache import BaseModel
 from .costs import CostCorrector, CostCurve
 from .errors import EntMTPError
+from .heads import Drafter
 from .lookup import Lookup, NgramIndex, draft_lookup, source_depths
 from .model import check_request, context_window, encode_prompt, eos_token_ids
 from .packing import PackedLinear, pack_linears
 from .policy import StaticPolicy, TreePolicy
-from .records import Result, Step, StepContext, TokenEvent
+from .records import Result, Step, StepContext, TokenEvent, TokenLogprob
 from .text import Detokenizer, find_end
 from .tree import Tree, load_tree, prune
 
@@ -117,47 +119,53 @@ class Engine:
         seed: int | None = None,
         stop: list[str] | None = None,
         chat: bool = True,
+        logprobs: int | None = None,
     ) -> Iterator[TokenEvent]:
-        """Yield a `TokenEvent` per step; the last one carries `finish_reason` and `result`."""
+        """Yield a `TokenEvent` per step; the last one carries `finish_reason` and `result`. `logprobs=k`:
+        every event carries each new token's base log-probability and the k most likely tokens there."""
         ids = list(prompt) if _is_ids(prompt) else encode_prompt(self.tokenizer, prompt, chat=chat)
         check_request(len(ids), max_new_tokens, self.window)
+        if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+            raise EntMTPError(
+                f"logprobs must be 0..{MAX_TOP_LOGPROBS} (top tokens per position), got {logprobs}"
+            )
         sampling = Sampling(temperature=temperature, acceptance=acceptance)
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        out: list[int] = []
-        steps: list[Step] = []
-        detok = Detokenizer(self.tokenizer, stop or [])
         t0 = time.perf_counter()
-        prefill_seconds = 0.0
-        finish = "length"
         with _open_cache(self, len(ids) + max_new_tokens) as (cache, graphs):
-            for step, new in decode(self, ids, max_new_tokens, sampling, generator, cache, graphs):
-                if step is None:
-                    prefill_seconds = time.perf_counter() - t0
-                else:
-                    steps.append(step)
-                new = new[: max_new_tokens - len(out)]
-                cut, reason = find_end(new, self.eos_ids, detok)
-                new = new[:cut]
-                if reason is None and len(out) + cut == max_new_tokens:
-                    reason = "length"
-                if step is not None and cut < step.tokens:  # only what was emitted counts
-                    step.tokens, step.token_ids = cut, step.token_ids[:cut]
-                    step.accepted = min(step.accepted, cut)
-                    step.lookup_path = step.lookup_path[:cut]
-                    step.lookup_accepted = sum(step.lookup_path)
-                out += new
-                text = detok.push(new)
-                if reason is not None:
-                    finish = reason
-                    break
-                yield TokenEvent(new, text, step)
+            state = DecodeState(
+                prompt=ids,
+                max_new_tokens=max_new_tokens,
+                sampling=sampling,
+                generator=torch.Generator().manual_seed(seed) if seed is not None else None,
+                cache=cache,
+                graphs=graphs,
+                drafter=self.heads.drafter() if self.heads is not None else None,
+                index=NgramIndex(ids, self.max_ngram) if self.uses_lookup else None,
+                text=Detokenizer(self.tokenizer, stop or []),
+                logprobs=logprobs,
+            )
+            events = decode(self, state)
+            event = next(events)  # the prefill's token
+            prefill_seconds = time.perf_counter() - t0
+            steps: list[Step] = []
+            while event.finish_reason is None:
+                yield event
+                event = next(events)
+                steps.append(event.step)
         seconds = time.perf_counter() - t0
-        # decode() stops only past max_new_tokens, which sets reason "length" first: the loop always breaks,
-        # and its last (unyielded) tokens go out with the result.
-        result = Result(detok.final_text(), out, len(ids), steps, seconds, prefill_seconds, finish)
+        result = Result(
+            state.text.final_text(),
+            state.out,
+            len(ids),
+            steps,
+            seconds,
+            prefill_seconds,
+            event.finish_reason,
+            state.all_logprobs if logprobs is not None else None,
+        )
         if self._corrector is not None:
             self._corrector.observe(steps)
-        yield TokenEvent(new, text, step, finish_reason=finish, result=result)
+        yield dataclasses.replace(event, result=result)
 
 
 @contextlib.contextmanager
@@ -175,89 +183,150 @@ def _open_cache(engine: Engine, tokens: int):
         graphs.in_use = False
 
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
+
+
+@dataclass
+class DecodeState:
+    """One generation's state: everything `decode` reads or changes besides the engine's weights and settings,
+    so generations on one engine share nothing mutable (the policy's trackers excepted, for now)."""
+
+    prompt: list[int]
+    max_new_tokens: int
+    sampling: Sampling
+    generator: torch.Generator | None  # None: the global RNG
+    cache: object  # the KV cache (cache.py), room for the prompt, the output and the largest tree's scratch
+    graphs: object | None  # the verification graphs writing into `cache` (graphs.py, CUDA), if any
+    drafter: Drafter | None  # the heads' drafting state (None: no heads)
+    index: NgramIndex | None  # n-grams of prompt + output (None: no lookup drafts)
+    text: Detokenizer  # the output's text so far, and the stop strings
+    logprobs: int | None = None  # top tokens per emitted token's log-probability record (None: none)
+    out: list[int] = field(default_factory=list)  # emitted tokens
+    all_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
 @torch.inference_mode()
-def decode(
-    engine: Engine, ids: list[int], max_new_tokens: int, sampling: Sampling, generator, cache, graphs
-) -> Iterator[tuple[Step | None, list[int]]]:
-    """Yield (None, [first token]) after the prefill, then (Step, new tokens) per speculative step."""
-    base, heads, policy = engine.base, engine.heads, engine.policy
+def decode(engine: Engine, state: DecodeState) -> Iterator[TokenEvent]:
+    """Yield the prefill's token, then one event per speculative step; the last has a `finish_reason`."""
+    base, drafter, policy, cache, index = engine.base, state.drafter, engine.policy, state.cache, state.index
     dev = base.device
-    prompt = torch.tensor(ids, device=dev)
+    prompt = torch.tensor(state.prompt, device=dev)
     fwd = base.forward(prompt, None, cache, logits_to_keep=1)  # logits [1, V]: the last position only
-    base.commit(cache, list(range(len(ids))))
+    base.commit(cache, list(range(len(state.prompt))))
     # the first token: the acceptance rule on the root-only tree draws it from the last prompt position
-    root = accept(Tree.root_only(), prompt[-1:], fwd.logits[-1:], sampling, generator).bonus
-    if heads is not None:
-        heads.reset()
-        heads.extend(fwd.hidden)  # [P, H]
+    root = accept(Tree.root_only(), prompt[-1:], fwd.logits[-1:], state.sampling, state.generator).bonus
+    if drafter is not None:
+        drafter.extend(fwd.hidden)  # [P, H]
+    if index is not None:
+        index.extend([root])
     root_logits = fwd.logits[-1].clone()  # [V] base distribution the root was drawn from (a scheduler signal)
-    yield None, [root]
-    emitted, plain = 1, Tree.root_only()
-    limit = min(engine.window, cache.capacity)
-    master = policy.master if heads is not None else None
-    index = NgramIndex([*ids, root], engine.max_ngram) if engine.uses_lookup else None  # prompt + output
+    event = _emit(engine, state, None, [root], fwd.logits[-1:])
+    yield event
+    plain, limit = Tree.root_only(), min(engine.window, cache.capacity)
+    master = policy.master if drafter is not None else None
     policy.reset()
-    for step_i in itertools.count():
-        if emitted >= max_new_tokens:
-            return
+    step_i = 0
+    while event.finish_reason is None:
         clock = _Clock(dev)
         # (1) choose a tree: the policy reads the base distribution at the root and, when it has a master
         #     tree, the heads' probe of it (what all its subtrees draft first); never past the context window
         root_t = torch.tensor([root], device=dev)
-        probe = heads.probe(master, root_t) if master is not None else None
+        probe = drafter.probe(master, root_t) if master is not None else None
         times = {"probe": clock.lap()}
-        pos = cache.length
-        ctx = StepContext(step_i, pos, max_new_tokens - emitted, root_logits, probe, lookup=index)
-        tree = policy.choose(ctx)
+        pos, remaining = cache.length, state.max_new_tokens - len(state.out)
+        tree = policy.choose(StepContext(step_i, pos, remaining, root_logits, probe, lookup=index))
         if pos + tree.size > limit:
             tree = plain
         times["choose"] = clock.lap()
         # (2) draft: one token per tree node from the heads (the probed ones are reused) and the lookup
         #     index; lookup nodes the context has no continuation for are dropped from the tree
-        tree, tokens = _draft(heads, tree, root_t, probe, index)  # tokens [N+1]
+        tree, tokens = _draft(drafter, tree, root_t, probe, index)  # tokens [N+1]
         times["draft"] = clock.lap()
         # (3) verify every node in ONE forward: tree mask over the cache, positions = pos + depth (on CUDA
         #     the replay of the graph captured for this tree size)
-        fwd = graphs.forward(tokens, tree) if graphs is not None else None
+        fwd = state.graphs.forward(tokens, tree) if state.graphs is not None else None
         if fwd is None:
             fwd = base.forward(tokens, tree, cache)
         times["verify"] = clock.lap()
         # (4) accept: the longest path the base model agrees with, plus its bonus token
-        acc = accept(tree, tokens, fwd.logits, sampling, generator)
+        acc = accept(tree, tokens, fwd.logits, state.sampling, state.generator)
         times["accept"] = clock.lap()
         # (5) commit: keep the accepted path in the KV cache and feed its hidden states to the heads
         base.commit(cache, acc.path)
         path = torch.tensor(acc.path, device=dev)
-        if heads is not None:
-            heads.extend(fwd.hidden[path])  # [a, H]
+        if drafter is not None:
+            drafter.extend(fwd.hidden[path])  # [a, H]
         new = tokens[path[1:]].tolist() + [acc.bonus]
         if index is not None:
             index.extend(new)
         times["commit"] = clock.lap()
-        # (6) record
-        emitted += len(new)
+        # (6) finish the step (cut at max tokens, EOS or a stop string), then the policy observes it
         root, root_logits = acc.bonus, fwd.logits[acc.path[-1]].clone()  # a graph's output is overwritten
         times["total"] = clock.total()
-        signals = dict(policy.last_signals)
-        step = Step(tree.name, tree.num_nodes, len(acc.path) - 1, len(new), new, times, signals)
-        if tree.num_lookup:  # which drafts were copies, and how far each source alone was right
-            step.lookup_path = tree.lookup[acc.path[1:]].tolist()
-            step.lookup_nodes, step.lookup_accepted = tree.num_lookup, sum(step.lookup_path)
-            step.sources = source_depths(tree, tokens.tolist(), new)
-        policy.observe(step)
-        yield step, new
+        event = _emit(engine, state, (tree, tokens, acc, times, policy.last_signals), new, fwd.logits[path])
+        policy.observe(event.step)
+        step_i += 1
+        yield event
+
+
+def _emit(engine: Engine, state: DecodeState, verified, new: list[int], logits: torch.Tensor) -> TokenEvent:
+    """The event of `new` tokens (predicted by `logits` [len(new), V]) cut where the generation ends, with its
+    text, log-probabilities and (`verified`: the step's tree, tokens, acceptance, times, signals) its Step."""
+    new = new[: state.max_new_tokens - len(state.out)]
+    cut, reason = find_end(new, engine.eos_ids, state.text)
+    new = new[:cut]
+    if reason is None and len(state.out) + cut == state.max_new_tokens:
+        reason = "length"
+    state.out += new
+    logprobs = None
+    if state.logprobs is not None:
+        logprobs = token_logprobs(logits[:cut], new, state.logprobs)
+        state.all_logprobs += logprobs
+    step = None if verified is None else _step(*verified, new)
+    return TokenEvent(new, state.text.push(new), step, finish_reason=reason, logprobs=logprobs)
+
+
+def _step(
+    tree: Tree, tokens: torch.Tensor, acc, times: dict[str, float], signals, emitted: list[int]
+) -> Step:
+    """The record of a verified step whose emitted tokens (after the cut) are `emitted`."""
+    kept = acc.path[1 : 1 + len(emitted)]  # accepted drafts that were emitted
+    lookup_path = tree.lookup[kept].tolist() if tree.num_lookup else []
+    return Step(
+        tree=tree.name,
+        tree_nodes=tree.num_nodes,
+        accepted=len(kept),
+        tokens=len(emitted),
+        token_ids=emitted,
+        seconds=times,
+        signals=dict(signals),
+        lookup_nodes=tree.num_lookup,
+        lookup_accepted=sum(lookup_path),
+        sources=source_depths(tree, tokens.tolist(), emitted) if tree.num_lookup else {},
+        lookup_path=lookup_path,
+    )
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], k: int) -> list[TokenLogprob]:
+    """Each token's log-probability under its row of `logits` [n, V] (float32 log-softmax), with the k most
+    likely tokens of that row."""
+    lp = torch.log_softmax(logits.float(), dim=-1)  # [n, V]
+    chosen = lp[torch.arange(len(tokens)), torch.tensor(tokens, device=lp.device)].tolist()
+    top_lp, top_ids = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
+    tops = [tuple(zip(i, v, strict=True)) for i, v in zip(top_ids.tolist(), top_lp.tolist(), strict=True)]
+    return [TokenLogprob(t, c, top) for t, c, top in zip(tokens, chosen, tops, strict=True)]
 
 
 def _draft(
-    heads, tree: Tree, root_t: torch.Tensor, probe, index: NgramIndex | None
+    drafter: Drafter | None, tree: Tree, root_t: torch.Tensor, probe, index: NgramIndex | None
 ) -> tuple[Tree, torch.Tensor]:
     """The step's tree (lookup nodes without a proposal dropped) and its tokens [N+1], root first."""
     if tree.num_lookup == 0:
-        tokens = torch.cat([root_t, heads.draft(tree, root_t, probe).tokens]) if tree.num_nodes else root_t
+        tokens = torch.cat([root_t, drafter.draft(tree, root_t, probe).tokens]) if tree.num_nodes else root_t
         return tree, tokens
     toks: list[int | None] = [int(root_t)] + [None] * tree.num_nodes
     if tree.heads_tree.num_nodes:
-        drafted = heads.draft(tree.heads_tree, root_t, probe).tokens.tolist()
+        drafted = drafter.draft(tree.heads_tree, root_t, probe).tokens.tolist()
         for node, t in zip(tree.head_nodes[1:].tolist(), drafted, strict=True):
             toks[node] = t
     keep = draft_lookup(tree, toks, index)

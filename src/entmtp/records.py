@@ -1,5 +1,5 @@
 """Per-step records shared by the engine, policies and benchmarks: a step, a whole generation, a streamed token
-event, and what a policy sees before a step. Convention: tokens per step = accepted drafts + 1 bonus token
+event, a token's log-probabilities, and what a policy sees before a step. Convention: tokens per step = accepted drafts + 1 bonus token
 (metrics.py defines every speed metric)."""
 
 from __future__ import annotations
@@ -35,6 +35,18 @@ class Step:
     lookup_path: list[bool] = field(default_factory=list)  # hybrid trees: per accepted draft, a lookup copy?
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The base model's log-probability of an emitted token: log-softmax of its raw logits (temperature 1,
+    float32) at the position that predicted the token, and the `k` most likely tokens there (most likely
+    first; `Engine.stream(logprobs=k)`). Under sampling this is the model's distribution, not the tempered
+    or typical-filtered one the token was drawn or accepted from."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, log-probability), k of them
+
+
 @dataclass
 class Result:
     text: str
@@ -44,6 +56,7 @@ class Result:
     seconds: float  # wall time of the whole generation, prefill included
     prefill_seconds: float
     finish_reason: str  # "eos", "stop", "length"
+    logprobs: list[TokenLogprob] | None = None  # per token of `token_ids`, when asked for
 
     @property
     def num_steps(self) -> int:
@@ -90,6 +103,7 @@ class TokenEvent:
     step: Step | None  # None for the token produced by the prefill
     finish_reason: str | None = None  # set on the last event
     result: Result | None = None  # set on the last event
+    logprobs: list[TokenLogprob] | None = None  # per token of `token_ids`, when asked for
 
 
 @dataclass(frozen=True)

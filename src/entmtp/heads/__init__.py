@@ -19,9 +19,10 @@ Architectures (parameter layouts match the official code so their checkpoints lo
   ``prefix-mlp`` adds one Llama decoder layer (+ final RMSNorm, as the official code runs a 1-layer
   ``LlamaModel``) over the base hidden states; it keeps its own KV cache of committed positions only.
 
-Drafting contract: ``reset()``; ``extend(hidden)`` with the hidden states of newly committed positions (the
-prompt, then each step's accepted path); ``draft(tree, root_token) -> Draft``. Training: ``features`` then
-``project``.
+Drafting contract: ``drafter = heads.drafter()`` per generation (its own feature and prefix-layer cache);
+``drafter.extend(hidden)`` with the hidden states of newly committed positions (the prompt, then each step's
+accepted path); ``drafter.probe(master, root_token) -> Probe``; ``drafter.draft(tree, root_token) -> Draft``.
+Training: ``features`` then ``project``.
 
 Where things live: ``config.py`` (HeadsConfig, file names), ``modules.py`` (residual blocks, Hydra++'s prefix
 layer), ``drafting.py`` (the ``Heads`` base class, Medusa, the draft vocabulary), ``hydra.py`` (Hydra's
@@ -42,7 +43,7 @@ from .config import (
     WEIGHTS_FILE,
     HeadsConfig,
 )
-from .drafting import Draft, Heads, MedusaHeads, Probe, frequent_tokens
+from .drafting import Draft, Drafter, Heads, MedusaHeads, Probe, frequent_tokens
 from .formats import load_heads, save_heads, save_hydra_official, save_medusa_official
 from .hydra import HydraHeads, random_heads
 
@@ -59,6 +60,7 @@ __all__ = [
     "MEDUSA_SAFETENSORS",
     "WEIGHTS_FILE",
     "Draft",
+    "Drafter",
     "Heads",
     "HeadsConfig",
     "HydraHeads",

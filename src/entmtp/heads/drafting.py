@@ -112,7 +112,6 @@ class Heads(nn.Module):
             Head(self.head_input_size(i), config, proj_bias=self.proj_bias) for i in range(config.num_heads)
         )
         self._base: BaseRefs | None = None
-        self._feature: torch.Tensor | None = None  # [H]: what the next draft starts from
         self._plans: weakref.WeakKeyDictionary[Tree, dict[torch.device, Any]] = weakref.WeakKeyDictionary()
         self.draft_vocab: torch.Tensor | None = None  # [Vd] token ids drafts are chosen from (None: all)
         self._draft_proj: dict[tuple, tuple] = {}  # key -> (weight [Vd, H], bias, packed weight or None)
@@ -198,27 +197,35 @@ class Heads(nn.Module):
 
     # ---- drafting ---------------------------------------------------------------------------------
 
+    def drafter(self) -> Drafter:
+        """A fresh drafting state for one generation (see `Drafter`)."""
+        return Drafter(self)
+
+    def advance(
+        self, hidden: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """(the feature after newly committed positions' hidden states [T, H], T >= 1; the prefix layer's
+        KV cache after them). Medusa and Hydra-`mlp`: the last hidden state, no cache."""
+        return hidden[-1].to(self.dtype).clone(), None
+
+    # One drafting state kept on the heads, for scripts and tests that draft outside a generation (the engine
+    # gives each generation its own `Drafter`). TODO(this session): callers move to `drafter()`.
     def reset(self) -> None:
-        """Forget the drafting state (the last feature and the prefix layer's KV cache)."""
-        self._feature = None
+        self._default = Drafter(self)
 
-    @torch.inference_mode()
     def extend(self, hidden: torch.Tensor) -> None:
-        """Take the base hidden states of newly committed positions: ``hidden`` [T, H]."""
-        if hidden.ndim != 2 or hidden.shape[1] != self.config.hidden_size:
-            raise HeadsError(
-                f"extend() takes hidden states [T, {self.config.hidden_size}], got {tuple(hidden.shape)}"
-            )
-        if hidden.shape[0] == 0:
-            return
-        self._feature = hidden[-1].to(self.dtype).clone()  # [H]
+        self._default_drafter().extend(hidden)
 
-    def _require_feature(self) -> torch.Tensor:
-        if self._feature is None:
-            raise HeadsError(
-                "no committed position yet: call heads.extend(prompt hidden states) before draft()"
-            )
-        return self._feature
+    def draft(self, tree: Tree, root_token: torch.Tensor, probe: Probe | None = None) -> Draft:
+        return self._default_drafter().draft(tree, root_token, probe)
+
+    def probe(self, master: Tree, root_token: torch.Tensor) -> Probe:
+        return self._default_drafter().probe(master, root_token)
+
+    def _default_drafter(self) -> Drafter:
+        if getattr(self, "_default", None) is None:
+            self._default = Drafter(self)
+        return self._default
 
     def _plan(self, tree: Tree, device: torch.device, build: Callable[[Tree, torch.device], Any]) -> Any:
         """Per-tree index tensors, built on the first draft with that tree and device, then reused."""
@@ -228,36 +235,19 @@ class Heads(nn.Module):
             per_tree[key] = build(tree, device)
         return per_tree[key]
 
-    def _check_tree(self, tree: Tree) -> None:
+    def check_tree(self, tree: Tree) -> None:
         if tree.depth > self.config.num_heads:
             raise HeadsError(
                 f"tree {tree.name!r} has depth {tree.depth} but the heads predict only "
                 f"{self.config.num_heads} tokens ahead: use a tree of depth <= {self.config.num_heads}"
             )
 
-    @torch.inference_mode()
-    def draft(self, tree: Tree, root_token: torch.Tensor, probe: Probe | None = None) -> Draft:
-        """Draft tokens for tree nodes 1..N; ``root_token`` is the base model's next token (node 0).
-        ``probe``: this step's `probe` of a tree that contains ``tree``, reused instead of drafted again."""
-        self._check_tree(tree)
-        feat = self._require_feature()  # [H]
-        if tree.num_nodes == 0:
-            empty = torch.empty(0, device=feat.device)
-            return Draft(tokens=empty.long(), logprobs=empty.float())
-        return self._draft(tree, feat, root_token, probe)
-
-    @torch.inference_mode()
-    def probe(self, master: Tree, root_token: torch.Tensor) -> Probe:
-        """What every subtree of ``master`` drafts first, with its probabilities (see `Probe`)."""
-        self._check_tree(master)
-        if master.num_nodes == 0:
-            raise HeadsError("probe() needs a tree with at least one node: the root-only tree drafts nothing")
-        return self._probe(master, self._require_feature(), root_token)
-
-    def _probe(self, master: Tree, feat: torch.Tensor, root_token: torch.Tensor) -> Probe:
+    def probe_at(self, master: Tree, feat: torch.Tensor, root_token: torch.Tensor) -> Probe:
         return Probe(*self._topk_table(feat, master.depth, master.topk))
 
-    def _draft(self, tree: Tree, feat: torch.Tensor, root_token: torch.Tensor, probe: Probe | None) -> Draft:
+    def draft_at(
+        self, tree: Tree, feat: torch.Tensor, root_token: torch.Tensor, probe: Probe | None
+    ) -> Draft:
         return self._draft_parallel(tree, feat, probe)
 
     def _topk_table(self, feat: torch.Tensor, depth: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -359,6 +349,56 @@ class Heads(nn.Module):
                     head.proj.weight.copy_(lm_weight)
                     if head.proj.bias is not None:
                         head.proj.bias.zero_()
+
+
+class Drafter:
+    """One generation's drafting state over `heads`: the feature the next draft starts from and (Hydra++
+    `prefix-mlp`) the prefix layer's KV cache of the committed positions. Each generation owns one, so two
+    generations over the same heads never see each other's positions.
+
+    Contract: `extend(hidden)` with the hidden states of newly committed positions (the prompt, then each
+    step's accepted path); `probe(master, root_token)` before the tree is chosen; `draft(tree, root_token,
+    probe)` for the chosen tree."""
+
+    def __init__(self, heads: Heads):
+        self.heads = heads
+        self.feature: torch.Tensor | None = None  # [H]
+        self.kv: tuple[torch.Tensor, torch.Tensor] | None = None  # prefix-mlp: [1, nkv, S, hd] x2
+
+    @torch.inference_mode()
+    def extend(self, hidden: torch.Tensor) -> None:
+        """Take the base hidden states of newly committed positions: ``hidden`` [T, H]."""
+        size = self.heads.config.hidden_size
+        if hidden.ndim != 2 or hidden.shape[1] != size:
+            raise HeadsError(f"extend() takes hidden states [T, {size}], got {tuple(hidden.shape)}")
+        if hidden.shape[0]:
+            self.feature, self.kv = self.heads.advance(hidden, self.kv)
+
+    def _require_feature(self) -> torch.Tensor:
+        if self.feature is None:
+            raise HeadsError(
+                "no committed position yet: call extend(prompt hidden states) before draft() or probe()"
+            )
+        return self.feature
+
+    @torch.inference_mode()
+    def draft(self, tree: Tree, root_token: torch.Tensor, probe: Probe | None = None) -> Draft:
+        """Draft tokens for tree nodes 1..N; ``root_token`` is the base model's next token (node 0).
+        ``probe``: this step's `probe` of a tree that contains ``tree``, reused instead of drafted again."""
+        self.heads.check_tree(tree)
+        feat = self._require_feature()  # [H]
+        if tree.num_nodes == 0:
+            empty = torch.empty(0, device=feat.device)
+            return Draft(tokens=empty.long(), logprobs=empty.float())
+        return self.heads.draft_at(tree, feat, root_token, probe)
+
+    @torch.inference_mode()
+    def probe(self, master: Tree, root_token: torch.Tensor) -> Probe:
+        """What every subtree of ``master`` drafts first, with its probabilities (see `Probe`)."""
+        self.heads.check_tree(master)
+        if master.num_nodes == 0:
+            raise HeadsError("probe() needs a tree with at least one node: the root-only tree drafts nothing")
+        return self.heads.probe_at(master, self._require_feature(), root_token)
 
 
 class MedusaHeads(Heads):

@@ -37,7 +37,6 @@ class HydraHeads(Heads):
         # prefix-mlp without geometry in the config: built by bind(), from the base model.
         self.prefix = PrefixLayer(config) if config.head_arch == "prefix-mlp" and config.head_dim else None
         self._prefix_init = (0, "medusa")  # (seed, init) for a prefix layer built at bind()
-        self._kv: tuple[torch.Tensor, torch.Tensor] | None = None  # prefix-mlp cache: [1, nkv, S, hd] x2
 
     def head_input_size(self, i: int) -> int:
         h = self.config.hidden_size
@@ -46,10 +45,6 @@ class HydraHeads(Heads):
     @property
     def grounded(self) -> bool:
         return self.config.grounded
-
-    def reset(self) -> None:
-        super().reset()
-        self._kv = None
 
     def _bind_prefix(self, model: nn.Module, fix: str) -> None:
         """Build the prefix layer from the model's geometry, or check it against the model and take the
@@ -93,19 +88,14 @@ class HydraHeads(Heads):
         cos, sin = base.rotary(x, positions)  # [B, T, hd] each
         return self.prefix(x, cos, sin, base.rms_norm_eps, past)
 
-    @torch.inference_mode()
-    def extend(self, hidden: torch.Tensor) -> None:
+    def advance(
+        self, hidden: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         if self.config.head_arch != "prefix-mlp":
-            return super().extend(hidden)
-        if hidden.ndim != 2 or hidden.shape[1] != self.config.hidden_size:
-            raise HeadsError(
-                f"extend() takes hidden states [T, {self.config.hidden_size}], got {tuple(hidden.shape)}"
-            )
-        if hidden.shape[0] == 0:
-            return
-        start = 0 if self._kv is None else self._kv[0].shape[2]
-        out, self._kv = self._run_prefix(hidden.to(self.dtype)[None], start, self._kv)  # out [1, T, H]
-        self._feature = out[0, -1]
+            return super().advance(hidden, kv)
+        start = 0 if kv is None else kv[0].shape[2]
+        out, kv = self._run_prefix(hidden.to(self.dtype)[None], start, kv)  # out [1, T, H]
+        return out[0, -1], kv
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Base input embeddings of ``tokens`` in the heads' dtype, never trained: [...] -> [..., H]."""
@@ -122,14 +112,16 @@ class HydraHeads(Heads):
         top_lp, top = lp.topk(k, dim=-1)  # [P, k]
         return self._draft_ids(top), top_lp
 
-    def _probe(self, master: Tree, feat: torch.Tensor, root_token: torch.Tensor) -> Probe:
+    def probe_at(self, master: Tree, feat: torch.Tensor, root_token: torch.Tensor) -> Probe:
         if not self.grounded:
-            return super()._probe(master, feat, root_token)
+            return super().probe_at(master, feat, root_token)
         ctx = self._root_context(feat, root_token)  # [1, 2H]
         k = self._plan(master, feat.device, level_plans)[0].k
         return Probe(*self._level_topk(1, ctx, k), context=ctx)
 
-    def _draft(self, tree: Tree, feat: torch.Tensor, root_token: torch.Tensor, probe: Probe | None) -> Draft:
+    def draft_at(
+        self, tree: Tree, feat: torch.Tensor, root_token: torch.Tensor, probe: Probe | None
+    ) -> Draft:
         """Level by level: the depth-d nodes' head reads the feature and the tokens of their branch."""
         if not self.grounded:
             return self._draft_parallel(tree, feat, probe)
