@@ -14,6 +14,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -136,62 +137,79 @@ def train_heads(
     Returns a summary dict: {"distill": manifest summary, "train": TrainResult fields, "eval": report}.
     """
     stages = _stages(stages)
-    gen_settings, train_settings = gen_settings or GenSettings(), train_settings or TrainSettings()
-    heads_settings, eval_settings = heads_settings or HeadsSettings(), eval_settings or EvalSettings()
     out = Path(out_dir)
     distill = Path(distill_dir) if distill_dir is not None else out / "distill"
     _check_inputs(stages, out, distill, resume, overwrite, gen_time_limit, train_time_limit)
     prompts, sources = (
         load_training_prompts(data_dir, prompts_file, with_sources=True) if "gen" in stages else (None, None)
     )
+    b = _load_base(model, base, dtype, device)
+    summary: dict = {}
+    if "gen" in stages:
+        batch_size = gen_batch_size or (128 if torch.device(device).type == "cuda" else 32)
+        summary["distill"] = _gen_stage(
+            b, distill, prompts, sources, gen_settings, batch_size, progress, gen_time_limit
+        )
+    heads = None
+    if "train" in stages:
+        run = dict(
+            device=device, resume=resume, overwrite=overwrite, progress=progress, stop_after=stop_after
+        )
+        heads, summary["train"] = _train_stage(
+            b, kind, distill, out, train_settings, heads_settings, init, time_limit=train_time_limit, **run
+        )
+        if summary["train"]["stopped_early"]:
+            return summary
+    if "eval" in stages:
+        heads = heads if heads is not None else load_heads(out)
+        summary["eval"] = _evaluate(
+            b.model, b.tokenizer, heads, out, eval_settings or EvalSettings(), progress
+        )
+    return summary
+
+
+@dataclass(frozen=True)
+class _Base:
+    """The frozen base model, its tokenizer, and the name its distillation data and heads record."""
+
+    model: Any
+    tokenizer: Any
+    name: str
+
+
+def _load_base(model: str | None, base: tuple | None, dtype: str, device: str) -> _Base:
     if base is None:
         model_obj, tokenizer = load_model(model, dtype=dtype, device=device)
     else:
         model_obj, tokenizer = base
-    base_name = model or (EMBEDDED if base is None else model_name(model_obj))
-    summary: dict = {}
+    return _Base(model_obj, tokenizer, model or (EMBEDDED if base is None else model_name(model_obj)))
 
-    if "gen" in stages:
-        t0 = time.perf_counter()
-        manifest = generate_data(
-            model_obj,
-            tokenizer,
-            distill,
-            prompts=prompts,
-            sources=sources,
-            settings=gen_settings,
-            batch_size=gen_batch_size or (128 if torch.device(device).type == "cuda" else 32),
-            base_model=base_name,
-            progress=progress,
-            time_limit=gen_time_limit,
-        )
-        summary["distill"] = _distill_summary(distill, manifest, time.perf_counter() - t0)
 
-    heads = None
-    if "train" in stages:
-        heads, summary["train"] = _train_stage(
-            model_obj,
-            tokenizer,
-            heads_settings.config(model_obj, kind, base_name),
-            distill,
-            out,
-            train_settings,
-            heads_settings,
-            init,
-            device=device,
-            resume=resume,
-            overwrite=overwrite,
-            progress=progress,
-            stop_after=stop_after,
-            time_limit=train_time_limit,
-        )
-        if summary["train"]["stopped_early"]:
-            return summary
-
-    if "eval" in stages:
-        heads = heads if heads is not None else load_heads(out)
-        summary["eval"] = _evaluate(model_obj, tokenizer, heads, out, eval_settings, progress)
-    return summary
+def _gen_stage(
+    b: _Base,
+    distill: Path,
+    prompts,
+    sources,
+    settings: GenSettings | None,
+    batch_size: int,
+    progress,
+    time_limit,
+) -> dict:
+    """Generate the self-distillation data in ``distill``; returns its summary."""
+    t0 = time.perf_counter()
+    manifest = generate_data(
+        b.model,
+        b.tokenizer,
+        distill,
+        prompts=prompts,
+        sources=sources,
+        settings=settings or GenSettings(),
+        batch_size=batch_size,
+        base_model=b.name,
+        progress=progress,
+        time_limit=time_limit,
+    )
+    return _distill_summary(distill, manifest, time.perf_counter() - t0)
 
 
 def _check_inputs(
@@ -233,19 +251,20 @@ def _manifest_of(distill: Path, base_name: str) -> Manifest:
 
 
 def _train_stage(
-    model,
-    tokenizer,
-    config: HeadsConfig,
+    b: _Base,
+    kind: str,
     distill: Path,
     out: Path,
-    settings: TrainSettings,
-    heads_settings: HeadsSettings,
+    settings: TrainSettings | None,
+    heads_settings: HeadsSettings | None,
     init,
     **run,
 ) -> tuple[Heads, dict]:
-    """Train heads of ``config`` on the data in ``distill`` (``run``: the keyword options of `train`), then give
+    """Train ``kind`` heads on the data in ``distill`` (``run``: the keyword options of `train`), then give
     them their draft vocabulary and save them in ``out`` unless training stopped early. Returns the heads and
     the `TrainResult` fields."""
+    settings, heads_settings = settings or TrainSettings(), heads_settings or HeadsSettings()
+    config = heads_settings.config(b.model, kind, b.name)
     manifest = _manifest_of(distill, config.base_model)
     if init is not None:  # continue from trained heads (e.g. the shipped ones, on new data)
         heads = _init_heads(init, config, distill, settings.seed)
@@ -254,11 +273,11 @@ def _train_stage(
     else:
         heads, init_vocab = random_heads(config, seed=settings.seed), None
         if not config.share_lm_head:
-            heads.bind(model).init_projections_from_base()
-    result = train(model, heads, distill, out, settings=settings, **run)
+            heads.bind(b.model).init_projections_from_base()
+    result = train(b.model, heads, distill, out, settings=settings, **run)
     plot_learning_curve(out / LOG, out / "learning_curve.png")
     if not result.stopped_early:
-        _set_draft_vocab(heads, model, tokenizer, distill, manifest, heads_settings, init_vocab)
+        _set_draft_vocab(heads, b.model, b.tokenizer, distill, manifest, heads_settings, init_vocab)
         heads.to(dtype=DTYPES[heads_settings.save_dtype])
         save_heads(heads, out, overwrite=run["overwrite"])
     return heads, dataclasses.asdict(result)
