@@ -244,3 +244,17 @@ def test_the_policy_observes_each_step_as_it_was_emitted():
     assert result.finish_reason == "eos" and result.token_ids == ref[: eos + 1]
     assert seen == result.steps
     assert seen[-1].token_ids[-1] == ref[eos] and seen[-1].tokens == len(seen[-1].token_ids)
+
+
+def test_streamed_text_adds_up_to_the_result_when_a_stop_string_spans_tokens():
+    """The engine streams through the same detokenizer as the server: a stop string's first tokens are held
+    back until it is clear they do not begin it, and the last event releases whatever is left."""
+    model = tiny_model("llama", seed=6)
+    ids = list(b"hello")
+    text = Engine(model, ByteTokenizer()).generate(ids, max_new_tokens=30).text
+    # a stop inside the text; one that the text's last characters begin (held to the end, then released)
+    for stop in (text[8:12], text[-2:] + "\x01 not in the text"):
+        events = list(Engine(model, ByteTokenizer()).stream(ids, max_new_tokens=30, stop=[stop]))
+        result = events[-1].result
+        assert "".join(ev.text for ev in events) == result.text
+        assert result.text == text.split(stop)[0]

@@ -283,7 +283,8 @@ def _emit(engine: Engine, state: DecodeState, verified, new: list[int], logits: 
         logprobs = token_logprobs(logits[:cut], new, state.logprobs)
         state.all_logprobs += logprobs
     step = None if verified is None else _step(*verified, new)
-    return TokenEvent(new, state.text.push(new), step, finish_reason=reason, logprobs=logprobs)
+    text = state.text.push(new, final=reason is not None)
+    return TokenEvent(new, text, step, finish_reason=reason, logprobs=logprobs)
 
 
 def _step(
