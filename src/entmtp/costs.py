@@ -300,106 +300,129 @@ def measure(
     verification forward, acceptance and commit. Within `budget_s`: a size repeats until `SIZE_CAP_S` (at least
     `MIN_REPS` times); once the budget is spent, larger sizes and the next context are not measured."""
     t_start = time.perf_counter()
-    num_heads = heads.config.num_heads if heads is not None else 4
-    offset = heads.config.hidden_state_offset if heads is not None else 0
-    base = BaseModel(model, hidden_state_offset=offset)
-    graphs = uses_graphs(model) if graphs is None else graphs
-    replay = None
-    if graphs:  # as the engine verifies: one graph per tree-size bucket (on a CPU: the same padded forward)
-        from .graphs import VerifyGraphs
-
-        replay = VerifyGraphs(base, capture=base.device.type == "cuda", verbose=False)
-    from .model import context_window
-
-    window = context_window(model)
-    contexts = sorted({max(8, min(c, window - 2 * max(sizes) - 64)) for c in contexts})
-    trees = {n: synthetic_tree(n, num_heads) for n in sizes}
-    if heads is not None:
-        heads.bind(model)
-    gen = torch.Generator().manual_seed(0)
-    vocab, dev = model.config.vocab_size, base.device
+    probe = _Probe(model, heads, sizes, graphs)
+    contexts = probe.clamp(contexts)
     line = _Line("measuring this machine's step costs (once)", len(sizes) * len(contexts), progress)
-    rows: list[dict[int, float]] = []
-    drafts: dict[int, list[float]] = {n: [] for n in sizes}
-    prefill_ms_per_token = None
-    greedy = Sampling()
+    rows: list[dict[int, float]] = []  # per context: ms per step by size (the sizes measured in time)
     try:
         for ctx in contexts:
             left = budget_s - (time.perf_counter() - t_start)
-            if rows and (left < budget_s / 3 or left < 2 * ctx * (prefill_ms_per_token or 0) / 1000):
+            if rows and (left < budget_s / 3 or left < 2 * ctx * (probe.prefill_ms_per_token or 0) / 1000):
                 break  # no time for a useful second row: the first context's curve stands alone
-            steps = len(sizes) * (MAX_REPS + 1) + WARMUP_STEPS + MIN_REPS
-            need = ctx + steps * (num_heads + 1) + max(sizes) + 2
-            cache = replay.cache_for(need, window) if replay is not None else base.new_cache(need)
-            ids = torch.randint(0, vocab, (ctx,), generator=gen).to(dev)
-            t0 = _now(dev)
-            fwd = base.forward(ids, None, cache)
-            prefill_ms_per_token = 1000 * (_now(dev) - t0) / ctx
-            base.commit(cache, list(range(ctx)))
-            if heads is not None:
-                heads.reset()
-                heads.extend(fwd.hidden)
+            cache = probe.prefill(ctx)
             if not rows:  # a fresh process: the first calls of each kernel are slow, whatever their size
                 for n in [0] * WARMUP_STEPS + [m for m in sizes if m][:1]:
-                    _step(base, replay, heads, trees[n], cache, vocab, gen, greedy)
-            row: dict[int, float] = {}
-            for n in sizes:
-                if row and time.perf_counter() - t_start > budget_s:
-                    break
-                times, spent = [], 0.0
-                for rep in range(MAX_REPS + 1):
-                    ms, draft_ms = _step(base, replay, heads, trees[n], cache, vocab, gen, greedy)
-                    if rep == 0:
-                        continue  # warm-up: first calls of a shape allocate
-                    times.append(ms)
-                    drafts[n].append(draft_ms)
-                    spent += ms / 1000
-                    if len(times) >= MIN_REPS and spent > SIZE_CAP_S:
-                        break
-                row[n] = statistics.median(times)
-                line.advance()
-            if 0 in row:  # the plain step once more, last: a slow start must not make plain look dear
-                again = [
-                    _step(base, replay, heads, trees[0], cache, vocab, gen, greedy)[0]
-                    for _ in range(MIN_REPS)
-                ]
-                row[0] = min(row[0], statistics.median(again))
-            rows.append(row)
+                    probe.step(n, cache)
+            rows.append(probe.row(cache, line, t_start, budget_s))
     finally:
         line.stop()  # a failure must not leave the bar drawing
     seconds = time.perf_counter() - t_start
     first = _extrapolate(rows[0], sizes)  # the short context, measured first, is the reference shape
     by_context = (tuple(first),) + tuple(tuple(_like(r, first, sizes)) for r in rows[1:])
     step = tuple(float(np.mean([r[i] for r in by_context])) for i in range(len(sizes)))
-    draft = tuple(float(statistics.median(drafts[n])) if drafts[n] else 0.0 for n in sizes)
+    draft = tuple(float(statistics.median(probe.drafts[n])) if probe.drafts[n] else 0.0 for n in sizes)
     draft = tuple(_extrapolate(dict(zip(sizes, draft, strict=True)), sizes))
     curve = CostCurve(
-        tuple(sizes), step, draft, tuple(contexts[: len(rows)]), by_context, prefill_ms_per_token,
-        cost_key(model, heads, graphs), "probe", seconds,
+        tuple(sizes), step, draft, tuple(contexts[: len(rows)]), by_context, probe.prefill_ms_per_token,
+        cost_key(model, heads, probe.graphs), "probe", seconds,
     )  # fmt: skip
     line.say(f"step costs measured in {seconds:.1f} s: {curve.summary()}")
     return curve
 
 
-def _step(base: BaseModel, replay, heads, tree: Tree, cache, vocab, gen, sampling) -> tuple[float, float]:
-    """(ms of one decode step, ms of its drafting) with random tokens; commits the accepted path."""
-    dev = base.device
-    root = torch.randint(0, vocab, (1,), generator=gen).to(dev)
-    t0 = _now(dev)
-    if heads is not None and tree.num_nodes:
-        tokens = torch.cat([root, heads.draft(tree, root).tokens])
-    else:
-        tokens = torch.cat([root, torch.randint(0, vocab, (tree.num_nodes,), generator=gen).to(dev)])
-    t1 = _now(dev)
-    fwd = replay.forward(tokens, tree) if replay is not None else None
-    if fwd is None:
-        fwd = base.forward(tokens, tree, cache)
-    acc = accept(tree, tokens, fwd.logits, sampling, None)
-    base.commit(cache, acc.path)
-    if heads is not None:
-        heads.extend(fwd.hidden[torch.tensor(acc.path, device=dev)])
-    t2 = _now(dev)
-    return 1000 * (t2 - t0), 1000 * (t1 - t0)
+class _Probe:
+    """What `measure` times decode steps with: the base model verifying as the engine does (through the graphs
+    when it uses them), the heads, one synthetic tree per size and seeded random tokens; it keeps each size's
+    drafting times and the last prefill's cost per token."""
+
+    def __init__(self, model, heads, sizes: Sequence[int], graphs: bool | None):
+        self.heads, self.sizes = heads, sizes
+        self.num_heads = heads.config.num_heads if heads is not None else 4
+        offset = heads.config.hidden_state_offset if heads is not None else 0
+        self.base = base = BaseModel(model, hidden_state_offset=offset)
+        self.graphs = uses_graphs(model) if graphs is None else graphs
+        self.replay = None
+        if (
+            self.graphs
+        ):  # as the engine verifies: one graph per tree-size bucket (on a CPU: the same padded forward)
+            from .graphs import VerifyGraphs
+
+            self.replay = VerifyGraphs(base, capture=base.device.type == "cuda", verbose=False)
+        from .model import context_window
+
+        self.window = context_window(model)
+        self.trees = {n: synthetic_tree(n, self.num_heads) for n in sizes}
+        if heads is not None:
+            heads.bind(model)
+        self.gen = torch.Generator().manual_seed(0)
+        self.vocab, self.dev = model.config.vocab_size, base.device
+        self.greedy = Sampling()
+        self.drafts: dict[int, list[float]] = {n: [] for n in sizes}  # ms of drafting per timed step
+        self.prefill_ms_per_token: float | None = None
+
+    def clamp(self, contexts: Sequence[int]) -> list[int]:
+        """The context lengths that fit in the model's window with room for the measured steps."""
+        return sorted({max(8, min(c, self.window - 2 * max(self.sizes) - 64)) for c in contexts})
+
+    def prefill(self, ctx: int):
+        """A cache holding `ctx` random tokens (timed), with room for every step measured after them."""
+        steps = len(self.sizes) * (MAX_REPS + 1) + WARMUP_STEPS + MIN_REPS
+        need = ctx + steps * (self.num_heads + 1) + max(self.sizes) + 2
+        base = self.base
+        cache = self.replay.cache_for(need, self.window) if self.replay is not None else base.new_cache(need)
+        ids = torch.randint(0, self.vocab, (ctx,), generator=self.gen).to(self.dev)
+        t0 = _now(self.dev)
+        fwd = base.forward(ids, None, cache)
+        self.prefill_ms_per_token = 1000 * (_now(self.dev) - t0) / ctx
+        base.commit(cache, list(range(ctx)))
+        if self.heads is not None:
+            self.heads.reset()
+            self.heads.extend(fwd.hidden)
+        return cache
+
+    def row(self, cache, line: _Line, t_start: float, budget_s: float) -> dict[int, float]:
+        """Median ms per step of each size at this context, smallest first, until the budget is spent."""
+        row: dict[int, float] = {}
+        for n in self.sizes:
+            if row and time.perf_counter() - t_start > budget_s:
+                break
+            times, spent = [], 0.0
+            for rep in range(MAX_REPS + 1):
+                ms, draft_ms = self.step(n, cache)
+                if rep == 0:
+                    continue  # warm-up: first calls of a shape allocate
+                times.append(ms)
+                self.drafts[n].append(draft_ms)
+                spent += ms / 1000
+                if len(times) >= MIN_REPS and spent > SIZE_CAP_S:
+                    break
+            row[n] = statistics.median(times)
+            line.advance()
+        if 0 in row:  # the plain step once more, last: a slow start must not make plain look dear
+            again = [self.step(0, cache)[0] for _ in range(MIN_REPS)]
+            row[0] = min(row[0], statistics.median(again))
+        return row
+
+    def step(self, n: int, cache) -> tuple[float, float]:
+        """(ms of one decode step of the size-`n` tree, ms of its drafting) with random tokens; commits the
+        accepted path."""
+        base, heads, tree, dev, gen = self.base, self.heads, self.trees[n], self.dev, self.gen
+        root = torch.randint(0, self.vocab, (1,), generator=gen).to(dev)
+        t0 = _now(dev)
+        if heads is not None and tree.num_nodes:
+            tokens = torch.cat([root, heads.draft(tree, root).tokens])
+        else:
+            tokens = torch.cat([root, torch.randint(0, self.vocab, (tree.num_nodes,), generator=gen).to(dev)])
+        t1 = _now(dev)
+        fwd = self.replay.forward(tokens, tree) if self.replay is not None else None
+        if fwd is None:
+            fwd = base.forward(tokens, tree, cache)
+        acc = accept(tree, tokens, fwd.logits, self.greedy, None)
+        base.commit(cache, acc.path)
+        if heads is not None:
+            heads.extend(fwd.hidden[torch.tensor(acc.path, device=dev)])
+        t2 = _now(dev)
+        return 1000 * (t2 - t0), 1000 * (t1 - t0)
 
 
 def _like(row: dict[int, float], reference: Sequence[float], sizes: Sequence[int]) -> list[float]:
