@@ -11,11 +11,19 @@ import json
 import statistics
 from pathlib import Path
 
+import torch
 from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
+from .engine import Engine
 from .errors import EntMTPError
+from .heads import HeadsConfig, random_heads
+from .model import DTYPES, load_model
+from .packing import pack_linears
+from .random_model import memory_bandwidth, random_model, weight_bytes
+from .shipped import default_heads, resolve_heads
+from .tree import load_tree
 
 PHASES = ("draft", "verify", "accept", "commit")
 WARMUP = 3  # steps dropped per run: first calls allocate and warm caches
@@ -50,44 +58,11 @@ def summarize(measured: list) -> dict:
 
 
 def run_step_costs(args) -> int:
-    import torch
-
-    from .engine import Engine
-    from .heads import HeadsConfig, random_heads
-    from .model import DTYPES, load_model
-    from .packing import pack_linears
-    from .random_model import memory_bandwidth, random_model, weight_bytes
-    from .shipped import default_heads, resolve_heads
-    from .tree import load_tree
-
     modes = _modes(args.kv, args.device)
     trees = [load_tree(n) for n in args.trees.split(",")]  # bad names fail before any model loads
-    if args.random_model:
-        model, tokenizer = random_model(args.random_model, dtype=DTYPES[args.dtype], device=args.device)
-        if not args.no_pack:
-            pack_linears(model)
-        gen = torch.Generator().manual_seed(0)
-        prompt = torch.randint(0, model.config.vocab_size, (args.past,), generator=gen).tolist()
-        spec = args.heads or "none"
-    else:
-        model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, pack=not args.no_pack)
-        prompt, spec = PROMPT, args.heads or default_heads()
-    if spec == "none":  # nothing shipped: random heads still measure drafting cost (acceptance will be low)
-        cfg = model.config
-        heads = random_heads(
-            HeadsConfig(kind="medusa", num_heads=4, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size)
-        )
-        spec = "random medusa"
-    else:
-        heads = resolve_heads(spec, model)
-    runs = {}  # key -> (row, engine, measured steps): built once, measured round after round
-    for tree in [None, *trees]:
-        for mode in modes:
-            kw = dict(kv="dynamic" if mode == "dynamic" else "auto", graphs=mode == "graphs")
-            engine = Engine(model, tokenizer, heads=heads if tree else None, tree=tree, **kw)
-            name = tree.name if tree is not None else "plain"
-            row = {"tree": name, "mode": mode, "nodes": 0 if tree is None else tree.num_nodes}
-            runs[name if len(modes) == 1 else f"{name}@{mode}"] = (row, engine, [])
+    model, tokenizer, prompt, spec = _base_model(args)
+    heads, spec = _heads(spec, model)
+    runs = _runs(model, tokenizer, heads, trees, modes)
     # rounds interleave every run, so drift in the machine's speed hits all of them alike
     order = [key for _ in range(args.rounds) for key in runs]
     for key in track(order, description="profiling", console=_console(stderr=True)):
@@ -99,19 +74,12 @@ def run_step_costs(args) -> int:
     floor_ms = 1000 * nbytes / bandwidth
     where = f"{torch.get_num_threads()} threads" if args.device == "cpu" else torch.cuda.get_device_name()
     what = f"random {args.random_model}" if args.random_model else (args.model or "embedded SmolLM2-135M")
-    table = Table(
+    _print_table(
+        rows,
         title=f"per-step cost, ms (median of {args.rounds} x {args.steps} steps; {what}; heads: {spec}; {args.dtype}; {where})",
         caption=f"weights {nbytes / 2**20:.0f} MiB / measured copy bandwidth {bandwidth / 1e9:.1f} GB/s = "
         f"{floor_ms:.2f} ms: the floor of a step that reads every weight once",
     )
-    for col in ("run", "kv", "nodes", *PHASES, "bookkeeping", "overhead", "total", "tokens/step"):
-        table.add_column(col, justify="right")
-    for r in rows.values():
-        cells = [f"{r[p]:.2f}" for p in (*PHASES, "bookkeeping", "overhead", "total")]
-        table.add_row(r["tree"], r["mode"], str(r["nodes"]), *cells, f"{r['tokens_per_step']:.2f}")
-    _console().print(table)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     meta = {
         "model": what,
         "heads": spec,
@@ -126,9 +94,61 @@ def run_step_costs(args) -> int:
         "graph_captures": captures,
         "versions": {"torch": torch.__version__, "transformers": _version("transformers")},
     }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     print(f"wrote {out}")
     return 0
+
+
+def _base_model(args) -> tuple:
+    """(model, tokenizer, prompt, heads spec): a random model of --random-model's shape with a random prompt
+    of --past token ids (and no heads unless named), or --model with a text prompt (and its shipped heads)."""
+    if args.random_model:
+        model, tokenizer = random_model(args.random_model, dtype=DTYPES[args.dtype], device=args.device)
+        if not args.no_pack:
+            pack_linears(model)
+        gen = torch.Generator().manual_seed(0)
+        prompt = torch.randint(0, model.config.vocab_size, (args.past,), generator=gen).tolist()
+        return model, tokenizer, prompt, args.heads or "none"
+    model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, pack=not args.no_pack)
+    return model, tokenizer, PROMPT, args.heads or default_heads()
+
+
+def _heads(spec: str, model) -> tuple:
+    """(heads, the name the table gives them)."""
+    if spec != "none":
+        return resolve_heads(spec, model), spec
+    # nothing shipped: random heads still measure drafting cost (acceptance will be low)
+    cfg = model.config
+    heads = random_heads(
+        HeadsConfig(kind="medusa", num_heads=4, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size)
+    )
+    return heads, "random medusa"
+
+
+def _runs(model, tokenizer, heads, trees: list, modes: list[str]) -> dict:
+    """key -> (row, engine, measured steps) for plain decoding and each tree in each cache mode: built once,
+    measured round after round."""
+    runs = {}
+    for tree in [None, *trees]:
+        for mode in modes:
+            kw = dict(kv="dynamic" if mode == "dynamic" else "auto", graphs=mode == "graphs")
+            engine = Engine(model, tokenizer, heads=heads if tree else None, tree=tree, **kw)
+            name = tree.name if tree is not None else "plain"
+            row = {"tree": name, "mode": mode, "nodes": 0 if tree is None else tree.num_nodes}
+            runs[name if len(modes) == 1 else f"{name}@{mode}"] = (row, engine, [])
+    return runs
+
+
+def _print_table(rows: dict, title: str, caption: str) -> None:
+    table = Table(title=title, caption=caption)
+    for col in ("run", "kv", "nodes", *PHASES, "bookkeeping", "overhead", "total", "tokens/step"):
+        table.add_column(col, justify="right")
+    for r in rows.values():
+        cells = [f"{r[p]:.2f}" for p in (*PHASES, "bookkeeping", "overhead", "total")]
+        table.add_row(r["tree"], r["mode"], str(r["nodes"]), *cells, f"{r['tokens_per_step']:.2f}")
+    _console().print(table)
 
 
 def _modes(spec: str, device: str) -> list[str]:
