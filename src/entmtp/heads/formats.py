@@ -332,26 +332,7 @@ def _load_hydra(directory: Path, cfg: dict[str, Any]) -> Heads:
             f"{proj_key}, found {_few(keys)}): check hydra_head_arch in config.json or download the heads again"
         )
     hidden = state[f"hydra_mlp.0.{first}.linear.weight"].shape[0]
-    fields: dict[str, Any] = {}
-    if arch == "prefix-mlp":
-        q = state.get("prefix_embeding_layer.layers.0.self_attn.q_proj.weight")
-        k = state.get("prefix_embeding_layer.layers.0.self_attn.k_proj.weight")
-        gate = state.get("prefix_embeding_layer.layers.0.mlp.gate_proj.weight")
-        if q is None or k is None or gate is None:
-            raise HeadsError(
-                f"prefix-mlp Hydra weights {path} lack the prefix decoder layer: download them again"
-            )
-        # Official configs do not record the head split; bind() takes it from the base model. Until then
-        # guess Llama's head size 128 (or the largest divisor of both sizes below it) unless config.json
-        # names the head count. Only the split is guessed: parameter shapes come from the weights.
-        nh = cfg.get("num_attention_heads")
-        head_dim = q.shape[0] // nh if nh else math.gcd(q.shape[0], k.shape[0], 128)
-        fields = {
-            "num_attention_heads": q.shape[0] // head_dim,
-            "num_key_value_heads": k.shape[0] // head_dim,
-            "head_dim": head_dim,
-            "intermediate_size": gate.shape[0],
-        }
+    fields = _prefix_layer_fields(state, cfg, path) if arch == "prefix-mlp" else {}
     config = HeadsConfig(
         kind="hydra",
         num_heads=len(heads_ids),
@@ -371,6 +352,28 @@ def _load_hydra(directory: Path, cfg: dict[str, Any]) -> Heads:
             f"are {'' if config.grounded else 'un'}grounded: fix config.json or download the heads again"
         )
     return _build(config, state, path, _hydra_name)
+
+
+def _prefix_layer_fields(state: dict, cfg: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The `HeadsConfig` fields of Hydra++'s prefix decoder layer: its attention head split and MLP size."""
+    q = state.get("prefix_embeding_layer.layers.0.self_attn.q_proj.weight")
+    k = state.get("prefix_embeding_layer.layers.0.self_attn.k_proj.weight")
+    gate = state.get("prefix_embeding_layer.layers.0.mlp.gate_proj.weight")
+    if q is None or k is None or gate is None:
+        raise HeadsError(
+            f"prefix-mlp Hydra weights {path} lack the prefix decoder layer: download them again"
+        )
+    # Official configs do not record the head split; bind() takes it from the base model. Until then
+    # guess Llama's head size 128 (or the largest divisor of both sizes below it) unless config.json
+    # names the head count. Only the split is guessed: parameter shapes come from the weights.
+    nh = cfg.get("num_attention_heads")
+    head_dim = q.shape[0] // nh if nh else math.gcd(q.shape[0], k.shape[0], 128)
+    return {
+        "num_attention_heads": q.shape[0] // head_dim,
+        "num_key_value_heads": k.shape[0] // head_dim,
+        "head_dim": head_dim,
+        "intermediate_size": gate.shape[0],
+    }
 
 
 def _load_ours(directory: Path, cfg: dict[str, Any]) -> Heads:
