@@ -38,7 +38,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from entmtp.engine import Engine
 from entmtp.model import encode_prompt, load_model
-from entmtp.peers import HFGenerate
+from entmtp.bench.peers import HFGenerate
 from entmtp.prompts import load_prompts
 
 PROMPTS = {  # name -> (task, test-split index): two short chat prompts and a ~630-token one
@@ -82,7 +82,7 @@ def wait_quiet(limit: float = 0.25, max_wait: float = 60.0) -> float:
 
 
 def run_hf(peer: HFGenerate, ids: list[int], n: int) -> dict:
-    """transformers' generate as the benchmark's peer runs it (peers.py: its generation config, inference
+    """transformers' generate as the benchmark's peer runs it (bench/peers.py: its generation config, inference
     mode), with a stopping criterion that only notes the time of each token."""
     stamps = _Stamps()
     t0 = time.perf_counter()

@@ -1,15 +1,221 @@
-"""`entmtp bench` end to end on a tiny random model: every task, every kind of method, every output file."""
+"""`entmtp bench` as a specification, room by room: the plan (what runs, every name checked before a model
+loads), the engines (all built in one place), the records and their summary (by metrics.py), Ctrl-C, and the
+whole command on a tiny random model and on the embedded one."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
+import re
 
 import pytest
+import torch
 
-from conftest import save_tiny_model
-from entmtp.cli import main
+from conftest import save_tiny_model, tiny_model
+from entmtp.bench import (
+    Measurements,
+    engines,
+    for_heads,
+    load,
+    make_plan,
+    nll,
+    record,
+    speedup_interval,
+    summarise,
+    summarise_tasks,
+)
+from entmtp.bench.plan import resolve_sizes
+from entmtp.cli import build_parser, main
+from entmtp.engine import Engine
+from entmtp.errors import EntMTPError
 from entmtp.heads import HeadsConfig, random_heads, save_heads
 from entmtp.prompts import TASKS
+from entmtp.records import Result, Step
+
+
+def bench_args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["bench", *argv])
+
+
+# -- the plan: what runs, checked before any model loads --------------------------------------------------------
+
+
+def test_items_apply_to_every_heads_unless_prefixed_with_one():
+    spec = "mc_sim_7b_63,hydra:tree_4,medusa:chain_2"
+    assert for_heads(spec, "hydra") == ["mc_sim_7b_63", "tree_4"]
+    assert for_heads(spec, "medusa") == ["mc_sim_7b_63", "chain_2"]
+    assert for_heads("", "hydra") == []
+
+
+def test_quick_and_full_runs_fill_what_the_command_line_leaves_unset():
+    quick = argparse.Namespace(quick=True, num_prompts=None, max_new_tokens=None, trees="", peers=None)
+    resolve_sizes(quick)
+    assert (quick.num_prompts, quick.max_new_tokens) == (2, 48)
+    assert quick.trees == "" and quick.peers == "hf-prompt-lookup"  # an explicit "" (no trees) wins
+    assert quick.policies == "hydra:static,hydra:dynamic,hydra:dynamic+lookup"
+    full = argparse.Namespace(quick=False, num_prompts=None, max_new_tokens=32, policies="static")
+    resolve_sizes(full)
+    assert (full.num_prompts, full.max_new_tokens, full.policies) == (10, 32, "static")
+    assert full.trees == "mc_sim_7b_63,hydra:tree_8" and full.peers == "hf-generate,hf-prompt-lookup"
+
+
+def test_a_plan_names_its_tasks_prompts_heads_and_methods(tmp_path):
+    args = [
+        "--tasks",
+        "gsm8k,humaneval",
+        "--num-prompts",
+        "2",
+        "--heads",
+        "hydra,none",
+        "--out",
+        str(tmp_path),
+    ]
+    args += [
+        "--trees",
+        "tree_4,medusa:chain_2",
+        "--policies",
+        "dynamic+lookup-fixed",
+        "--peers",
+        "hf-generate",
+    ]
+    plan = make_plan(bench_args(*args))
+    assert plan.tasks == ["gsm8k", "humaneval"] and all(len(p) == 2 for p in plan.prompts.values())
+    assert plan.heads == ["hydra"] and plan.peers == ["hf-generate"] and plan.lookup_only == ["adaptive"]
+    assert plan.trees("hydra") == ["tree_4"] and plan.trees("medusa") == ["tree_4", "chain_2"]
+    tree, lookup = plan.split_lookup(plan.policies("hydra")[0])
+    assert tree == "dynamic" and lookup is not None and not lookup.adaptive
+    assert plan.split_lookup("tree_4") == ("tree_4", None)
+    assert plan.out == tmp_path and not (tmp_path / "results.json").exists()  # written only at the end
+
+
+def test_a_prompt_file_is_one_task_named_after_it(tmp_path):
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": f"Count to {n}."}) for n in range(5)))
+    plan = make_plan(bench_args("--prompts", str(prompts), "--num-prompts", "3", "--heads", "none"))
+    assert plan.tasks == ["mine"] and len(plan.prompts["mine"]) == 3
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--peers", "vllm"], "unknown peer 'vllm'"),
+        (["--lookup-only", "sometimes"], "unknown --lookup-only variant 'sometimes'"),
+        (["--heads", "hydra", "--policies", "hydra:fancy+lookup"], "unknown policy 'fancy+lookup'"),
+        (["--heads", "hydra", "--trees", "nosuch"], "--trees: unknown tree 'nosuch'"),
+        (["--heads", "hydra", "--trees", "hydr:tree_8"], "--trees item 'hydr:tree_8' is for heads 'hydr'"),
+        (["--heads", "hydr"], "unknown heads 'hydr' in --heads"),
+        (["--out", "RESULTS/x.json"], "give a directory"),
+        (["--num-prompts", "0"], "--num-prompts and --max-new-tokens must be >= 1"),
+        (["--lookup-tokens", "0"], "tokens >= 1"),
+    ],
+)
+def test_a_bad_name_or_size_is_named_by_the_plan(args, message):
+    with pytest.raises(EntMTPError, match=re.escape(message)):
+        make_plan(bench_args("--tasks", "gsm8k", "--heads", "none", *args))
+
+
+def test_an_output_under_a_file_is_refused_and_nothing_is_created(tmp_path):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("x")
+    with pytest.raises(EntMTPError, match="is a file: give a directory"):
+        make_plan(bench_args("--tasks", "gsm8k", "--heads", "none", "--out", str(blocker)))
+    with pytest.raises(EntMTPError, match="cannot be written"):
+        make_plan(bench_args("--tasks", "gsm8k", "--heads", "none", "--out", str(blocker / "sub")))
+    assert not (blocker.parent / "sub").exists()
+
+
+# -- records and their summary ----------------------------------------------------------------------------------
+
+
+def rec(tokens, seconds, steps=0, nll=None):
+    """A hand-made record, as `record` writes them."""
+    r = {"prompt": 0, "tokens": tokens, "seconds": seconds, "steps": steps, "step_seconds": seconds * 0.9}
+    r |= {"prefill_seconds": 0.0, "tokens_per_step": 1.0, "choose_seconds": 0.0, "probe_seconds": 0.0}
+    r |= {"trees": {}, "lookup_tokens": 0}
+    if nll is not None:
+        r |= {"nll": nll, "nll_tokens": tokens}
+    return r
+
+
+def test_a_record_counts_a_generations_tokens_steps_times_and_trees():
+    steps = [
+        Step("tree_8", 8, 2, 3, [1, 2, 3], seconds={"total": 0.5, "choose": 0.01}, lookup_accepted=1),
+        Step("tree_8", 8, 0, 1, [4], seconds={"total": 0.25, "probe": 0.02}),
+        Step("chain_2", 2, 1, 2, [5, 6], seconds={"total": 0.25}),
+    ]
+    r = record(3, Result("", [0, 1, 2, 3, 4, 5, 6], 9, steps, 1.5, 0.5, "length"))
+    assert (r["prompt"], r["tokens"], r["steps"], r["seconds"], r["prefill_seconds"]) == (3, 7, 3, 1.5, 0.5)
+    assert r["tokens_per_step"] == 2.0 and r["step_seconds"] == 1.0 and r["lookup_tokens"] == 1
+    assert (r["choose_seconds"], r["probe_seconds"]) == (0.01, 0.02)
+    assert r["trees"] == {"tree_8": 2, "chain_2": 1}
+
+
+def test_summaries_pool_prompts_and_the_interval_is_of_per_prompt_speedups():
+    plain = [rec(100, 10.0, 99), rec(100, 1.0, 99)]  # 10 and 100 tokens/s
+    fast = [rec(100, 5.0, 50), rec(100, 1.0, 50)]  # 2x on the first prompt, 1x on the second
+    s_plain, s_fast = summarise(plain), summarise(fast)
+    # ratio of sums: 200 tokens / 6 s against 200 / 11 s; mean of per-prompt ratios: (2 + 1) / 2
+    assert s_fast["tokens_per_second"] / s_plain["tokens_per_second"] == pytest.approx(11 / 6)
+    ci = speedup_interval(fast, plain)
+    assert ci["speedup_mean_of_ratios"] == pytest.approx(1.5)
+    lo, hi = ci["speedup_ci95"]
+    assert 1.0 <= lo <= 1.5 <= hi <= 2.0
+    assert speedup_interval(fast[:1], plain[:1])["speedup_ci95"] == [pytest.approx(2.0)] * 2
+    assert s_fast["tokens_per_step"] == pytest.approx((200 - 2) / 100)  # the prefill's token has no step
+    assert "perplexity" not in s_fast
+    sampled = summarise([rec(10, 1.0, 5, nll=10 * 0.5), rec(30, 1.0, 5, nll=30 * 1.5)])
+    assert sampled["perplexity"] == pytest.approx(math.exp((5 + 45) / 40))
+
+
+def test_each_task_is_summarised_against_plain_decoding_with_the_outputs_that_differ():
+    runs = {
+        "gsm8k": {
+            "plain": [rec(10, 2.0, 9), rec(10, 2.0, 9)],
+            "heads/tree_8": [rec(10, 1.0, 4), rec(10, 1.0, 4)],
+            "llama-cpp": [rec(10, 4.0), rec(10, 4.0)],
+        },
+        "humaneval": {},  # Ctrl-C came before its first prompt finished
+    }
+    mismatches = [{"task": "gsm8k", "prompt": 1, "config": "heads/tree_8", "first_difference": 7}]
+    summary = summarise_tasks(runs, mismatches, seed=0, greedy=True)
+    assert list(summary) == ["gsm8k"]
+    rows = summary["gsm8k"]
+    assert rows["plain"]["speedup"] == 1.0 and rows["heads/tree_8"]["speedup"] == 2.0
+    assert rows["llama-cpp"]["speedup"] == 0.5 and math.isnan(rows["llama-cpp"]["tokens_per_step"])
+    assert rows["heads/tree_8"]["identical_to_plain"] == 0.5 and rows["heads/tree_8"][
+        "first_differences"
+    ] == [7]
+    assert "identical_to_plain" not in rows["plain"] and "identical_to_plain" not in rows["llama-cpp"]
+    sampled = summarise_tasks(runs, [], seed=0, greedy=False)
+    assert "identical_to_plain" not in sampled["gsm8k"]["heads/tree_8"]
+
+
+def test_ctrl_c_keeps_the_prompts_every_method_finished():
+    measured = Measurements(
+        runs={"gsm8k": {"plain": [rec(5, 1.0)] * 2, "lookup": [rec(5, 1.0)]}, "sharegpt": {}}
+    )
+    measured.mismatches = [
+        {"task": "gsm8k", "prompt": 0, "config": "lookup", "first_difference": 3},
+        {"task": "gsm8k", "prompt": 1, "config": "lookup", "first_difference": 2},
+    ]
+    measured.keep_finished()
+    assert measured.interrupted and measured.tasks == ["gsm8k"]
+    assert {name: len(rs) for name, rs in measured.runs["gsm8k"].items()} == {"plain": 1, "lookup": 1}
+    assert [m["prompt"] for m in measured.mismatches] == [0]
+
+
+def test_the_continuations_nll_is_the_base_models_log_probs():
+    model = tiny_model("llama", seed=1)
+    ids, out = [5, 6, 7], [8, 9]
+    got = nll(model, ids, out)
+    logp = torch.log_softmax(model(torch.tensor([ids + out])).logits[0].float(), dim=-1)
+    want = -(logp[2, 8] + logp[3, 9])
+    assert got["nll_tokens"] == 2 and got["nll"] == pytest.approx(float(want), rel=1e-5)
+    assert nll(model, ids, []) == {"nll": 0.0, "nll_tokens": 0}
+
+
+# -- a tiny random model: the engines, then the whole command ---------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +230,44 @@ def tiny_dir(tmp_path_factory):
     calibrate += ["--latency-tokens", "6", "--latency-repeats", "1", "--out", str(root / "profile.json")]
     assert main([*calibrate, "--dtype", "float32", "--no-progress"]) == 0
     return root
+
+
+def test_every_engine_of_a_bench_is_built_by_one_function(tiny_dir, monkeypatch):
+    built = []
+    original = engines.engine
+
+    def counting(*a, **k):
+        built.append(original(*a, **k))
+        return built[-1]
+
+    monkeypatch.setattr(engines, "engine", counting)
+    args = [
+        "--model",
+        str(tiny_dir / "model"),
+        "--heads",
+        str(tiny_dir / "heads"),
+        "--tasks",
+        "gsm8k,sharegpt",
+    ]
+    args += [
+        "--trees",
+        "tree_4,tree_4+lookup",
+        "--policies",
+        "static,dynamic+lookup",
+        "--peers",
+        "hf-generate",
+    ]
+    args += ["--lookup-only", "adaptive,fixed", "--profile", str(tiny_dir / "profile.json"), "--no-probe"]
+    methods = load(make_plan(bench_args(*args, "--dtype", "float32", "--num-prompts", "1")))
+    for task in ("gsm8k", "sharegpt"):
+        ran = methods.for_task(task)
+        assert list(ran) == [
+            "plain", "hf-generate", "lookup", "lookup-fixed", "heads/tree_4", "heads/tree_4+lookup",
+            "heads/static", "heads/dynamic+lookup",
+        ]  # fmt: skip
+        assert all(any(e is b for b in built) for e in ran.values() if isinstance(e, Engine))
+        assert sum(isinstance(e, Engine) for e in ran.values()) == len(ran) - 1  # all but the peer
+    assert methods.count == 8 and methods.traced == "heads/static"
 
 
 def test_bench_on_a_tiny_model_runs_every_task_and_writes_json_markdown_and_plots(tiny_dir, capsys):
@@ -63,3 +307,146 @@ def test_bench_on_a_tiny_model_runs_every_task_and_writes_json_markdown_and_plot
     assert "| decode tokens/s | choose ms | trees | identical |" in report
     assert "| heads/mc_sim_7b_63 |" in report and "mc_sim_7b_63 100%" in report  # its tree's share of steps
     assert sorted(p.name for p in out.iterdir()) == sorted(["results.json", "report.md", *images])
+
+
+# -- the embedded model: the command end to end (slow) --------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_bench_writes_table_and_json(tmp_path, capsys):
+    out = tmp_path / "bench"
+    args = [
+        "bench",
+        "--heads",
+        "hydra",
+        "--trees",
+        "chain_2,tree_4",
+        "--policies",
+        "",
+        "--peers",
+        "",
+        "--lookup-only",
+        "",
+        "--tasks",
+        "gsm8k",
+        "--num-prompts",
+        "1",
+        "--max-new-tokens",
+        "12",
+        "--dtype",
+        "float32",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "hydra/tree_4" in printed and "speedup" in printed
+    data = json.loads((out / "results.json").read_text())
+    rows = data["summary"]["gsm8k"]
+    assert set(rows) == {"plain", "hydra/chain_2", "hydra/tree_4"} and rows["plain"]["speedup"] == 1.0
+    assert rows["plain"]["tokens_per_step"] == 1.0 and rows["hydra/tree_4"]["tokens_per_step"] >= 1.0
+    assert data["mismatches"] == []  # float32: speculative output equals plain output
+
+
+@pytest.mark.slow
+def test_bench_runs_peers_lookup_and_hybrids(tmp_path, capsys):
+    out = tmp_path / "bench"
+    args = ["bench", "--heads", "hydra", "--trees", "tree_4,tree_4+lookup", "--policies", "static+lookup"]
+    args += ["--peers", "hf-generate,hf-prompt-lookup,llama-cpp", "--lookup-only", "adaptive,fixed"]
+    args += ["--tasks", "specbench-summarization", "--num-prompts", "1", "--max-new-tokens", "24"]
+    args += ["--dtype", "float32", "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "lookup share" in printed
+    data = json.loads((out / "results.json").read_text())
+    rows = data["summary"]["specbench-summarization"]
+    expected = {"plain", "hf-generate", "hf-prompt-lookup", "lookup", "lookup-fixed", "hydra/tree_4"}
+    expected |= {"hydra/tree_4+lookup", "hydra/static+lookup"}
+    try:
+        import llama_cpp  # noqa: F401
+
+        expected.add("llama-cpp")
+    except ImportError:
+        assert "skipping peer llama-cpp" in printed and "pip install llama-cpp-python" in printed
+    assert set(rows) == expected
+    assert data["mismatches"] == []  # float32: every method, peers included, gives plain greedy's output
+
+
+@pytest.mark.slow
+def test_bench_own_prompt_file_identity_and_ctrl_c_keeps_what_finished(tmp_path, capsys, monkeypatch):
+    prompts = tmp_path / "mine.jsonl"
+    lines = [{"prompt": "Repeat: a b c a b c"}, {"turns": ["Say hi."]}, {"prompt": "Count to 3."}]
+    prompts.write_text("\n".join(json.dumps(x) for x in lines))
+    out = tmp_path / "b"
+    args = ["bench", "--heads", "none", "--lookup-only", "adaptive", "--peers", "", "--prompts", str(prompts)]
+    args += [
+        "--num-prompts",
+        "3",
+        "--max-new-tokens",
+        "8",
+        "--dtype",
+        "float32",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    assert main(args) == 0
+    data = json.loads((out / "results.json").read_text())
+    row = data["summary"]["mine"]["lookup"]
+    assert row["prompts"] == 3 and row["identical_to_plain"] == 1.0 and row["first_differences"] == []
+    lo, hi = row["speedup_ci95"]
+    assert lo <= row["speedup_mean_of_ratios"] <= hi
+    report = (out / "report.md").read_text()
+    assert "## mine (3 prompts)" in report and "| lookup |" in report and "100%" in report
+    assert "![speedup over plain decoding per task and method](speedup.png)" in report
+    assert (out / "speedup.png").read_bytes()[:4] == b"\x89PNG"
+    assert data["meta"]["prompts_file"] == str(prompts) and data["meta"]["interrupted"] is False
+
+    from entmtp.engine import Engine
+
+    calls = {"n": 0}
+    original = Engine.generate
+
+    def interrupting(self, *a, **k):  # warm-up (2 calls), prompt 0 (2 calls), then Ctrl-C in prompt 1
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise KeyboardInterrupt
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(Engine, "generate", interrupting)
+    assert main(args) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["interrupted"] is True
+    assert {name: r["prompts"] for name, r in data["summary"]["mine"].items()} == {"plain": 1, "lookup": 1}
+    assert "interrupted" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_bench_quick_sampled_reports_perplexity(tmp_path, capsys):
+    out = tmp_path / "q"
+    args = [
+        "bench",
+        "--quick",
+        "--heads",
+        "none",
+        "--lookup-only",
+        "adaptive",
+        "--peers",
+        "",
+        "--tasks",
+        "gsm8k,sharegpt",
+    ]
+    args += ["--max-new-tokens", "8", "--temperature", "0.7", "--dtype", "float32", "--out", str(out)]
+    assert main([*args, "--no-progress"]) == 0
+    data = json.loads((out / "results.json").read_text())
+    for task in ("gsm8k", "sharegpt"):
+        for row in data["summary"][task].values():
+            assert row["prompts"] == 2 and 1.0 <= row["perplexity"] < 1e6
+    assert data["meta"]["quick"] is True and data["meta"]["max_new_tokens"] == 8
+    assert "| perplexity |" in (out / "report.md").read_text() and "perplexity" in capsys.readouterr().out
+
+
+def test_the_command_exits_2_naming_an_unknown_task(capsys):
+    assert main(["bench", "--tasks", "nosuchtask", "--heads", "none"]) == 2
+    assert "unknown task 'nosuchtask'" in capsys.readouterr().err

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
-import torch
 
 from entmtp.cli import main
 
@@ -65,43 +63,6 @@ def test_generate_errors_are_clear(capsys, args, message):
 
 
 @pytest.mark.slow
-def test_bench_writes_table_and_json(tmp_path, capsys):
-    out = tmp_path / "bench"
-    args = [
-        "bench",
-        "--heads",
-        "hydra",
-        "--trees",
-        "chain_2,tree_4",
-        "--policies",
-        "",
-        "--peers",
-        "",
-        "--lookup-only",
-        "",
-        "--tasks",
-        "gsm8k",
-        "--num-prompts",
-        "1",
-        "--max-new-tokens",
-        "12",
-        "--dtype",
-        "float32",
-        "--out",
-        str(out),
-        "--no-progress",
-    ]
-    assert main(args) == 0
-    printed = capsys.readouterr().out
-    assert "hydra/tree_4" in printed and "speedup" in printed
-    data = json.loads((out / "results.json").read_text())
-    rows = data["summary"]["gsm8k"]
-    assert set(rows) == {"plain", "hydra/chain_2", "hydra/tree_4"} and rows["plain"]["speedup"] == 1.0
-    assert rows["plain"]["tokens_per_step"] == 1.0 and rows["hydra/tree_4"]["tokens_per_step"] >= 1.0
-    assert data["mismatches"] == []  # float32: speculative output equals plain output
-
-
-@pytest.mark.slow
 def test_step_costs_writes_phase_breakdown_and_answers_to_its_old_name(tmp_path, capsys):
     out = tmp_path / "costs.json"
     argv = ["--heads", "medusa", "--trees", "chain_1,tree_4", "--steps", "3", "--out", str(out)]
@@ -114,11 +75,6 @@ def test_step_costs_writes_phase_breakdown_and_answers_to_its_old_name(tmp_path,
     for r in rows.values():
         assert r["total"] >= r["verify"] > 0 and r["overhead"] >= 0
     assert rows["tree_4"]["nodes"] == 4 and rows["plain"]["tokens_per_step"] == 1.0
-
-
-def test_bench_rejects_unknown_task(capsys):
-    assert main(["bench", "--tasks", "nosuchtask", "--heads", "none"]) == 2
-    assert "unknown task 'nosuchtask'" in capsys.readouterr().err
 
 
 def test_bad_entmtp_gguf_path_is_named(monkeypatch, tmp_path):
@@ -269,15 +225,6 @@ def test_calibrate_then_generate_with_every_policy_then_latency_only(tmp_path, c
     assert retuned["latency"] == after["latency"] and retuned["modes"]["typical"]["traces"]
 
 
-def test_bench_items_can_name_one_heads():
-    from entmtp.bench import _for_heads
-
-    spec = "mc_sim_7b_63,hydra:tree_4,medusa:chain_2"
-    assert _for_heads(spec, "hydra") == ["mc_sim_7b_63", "tree_4"]
-    assert _for_heads(spec, "medusa") == ["mc_sim_7b_63", "chain_2"]
-    assert _for_heads("", "hydra") == []
-
-
 REPEAT = "Repeat this list exactly, twice: red, green, blue, yellow, purple, orange."
 
 
@@ -321,95 +268,6 @@ def test_generate_rejects_malformed_hybrid_tree_files(tmp_path, capsys, content,
     assert main(["generate", "hi", "--heads", "hydra", "--tree", str(bad)]) == 2
     err = capsys.readouterr().err
     assert message in err and "bad.json" in err and "Traceback" not in err
-
-
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--peers", "vllm"], "unknown peer 'vllm'"),
-        (["--lookup-only", "sometimes"], "unknown --lookup-only variant 'sometimes'"),
-        (["--heads", "hydra", "--policies", "hydra:fancy+lookup"], "unknown policy 'fancy+lookup'"),
-        (["--heads", "hydra", "--trees", "nosuch"], "--trees: unknown tree 'nosuch'"),
-        (["--heads", "hydra", "--trees", "hydr:tree_8"], "--trees item 'hydr:tree_8' is for heads 'hydr'"),
-        (["--heads", "hydr"], "unknown heads 'hydr' in --heads"),
-    ],
-)
-def test_bench_rejects_unknown_peers_and_lookup_variants(capsys, args, message):
-    assert main(["bench", "--tasks", "gsm8k", "--heads", "none", *args]) == 2
-    assert message in capsys.readouterr().err
-
-
-@pytest.mark.slow
-def test_bench_runs_peers_lookup_and_hybrids(tmp_path, capsys):
-    out = tmp_path / "bench"
-    args = ["bench", "--heads", "hydra", "--trees", "tree_4,tree_4+lookup", "--policies", "static+lookup"]
-    args += ["--peers", "hf-generate,hf-prompt-lookup,llama-cpp", "--lookup-only", "adaptive,fixed"]
-    args += ["--tasks", "specbench-summarization", "--num-prompts", "1", "--max-new-tokens", "24"]
-    args += ["--dtype", "float32", "--out", str(out), "--no-progress"]
-    assert main(args) == 0
-    printed = capsys.readouterr().out
-    assert "lookup share" in printed
-    data = json.loads((out / "results.json").read_text())
-    rows = data["summary"]["specbench-summarization"]
-    expected = {"plain", "hf-generate", "hf-prompt-lookup", "lookup", "lookup-fixed", "hydra/tree_4"}
-    expected |= {"hydra/tree_4+lookup", "hydra/static+lookup"}
-    try:
-        import llama_cpp  # noqa: F401
-
-        expected.add("llama-cpp")
-    except ImportError:
-        assert "skipping peer llama-cpp" in printed and "pip install llama-cpp-python" in printed
-    assert set(rows) == expected
-    assert data["mismatches"] == []  # float32: every method, peers included, gives plain greedy's output
-
-
-@pytest.mark.slow
-def test_bench_own_prompt_file_identity_and_ctrl_c_keeps_what_finished(tmp_path, capsys, monkeypatch):
-    prompts = tmp_path / "mine.jsonl"
-    lines = [{"prompt": "Repeat: a b c a b c"}, {"turns": ["Say hi."]}, {"prompt": "Count to 3."}]
-    prompts.write_text("\n".join(json.dumps(x) for x in lines))
-    out = tmp_path / "b"
-    args = ["bench", "--heads", "none", "--lookup-only", "adaptive", "--peers", "", "--prompts", str(prompts)]
-    args += [
-        "--num-prompts",
-        "3",
-        "--max-new-tokens",
-        "8",
-        "--dtype",
-        "float32",
-        "--out",
-        str(out),
-        "--no-progress",
-    ]
-    assert main(args) == 0
-    data = json.loads((out / "results.json").read_text())
-    row = data["summary"]["mine"]["lookup"]
-    assert row["prompts"] == 3 and row["identical_to_plain"] == 1.0 and row["first_differences"] == []
-    lo, hi = row["speedup_ci95"]
-    assert lo <= row["speedup_mean_of_ratios"] <= hi
-    report = (out / "report.md").read_text()
-    assert "## mine (3 prompts)" in report and "| lookup |" in report and "100%" in report
-    assert "![speedup over plain decoding per task and method](speedup.png)" in report
-    assert (out / "speedup.png").read_bytes()[:4] == b"\x89PNG"
-    assert data["meta"]["prompts_file"] == str(prompts) and data["meta"]["interrupted"] is False
-
-    from entmtp.engine import Engine
-
-    calls = {"n": 0}
-    original = Engine.generate
-
-    def interrupting(self, *a, **k):  # warm-up (2 calls), prompt 0 (2 calls), then Ctrl-C in prompt 1
-        calls["n"] += 1
-        if calls["n"] == 6:
-            raise KeyboardInterrupt
-        return original(self, *a, **k)
-
-    monkeypatch.setattr(Engine, "generate", interrupting)
-    assert main(args) == 0
-    data = json.loads((out / "results.json").read_text())
-    assert data["meta"]["interrupted"] is True
-    assert {name: r["prompts"] for name, r in data["summary"]["mine"].items()} == {"plain": 1, "lookup": 1}
-    assert "interrupted" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -486,107 +344,3 @@ def test_step_costs_random_model_config_errors(tmp_path, capsys):
     bad.write_text(json.dumps({"hidden_size": 8}))
     assert main(["step-costs", "--random-model", str(bad)]) == 2
     assert "needs a model_type" in capsys.readouterr().err
-
-
-def _rec(tokens, seconds, steps=0, nll=None):
-    r = {"prompt": 0, "tokens": tokens, "seconds": seconds, "steps": steps, "step_seconds": seconds * 0.9}
-    r |= {"prefill_seconds": 0.0, "tokens_per_step": 1.0, "choose_seconds": 0.0, "probe_seconds": 0.0}
-    r |= {"trees": {}, "lookup_tokens": 0}
-    if nll is not None:
-        r |= {"nll": nll, "nll_tokens": tokens}
-    return r
-
-
-def test_bench_metrics_on_hand_made_logs():
-    from entmtp.bench import _summarise
-    from entmtp.report import speedup_interval
-
-    plain = [_rec(100, 10.0, 99), _rec(100, 1.0, 99)]  # 10 and 100 tokens/s
-    fast = [_rec(100, 5.0, 50), _rec(100, 1.0, 50)]  # 2x on the first prompt, 1x on the second
-    s_plain, s_fast = _summarise(plain), _summarise(fast)
-    # ratio of sums: 200 tokens / 6 s against 200 / 11 s; mean of per-prompt ratios: (2 + 1) / 2
-    assert s_fast["tokens_per_second"] / s_plain["tokens_per_second"] == pytest.approx(11 / 6)
-    ci = speedup_interval(fast, plain)
-    assert ci["speedup_mean_of_ratios"] == pytest.approx(1.5)
-    lo, hi = ci["speedup_ci95"]
-    assert 1.0 <= lo <= 1.5 <= hi <= 2.0
-    assert speedup_interval(fast[:1], plain[:1])["speedup_ci95"] == [pytest.approx(2.0)] * 2
-    assert s_fast["tokens_per_step"] == pytest.approx((200 - 2) / 100)  # the prefill's token has no step
-    assert "perplexity" not in s_fast
-    sampled = _summarise([_rec(10, 1.0, 5, nll=10 * 0.5), _rec(30, 1.0, 5, nll=30 * 1.5)])
-    assert sampled["perplexity"] == pytest.approx(math.exp((5 + 45) / 40))
-
-
-def test_continuation_nll_matches_the_base_models_log_probs():
-    from conftest import tiny_model
-    from entmtp.bench import _nll
-
-    model = tiny_model("llama", seed=1)
-    ids, out = [5, 6, 7], [8, 9]
-    got = _nll(model, ids, out)
-    logp = torch.log_softmax(model(torch.tensor([ids + out])).logits[0].float(), dim=-1)
-    want = -(logp[2, 8] + logp[3, 9])
-    assert got["nll_tokens"] == 2 and got["nll"] == pytest.approx(float(want), rel=1e-5)
-
-
-@pytest.mark.parametrize(
-    "extra, message",
-    [
-        (["--out", "RESULTS/x.json"], "give a directory"),
-        (["--num-prompts", "0"], "--num-prompts and --max-new-tokens must be >= 1"),
-    ],
-)
-def test_bench_bad_output_and_sizes_are_named_before_loading(extra, message, capsys):
-    assert main(["bench", "--tasks", "gsm8k", "--heads", "none", *extra]) == 2
-    assert message in capsys.readouterr().err
-
-
-def test_bench_output_under_a_file_is_refused(tmp_path, capsys):
-    blocker = tmp_path / "file.txt"
-    blocker.write_text("x")
-    assert main(["bench", "--tasks", "gsm8k", "--heads", "none", "--out", str(blocker)]) == 2
-    assert "is a file: give a directory" in capsys.readouterr().err
-    assert main(["bench", "--tasks", "gsm8k", "--heads", "none", "--out", str(blocker / "sub")]) == 2
-    assert "cannot be written" in capsys.readouterr().err
-    assert not (blocker.parent / "sub").exists()
-
-
-def test_quick_sizes_and_explicit_ones_win():
-    import argparse
-
-    from entmtp.bench import _resolve_sizes
-
-    quick = argparse.Namespace(quick=True, num_prompts=None, max_new_tokens=None, trees="", peers=None)
-    _resolve_sizes(quick)
-    assert (quick.num_prompts, quick.max_new_tokens) == (2, 48)
-    assert quick.trees == "" and quick.peers == "hf-prompt-lookup"  # an explicit "" (no trees) wins
-    assert quick.policies == "hydra:static,hydra:dynamic,hydra:dynamic+lookup"
-    full = argparse.Namespace(quick=False, num_prompts=None, max_new_tokens=32, policies="static")
-    _resolve_sizes(full)
-    assert (full.num_prompts, full.max_new_tokens, full.policies) == (10, 32, "static")
-    assert full.trees == "mc_sim_7b_63,hydra:tree_8" and full.peers == "hf-generate,hf-prompt-lookup"
-
-
-@pytest.mark.slow
-def test_bench_quick_sampled_reports_perplexity(tmp_path, capsys):
-    out = tmp_path / "q"
-    args = [
-        "bench",
-        "--quick",
-        "--heads",
-        "none",
-        "--lookup-only",
-        "adaptive",
-        "--peers",
-        "",
-        "--tasks",
-        "gsm8k,sharegpt",
-    ]
-    args += ["--max-new-tokens", "8", "--temperature", "0.7", "--dtype", "float32", "--out", str(out)]
-    assert main([*args, "--no-progress"]) == 0
-    data = json.loads((out / "results.json").read_text())
-    for task in ("gsm8k", "sharegpt"):
-        for row in data["summary"][task].values():
-            assert row["prompts"] == 2 and 1.0 <= row["perplexity"] < 1e6
-    assert data["meta"]["quick"] is True and data["meta"]["max_new_tokens"] == 8
-    assert "| perplexity |" in (out / "report.md").read_text() and "perplexity" in capsys.readouterr().out

@@ -8,10 +8,10 @@ import sys
 import pytest
 
 from conftest import ByteTokenizer, tiny_model
+from entmtp.bench.peers import LLAMA_CPP_HINT, HFGenerate, LlamaCppPlain, PeerUnavailable, llama_cpp_available
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError, PromptError
 from entmtp.model import encode_prompt, eos_token_ids
-from entmtp.peers import LLAMA_CPP_HINT, HFGenerate, LlamaCppPlain, PeerUnavailable, llama_cpp_available
 
 PROMPTS = [
     "Write a haiku about the sea.",

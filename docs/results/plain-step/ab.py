@@ -26,7 +26,7 @@ import transformers
 import entmtp.cache as C
 from entmtp.engine import Engine, _Detokenizer
 from entmtp.model import encode_prompt, load_model
-from entmtp.peers import HFGenerate
+from entmtp.bench.peers import HFGenerate
 from entmtp.prompts import load_prompts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))

@@ -15,11 +15,12 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from .errors import EntMTPError
-from .model import check_request, context_window, embedded_gguf, eos_token_ids
-from .records import Result
+from ..errors import EntMTPError
+from ..model import check_request, context_window, embedded_gguf, eos_token_ids
+from ..records import Result
 
 LLAMA_CPP_HINT = "pip install llama-cpp-python (builds llama.cpp from source, a few minutes)"
+PEERS = ("hf-generate", "hf-prompt-lookup", "llama-cpp")  # the bench's names for them
 
 # Generation settings that change the output but whose only "off" value is None: transformers fills None from
 # the model's own generation_config, so an explicit GenerationConfig cannot switch them off.
@@ -47,6 +48,32 @@ _NO_OFF_SWITCH = (
 
 class PeerUnavailable(EntMTPError):
     """A peer decoder's backend is not installed."""
+
+
+def check_peers(names: list[str]) -> None:
+    """Raise EntMTPError naming the first name that is no peer."""
+    for p in names:
+        if p not in PEERS:
+            raise EntMTPError(f"unknown peer {p!r}: use {', '.join(PEERS)}")
+
+
+def build_peers(names: list[str], model, tokenizer, embedded: bool = True) -> dict:
+    """Peer decoders by name; an optional one that is not installed is skipped with its install hint, and
+    llama-cpp, which plays the embedded model's GGUF, is skipped when another model is benchmarked."""
+    out: dict = {}
+    for name in names:
+        if name == "hf-generate":
+            out[name] = HFGenerate(model, tokenizer)
+        elif name == "hf-prompt-lookup":
+            out[name] = HFGenerate(model, tokenizer, prompt_lookup_tokens=10)
+        elif not embedded:
+            print(f"entmtp: skipping peer {name}: it decodes the embedded model's GGUF, not --model")
+        else:
+            try:
+                out[name] = LlamaCppPlain(n_threads=torch.get_num_threads())
+            except PeerUnavailable as e:
+                print(f"entmtp: skipping peer {name}: {e}")
+    return out
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,0 +1,242 @@
+"""What `entmtp bench` prints and writes: a table per task on the console; results.json (the run's setup,
+the summary, the replays, every record, the mismatches, one traced generation); report.md with the plots."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from .. import metrics
+from ..files import write_text_atomic
+from ..prompts import TASKS
+from .engines import Methods
+from .plots import speedup_plot, trace_plot
+from .run import Measurements
+
+
+def task_label(task: str) -> str:
+    """A task's name in reports ("GSM8K (math)"); a prompt file's task is its file name."""
+    return TASKS[task][1] if task in TASKS else task
+
+
+def meta(methods: Methods, interrupted: bool) -> dict:
+    """The run's setup, for results.json: the command, machine, versions, sizes, profiles and step costs."""
+    args = methods.plan.args
+    return {
+        "command": "entmtp " + " ".join(getattr(args, "argv", sys.argv[1:])),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "dtype": args.dtype,
+        "device": args.device,
+        "threads": torch.get_num_threads(),
+        "machine": platform.processor() or platform.machine(),
+        "commit": _commit(),
+        "versions": _versions(),
+        "max_new_tokens": args.max_new_tokens,
+        "num_prompts": args.num_prompts,
+        "split": args.split,
+        "temperature": args.temperature,
+        "acceptance": args.acceptance,
+        "profiles": {f"{k}/{t}": str(p.path) for (k, t), p in methods.profiles.items()},
+        "step_costs": {
+            k: c.to_json() if c is not None else "profile latencies" for k, c in methods.costs.items()
+        },
+        "plans": methods.plans,
+        "torch": torch.__version__,
+        "prompts_file": args.prompts,
+        "quick": args.quick,
+        "interrupted": interrupted,
+    }
+
+
+def write(out: Path, methods: Methods, measured: Measurements, summary: dict) -> None:
+    """results.json, the plots and report.md (which shows them) into `out`, created if needed."""
+    from ..calibration.plots import plot_profile
+
+    out.mkdir(parents=True, exist_ok=True)
+    data = {"meta": meta(methods, measured.interrupted), "summary": summary, "replays": measured.replays}
+    data |= {"runs": measured.runs, "mismatches": measured.mismatches, "trace": measured.trace}
+    results = out / "results.json"
+    write_text_atomic(results, json.dumps(data, indent=1))
+    labels = {t: task_label(t) for t in summary}
+    images = []
+    if summary:
+        speedup_plot(summary, labels, out / "speedup.png")
+        images.append(("speedup over plain decoding per task and method", "speedup.png"))
+    used = {(kind, p.path): p for (kind, _), p in methods.profiles.items()}  # each heads' profile, once
+    for (kind, path), profile in used.items():
+        name = f"frontier-{Path(kind).name}-{Path(path).stem}.png"
+        plot_profile(profile, out / name, profile.mode_for(methods.plan.args.temperature))
+        images.append((f"acceptance and throughput frontiers of {path}", name))
+    if trace := measured.trace:
+        trace_plot(trace, out / "trace.png")
+        images.append((f"one generation, step by step: {trace['config']} on {trace['task']}", "trace.png"))
+    report = markdown(json.loads(results.read_text()), labels, data["meta"]["command"], images)
+    write_text_atomic(out / "report.md", report)
+    print(f"wrote {results}, {out / 'report.md'} and {len(images)} plots in {out}")
+
+
+def print_tables(summary: dict, replays: dict, args) -> None:
+    """A table per task (every method against plain decoding), then its replayed policies per heads."""
+    console = _console()
+    for task, rows in summary.items():
+        console.print(_task_table(task, rows, args))
+        for kind, rep in replays.get(task, {}).items():
+            console.print(_replay_table(task, kind, rep))
+
+
+def print_mismatches(measured: Measurements, methods: Methods) -> None:
+    """How many speculative runs' greedy outputs differ from plain decoding's, and why some may."""
+    if not measured.mismatches:
+        return
+    args = methods.plan.args
+    n_spec = sum(len(p) for p in methods.plan.prompts.values()) * (methods.count - 1)
+    # bf16 rounds one-token and many-token forwards differently: rare divergences are expected
+    print(
+        f"{len(measured.mismatches)} of {n_spec} speculative runs differ from plain decoding ({args.dtype}: "
+        "one-token and many-token forwards round differently; float32 runs are bit-exact)"
+    )
+
+
+def _task_table(task: str, rows: dict, args) -> Table:
+    prompts = args.split if args.prompts is None else ""
+    table = Table(
+        title=f"{task_label(task)}: {args.num_prompts} {prompts} prompts, {args.max_new_tokens} new tokens, "
+        f"T={args.temperature} {args.acceptance}, {args.dtype}, {torch.get_num_threads()} threads"
+    )
+    cols = ["config", "tokens/step", "tokens/s", "speedup", "ms/step", "choose ms/step", "lookup share"]
+    sampled = any("perplexity" in r for r in rows.values())
+    for col in cols + (["perplexity"] if sampled else []):
+        table.add_column(col, justify="right")
+    for name, r in rows.items():
+        peer = r["tokens_per_step"] != r["tokens_per_step"]  # NaN: no per-step records
+        table.add_row(
+            name,
+            "" if peer else f"{r['tokens_per_step']:.2f}",
+            f"{r['tokens_per_second']:.1f}",
+            f"{r['speedup']:.2f}x",
+            "" if peer else f"{r['ms_per_step']:.1f}",
+            "" if peer else f"{r['choose_ms_per_step']:.3f}",
+            f"{r['lookup_share']:.0%}" if r["lookup_share"] else "",
+            *([f"{r['perplexity']:.2f}" if "perplexity" in r else ""] if sampled else []),
+        )
+    return table
+
+
+def _replay_table(task: str, kind: str, rep: dict) -> Table:
+    table = Table(
+        title=f"{task_label(task)}, {kind}: policies replayed on the plain outputs (decode steps, "
+        "the profile's latencies)"
+    )
+    for col in ("policy", "tokens/s", "tokens/step", "vs static"):
+        table.add_column(col, justify="right")
+    base = rep.get("static", {}).get("tokens_per_second")
+    for name, r in rep.items():
+        ratio = f"{metrics.speedup(r['tokens_per_second'], base):.3f}x" if base else ""
+        table.add_row(name, f"{r['tokens_per_second']:.1f}", f"{r['tokens_per_step']:.2f}", ratio)
+    return table
+
+
+def markdown(data: dict, labels: dict[str, str], command: str, images=()) -> str:
+    """The report: the command and setup, one table per task, then the plots ((caption, file) pairs)."""
+    meta = data["meta"]
+    sampled = meta["temperature"] > 0
+    lines = [
+        "# entmtp bench",
+        "",
+        f"`{command}`",
+        "",
+        f"{meta['machine']}, {meta['threads']} threads, {meta['dtype']}, torch {meta['torch']}; "
+        f"{meta['max_new_tokens']} new tokens, T={meta['temperature']} ({meta['acceptance']})"
+        + (" — interrupted: partial results" if meta.get("interrupted") else ""),
+        "",
+        "Speedup = tokens/s over plain decoding (ratio of sums; prefill included); the interval is a 95% "
+        "bootstrap interval of the mean per-prompt speedup. Decode tokens/s leaves the prefill out. Choose ms = "
+        "the scheduler's time per step (probe included). Trees: each tree's share of the steps (the three most "
+        "used). Identical = outputs equal to plain decoding's (T=0), with the first differing token of each "
+        "that is not."
+        + (" Perplexity: of the sampled continuations under the base model (T=1)." if sampled else ""),
+    ]
+    if meta.get("date") or meta.get("commit"):
+        lines += [
+            "",
+            f"Run {meta.get('date', '')}, commit {meta.get('commit') or 'unknown'}, versions {meta.get('versions', {})}.",
+        ]
+    head = ["method", "tokens/s", "speedup", "per-prompt speedup (95% CI)", "tokens/step", "decode tokens/s"]
+    head += ["choose ms", "trees", "perplexity" if sampled else "identical"]
+    for task, rows in data["summary"].items():
+        lines += ["", f"## {labels.get(task, task)} ({next(iter(rows.values()))['prompts']} prompts)", ""]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(_markdown_cells(name, r, sampled)) + " |" for name, r in rows.items()]
+    for caption, file in images:
+        lines += ["", f"![{caption}]({file})"]
+    return "\n".join(lines) + "\n"
+
+
+def _markdown_cells(name: str, r: dict, sampled: bool) -> list[str]:
+    """One method's row of a task's table; a peer (no per-step records) leaves the per-step cells empty."""
+    lo, hi = r.get("speedup_ci95", [float("nan")] * 2)
+    tps = r["tokens_per_step"]
+    same = r.get("identical_to_plain")
+    if sampled:
+        tail = f"{r['perplexity']:.2f}" if "perplexity" in r else ""
+    else:
+        tail = "" if same is None else f"{same:.0%}"
+        if r.get("first_differences"):
+            tail += " (at " + ", ".join(str(i) for i in r["first_differences"]) + ")"
+    steps = tps == tps  # NaN for a peer
+    return [
+        name,
+        f"{r['tokens_per_second']:.1f}",
+        f"{r['speedup']:.2f}x",
+        f"{r.get('speedup_mean_of_ratios', float('nan')):.2f}x ({lo:.2f}-{hi:.2f})",
+        f"{tps:.2f}" if steps else "",
+        f"{r['decode_tokens_per_second']:.1f}" if steps else "",
+        f"{r['choose_ms_per_step']:.2f}" if steps else "",
+        _usage(r.get("tree_usage", {})) if steps and name != "plain" else "",
+        tail,
+    ]
+
+
+def _usage(usage: dict[str, int], most: int = 3) -> str:
+    """The most used trees with their share of the steps, e.g. "n3d2 61%, none 30%, n8d4 9%"."""
+    total = sum(usage.values())
+    top = sorted(usage.items(), key=lambda kv: -kv[1])[:most]
+    return ", ".join(f"{tree} {n / total:.0%}" for tree, n in top) if total else ""
+
+
+def _console() -> Console:
+    """Full-width tables in logs too (rich would cut columns to 80 characters when not on a terminal)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
+def _commit() -> str | None:
+    import subprocess
+
+    try:
+        here = Path(__file__).parent
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _versions() -> dict:
+    import importlib.metadata
+
+    out = {}
+    for dist in ("entmtp", "torch", "transformers"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
