@@ -337,18 +337,7 @@ def generate_data(
     if d.exists() and not d.is_dir():
         raise DataError(f"distillation directory {d} is a file: give a directory")
     selected, skipped = select_prompts(tokenizer, prompts, settings, sources)
-    fresh = Manifest(
-        base_model=base_model or model_name(model),
-        hidden_size=model.get_input_embeddings().weight.shape[1],
-        vocab_size=model.get_output_embeddings().weight.shape[0],
-        settings=asdict(settings),
-        prompts_sha=_prompts_sha(selected),
-        num_val=sum(s.split == "val" for s in selected),
-        num_train=sum(s.split == "train" for s in selected),
-        skipped_long_prompts=skipped,
-        sources=dict(Counter(s.source for s in selected if s.source)),
-    )
-    manifest = _open_manifest(d, fresh, selected)
+    manifest = _open_manifest(d, _new_manifest(model, base_model, settings, selected, skipped), selected)
     done = {s["file"] for s in manifest.shards}
     plan = [
         (n, f, idx) for n, (f, idx) in enumerate(_shard_plan(selected, settings.shard_size)) if f not in done
@@ -358,9 +347,8 @@ def generate_data(
             t0 = time.perf_counter()
             if time_limit is not None and t0 - t_start > time_limit:
                 return manifest  # complete stays False: a later run finishes the remaining shards
-            torch.manual_seed(
-                settings.seed * 1_000_003 + n
-            )  # sampling repeats whether or not the run resumed
+            # seeded per shard: sampling repeats whether or not the run resumed
+            torch.manual_seed(settings.seed * 1_000_003 + n)
             tensors, new_tokens = _make_shard(
                 model, tokenizer, [selected[i] for i in idx], settings, batch_size
             )
@@ -380,6 +368,23 @@ def generate_data(
     manifest.complete = True
     manifest.write(d)
     return manifest
+
+
+def _new_manifest(
+    model, base_model: str | None, settings: GenSettings, selected: list[Selected], skipped
+) -> Manifest:
+    """The manifest of new data for ``selected`` (no shards yet)."""
+    return Manifest(
+        base_model=base_model or model_name(model),
+        hidden_size=model.get_input_embeddings().weight.shape[1],
+        vocab_size=model.get_output_embeddings().weight.shape[0],
+        settings=asdict(settings),
+        prompts_sha=_prompts_sha(selected),
+        num_val=sum(s.split == "val" for s in selected),
+        num_train=sum(s.split == "train" for s in selected),
+        skipped_long_prompts=skipped,
+        sources=dict(Counter(s.source for s in selected if s.source)),
+    )
 
 
 def _open_manifest(d: Path, fresh: Manifest, selected: list[Selected]) -> Manifest:
