@@ -177,29 +177,12 @@ class Tree:
         is_lookup = [False] + [not isinstance(p[-1], int) for p in paths]
         depth = max(depths)
 
-        mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)  # [N+1, N+1]
-        mask[0, 0] = True
-        for i in range(1, n + 1):  # parents come first, so row parent[i] is already complete
-            mask[i] = mask[parents[i]]
-            mask[i, i] = True
-
         children: dict[int, list[int]] = {i: [] for i in range(n + 1)}
         for i in range(1, n + 1):
             children[parents[i]].append(i)
-        rows = []
-        for leaf in (i for i in range(n + 1) if not children[i]):
-            chain = [leaf]
-            while parents[chain[-1]] >= 0:
-                chain.append(parents[chain[-1]])
-            chain.reverse()  # root .. leaf
-            rows.append(chain + [-1] * (depth + 1 - len(chain)))
-
-        level_slices = []
-        start = 1
-        for d in range(1, depth + 1):
-            count = depths.count(d)
-            level_slices.append(slice(start, start + count))
-            start += count
+        mask = _ancestor_mask(parents)  # [N+1, N+1]
+        rows = _root_to_leaf_rows(parents, children, depth)  # [num_leaves][depth+1]
+        level_slices = _level_slices(depths, depth)
 
         head_ids = [i for i in range(n + 1) if not is_lookup[i]]  # root included
         if len(head_ids) == n + 1:  # no lookup node: the heads' tree is this one
@@ -311,6 +294,40 @@ class Tree:
 
 
 # ---- shipped trees --------------------------------------------------------------------------------
+
+
+def _ancestor_mask(parents: list[int]) -> torch.Tensor:  # [N+1, N+1] bool
+    """Row i: node i and its ancestors (what node i attends to among the tree's nodes)."""
+    n = len(parents) - 1
+    mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)  # [N+1, N+1]
+    mask[0, 0] = True
+    for i in range(1, n + 1):  # parents come first, so row parent[i] is already complete
+        mask[i] = mask[parents[i]]
+        mask[i, i] = True
+    return mask
+
+
+def _root_to_leaf_rows(parents: list[int], children: dict[int, list[int]], depth: int) -> list[list[int]]:
+    """Per leaf, its node ids root .. leaf, padded with -1 to depth + 1."""
+    rows = []
+    for leaf in (i for i in range(len(parents)) if not children[i]):
+        chain = [leaf]
+        while parents[chain[-1]] >= 0:
+            chain.append(parents[chain[-1]])
+        chain.reverse()  # root .. leaf
+        rows.append(chain + [-1] * (depth + 1 - len(chain)))
+    return rows
+
+
+def _level_slices(depths: list[int], depth: int) -> list[slice]:
+    """Node ids of each depth 1..depth (nodes are ordered by depth)."""
+    level_slices = []
+    start = 1
+    for d in range(1, depth + 1):
+        count = depths.count(d)
+        level_slices.append(slice(start, start + count))
+        start += count
+    return level_slices
 
 
 def _shipped() -> dict[str, Traversable]:
