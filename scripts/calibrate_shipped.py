@@ -20,14 +20,14 @@ from pathlib import Path
 import torch
 from rich.progress import Progress
 
+from entmtp.calibration.calibrate import CalibrationSettings, add_typical, build_profile, retune
+from entmtp.calibration.command import calibration_prompts, print_profile
+from entmtp.calibration.plots import plot_profile
+from entmtp.calibration.traces import TYPICAL, generate_traces, load_traces, save_traces
 from entmtp.engine import Engine
 from entmtp.model import encode_prompt, load_model
 from entmtp.prompts import CALIB, FOUR_TASKS
-from entmtp.scheduler.calibrate import CalibrationSettings, add_typical, build_profile, retune
-from entmtp.scheduler.command import calibration_prompts, print_profile
-from entmtp.scheduler.plots import plot_profile
 from entmtp.scheduler.profiles import Profile, load_profile, shipped_profiles_dir
-from entmtp.scheduler.traces import TYPICAL, generate_traces
 from entmtp.shipped import HEAD_KINDS, resolve_heads
 
 OUTPUTS = Path("runs/calibration_outputs")
@@ -55,7 +55,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model()
-    heads = {k: resolve_heads(k, model).bind(model) for k in HEAD_KINDS}
+    heads = {k: resolve_heads(k, model) for k in HEAD_KINDS}
     settings = CalibrationSettings(max_new_tokens=args.max_new_tokens)
     share = CALIB // len(FOUR_TASKS)
     outputs: dict[str, list[list[int]]] = {}
@@ -108,7 +108,7 @@ def main() -> None:
             )
             profile.data["calibration"]["trace_seconds"] = None  # traces were shared; see the log for timings
             out.parent.mkdir(parents=True, exist_ok=True)
-            profile.save(out, tr)
+            save_traces(profile, out, tr).save(out)
             plot_profile(profile, out.with_suffix(".png"))
             print_profile(profile)
             progress.console.print(f"wrote {out} ({time.perf_counter() - t0:.0f} s)")
@@ -136,7 +136,7 @@ def _add_typical(args, model, tokenizer, heads, settings, wanted, progress) -> N
             )
             typical += tr[:share] if task == "mixed" else tr
         add_typical(profile, heads[kind], typical, settings, log=progress.console.print)
-        profile.save(path, profile.traces(), typical)
+        save_traces(profile, path, load_traces(profile), typical).save(path)
         progress.console.print(f"typical section of {path} ({time.perf_counter() - t0:.0f} s)")
 
 

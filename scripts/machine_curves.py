@@ -20,10 +20,11 @@ from rich.console import Console
 from rich.table import Table
 
 from entmtp.build import scheduled_policy
+from entmtp.calibration.replay import replay, step_ms
+from entmtp.calibration.traces import load_traces
 from entmtp.costs import CostCurve, costs_for
 from entmtp.policy import StaticPolicy
 from entmtp.scheduler.profiles import PROFILE_TASKS, resolve_profile
-from entmtp.scheduler.replay import replay, step_ms
 from entmtp.tree import Tree
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +71,7 @@ def main() -> None:
             table.add_column(name, justify="right")
         for task in PROFILE_TASKS:
             profile = resolve_profile(task, kind)
-            traces = profile.traces()
+            traces = load_traces(profile)
             lat0 = profile.latency()
             cs = {"stored": CostCurve.from_latency(list(lat0.nodes), list(lat0.ms), "stored"), **curves}
             cells = []

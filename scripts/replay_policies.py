@@ -12,7 +12,7 @@ latency) and writes OUT/replay.json. Methods: `static` (EntMTP*), `dynamic` with
 without heads (`lookup`), the lookup hybrid over each (`dynamic-fixed+lookup` without the heads' probe
 evidence, `dynamic+lookup` with it), and the hindsight oracle over the bank (a ceiling, not a method).
 A step whose tree has no head node is charged the profile's latency less the heads' drafting
-(scheduler.replay.step_ms), as the hybrid policy itself assumes.
+(calibration.replay.step_ms), as the hybrid policy itself assumes.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from entmtp.calibration.replay import oracle, replay, step_ms
+from entmtp.calibration.traces import trace_generation
 from entmtp.engine import Engine
 from entmtp.lookup import Lookup
 from entmtp.model import encode_prompt, load_model
@@ -35,8 +37,6 @@ from entmtp.policy import StaticPolicy
 from entmtp.prompts import TASKS, load_prompts
 from entmtp.scheduler.hybrid import HybridPolicy
 from entmtp.scheduler.profiles import PROFILE_TASKS, resolve_profile
-from entmtp.scheduler.replay import oracle, replay, step_ms
-from entmtp.scheduler.traces import trace_generation
 from entmtp.shipped import resolve_heads
 from entmtp.tree import Tree
 

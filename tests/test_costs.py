@@ -19,13 +19,14 @@ from conftest import save_tiny_model, tiny_model
 from entmtp import build as build_mod
 from entmtp import costs as costs_mod
 from entmtp.build import EngineSpec, build, scheduled_policy
+from entmtp.calibration.replay import replay, step_ms
+from entmtp.calibration.traces import load_traces
 from entmtp.cli import main
 from entmtp.costs import CostCorrector, CostCurve, CostsError, costs_for, measure, synthetic_tree
 from entmtp.errors import EntMTPError
 from entmtp.policy import StaticPolicy
 from entmtp.records import Step
 from entmtp.scheduler.profiles import resolve_profile
-from entmtp.scheduler.replay import replay, step_ms
 from entmtp.tree import Tree
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,7 +151,7 @@ def test_a_corrected_point_stays_between_its_neighbours(tmp_path):
 @pytest.mark.parametrize("kind", ["hydra", "medusa"])
 def test_the_default_schedule_is_never_below_plain_nor_far_below_the_best_static_tree(kind):
     profile = resolve_profile("mixed", kind)
-    traces = profile.traces()
+    traces = load_traces(profile)
     for name, c in curves(profile).items():
         lat = c.latency()
         ms_of = step_ms(lat)

@@ -14,6 +14,10 @@ import pytest
 import torch
 
 from conftest import ByteTokenizer, tiny_model
+from entmtp.calibration.calibrate import CalibrationSettings, build_profile, fit_acceptance
+from entmtp.calibration.replay import oracle, replay
+from entmtp.calibration.search import PathCounts, acceptance_frontier, grow, simulate
+from entmtp.calibration.traces import MISS, TOPK, Trace, load_traces, save_traces, trace_generation
 from entmtp.costs import CostCurve
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
@@ -21,7 +25,6 @@ from entmtp.heads import HeadsConfig, Probe, random_heads
 from entmtp.lookup import Lookup
 from entmtp.policy import StaticPolicy
 from entmtp.records import Step, StepContext
-from entmtp.scheduler.calibrate import CalibrationSettings, build_profile, fit_acceptance
 from entmtp.scheduler.hybrid import HybridPolicy
 from entmtp.scheduler.policies import (
     AcceptanceModel,
@@ -33,9 +36,6 @@ from entmtp.scheduler.policies import (
     OnlineCalibration,
 )
 from entmtp.scheduler.profiles import ProfileError, load_profile
-from entmtp.scheduler.replay import oracle, replay
-from entmtp.scheduler.search import PathCounts, acceptance_frontier, grow, simulate
-from entmtp.scheduler.traces import MISS, TOPK, Trace, trace_generation
 from entmtp.tree import Tree, load_tree
 
 # ---- synthetic traces: heads with known per-rank accuracies ------------------------------------------------
@@ -393,7 +393,7 @@ def tiny_profile(fitted, tmp_path_factory):
         log=lambda *a: None,
     )
     path = tmp_path_factory.mktemp("profiles") / "tiny.json"
-    profile.save(path, traces)
+    save_traces(profile, path, traces).save(path)
     return model, heads, path, traces
 
 
@@ -404,7 +404,7 @@ def test_profile_round_trips(tiny_profile):
     assert p.task == "tiny" and p.best_tree().name in [t.name for t in p.bank()]
     sizes = [t.num_nodes for t in p.bank()]
     assert sizes == sorted(sizes)
-    for a, b in zip(p.traces(), traces, strict=True):
+    for a, b in zip(load_traces(p), traces, strict=True):
         assert torch.equal(a.ranks, b.ranks) and torch.allclose(a.raw, b.raw)
         assert torch.equal(a.tokens, b.tokens)  # what lookup replays copy from
         assert torch.allclose(a.probe, b.probe, atol=1e-2)  # stored as float16
@@ -495,7 +495,7 @@ def test_tampered_traces_are_refused(tiny_profile, tmp_path):
     side = tmp_path / "p.traces.safetensors"
     side.write_bytes(side.read_bytes()[:-10])
     with pytest.raises(ProfileError, match="does not match its profile"):
-        load_profile(copy).traces()
+        load_traces(load_profile(copy))
 
 
 def test_interrupted_save_leaves_no_half_written_file(tiny_profile, tmp_path, monkeypatch):
@@ -510,7 +510,7 @@ def test_interrupted_save_leaves_no_half_written_file(tiny_profile, tmp_path, mo
 
     monkeypatch.setattr(profiles, "write_text_atomic", boom)
     with pytest.raises(KeyboardInterrupt):
-        p.save(target, traces)
+        save_traces(p, target, traces).save(target)
     assert not target.exists()
     assert not [f for f in tmp_path.iterdir() if f.name.startswith(".")]  # no temp files left behind
 
@@ -527,7 +527,7 @@ def test_latency_only_keeps_the_traces(tiny_profile, fitted):
         task="tiny",
         prompts=ids,
         settings=TINY,
-        traces=old.traces(),
+        traces=load_traces(old),
         log=lambda *a: None,
     )
     stats = ("name", "paths", "mean_accepted_all_positions", "tokens_per_step_simulated")
@@ -552,7 +552,7 @@ def typical_trace(rows, masks) -> Trace:
 
 
 def test_typical_acceptance_takes_the_deepest_passing_node_below_the_trajectory():
-    from entmtp.scheduler.search import accepted_length
+    from entmtp.calibration.search import accepted_length
 
     tree = frozenset(load_tree("mc_sim_7b_63").paths)
     # depth 1: ranks 0 and 2 pass, the trajectory went through rank 2; depth 2 below it: rank 0 passes
@@ -568,7 +568,7 @@ def test_typical_acceptance_takes_the_deepest_passing_node_below_the_trajectory(
 
 
 def test_typical_growth_counts_a_depth_once_however_many_siblings_pass():
-    from entmtp.scheduler.search import PassScores
+    from entmtp.calibration.search import PassScores
 
     # every position: ranks 0 and 1 pass at depth 1 (trajectory rank 0); rank 0 passes at depth 2
     tr = typical_trace([[0, 0]] * 10, [[0b11, 0b1]] * 10)
@@ -581,7 +581,7 @@ def test_typical_growth_counts_a_depth_once_however_many_siblings_pass():
 
 def test_greedy_traces_score_the_same_through_pass_masks():
     """A greedy trace is a typical trace whose only passing rank is the trajectory's: both scorers agree."""
-    from entmtp.scheduler.search import PassScores
+    from entmtp.calibration.search import PassScores
 
     greedy = synthetic_traces(depth=2, scale=200)[0]
     bits = torch.where(
@@ -595,8 +595,8 @@ def test_greedy_traces_score_the_same_through_pass_masks():
 
 
 def test_typical_section_from_sampled_generations(tiny_profile, fitted, tmp_path):
-    from entmtp.scheduler.calibrate import add_typical
-    from entmtp.scheduler.traces import TYPICAL, generate_traces
+    from entmtp.calibration.calibrate import add_typical
+    from entmtp.calibration.traces import TYPICAL, generate_traces
 
     model, heads, path, greedy = tiny_profile
     _, ids, _, _ = fitted
@@ -605,10 +605,10 @@ def test_typical_section_from_sampled_generations(tiny_profile, fitted, tmp_path
     assert all(t.passmask is not None for t in typical)
     profile = add_typical(load_profile(path), heads["hydra"], typical, TINY, log=lambda *a: None)
     out = tmp_path / "typ.json"
-    profile.save(out, greedy, typical)
+    save_traces(profile, out, greedy, typical).save(out)
     loaded = load_profile(out)
     assert loaded.mode_for(0.7) == "typical" and loaded.mode_for(0.0) == "greedy"
-    back = loaded.traces("typical")
+    back = load_traces(loaded, "typical")
     assert all(torch.equal(a.passmask, b.passmask) for a, b in zip(back, typical, strict=True))
     loaded.check(model, heads["hydra"], warn_hardware=False)
     bank = {t.name for t in loaded.bank("typical")} | {"master"}

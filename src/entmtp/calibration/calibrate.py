@@ -35,13 +35,13 @@ from ..engine import Engine
 from ..errors import EntMTPError
 from ..machine import hardware, heads_checksum, model_fingerprint
 from ..policy import StaticPolicy
+from ..scheduler.policies import AcceptanceModel, BinaryPolicy, CostPolicy, DynamicPolicy, LadderPolicy
+from ..scheduler.profiles import FORMAT, VERSION, Profile
+from ..scheduler.signals import SIGNALS
 from ..tree import Tree, load_tree, union_tree
-from .policies import AcceptanceModel, BinaryPolicy, CostPolicy, DynamicPolicy, LadderPolicy
-from .profiles import FORMAT, VERSION, Profile
 from .replay import oracle, replay
 from .search import Scores, acceptance_frontier, grow, simulate
-from .signals import SIGNALS
-from .traces import MISS, TOPK, TYPICAL, Trace, generate_traces, probe_depth
+from .traces import MISS, TOPK, TYPICAL, Trace, generate_traces, load_traces, probe_depth
 
 GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 90)  # frontier sizes whose latency is measured
 EDGES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.97, 1.0)  # probability bins
@@ -481,7 +481,7 @@ def retune(
     frontiers, the acceptance model and the tuned thresholds (seconds; nothing is decoded or timed)."""
     measured = profile.data["latency"]["trees"]
     for mode, old in list(profile.data["modes"].items()):
-        traces = profile.traces(mode)
+        traces = load_traces(profile, mode)
         _, grown, frontier = search(traces, heads.config.num_heads)
         section = build_section(traces, grown, frontier, measured, heads, settings.window)
         section.update({k: old[k] for k in ("sampling", "traces") if k in old})

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ..errors import EntMTPError
 from ..prompts import CALIB, FOUR_TASKS, TASKS, load_prompt_file, load_prompts
-from .profiles import PROFILE_TASKS, load_profile
+from ..scheduler.profiles import PROFILE_TASKS, load_profile
 
 
 def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
@@ -81,7 +81,7 @@ def run_calibrate(args) -> int:
     from ..shipped import resolve_heads
     from .calibrate import CalibrationSettings, add_typical, build_profile, generation_engine, retune
     from .plots import plot_profile
-    from .traces import TYPICAL, generate_traces
+    from .traces import TYPICAL, generate_traces, load_traces, save_traces, sidecar_path
 
     if (args.latency_only or args.retune) and not args.profile:
         flag = "--latency-only" if args.latency_only else "--retune"
@@ -127,7 +127,8 @@ def run_calibrate(args) -> int:
                 old.task,
                 old.data["heads"]["name"],
             )
-            greedy, typical = old.traces(), old.traces("typical") if "typical" in old.data["modes"] else None
+            greedy = load_traces(old)
+            typical = load_traces(old, "typical") if "typical" in old.data["modes"] else None
         else:
             task = args.task if args.task in PROFILE_TASKS else Path(args.task).stem
             ids, name = [encode_prompt(tokenizer, t) for t in texts], Path(args.heads).name
@@ -160,10 +161,10 @@ def run_calibrate(args) -> int:
         if typical:
             add_typical(profile, heads, typical, settings, log=log)
     out = Path(args.out or (old.path if old else f"runs/profiles/{Path(args.heads).name}-{task}.json"))
-    profile.save(out, greedy, typical)
+    save_traces(profile, out, greedy, typical).save(out)
     png = plot_profile(profile, out.with_suffix(".png"))
     print_profile(profile)
-    print(f"wrote {out}, {profile.sidecar_path()} and {png}")
+    print(f"wrote {out}, {sidecar_path(out)} and {png}")
     return 0
 
 

@@ -19,8 +19,8 @@ from ..errors import EntMTPError
 from ..heads import Probe
 from ..lookup import NgramIndex, draft_lookup, source_depths
 from ..records import Step, StepContext
+from ..scheduler.hybrid import HEADS_DRAFT_COST
 from ..tree import Tree, prune
-from .hybrid import HEADS_DRAFT_COST
 from .search import accepted_length
 from .traces import MISS, TOPK, Trace
 

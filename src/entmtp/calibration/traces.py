@@ -8,20 +8,31 @@ at EVERY position the rank vector that decides every tree's accepted length ther
 lookup, simulating a whole decode with any tree or policy is exact, and no union-tree rollout (with its
 optimistic bias, and one decode per search round) is needed. Positions are indexed by the step's root:
 position j is a step whose root is tokens[j] (the base model's token drawn from the logits at j - 1).
+
+A profile keeps its traces beside its JSON, in `<profile>.traces.safetensors` (`save_traces`, `load_traces`):
+tensors `{i}.ranks`, `{i}.probe`, `{i}.raw` (and `{i}.passmask`, `{i}.tokens` when the trace has them) for the
+greedy traces, the same under `typical.{i}.` for the typical section's; the JSON records each trace's
+prompt_len and length and the file's sha256, so a changed or truncated sidecar is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from rich.progress import Progress
+from safetensors.torch import load_file
 
 from ..accept import Sampling, _typical_ok
 from ..cache import BaseModel
 from ..errors import EntMTPError
-from .signals import raw_signals, root_stats
+from ..files import save_tensors_atomic
+from ..scheduler.profiles import Profile, ProfileError
+from ..scheduler.signals import raw_signals, root_stats
 
 TOPK = 10  # candidates per head recorded; ranks >= TOPK count as misses (no tree here drafts that wide)
 MISS = TOPK  # rank recorded for a token outside the heads' top TOPK (or past the end)
@@ -140,3 +151,79 @@ def generate_traces(
         if progress:
             progress.advance(task)
     return traces, outs
+
+
+# ---- the traces sidecar of a profile ---------------------------------------------------------------------
+
+
+def sidecar_path(profile_path: str | os.PathLike[str]) -> Path:
+    """Where a profile's traces live: `P.json` -> `P.traces.safetensors`."""
+    path = Path(profile_path)
+    return path.with_name(path.stem + ".traces.safetensors")
+
+
+def save_traces(
+    profile: Profile,
+    path: str | os.PathLike[str],
+    traces: list[Trace],
+    typical: list[Trace] | None = None,
+) -> Profile:
+    """Write the sidecar of the profile to be saved at `path` atomically (greedy traces, and the typical
+    section's when it has one), and record in `profile` what it holds and its sha256. Save the profile's JSON
+    after it, so a reader never finds a JSON whose sidecar is not there yet."""
+    side = sidecar_path(path)
+    side.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for prefix, trs in (("", traces), ("typical.", typical or [])):
+        for i, tr in enumerate(trs):
+            tensors[f"{prefix}{i}.ranks"] = tr.ranks.to(torch.int16)
+            tensors[f"{prefix}{i}.probe"] = tr.probe.to(torch.float16)
+            tensors[f"{prefix}{i}.raw"] = tr.raw.float()
+            if tr.passmask is not None:
+                tensors[f"{prefix}{i}.passmask"] = tr.passmask.to(torch.int16)
+            if tr.tokens is not None:
+                tensors[f"{prefix}{i}.tokens"] = tr.tokens.to(torch.int32)
+    save_tensors_atomic(side, tensors)
+    profile.data["traces"] = [{"prompt_len": tr.prompt_len, "length": tr.length} for tr in traces]
+    if typical:
+        profile.mode("typical")["traces"] = [
+            {"prompt_len": t.prompt_len, "length": t.length} for t in typical
+        ]
+    profile.data["traces_sha256"] = _sha256(side)
+    return profile
+
+
+def load_traces(profile: Profile, mode: str = "greedy") -> list[Trace]:
+    """The calibration traces of a profile's mode from its sidecar file (checked against the recorded sha256)."""
+    side = None if profile.path is None else sidecar_path(profile.path)
+    if side is None or not side.exists():
+        raise ProfileError(f"profile {profile.where} has no traces file {side}: calibrate again (full run)")
+    digest = _sha256(side)
+    if digest != profile.data["traces_sha256"]:
+        raise ProfileError(
+            f"traces file {side} does not match its profile (sha256 {digest[:12]}...): "
+            "it was changed or truncated; calibrate again"
+        )
+    t = load_file(str(side))
+    prefix = "" if mode == "greedy" else f"{mode}."
+    metas = profile.data["traces"] if mode == "greedy" else profile.mode(mode).get("traces", [])
+    out = []
+    for i, meta in enumerate(metas):
+        key = f"{prefix}{i}"
+        mask, toks = t.get(f"{key}.passmask"), t.get(f"{key}.tokens")
+        out.append(
+            Trace(
+                meta["prompt_len"],
+                meta["length"],
+                t[f"{key}.ranks"].long(),
+                t[f"{key}.probe"].float(),
+                t[f"{key}.raw"].float(),
+                None if mask is None else mask.long(),
+                None if toks is None else toks.long(),
+            )
+        )
+    return out
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()

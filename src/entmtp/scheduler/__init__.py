@@ -1,14 +1,11 @@
 """EntMTP's scheduler: choose the speculation tree per step from a bank calibrated for the task and hardware.
 
+What runs during `generate` (the offline calibration that makes profiles is entmtp.calibration):
+
 signals.py    online signals (entropy EMA, path value, accepted-length EMA), one host sync per step
-policies.py   static, binary (hysteresis), ladder, cost and dynamic policies; the acceptance and latency models
-traces.py     calibration traces: every position's rank vector from one teacher-forced pass of the heads
-search.py     EntMTP's greedy tree growth, the acceptance frontier, exact own-tree simulation
-replay.py     policies and the hindsight oracle replayed on traces with measured latencies
-calibrate.py  the calibration pipeline (traces, search, latency, frontiers, tuning)
-profiles.py   profile files: save/load atomically, checks against model, heads and hardware
-plots.py      the frontier plot of a profile
-command.py    `entmtp calibrate`
+policies.py   static, binary (hysteresis), ladder, cost and dynamic policies; the acceptance model
+hybrid.py     a prompt-lookup branch sized per step over any tree policy
+profiles.py   profile files: load, check against model, heads and hardware, build policies from them
 """
 
 from .policies import POLICIES, BinaryPolicy, CostPolicy, DynamicPolicy, LadderPolicy

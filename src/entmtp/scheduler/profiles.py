@@ -16,7 +16,6 @@ the hardware side on another machine and re-tune without decoding again. Both ar
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import warnings
@@ -24,11 +23,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-import torch
-from safetensors.torch import load_file
-
 from ..errors import EntMTPError
-from ..files import save_tensors_atomic, write_text_atomic
+from ..files import write_text_atomic
 from ..machine import hardware, heads_checksum, model_fingerprint
 from ..shipped import HEAD_KINDS
 from ..tree import Tree, TreeError
@@ -41,7 +37,6 @@ from .policies import (
     LadderPolicy,
     LatencyModel,
 )
-from .traces import Trace
 
 FORMAT = "entmtp-profile"
 VERSION = 1
@@ -70,9 +65,7 @@ class Profile:
     def mode(self, mode: str = "greedy") -> dict:
         modes = self.data["modes"]
         if mode not in modes:
-            raise ProfileError(
-                f"profile {self._where()} has no {mode!r} section (it holds {', '.join(modes)})"
-            )
+            raise ProfileError(f"profile {self.where} has no {mode!r} section (it holds {', '.join(modes)})")
         return modes[mode]
 
     def trees(self, mode: str = "greedy") -> dict[str, Tree]:
@@ -158,7 +151,7 @@ class Profile:
     def _threshold_policy(self, name: str, m: dict, trees: dict[str, Tree]):
         th = m["thresholds"].get(name)
         if th is None:
-            raise ProfileError(f"profile {self._where()} has no tuned {name} thresholds: calibrate again")
+            raise ProfileError(f"profile {self.where} has no tuned {name} thresholds: calibrate again")
         if name == "binary":
             return BinaryPolicy(
                 trees[th["small"]],
@@ -172,43 +165,9 @@ class Profile:
             [trees[n] for n in th["trees"]], th["signal"], th["thresholds"], window=th.get("window", 8)
         )
 
-    def traces(self, mode: str = "greedy") -> list[Trace]:
-        """The calibration traces of a mode from the sidecar file (checked against the recorded sha256)."""
-        side = self.sidecar_path()
-        if side is None or not side.exists():
-            raise ProfileError(
-                f"profile {self._where()} has no traces file {side}: calibrate again (full run)"
-            )
-        digest = _sha256(side)
-        if digest != self.data["traces_sha256"]:
-            raise ProfileError(
-                f"traces file {side} does not match its profile (sha256 {digest[:12]}...): "
-                "it was changed or truncated; calibrate again"
-            )
-        t = load_file(str(side))
-        prefix = "" if mode == "greedy" else f"{mode}."
-        metas = self.data["traces"] if mode == "greedy" else self.mode(mode).get("traces", [])
-        out = []
-        for i, meta in enumerate(metas):
-            key = f"{prefix}{i}"
-            mask, toks = t.get(f"{key}.passmask"), t.get(f"{key}.tokens")
-            out.append(
-                Trace(
-                    meta["prompt_len"],
-                    meta["length"],
-                    t[f"{key}.ranks"].long(),
-                    t[f"{key}.probe"].float(),
-                    t[f"{key}.raw"].float(),
-                    None if mask is None else mask.long(),
-                    None if toks is None else toks.long(),
-                )
-            )
-        return out
-
-    def sidecar_path(self) -> Path | None:
-        return None if self.path is None else self.path.with_name(self.path.stem + ".traces.safetensors")
-
-    def _where(self) -> str:
+    @property
+    def where(self) -> str:
+        """The profile's file, or its task when it has none yet (for messages)."""
         return str(self.path) if self.path else f"<{self.data.get('task', '?')}>"
 
     # -- checks --
@@ -221,13 +180,13 @@ class Profile:
         for key in ("hidden_size", "vocab_size", "num_hidden_layers", "embedding_sha256"):
             if want.get(key) != got[key]:
                 raise ProfileError(
-                    f"profile {self._where()} was made for base model {want.get('name')!r} ({key} {want.get(key)}), "
+                    f"profile {self.where} was made for base model {want.get('name')!r} ({key} {want.get(key)}), "
                     f"not this one ({got['name']!r}, {key} {got[key]}): {fix}"
                 )
         checksum = heads_checksum(heads)
         if self.data["heads"]["checksum"] != checksum:
             raise ProfileError(
-                f"profile {self._where()} was made for other heads ({self.data['heads']['name']}, checksum "
+                f"profile {self.where} was made for other heads ({self.data['heads']['name']}, checksum "
                 f"{self.data['heads']['checksum']}), not these (checksum {checksum}): {fix}"
             )
         contiguous = heads.config.kind == "hydra"
@@ -235,7 +194,7 @@ class Profile:
             try:
                 tree.check_fits(heads.config.num_heads, require_contiguous=contiguous)
             except TreeError as e:
-                raise ProfileError(f"profile {self._where()}: {e}") from None
+                raise ProfileError(f"profile {self.where}: {e}") from None
         if warn_hardware:
             here, there = hardware(model), self.data["hardware"]
             keys = ("device", "name", "threads", "dtype") + (("cpu_flags",) if "cpu_flags" in there else ())
@@ -244,50 +203,22 @@ class Profile:
                     f"{k} {there.get(k)!r} -> {here[k]!r}" for k in keys if here[k] != there.get(k)
                 )
                 warnings.warn(
-                    f"profile {self._where()} was calibrated on other hardware ({diff}): its stored latencies "
+                    f"profile {self.where} was calibrated on other hardware ({diff}): its stored latencies "
                     "may not hold here; build policies on this machine's measured step costs instead (the "
                     "default; --no-probe turns it off; in Python `profile.policy(name, latency=costs_for(model, "
                     f"heads).latency())`), or re-measure with `entmtp calibrate --latency-only --profile "
-                    f"{self._where()}` (minutes)",
+                    f"{self.where}` (minutes)",
                     stacklevel=2,
                 )
 
     # -- writing --
-    def save(
-        self,
-        path: str | os.PathLike[str],
-        traces: list[Trace] | None = None,
-        typical_traces: list[Trace] | None = None,
-    ) -> None:
-        """Write atomically: the traces sidecar first (greedy traces, and the typical section's when it has
-        one), the JSON last (each by rename)."""
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the JSON atomically (by rename); the traces sidecar, when there is one, is written before it
+        (calibration.traces.save_traces)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        if traces is not None:
-            side = self.sidecar_path()
-            tensors = {}
-            for prefix, trs in (("", traces), ("typical.", typical_traces or [])):
-                for i, tr in enumerate(trs):
-                    tensors[f"{prefix}{i}.ranks"] = tr.ranks.to(torch.int16)
-                    tensors[f"{prefix}{i}.probe"] = tr.probe.to(torch.float16)
-                    tensors[f"{prefix}{i}.raw"] = tr.raw.float()
-                    if tr.passmask is not None:
-                        tensors[f"{prefix}{i}.passmask"] = tr.passmask.to(torch.int16)
-                    if tr.tokens is not None:
-                        tensors[f"{prefix}{i}.tokens"] = tr.tokens.to(torch.int32)
-            save_tensors_atomic(side, tensors)
-            self.data["traces"] = [{"prompt_len": tr.prompt_len, "length": tr.length} for tr in traces]
-            if typical_traces:
-                self.mode("typical")["traces"] = [
-                    {"prompt_len": t.prompt_len, "length": t.length} for t in typical_traces
-                ]
-            self.data["traces_sha256"] = _sha256(side)
         write_text_atomic(path, json.dumps(self.data, indent=1) + "\n")
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def load_profile(path: str | os.PathLike[str]) -> Profile:
