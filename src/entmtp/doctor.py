@@ -17,9 +17,9 @@ from .shipped import HEAD_KINDS, shipped_heads_dir
 
 EXTRAS = {  # optional package -> what it enables
     "llama_cpp": "llama.cpp peer in `entmtp bench` (pip install llama-cpp-python; builds from source)",
-    "fastapi": "the HTTP server (pip install fastapi uvicorn sse-starlette)",
+    "fastapi": "the HTTP server (pip install fastapi uvicorn prometheus-client)",
     "uvicorn": "the HTTP server",
-    "sse_starlette": "streaming from the HTTP server",
+    "prometheus_client": "the HTTP server's /metrics",
     "openai": "the OpenAI client, to call the server",
 }
 
