@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -68,9 +69,8 @@ def main() -> None:
             for kind, task in wanted:
                 path = shipped_profiles_dir(kind) / f"{task}.json"
                 # read without validation: a profile of an older format is exactly what a retune renews
-                profile = Profile(json.loads(path.read_text()), path)
-                retune(profile, heads[kind], settings, log=progress.console.print)
-                profile.save(path)
+                profile = Profile.from_json(json.loads(path.read_text()), path)
+                profile = retune(profile, heads[kind], settings, log=progress.console.print).save(path)
                 plot_profile(profile, path.with_suffix(".png"))
             return
         if args.typical:
@@ -106,7 +106,10 @@ def main() -> None:
                 traces=tr,
                 log=progress.console.print,
             )
-            profile.data["calibration"]["trace_seconds"] = None  # traces were shared; see the log for timings
+            run = replace(
+                profile.calibration, trace_seconds=None
+            )  # traces were shared; see the log for timings
+            profile = replace(profile, calibration=run)
             out.parent.mkdir(parents=True, exist_ok=True)
             save_traces(profile, out, tr).save(out)
             plot_profile(profile, out.with_suffix(".png"))
@@ -124,7 +127,7 @@ def _add_typical(args, model, tokenizer, heads, settings, wanted, progress) -> N
     for kind, task in wanted:
         path = shipped_profiles_dir(kind) / f"{task}.json"
         profile = load_profile(path)
-        if "typical" in profile.data["modes"]:
+        if "typical" in profile.modes:
             progress.console.print(f"{path} has a typical section: skipped")
             continue
         t0 = time.perf_counter()
@@ -135,8 +138,8 @@ def _add_typical(args, model, tokenizer, heads, settings, wanted, progress) -> N
                 gen, heads[kind], ids, settings.max_new_tokens, progress, outs.get(t), TYPICAL
             )
             typical += tr[:share] if task == "mixed" else tr
-        add_typical(profile, heads[kind], typical, settings, log=progress.console.print)
-        save_traces(profile, path, load_traces(profile), typical).save(path)
+        with_typical = add_typical(profile, heads[kind], typical, settings, log=progress.console.print)
+        save_traces(with_typical, path, load_traces(profile), typical).save(path)
         progress.console.print(f"typical section of {path} ({time.perf_counter() - t0:.0f} s)")
 
 

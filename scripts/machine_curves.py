@@ -72,7 +72,7 @@ def main() -> None:
         for task in PROFILE_TASKS:
             profile = resolve_profile(task, kind)
             traces = load_traces(profile)
-            lat0 = profile.latency()
+            lat0 = profile.latency.model()
             cs = {"stored": CostCurve.from_latency(list(lat0.nodes), list(lat0.ms), "stored"), **curves}
             cells = []
             for name, curve in cs.items():

@@ -1,5 +1,5 @@
 """Replay the scheduling policies, lookup hybrids included, on many test prompts per task: tokens per second
-from the shipped profiles' measured step latencies, without timing noise (scheduler/replay.py).
+from the shipped profiles' measured step latencies, without timing noise (calibration/replay.py).
 
     python scripts/replay_policies.py [--heads hydra,medusa] [--tasks T,...] [--num-prompts 10]
         [--split test|calib] [--max-new-tokens 96] [--dtype bfloat16] [--threads 2] [--out DIR]
@@ -109,7 +109,7 @@ def main() -> None:
 
 
 def _replay_task(profile, traces) -> dict:
-    latency = profile.latency()
+    latency = profile.latency.model()
     plain_ms, ms_of = float(latency(0)), step_ms(latency)
     lookup = Lookup()
     policies = {

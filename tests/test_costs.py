@@ -40,7 +40,7 @@ def gpu_curve() -> CostCurve:
 
 
 def curves(profile) -> dict[str, CostCurve]:
-    lat = profile.latency()
+    lat = profile.latency.model()
     return {
         "avx2-bfloat16": CostCurve.from_step_costs(MACHINES / "avx2-bfloat16.json"),
         "avx2-float32": CostCurve.from_step_costs(MACHINES / "avx2-float32.json"),
@@ -169,7 +169,7 @@ def test_entmtp_star_moves_with_the_machine():
     on = {name: profile.best_tree("greedy", c.latency()).num_nodes for name, c in curves(profile).items()}
     assert on["avx2-bfloat16"] == 0  # a 1-node tree costs 1.5 plain steps there: plain decoding wins
     assert on["h200"] >= 16 > on["avx512-bf16 (shipped)"] >= 2  # nodes are nearly free on the GPU
-    assert profile.best_tree("greedy").name == profile.mode("greedy")["best"]  # no curve: the stored one
+    assert profile.best_tree("greedy").name == profile.mode("greedy").best  # no curve: the stored one
 
 
 def test_where_every_tree_loses_the_default_decodes_plain_steps_only():

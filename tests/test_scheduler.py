@@ -400,7 +400,7 @@ def tiny_profile(fitted, tmp_path_factory):
 def test_profile_round_trips(tiny_profile):
     model, heads, path, traces = tiny_profile
     p = load_profile(path)
-    assert p.data == json.loads(path.read_text())
+    assert p.to_json() == json.loads(path.read_text())
     assert p.task == "tiny" and p.best_tree().name in [t.name for t in p.bank()]
     sizes = [t.num_nodes for t in p.bank()]
     assert sizes == sorted(sizes)
@@ -410,10 +410,10 @@ def test_profile_round_trips(tiny_profile):
         assert torch.allclose(a.probe, b.probe, atol=1e-2)  # stored as float16
     p.check(model, heads["hydra"], warn_hardware=False)
     m = p.mode("greedy")
-    assert {"static", "binary", "ladder", "cost", "dynamic", "oracle"} <= set(m["replay"])
+    assert {"static", "binary", "ladder", "cost", "dynamic", "oracle"} <= set(m.replay)
     assert (
-        m["replay"]["oracle"]["tokens_per_second"]
-        >= max(m["replay"][k]["tokens_per_second"] for k in ("static", "binary", "ladder", "cost")) - 1e-9
+        m.replay["oracle"].tokens_per_second
+        >= max(m.replay[k].tokens_per_second for k in ("static", "binary", "ladder", "cost")) - 1e-9
     )
 
 
@@ -518,7 +518,7 @@ def test_interrupted_save_leaves_no_half_written_file(tiny_profile, tmp_path, mo
 def test_latency_only_keeps_the_traces(tiny_profile, fitted):
     model, heads, path, traces = tiny_profile
     old = load_profile(path)
-    ids = old.data["calibration"]["latency_prompt_ids"]
+    ids = old.calibration.latency_prompt_ids
     new, kept = build_profile(
         model,
         ByteTokenizer(),
@@ -531,9 +531,11 @@ def test_latency_only_keeps_the_traces(tiny_profile, fitted):
         log=lambda *a: None,
     )
     stats = ("name", "paths", "mean_accepted_all_positions", "tokens_per_step_simulated")
-    same = [[e[k] for k in stats] for e in new.mode()["acceptance_frontier"]]
-    assert same == [[e[k] for k in stats] for e in old.mode()["acceptance_frontier"]]  # the same statistics
-    assert new.data["latency"]["trees"].keys() == old.data["latency"]["trees"].keys()
+    same = [[getattr(e, k) for k in stats] for e in new.mode().acceptance_frontier]
+    assert same == [
+        [getattr(e, k) for k in stats] for e in old.mode().acceptance_frontier
+    ]  # the same statistics
+    assert new.latency.trees.keys() == old.latency.trees.keys()
 
 
 # ---- typical acceptance (T > 0): pass masks ----------------------------------------------------------------

@@ -185,7 +185,7 @@ def _replay_heads(methods: Methods, kind: str, task: str, outputs) -> dict:
     heads, profile, costs = methods.heads[kind], methods.profiles[(kind, task)], methods.costs[kind]
     base = methods.engine(heads=heads).base
     traces = [trace_generation(base, heads, ids + out, len(ids)) for ids, out in outputs if len(out) >= 2]
-    latency = costs.latency() if costs is not None else profile.latency()
+    latency = costs.latency() if costs is not None else profile.latency.model()
     ms_of = step_ms(latency)
     out = {}
     for p in methods.policies(kind):

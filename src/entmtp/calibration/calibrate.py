@@ -22,8 +22,8 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -36,11 +36,30 @@ from ..errors import EntMTPError
 from ..machine import hardware, heads_checksum, model_fingerprint
 from ..policy import StaticPolicy
 from ..scheduler.policies import AcceptanceModel, BinaryPolicy, CostPolicy, DynamicPolicy, LadderPolicy
-from ..scheduler.profiles import FORMAT, VERSION, Profile
+from ..scheduler.profiles import (
+    BinaryThresholds,
+    CalibrationRun,
+    FrontierEntry,
+    Hardware,
+    HeadsInfo,
+    LadderThresholds,
+    Latency,
+    MeasuredTree,
+    ModelInfo,
+    ModeProfile,
+    NamedPaths,
+    Profile,
+    ReferenceTree,
+    ReplayResult,
+    SignalStats,
+    Thresholds,
+    ThroughputEntry,
+    Versions,
+)
 from ..scheduler.signals import SIGNALS
 from ..tree import Tree, load_tree, union_tree
-from .replay import oracle, replay
-from .search import Scores, acceptance_frontier, grow, simulate
+from .replay import Replay, oracle, replay
+from .search import FrontierTree, Scores, acceptance_frontier, grow, simulate
 from .traces import MISS, TOPK, TYPICAL, Trace, generate_traces, load_traces, probe_depth
 
 GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 90)  # frontier sizes whose latency is measured
@@ -69,7 +88,7 @@ def measure_trees(
     prompts: Sequence[list[int]],
     settings: CalibrationSettings,
     progress: Progress | None = None,
-) -> dict[str, dict]:
+) -> dict[str, MeasuredTree]:
     """Decode `prompts` with every tree (and plain decoding), interleaved prompt by prompt and repeated;
     per tree the median step latency (ms, first 2 steps of each generation dropped) and measured speed.
     Each tree's decoding is capped by time (`tree_seconds`, once it has `MIN_TIMED_STEPS` timed steps), so a
@@ -99,13 +118,13 @@ def measure_trees(
         nodes = 0 if name == "none" else e.policy.trees[0].num_nodes
         step_ms = statistics.median(ms[name])
         tps = statistics.mean(tokens[name])
-        out[name] = {
-            "nodes": nodes,
-            "ms_per_step": step_ms,
-            "measured_tokens_per_second": 1000.0 * tps / step_ms,  # decode steps only
-            "measured_tokens_per_step": tps,
-            "timed_steps": len(ms[name]),
-        }
+        out[name] = MeasuredTree(
+            nodes=nodes,
+            ms_per_step=step_ms,
+            measured_tokens_per_second=1000.0 * tps / step_ms,  # decode steps only
+            measured_tokens_per_step=tps,
+            timed_steps=len(ms[name]),
+        )
     return out
 
 
@@ -178,7 +197,7 @@ def _signal_values(traces: Sequence[Trace]) -> dict[str, np.ndarray]:
     return {"entropy": -raw[:, 0], "path": np.maximum(raw[:, 1], raw[:, 3]), "chain": raw[:, 2]}
 
 
-def signal_stats(traces: Sequence[Trace]) -> dict[str, dict]:
+def signal_stats(traces: Sequence[Trace]) -> dict[str, SignalStats]:
     """Per signal: quantiles, and correlation with the next step's accepted drafts (greedy chain, all
     positions: the longest rank-0 prefix)."""
     ranks = torch.cat([t.ranks for t in traces])
@@ -186,12 +205,12 @@ def signal_stats(traces: Sequence[Trace]) -> dict[str, dict]:
     out = {}
     for name, v in _signal_values(traces).items():
         corr = float(np.corrcoef(v, chain)[0, 1]) if v.std() > 0 and chain.std() > 0 else 0.0
-        out[name] = {
-            "mean": float(v.mean()),
-            "std": float(v.std()),
-            "quantiles": [float(x) for x in np.quantile(v, [0.1, 0.25, 0.5, 0.75, 0.9])],
-            "corr_with_chain_accepted": corr,
-        }
+        out[name] = SignalStats(
+            mean=float(v.mean()),
+            std=float(v.std()),
+            quantiles=tuple(float(x) for x in np.quantile(v, [0.1, 0.25, 0.5, 0.75, 0.9])),
+            corr_with_chain_accepted=corr,
+        )
     return out
 
 
@@ -203,7 +222,7 @@ def tune(
     window: int,
     acceptance: AcceptanceModel,
     master: Tree,
-) -> tuple[dict, dict]:
+) -> tuple[Thresholds, dict[str, ReplayResult]]:
     """Sweep binary and ladder thresholds by replay; replay every policy and the oracle.
     Returns (thresholds, replays)."""
     ms_of = latency.ms_of
@@ -211,13 +230,25 @@ def tune(
     qs = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
     grids = {s: sorted({round(float(np.quantile(values[s], q)), 4) for q in qs}) for s in values}
     grids["accept"] = [0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0]
+    replays = {"static": _replayed(replay(StaticPolicy(best), traces, ms_of))}
+    binary = _tune_binary(bank, best, traces, ms_of, grids, window)
+    ladder = _tune_ladder(bank, best, traces, ms_of, grids, window)
+    for name, tuned in (("binary", binary), ("ladder", ladder)):
+        if tuned is not None:
+            replays[name] = tuned[1]
+    replays["cost"] = _replayed(replay(CostPolicy(bank, acceptance, [ms_of(t) for t in bank]), traces, ms_of))
+    replays["dynamic"] = _replayed(replay(DynamicPolicy(master, acceptance, latency), traces, ms_of))
+    replays["oracle"] = _replayed(oracle(bank, traces, ms_of))
+    thresholds = Thresholds(binary[0] if binary else None, ladder[0] if ladder else None)
+    return thresholds, replays
+
+
+def _tune_binary(bank, best, traces, ms_of, grids, window) -> tuple[BinaryThresholds, ReplayResult] | None:
+    """The binary policy of most replayed tokens/s: a small tree (EntMTP* or up to 3 smaller) and a larger one
+    (up to 4 larger), every signal, every pair of grid thresholds at most 2 apart."""
     best_i = [t.name for t in bank].index(best.name)
     smalls = bank[max(0, best_i - 3) : best_i + 1]  # conservative trees: EntMTP* and up to 3 smaller
     larges = bank[best_i : best_i + 5]  # aggressive trees: EntMTP* and up to 4 larger
-    thresholds: dict[str, dict] = {}
-    replays: dict[str, dict] = {}
-    static = replay(StaticPolicy(best), traces, ms_of)
-    replays["static"] = static.to_json()
     top = None
     for small, large in itertools.product(smalls, larges):
         if small.num_nodes >= large.num_nodes:
@@ -227,62 +258,39 @@ def tune(
             for i, lo in enumerate(grid):
                 for hi in grid[i : i + 3]:
                     r = replay(BinaryPolicy(small, large, signal, lo, hi, window), traces, ms_of)
-                    if top is None or r.tokens_per_second > top[0]:
-                        top = (
-                            r.tokens_per_second,
-                            r,
-                            {
-                                "small": small.name,
-                                "large": large.name,
-                                "signal": signal,
-                                "tau_off": lo,
-                                "tau_on": hi,
-                                "window": window,
-                            },
-                        )
-    if top is not None:
-        thresholds["binary"], replays["binary"] = top[2], top[1].to_json()
-    ladder_trees = _unique([bank[0], best, bank[min(best_i + 2, len(bank) - 1)]])
-    if len(ladder_trees) >= 2:
-        top = None
-        for signal in SIGNALS:
-            grid = grids[signal]
-            for th in itertools.combinations(grid, len(ladder_trees) - 1):
-                r = replay(LadderPolicy(ladder_trees, signal, th, window), traces, ms_of)
-                if top is None or r.tokens_per_second > top[0]:
-                    top = (
-                        r.tokens_per_second,
-                        r,
-                        {
-                            "trees": [t.name for t in ladder_trees],
-                            "signal": signal,
-                            "thresholds": list(th),
-                            "window": window,
-                        },
-                    )
-        thresholds["ladder"], replays["ladder"] = top[2], top[1].to_json()
-    replays["cost"] = replay(CostPolicy(bank, acceptance, [ms_of(t) for t in bank]), traces, ms_of).to_json()
-    replays["dynamic"] = replay(DynamicPolicy(master, acceptance, latency), traces, ms_of).to_json()
-    replays["oracle"] = oracle(bank, traces, ms_of).to_json()
-    return thresholds, replays
+                    if top is None or r.tokens_per_second > top[0].tokens_per_second:
+                        top = (r, BinaryThresholds(small.name, large.name, signal, lo, hi, window))
+    return None if top is None else (top[1], _replayed(top[0]))
+
+
+def _tune_ladder(bank, best, traces, ms_of, grids, window) -> tuple[LadderThresholds, ReplayResult] | None:
+    """The ladder over the smallest bank tree, EntMTP* and two sizes up, of most replayed tokens/s."""
+    best_i = [t.name for t in bank].index(best.name)
+    trees = _unique([bank[0], best, bank[min(best_i + 2, len(bank) - 1)]])
+    if len(trees) < 2:
+        return None
+    top = None
+    for signal in SIGNALS:
+        for th in itertools.combinations(grids[signal], len(trees) - 1):
+            r = replay(LadderPolicy(trees, signal, th, window), traces, ms_of)
+            if top is None or r.tokens_per_second > top[0].tokens_per_second:
+                top = (r, LadderThresholds(tuple(t.name for t in trees), signal, th, window))
+    return top[1], _replayed(top[0])
+
+
+def _replayed(r: Replay) -> ReplayResult:
+    return ReplayResult(r.tokens_per_second, r.tokens_per_step, r.steps, dict(r.usage))
 
 
 def _unique(trees: Sequence[Tree]) -> list[Tree]:
     return list({t.name: t for t in trees}.values())
 
 
-def _entry(ft, measured: dict | None) -> dict:
-    e = {
-        "name": ft.tree.name,
-        "nodes": ft.tree.num_nodes,
-        "depth": ft.tree.depth,
-        "paths": [list(p) for p in ft.tree.paths],
-        "mean_accepted_all_positions": ft.mean_accepted,
-        "tokens_per_step_simulated": ft.tokens_per_step,
-    }
-    if measured:
-        e.update(measured)
-    return e
+def _entry(ft: FrontierTree, measured: MeasuredTree | None) -> FrontierEntry:
+    tree = ft.tree
+    return FrontierEntry(
+        tree.name, tree.num_nodes, tree.depth, tree.paths, ft.mean_accepted, ft.tokens_per_step, measured
+    )
 
 
 def search(traces: Sequence[Trace], num_heads: int):
@@ -298,69 +306,68 @@ def _grid(frontier) -> list[int]:
     return sorted({min(sizes, key=lambda n: (abs(n - g), n)) for g in GRID})
 
 
-def build_section(traces: Sequence[Trace], grown, frontier, measured: dict, heads, window: int) -> dict:
+def build_section(
+    traces: Sequence[Trace], grown, frontier, measured: Mapping[str, MeasuredTree], heads, window: int
+) -> ModeProfile:
     """One acceptance mode's part of a profile: frontiers, bank, EntMTP*, acceptance model, tuned policies.
     `measured` holds the step latencies measured on this hardware (by tree name; others are interpolated)."""
     by_nodes = {ft.tree.num_nodes: ft for ft in frontier}
     grid = _grid(frontier)
-    latency = LatencyModel.from_measured(measured)
-    ms_of = latency.ms_of
-
-    # throughput of each bank tree: simulated tokens/step over all calibration positions / step latency
-    speed = {n: by_nodes[n].tokens_per_step * 1000.0 / ms_of(by_nodes[n].tree) for n in grid}
-    throughput, top = [], 0.0
-    for n in grid:
-        if speed[n] > top:
-            top = speed[n]
-            throughput.append(n)
-    best = by_nodes[max(throughput, key=lambda n: speed[n])].tree
+    latency = Latency.of(measured).model()
+    throughput = _throughput_frontier(by_nodes, grid, measured, latency)
+    best = by_nodes[max(throughput, key=lambda e: e.tokens_per_second).nodes].tree
     # the bank: every measured frontier tree, and the root-only tree (plain decoding). The throughput frontier
     # says which static tree is best; a scheduler also needs the larger trees that only pay on confident steps.
     bank = [Tree.root_only()] + [by_nodes[n].tree for n in grid]  # root-only: do not draft when hopeless
     master_n = max(n for n in by_nodes if n <= MASTER_MAX)
     master = union_tree([*bank, by_nodes[master_n].tree], "master")
     acceptance = fit_acceptance(traces, probe_depth(heads), heads.config.num_heads)
-    reference, ref = load_tree(DEFAULT_TREE), {}
-    if reference.name in measured:
-        tps = simulate(reference, traces).tokens_per_step
-        ms = measured[reference.name]["ms_per_step"]
-        ref[reference.name] = {
-            "nodes": reference.num_nodes,
-            "tokens_per_step_simulated": tps,
-            "ms_per_step": ms,
-            "tokens_per_second": tps * 1000.0 / ms,
-        }
     thresholds, replays = tune(bank, best, traces, latency, window, acceptance, master)
-    candidates = {k: v["tokens_per_second"] for k, v in replays.items() if k != "oracle"}
+    candidates = {k: r.tokens_per_second for k, r in replays.items() if k != "oracle"}
+    return ModeProfile(
+        growth={g.max_depth: g.order for g in grown},
+        acceptance_frontier=tuple(_entry(ft, measured.get(ft.tree.name)) for ft in frontier),
+        bank=tuple(t.name for t in bank),
+        throughput_frontier=throughput,
+        best=best.name,
+        master=NamedPaths(master.name, master.paths),
+        reference=_reference(traces, measured),
+        acceptance_model=acceptance,
+        signals=signal_stats(traces),
+        thresholds=thresholds,
+        replay=replays,
+        recommended_policy=max(candidates, key=candidates.get),
+        plain_tokens_per_second=1000.0 / measured["none"].ms_per_step,
+        positions=sum(len(t.ranks) for t in traces),
+    )
 
-    def frontier_entry(n: int) -> dict:
-        tree = by_nodes[n].tree
-        m = measured.get(tree.name) if measured.get(tree.name, {}).get("nodes") == n else None
-        return {
-            "name": tree.name,
-            "nodes": n,
-            "tokens_per_step_simulated": by_nodes[n].tokens_per_step,
-            "ms_per_step": ms_of(tree),
-            "tokens_per_second": speed[n],
-            "measured_tokens_per_second": m["measured_tokens_per_second"] if m else None,
-        }
 
-    return {
-        "growth": {str(g.max_depth): [list(p) for p in g.order] for g in grown},
-        "acceptance_frontier": [_entry(ft, measured.get(ft.tree.name)) for ft in frontier],
-        "bank": [t.name for t in bank],
-        "throughput_frontier": [frontier_entry(n) for n in throughput],
-        "best": best.name,
-        "master": {"name": master.name, "paths": [list(p) for p in master.paths]},
-        "reference": ref,
-        "acceptance_model": acceptance.to_json(),
-        "signals": signal_stats(traces),
-        "thresholds": thresholds,
-        "replay": replays,
-        "recommended_policy": max(candidates, key=candidates.get),
-        "plain_tokens_per_second": 1000.0 / measured["none"]["ms_per_step"],
-        "positions": sum(len(t.ranks) for t in traces),
-    }
+def _throughput_frontier(by_nodes, grid, measured, latency: LatencyModel) -> tuple[ThroughputEntry, ...]:
+    """The grid trees faster than every smaller one: tokens/s = simulated tokens/step over all calibration
+    positions / step latency (measured, else interpolated)."""
+    out, top = [], 0.0
+    for n in grid:
+        ft = by_nodes[n]
+        ms = latency.ms_of(ft.tree)
+        speed = ft.tokens_per_step * 1000.0 / ms
+        if speed <= top:
+            continue
+        top = speed
+        m = measured.get(ft.tree.name)
+        m = m if m is not None and m.nodes == n else None
+        tps = m.measured_tokens_per_second if m else None
+        out.append(ThroughputEntry(ft.tree.name, n, ft.tokens_per_step, ms, speed, tps))
+    return tuple(out)
+
+
+def _reference(traces, measured: Mapping[str, MeasuredTree]) -> dict[str, ReferenceTree]:
+    """The published default tree's simulated speed on the traces, when its latency was measured."""
+    reference = load_tree(DEFAULT_TREE)
+    if reference.name not in measured:
+        return {}
+    tps = simulate(reference, traces).tokens_per_step
+    ms = measured[reference.name].ms_per_step
+    return {reference.name: ReferenceTree(reference.num_nodes, tps, ms, tps * 1000.0 / ms)}
 
 
 def build_profile(
@@ -380,67 +387,53 @@ def build_profile(
     hardware side only (`--latency-only`). `add_typical` adds the T > 0 section."""
     t0 = time.perf_counter()
     if traces is None:
-        traces, _ = generate_traces(
-            generation_engine(model, tokenizer, heads),
-            heads,
-            list(prompts),
-            settings.max_new_tokens,
-            progress,
-        )
+        engine = generation_engine(model, tokenizer, heads)
+        traces, _ = generate_traces(engine, heads, list(prompts), settings.max_new_tokens, progress)
     if not traces:
         raise EntMTPError("no calibration generation produced two or more tokens: use other prompts")
     t_traces = time.perf_counter() - t0
-    D = heads.config.num_heads
-    scores, grown, frontier = search(traces, D)
-    by_nodes = {ft.tree.num_nodes: ft for ft in frontier}
-    measured_trees = [by_nodes[n].tree for n in _grid(frontier)]
-    reference = load_tree(DEFAULT_TREE)  # the published default, for comparison
-    if reference.depth <= D:
-        measured_trees.append(reference)
+    scores, grown, frontier = search(traces, heads.config.num_heads)
     latency_prompts = list(prompts[: settings.latency_prompts])
-    measured = measure_trees(model, tokenizer, heads, measured_trees, latency_prompts, settings, progress)
+    trees = _measured_trees(frontier, heads.config.num_heads)
+    measured = measure_trees(model, tokenizer, heads, trees, latency_prompts, settings, progress)
     section = build_section(traces, grown, frontier, measured, heads, settings.window)
-    data = {
-        "format": FORMAT,
-        "version": VERSION,
-        "task": task,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "model": model_fingerprint(model),
-        "heads": {
-            "name": heads_name,
-            "kind": heads.config.kind,
-            "num_heads": D,
-            "checksum": heads_checksum(heads),
-        },
-        "hardware": hardware(model),
-        "versions": {
-            "entmtp": __version__,
-            "torch": torch.__version__,
-            "transformers": _transformers_version(),
-        },
-        "calibration": {
-            "latency_prompt_ids": [list(map(int, ids)) for ids in latency_prompts],
-            "prompts": len(traces),
-            "positions": scores.positions,
-            "max_new_tokens": settings.max_new_tokens,
-            "latency_prompts": len(latency_prompts),
-            "latency_tokens": settings.latency_tokens,
-            "latency_repeats": settings.latency_repeats,
-            "trace_seconds": t_traces,
-            "seconds": time.perf_counter() - t0,
-        },
-        "latency": {
-            "nodes": [m["nodes"] for m in measured.values()],
-            "ms_per_step": [m["ms_per_step"] for m in measured.values()],
-            "plain_ms_per_step": measured["none"]["ms_per_step"],
-            "trees": measured,
-        },
-        "modes": {"greedy": section},
-    }
-    log(
-        f"calibrated {heads_name}/{task} in {data['calibration']['seconds']:.0f} s: EntMTP* = {section['best']}"
+    run = CalibrationRun(
+        latency_prompt_ids=tuple(tuple(map(int, ids)) for ids in latency_prompts),
+        prompts=len(traces),
+        positions=scores.positions,
+        max_new_tokens=settings.max_new_tokens,
+        latency_prompts=len(latency_prompts),
+        latency_tokens=settings.latency_tokens,
+        latency_repeats=settings.latency_repeats,
+        trace_seconds=t_traces,
+        seconds=time.perf_counter() - t0,
     )
-    return Profile(data), traces
+    profile = _profile(model, heads, heads_name, task, run, Latency.of(measured), section)
+    log(f"calibrated {heads_name}/{task} in {run.seconds:.0f} s: EntMTP* = {section.best}")
+    return profile, traces
+
+
+def _measured_trees(frontier, num_heads: int) -> list[Tree]:
+    """The frontier trees nearest the GRID sizes, and the published default tree when the heads reach it."""
+    by_nodes = {ft.tree.num_nodes: ft for ft in frontier}
+    trees = [by_nodes[n].tree for n in _grid(frontier)]
+    reference = load_tree(DEFAULT_TREE)  # the published default, for comparison
+    return trees + [reference] if reference.depth <= num_heads else trees
+
+
+def _profile(model, heads, heads_name, task, run, latency, section) -> Profile:
+    """A greedy-only profile of this model, heads and machine, made now."""
+    return Profile(
+        task=task,
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        model=ModelInfo.from_json(model_fingerprint(model)),
+        heads=HeadsInfo(heads_name, heads.config.kind, heads.config.num_heads, heads_checksum(heads)),
+        hardware=Hardware.from_json(hardware(model)),
+        versions=Versions(__version__, torch.__version__, _transformers_version()),
+        calibration=run,
+        latency=latency,
+        modes={"greedy": section},
+    )
 
 
 def generation_engine(model, tokenizer, heads) -> Engine:
@@ -456,38 +449,31 @@ def add_typical(
     settings: CalibrationSettings = CalibrationSettings(),
     log=print,
 ) -> Profile:
-    """Add the T > 0 section (typical acceptance) from `typical_traces` made by `generate_traces(...,
+    """`profile` with the T > 0 section (typical acceptance) from `traces` made by `generate_traces(...,
     sampling=...)`; step latencies come from the profile's greedy-side measurements (a tree's step costs the
     same whatever the acceptance rule), so nothing is timed again."""
     if not traces or traces[0].passmask is None:
         raise EntMTPError("add_typical needs traces of typical-acceptance generations (with pass masks)")
     _, grown, frontier = search(traces, heads.config.num_heads)
-    section = build_section(traces, grown, frontier, profile.data["latency"]["trees"], heads, settings.window)
-    section["sampling"] = {
-        "temperature": TYPICAL.temperature,
-        "acceptance": "typical",
-        "typical_eps": TYPICAL.typical_eps,
-        "typical_alpha": TYPICAL.typical_alpha,
-    }
-    profile.data["modes"]["typical"] = section
-    log(f"typical section for {profile.data['heads']['name']}/{profile.task}: EntMTP* = {section['best']}")
-    return profile
+    section = build_section(traces, grown, frontier, profile.latency.trees, heads, settings.window)
+    section = replace(section, sampling=TYPICAL)
+    log(f"typical section for {profile.heads.name}/{profile.task}: EntMTP* = {section.best}")
+    return replace(profile, modes={**profile.modes, "typical": section})
 
 
 def retune(
     profile: Profile, heads, settings: CalibrationSettings = CalibrationSettings(), log=print
 ) -> Profile:
-    """Re-derive every section of a profile from its stored traces and measured latencies: the search, the
+    """`profile` with every section re-derived from its stored traces and measured latencies: the search, the
     frontiers, the acceptance model and the tuned thresholds (seconds; nothing is decoded or timed)."""
-    measured = profile.data["latency"]["trees"]
-    for mode, old in list(profile.data["modes"].items()):
+    modes = {}
+    for mode, old in profile.modes.items():
         traces = load_traces(profile, mode)
         _, grown, frontier = search(traces, heads.config.num_heads)
-        section = build_section(traces, grown, frontier, measured, heads, settings.window)
-        section.update({k: old[k] for k in ("sampling", "traces") if k in old})
-        profile.data["modes"][mode] = section
-        log(f"retuned {profile.data['heads']['name']}/{profile.task} ({mode}): EntMTP* = {section['best']}")
-    return profile
+        section = build_section(traces, grown, frontier, profile.latency.trees, heads, settings.window)
+        modes[mode] = replace(section, sampling=old.sampling, traces=old.traces)
+        log(f"retuned {profile.heads.name}/{profile.task} ({mode}): EntMTP* = {section.best}")
+    return replace(profile, modes=modes)
 
 
 def _transformers_version() -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -11,7 +12,7 @@ from rich.table import Table
 
 from ..errors import EntMTPError
 from ..prompts import CALIB, FOUR_TASKS, TASKS, load_prompt_file, load_prompts
-from ..scheduler.profiles import PROFILE_TASKS, load_profile
+from ..scheduler.profiles import PROFILE_TASKS, ModeProfile, Profile, load_profile
 
 
 def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
@@ -77,12 +78,35 @@ def calibration_prompts(task: str, n: int) -> list[str]:
 
 
 def run_calibrate(args) -> int:
-    from ..model import encode_prompt, load_model
+    from ..model import load_model
     from ..shipped import resolve_heads
-    from .calibrate import CalibrationSettings, add_typical, build_profile, generation_engine, retune
-    from .plots import plot_profile
-    from .traces import TYPICAL, generate_traces, load_traces, save_traces, sidecar_path
+    from .calibrate import retune
+    from .traces import save_traces
 
+    _check_arguments(args)
+    old = load_profile(args.profile) if args.latency_only or args.retune else None
+    texts = None if old else calibration_prompts(args.task, args.num_prompts)  # bad tasks fail before loading
+    model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, pack=not args.no_pack)
+    heads = resolve_heads(args.heads, model)
+    if heads is None:
+        raise EntMTPError("calibration needs heads: pass --heads medusa, hydra or a heads directory")
+    heads.bind(model)
+    settings = _settings(args)
+    if args.retune:
+        old.check(model, heads, warn_hardware=False)
+        _write(retune(old, heads, settings).save(old.path))
+        return 0
+    with Progress(disable=args.no_progress) as progress:
+        profile, greedy, typical = _calibrate(args, model, tokenizer, heads, settings, old, texts, progress)
+    out = Path(
+        args.out or (old.path if old else f"runs/profiles/{Path(args.heads).name}-{profile.task}.json")
+    )
+    _write(save_traces(profile, out, greedy, typical).save(out), traces=True)
+    return 0
+
+
+def _check_arguments(args) -> None:
+    """Refuse impossible settings before anything loads."""
     if (args.latency_only or args.retune) and not args.profile:
         flag = "--latency-only" if args.latency_only else "--retune"
         raise EntMTPError(f"{flag} updates an existing profile: pass it with --profile FILE")
@@ -96,157 +120,157 @@ def run_calibrate(args) -> int:
             "--num-prompts, --latency-prompts and --latency-repeats must be >= 1, --max-new-tokens and "
             "--latency-tokens >= 4"
         )
-    old = load_profile(args.profile) if args.latency_only or args.retune else None
-    texts = None if old else calibration_prompts(args.task, args.num_prompts)  # bad tasks fail before loading
-    model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, pack=not args.no_pack)
-    heads = resolve_heads(args.heads, model)
-    if heads is None:
-        raise EntMTPError("calibration needs heads: pass --heads medusa, hydra or a heads directory")
-    heads.bind(model)
-    settings = CalibrationSettings(
+
+
+def _settings(args):
+    from .calibrate import CalibrationSettings
+
+    return CalibrationSettings(
         max_new_tokens=args.max_new_tokens,
         latency_prompts=args.latency_prompts,
         latency_tokens=args.latency_tokens,
         latency_repeats=args.latency_repeats,
         tree_seconds=args.tree_seconds,
     )
-    if args.retune:
+
+
+def _calibrate(args, model, tokenizer, heads, settings, old, texts, progress):
+    """(profile, greedy traces, typical traces or None): a new calibration of `texts`, or with `old` (for
+    --latency-only) its traces re-measured on this machine."""
+    from ..model import encode_prompt
+    from .calibrate import add_typical, build_profile, generation_engine
+    from .traces import TYPICAL, generate_traces, load_traces
+
+    log = progress.console.print
+    if old is not None:
         old.check(model, heads, warn_hardware=False)
-        retune(old, heads, settings)
-        old.save(old.path)
-        plot_profile(old, old.path.with_suffix(".png"))
-        print_profile(old)
-        print(f"wrote {old.path} and {old.path.with_suffix('.png')}")
-        return 0
-    with Progress(disable=args.no_progress) as progress:
-        log = progress.console.print
-        if old is not None:
-            old.check(model, heads, warn_hardware=False)
-            ids, task, name = (
-                old.data["calibration"]["latency_prompt_ids"],
-                old.task,
-                old.data["heads"]["name"],
-            )
-            greedy = load_traces(old)
-            typical = load_traces(old, "typical") if "typical" in old.data["modes"] else None
-        else:
-            task = args.task if args.task in PROFILE_TASKS else Path(args.task).stem
-            ids, name = [encode_prompt(tokenizer, t) for t in texts], Path(args.heads).name
-            greedy = typical = None
-        profile, greedy = build_profile(
-            model,
-            tokenizer,
-            heads,
-            heads_name=name,
-            task=task,
-            prompts=ids,
-            settings=settings,
-            progress=progress,
-            traces=greedy,
-            log=log,
+        ids, task, name = old.calibration.latency_prompt_ids, old.task, old.heads.name
+        greedy = load_traces(old)
+        typical = load_traces(old, "typical") if "typical" in old.modes else None
+    else:
+        task = args.task if args.task in PROFILE_TASKS else Path(args.task).stem
+        ids, name = [encode_prompt(tokenizer, t) for t in texts], Path(args.heads).name
+        greedy = typical = None
+    profile, greedy = build_profile(
+        model,
+        tokenizer,
+        heads,
+        heads_name=name,
+        task=task,
+        prompts=ids,
+        settings=settings,
+        progress=progress,
+        traces=greedy,
+        log=log,
+    )
+    if old is not None:  # what the traces were made from stays as it was
+        run = replace(
+            profile.calibration,
+            prompts=old.calibration.prompts,
+            max_new_tokens=old.calibration.max_new_tokens,
         )
-        if old is not None:  # what the traces were made from stays as it was
-            profile.data["calibration"].update(
-                {k: old.data["calibration"][k] for k in ("prompts", "max_new_tokens")}
-            )
-        elif not args.greedy_only:
-            typical, _ = generate_traces(
-                generation_engine(model, tokenizer, heads),
-                heads,
-                ids,
-                settings.max_new_tokens,
-                progress,
-                sampling=TYPICAL,
-            )
-        if typical:
-            add_typical(profile, heads, typical, settings, log=log)
-    out = Path(args.out or (old.path if old else f"runs/profiles/{Path(args.heads).name}-{task}.json"))
-    save_traces(profile, out, greedy, typical).save(out)
-    png = plot_profile(profile, out.with_suffix(".png"))
+        profile = replace(profile, calibration=run)
+    elif not args.greedy_only:
+        engine = generation_engine(model, tokenizer, heads)
+        typical, _ = generate_traces(engine, heads, ids, settings.max_new_tokens, progress, sampling=TYPICAL)
+    if typical:
+        profile = add_typical(profile, heads, typical, settings, log=log)
+    return profile, greedy, typical
+
+
+def _write(profile: Profile, traces: bool = False) -> None:
+    """Draw the saved profile's frontiers beside it and print its tables and what was written."""
+    from .plots import plot_profile
+    from .traces import sidecar_path
+
+    png = plot_profile(profile, profile.path.with_suffix(".png"))
     print_profile(profile)
-    print(f"wrote {out}, {sidecar_path(out)} and {png}")
-    return 0
+    side = f", {sidecar_path(profile.path)}" if traces else ""
+    print(f"wrote {profile.path}{side} and {png}")
 
 
-def print_profile(profile) -> None:
-    m = profile.mode("greedy")
+FRONTIER_COLUMNS = (
+    "tree",
+    "nodes",
+    "depth",
+    "1+accepted (all pos.)",
+    "tokens/step (own)",
+    "ms/step",
+    "tokens/s",
+    "measured tok/s",
+    "bank",
+)
+
+
+def print_profile(profile: Profile) -> None:
     console = Console() if Console().is_terminal else Console(width=160)
-    lat = profile.data["latency"]["trees"]
+    console.print(_frontier_table(profile))
+    for mode, section in profile.modes.items():
+        console.print(_replay_table(mode, section))
+        console.print(f"{mode}: recommended policy {section.recommended_policy}")
+
+
+def _frontier_table(profile: Profile) -> Table:
+    """The greedy section's measured frontier trees, the published default and plain decoding."""
+    m, lat = profile.mode("greedy"), profile.latency.trees
     table = Table(
-        title=f"{profile.data['heads']['name']} / {profile.task}: frontier trees measured here "
+        title=f"{profile.heads.name} / {profile.task}: frontier trees measured here "
         f"(tokens/s = simulated tokens/step / measured ms per step)"
     )
-    for col in (
-        "tree",
-        "nodes",
-        "depth",
-        "1+accepted (all pos.)",
-        "tokens/step (own)",
-        "ms/step",
-        "tokens/s",
-        "measured tok/s",
-        "bank",
-    ):
+    for col in FRONTIER_COLUMNS:
         table.add_column(col, justify="right")
-    bank = {e["name"] for e in m["throughput_frontier"]}
-    for e in m["acceptance_frontier"]:
-        if e["name"] not in lat:
+    bank = {e.name for e in m.throughput_frontier}
+    for e in m.acceptance_frontier:
+        if e.name not in lat:
             continue
-        ms = lat[e["name"]]["ms_per_step"]
-        mark = "EntMTP*" if e["name"] == m["best"] else ("yes" if e["name"] in bank else "")
+        ms, tps = lat[e.name].ms_per_step, e.tokens_per_step_simulated
+        mark = "EntMTP*" if e.name == m.best else ("yes" if e.name in bank else "")
         table.add_row(
-            e["name"],
-            str(e["nodes"]),
-            str(e["depth"]),
-            f"{1 + e['mean_accepted_all_positions']:.2f}",
-            f"{e['tokens_per_step_simulated']:.2f}",
+            e.name,
+            str(e.nodes),
+            str(e.depth),
+            f"{1 + e.mean_accepted_all_positions:.2f}",
+            f"{tps:.2f}",
             f"{ms:.1f}",
-            f"{e['tokens_per_step_simulated'] * 1000 / ms:.1f}",
-            f"{lat[e['name']]['measured_tokens_per_second']:.1f}",
+            f"{tps * 1000 / ms:.1f}",
+            f"{lat[e.name].measured_tokens_per_second:.1f}",
             mark,
         )
-    for name, r in m.get("reference", {}).items():
+    for name, r in m.reference.items():
         table.add_row(
             name,
-            str(r["nodes"]),
+            str(r.nodes),
             "",
             "",
-            f"{r['tokens_per_step_simulated']:.2f}",
-            f"{r['ms_per_step']:.1f}",
-            f"{r['tokens_per_second']:.1f}",
-            f"{lat[name]['measured_tokens_per_second']:.1f}",
+            f"{r.tokens_per_step_simulated:.2f}",
+            f"{r.ms_per_step:.1f}",
+            f"{r.tokens_per_second:.1f}",
+            f"{lat[name].measured_tokens_per_second:.1f}",
             "default",
         )
-    table.add_row(
-        "plain",
-        "0",
-        "",
-        "",
-        "1.00",
-        f"{profile.data['latency']['plain_ms_per_step']:.1f}",
-        f"{m['plain_tokens_per_second']:.1f}",
-        f"{lat['none']['measured_tokens_per_second']:.1f}",
-        "",
+    plain = (f"{profile.latency.plain_ms_per_step:.1f}", f"{m.plain_tokens_per_second:.1f}")
+    table.add_row("plain", "0", "", "", "1.00", *plain, f"{lat['none'].measured_tokens_per_second:.1f}", "")
+    return table
+
+
+def _replay_table(mode: str, section: ModeProfile) -> Table:
+    """Every policy replayed on the section's traces, against EntMTP*, with its tuned settings."""
+    rt = Table(
+        title=f"{mode}: policies replayed on the calibration traces (decode steps, measured latencies)"
     )
-    console.print(table)
-    for mode, sec in profile.data["modes"].items():
-        rt = Table(
-            title=f"{mode}: policies replayed on the calibration traces (decode steps, measured latencies)"
+    for col in ("policy", "tokens/s", "tokens/step", "vs EntMTP*", "settings"):
+        rt.add_column(col, justify="right")
+    base = section.replay["static"].tokens_per_second
+    for name, r in section.replay.items():
+        th = getattr(section.thresholds, name, None)
+        setting = ", ".join(f"{k}={v}" for k, v in th.to_json().items() if k != "window") if th else ""
+        if name == "static":
+            setting = f"EntMTP* = {section.best}"
+        rt.add_row(
+            name,
+            f"{r.tokens_per_second:.1f}",
+            f"{r.tokens_per_step:.2f}",
+            f"{r.tokens_per_second / base:.3f}x",
+            setting[:80],
         )
-        for col in ("policy", "tokens/s", "tokens/step", "vs EntMTP*", "settings"):
-            rt.add_column(col, justify="right")
-        base = sec["replay"]["static"]["tokens_per_second"]
-        for name, r in sec["replay"].items():
-            th = sec["thresholds"].get(name, {})
-            setting = ", ".join(f"{k}={v}" for k, v in th.items() if k != "window") if th else ""
-            if name == "static":
-                setting = f"EntMTP* = {sec['best']}"
-            rt.add_row(
-                name,
-                f"{r['tokens_per_second']:.1f}",
-                f"{r['tokens_per_step']:.2f}",
-                f"{r['tokens_per_second'] / base:.3f}x",
-                setting[:80],
-            )
-        console.print(rt)
-        console.print(f"{mode}: recommended policy {sec['recommended_policy']}")
+    return rt

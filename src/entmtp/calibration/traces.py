@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -31,7 +31,7 @@ from ..accept import Sampling, _typical_ok
 from ..cache import BaseModel
 from ..errors import EntMTPError
 from ..files import save_tensors_atomic
-from ..scheduler.profiles import Profile, ProfileError
+from ..scheduler.profiles import Profile, ProfileError, TraceMeta
 from ..scheduler.signals import raw_signals, root_stats
 
 TOPK = 10  # candidates per head recorded; ranks >= TOPK count as misses (no tree here drafts that wide)
@@ -169,8 +169,8 @@ def save_traces(
     typical: list[Trace] | None = None,
 ) -> Profile:
     """Write the sidecar of the profile to be saved at `path` atomically (greedy traces, and the typical
-    section's when it has one), and record in `profile` what it holds and its sha256. Save the profile's JSON
-    after it, so a reader never finds a JSON whose sidecar is not there yet."""
+    section's when it has one), and return `profile` recording what it holds and its sha256. Save the profile's JSON
+    after it (`save_traces(...).save(path)`), so a reader never finds a JSON whose sidecar is not there yet."""
     side = sidecar_path(path)
     side.parent.mkdir(parents=True, exist_ok=True)
     tensors = {}
@@ -184,13 +184,10 @@ def save_traces(
             if tr.tokens is not None:
                 tensors[f"{prefix}{i}.tokens"] = tr.tokens.to(torch.int32)
     save_tensors_atomic(side, tensors)
-    profile.data["traces"] = [{"prompt_len": tr.prompt_len, "length": tr.length} for tr in traces]
+    modes = dict(profile.modes)
     if typical:
-        profile.mode("typical")["traces"] = [
-            {"prompt_len": t.prompt_len, "length": t.length} for t in typical
-        ]
-    profile.data["traces_sha256"] = _sha256(side)
-    return profile
+        modes["typical"] = replace(profile.mode("typical"), traces=_metas(typical))
+    return replace(profile, modes=modes, traces=_metas(traces), traces_sha256=_sha256(side))
 
 
 def load_traces(profile: Profile, mode: str = "greedy") -> list[Trace]:
@@ -199,22 +196,21 @@ def load_traces(profile: Profile, mode: str = "greedy") -> list[Trace]:
     if side is None or not side.exists():
         raise ProfileError(f"profile {profile.where} has no traces file {side}: calibrate again (full run)")
     digest = _sha256(side)
-    if digest != profile.data["traces_sha256"]:
+    if digest != profile.traces_sha256:
         raise ProfileError(
             f"traces file {side} does not match its profile (sha256 {digest[:12]}...): "
             "it was changed or truncated; calibrate again"
         )
     t = load_file(str(side))
     prefix = "" if mode == "greedy" else f"{mode}."
-    metas = profile.data["traces"] if mode == "greedy" else profile.mode(mode).get("traces", [])
     out = []
-    for i, meta in enumerate(metas):
+    for i, meta in enumerate(profile.trace_metas(mode)):
         key = f"{prefix}{i}"
         mask, toks = t.get(f"{key}.passmask"), t.get(f"{key}.tokens")
         out.append(
             Trace(
-                meta["prompt_len"],
-                meta["length"],
+                meta.prompt_len,
+                meta.length,
                 t[f"{key}.ranks"].long(),
                 t[f"{key}.probe"].float(),
                 t[f"{key}.raw"].float(),
@@ -223,6 +219,10 @@ def load_traces(profile: Profile, mode: str = "greedy") -> list[Trace]:
             )
         )
     return out
+
+
+def _metas(traces: list[Trace]) -> tuple[TraceMeta, ...]:
+    return tuple(TraceMeta(tr.prompt_len, tr.length) for tr in traces)
 
 
 def _sha256(path: Path) -> str:
