@@ -1,0 +1,152 @@
+"""The hybrid policy (scheduler/hybrid.py): a prompt-lookup branch sized per step over any tree policy, from the
+match and the evidence so far; dropped heads judged by their probe."""
+
+from __future__ import annotations
+
+import torch
+
+from entmtp.heads import Probe
+from entmtp.lookup import Lookup, NgramIndex
+from entmtp.policy import StaticPolicy
+from entmtp.records import Step, StepContext
+from entmtp.scheduler.hybrid import HybridPolicy, counterfactual_depth
+from entmtp.scheduler.policies import LatencyModel
+from entmtp.tree import Tree, load_tree
+
+# ---- the hybrid policy ------------------------------------------------------------------------------------
+
+# step latency (ms) by drafted nodes on a machine where nodes are dear (~3 ms each against a 37 ms plain step:
+# the 2-core Intel Xeon the first shipped profiles were measured on), so the tests do not depend on CPU_COST
+COSTLY = LatencyModel(
+    [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 90],
+    [36.8, 44.5, 49.5, 52.2, 56.6, 61.3, 67.0, 75.6, 85.4, 102.4, 121.6, 162.4, 187.1, 240.6],
+)
+
+
+def _ctx(index):
+    return StepContext(0, len(index.tokens), 100, None, lookup=index)
+
+
+def _step(tree, heads_depth, lookup_run, lookup_nodes):
+    return Step(
+        tree.name,
+        tree.num_nodes,
+        max(heads_depth, lookup_run),
+        1,
+        [0],
+        {},
+        {},
+        lookup_nodes,
+        0,
+        {"heads": heads_depth, "lookup": lookup_run},
+    )
+
+
+def _run(policy, index, steps, heads_depth, lookup_right):
+    tree = policy.choose(_ctx(index))
+    for _ in range(steps):
+        policy.observe(_step(tree, heads_depth, tree.num_lookup if lookup_right else 0, tree.num_lookup))
+        tree = policy.choose(_ctx(index))
+    return tree
+
+
+def test_hybrid_policy_adds_nothing_without_a_match_and_grows_with_evidence():
+    base = load_tree("tree_8")
+    policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), COSTLY)
+    policy.reset()
+    assert policy.choose(_ctx(NgramIndex([1, 2, 3, 4]))) is base  # no match: the heads' tree alone
+    assert policy.last_signals["match"] == 0
+    index = NgramIndex([1, 2, 3, 4, 5, 6, 1, 2, 3], max_ngram=3)
+    first = policy.choose(_ctx(index)).num_lookup
+    tree = _run(policy, index, 12, heads_depth=0, lookup_right=True)
+    assert tree.num_lookup == 8 > first
+    assert tree.heads_tree.num_nodes == 0  # copying wins outright: lookup only
+    tree = _run(policy, index, 12, heads_depth=0, lookup_right=False)
+    assert tree.num_lookup <= 2  # the lookup keeps missing: short branches
+
+
+def test_hybrid_policy_keeps_the_heads_tree_when_the_heads_are_right():
+    base = load_tree("tree_8")
+    policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), COSTLY)
+    policy.reset()
+    index = NgramIndex([1, 2, 3, 4, 5, 6, 1, 2, 3], max_ngram=3)
+    tree = _run(policy, index, 12, heads_depth=3, lookup_right=False)
+    assert tree.heads_tree is base and tree.num_lookup <= 1
+    assert policy.last_signals["match"] == 3
+
+
+def test_fixed_length_policy_always_adds_the_full_branch_when_there_is_a_match():
+    policy = HybridPolicy(StaticPolicy(Tree.root_only()), Lookup(tokens=5, adaptive=False))
+    policy.reset()
+    tree = policy.choose(_ctx(NgramIndex([1, 2, 3, 1, 2], max_ngram=2)))
+    assert tree.num_lookup == 5 and tree.name == "L5"
+
+
+def test_hybrid_policy_takes_plain_steps_when_the_heads_keep_missing_and_retries_them_later():
+    base = load_tree("tree_8")
+    policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), COSTLY)
+    policy.reset()
+    nothing = NgramIndex([1, 2, 3, 4])  # no match: no lookup branch
+    tree = _run(policy, nothing, 16, heads_depth=0, lookup_right=False)
+    assert tree.num_nodes == 0  # the heads were always wrong: a plain step costs less
+    assert policy.last_signals["heads"] == 0.0
+    retried = 0
+    for _ in range(80):  # plain steps verify no head: their evidence ages back towards the prior
+        policy.observe(_step(tree, 0, 0, 0))
+        tree = policy.choose(_ctx(nothing))
+        retried += tree is base
+    assert 1 <= retried <= 10  # tried again now and then, dropped again as long as the heads miss
+
+
+def test_dropped_heads_are_judged_by_their_probe_instead_of_retried_blindly():
+    """On a step without the heads' tree, the probe's depth-1 candidates (drafted anyway) against the emitted
+    token say exactly whether the heads would have been right: a dropped tree that keeps missing stays
+    dropped, and one that would have been right comes back within a few steps."""
+    base = load_tree("tree_8")
+    nothing = NgramIndex([1, 2, 3, 4])
+    probe = Probe(torch.tensor([[7, 8, 9]]), torch.zeros(1, 3))  # head 1's top 3 at every step
+
+    def run(policy, steps, token):
+        tree = policy.choose(StepContext(0, 4, 100, None, probe=probe, lookup=nothing))
+        kept = 0
+        for _ in range(steps):
+            accepted = int(tree.num_nodes > 0 and token in (7, 8, 9))  # tree_8 drafts ranks 0-2 at depth 1
+            policy.observe(
+                Step(tree.name, tree.num_nodes, accepted, accepted + 1, [token, 0][: accepted + 1])
+            )
+            tree = policy.choose(StepContext(0, 4, 100, None, probe=probe, lookup=nothing))
+            kept += tree is base
+        return tree, kept
+
+    for counterfactual, retried in ((True, 0), (False, 1)):
+        policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), COSTLY, counterfactual=counterfactual)
+        policy.reset()
+        tree, _ = run(policy, 16, token=0)  # verified and wrong: plain steps
+        assert tree.num_nodes == 0
+        _, kept = run(policy, 80, token=0)  # the probe keeps missing too
+        assert (kept > 0) == bool(retried)
+    policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), COSTLY)
+    policy.reset()
+    run(policy, 16, token=0)
+    _, kept = run(policy, 12, token=8)  # rank 1 of head 1: tree_8 would have been right
+    assert kept >= 6  # back within a few steps, and kept
+
+
+def test_counterfactual_depth_reads_every_depth_a_probe_holds():
+    chain = load_tree("chain_3")  # ranks (0,), (0, 0), (0, 0, 0)
+    probe = Probe(torch.tensor([[5, 6], [7, 8], [9, 10]]), torch.zeros(3, 2))  # Medusa: every depth
+    assert counterfactual_depth(chain, probe, [5, 7, 9, 1]) == (3, 3)
+    assert counterfactual_depth(chain, probe, [5, 7, 1]) == (2, 3)  # wrong at depth 3
+    assert counterfactual_depth(chain, probe, [5, 8]) == (1, 3)  # rank 1 at depth 2: not in the chain
+    assert counterfactual_depth(chain, probe, [5, 7]) == (2, 2)  # two tokens emitted: depth 3 unknown
+    assert counterfactual_depth(chain, Probe(probe.tokens[:1], probe.logprobs[:1]), [5, 7]) == (1, 1)  # Hydra
+    assert counterfactual_depth(chain, None, [5]) == (0, 0)
+    assert counterfactual_depth(chain, Probe(torch.empty(0, dtype=torch.long), torch.zeros(0)), [5]) == (0, 0)
+
+
+def test_free_verification_copies_the_whole_branch():
+    """node_cost 0 (a GPU, where verifying a few more tokens is nearly free): any chance of a hit pays."""
+    policy = HybridPolicy(StaticPolicy(load_tree("tree_8")), Lookup(tokens=6, node_cost=0.0))
+    policy.reset()
+    tree = policy.choose(_ctx(NgramIndex([1, 2, 3, 1, 2], max_ngram=2)))
+    assert tree.num_lookup == 6 and tree.heads_tree.num_nodes == 8

@@ -1,0 +1,107 @@
+"""Replays (calibration/replay.py): the oracle bounds every policy, a static replay is its simulation, and a
+replayed hybrid is the real decode step for step."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ByteTokenizer
+from entmtp.calibration.calibrate import fit_acceptance
+from entmtp.calibration.replay import oracle, replay
+from entmtp.calibration.search import simulate
+from entmtp.calibration.traces import trace_generation
+from entmtp.costs import CostCurve
+from entmtp.engine import Engine
+from entmtp.errors import EntMTPError
+from entmtp.lookup import Lookup
+from entmtp.policy import StaticPolicy
+from entmtp.scheduler.hybrid import HybridPolicy
+from entmtp.scheduler.policies import BinaryPolicy, CostPolicy, DynamicPolicy, LadderPolicy, LatencyModel
+from entmtp.tree import load_tree
+from scheduler_helpers import fitted_setup, small_acceptance, synthetic_traces
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    return fitted_setup()
+
+
+# ---- replay and oracle -------------------------------------------------------------------------------------
+
+
+def test_oracle_is_never_below_any_policy_on_the_same_replay():
+    traces = synthetic_traces()
+    bank = [load_tree("chain_1"), load_tree("tree_4"), load_tree("tree_16")]
+    ms = {"chain_1": 11.0, "tree_4": 13.0, "tree_16": 19.0}
+    ms_of = lambda t: ms[t.name]  # noqa: E731
+    best = oracle(bank, traces, ms_of).tokens_per_second
+    acc = fit_acceptance(traces, probe_depth=3, num_heads=3)
+    policies = [
+        BinaryPolicy(bank[0], bank[2], s, lo, hi)
+        for s in ("chain", "accept")
+        for lo, hi in ((0.1, 0.2), (1, 2))
+    ]
+    policies += [LadderPolicy(bank, "accept", [0.5, 1.5]), CostPolicy(bank, acc, list(ms.values()))]
+    policies += [StaticPolicy(t) for t in bank]
+    for p in policies:
+        assert replay(p, traces, ms_of).tokens_per_second <= best + 1e-9
+    assert best > max(replay(StaticPolicy(t), traces, ms_of).tokens_per_second for t in bank)
+
+
+def test_replay_of_a_static_tree_is_its_simulation():
+    traces = synthetic_traces()
+    tree = load_tree("tree_8")
+    r = replay(StaticPolicy(tree), traces, lambda t: 10.0)
+    s = simulate(tree, traces)
+    assert (r.steps, r.tokens) == (s.steps, s.tokens)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "hydra"])
+@pytest.mark.parametrize("online", [False, True])
+def test_replay_of_scheduled_hybrids_is_the_real_decode_step_for_step(fitted, kind, online):
+    """The dynamic policy with a prompt-lookup branch, replayed from the trace of the same greedy output, takes
+    the very steps the engine takes: the same trees (lookup nodes pruned alike), accepted drafts and tokens."""
+    model, ids, ref, heads = fitted
+    lat = LatencyModel([0, 1, 4, 63], [10.0, 14.0, 20.0, 60.0])  # costly nodes: trees of every kind
+
+    costs = CostCurve.from_latency(list(lat.nodes), list(lat.ms), "test")  # what the hybrid costs steps by
+
+    def policy():
+        return DynamicPolicy(load_tree("mc_sim_7b_63"), small_acceptance(), lat, online=online)
+
+    engine = Engine(model, ByteTokenizer(), heads=heads[kind], tree=policy(), lookup=Lookup(), costs=costs)
+    real = engine.generate(ids, max_new_tokens=48)
+    assert real.token_ids == ref
+    trace = trace_generation(engine.base, heads[kind], ids + ref, len(ids))
+    steps: list = []
+    replay(HybridPolicy(policy(), Lookup(), lat), [trace], lambda t: 10.0, record=steps)
+    got = [(s.tree, s.tree_nodes, s.lookup_nodes, s.tokens) for s in steps]
+    want = [(s.tree, s.tree_nodes, s.lookup_nodes, s.tokens) for s in real.steps]
+    assert got[:-1] == want[:-1]  # the last step: the engine cuts it at max_new_tokens
+    assert [s.sources for s in steps[:-1]] == [s.sources for s in real.steps[:-1]]
+    assert any(s.lookup_nodes for s in real.steps)  # the check has teeth: lookup branches, and heads' drafts
+    assert any(s.accepted >= 2 and not s.lookup_nodes for s in real.steps)  # accepted without them
+
+
+def test_a_lookup_replay_needs_the_traces_tokens():
+    tr = synthetic_traces()[0]
+    with pytest.raises(EntMTPError, match="greedy traces with their tokens"):
+        replay(HybridPolicy(StaticPolicy(load_tree("tree_4")), Lookup()), [tr], lambda t: 10.0)
+
+
+def test_replay_policies_script_names_an_unknown_task_before_loading_anything(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "scripts" / "replay_policies.py"
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, str(script), "--tasks", "gsm8k,nosuch", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode != 0
+    assert "unknown task(s) nosuch: use some of humaneval" in run.stderr
+    assert not out.exists()  # nothing half-made
