@@ -10,7 +10,7 @@ numbers with these functions, so that "tokens/s" means the same thing wherever i
   time (prefill included): what a user waits for (`Result.tokens_per_second`, the bench's `tokens_per_second`).
   Over many prompts the totals are pooled (all tokens / all seconds), not the per-prompt rates averaged.
 * Decode tokens per second (bench): the steps' tokens over the steps' summed wall time, prefill left out.
-* Replay tokens per second (scheduler/replay.py): the replayed steps' tokens over the sum of the latencies
+* Replay tokens per second (calibration/replay.py): the replayed steps' tokens over the sum of the latencies
   charged to them from a profile, in ms: decode steps only, since the prefill is the same for every policy.
 * Speedup: tokens/s over a baseline's tokens/s (plain decoding in the bench, the baseline heads in
   `entmtp evaluate`), both measured the same way.
