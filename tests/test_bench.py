@@ -313,32 +313,11 @@ def test_bench_on_a_tiny_model_runs_every_task_and_writes_json_markdown_and_plot
 
 
 @pytest.mark.slow
-def test_bench_writes_table_and_json(tmp_path, capsys):
+def test_static_trees_on_the_embedded_model_give_plain_decodings_output_in_float32(tmp_path, capsys):
     out = tmp_path / "bench"
-    args = [
-        "bench",
-        "--heads",
-        "hydra",
-        "--trees",
-        "chain_2,tree_4",
-        "--policies",
-        "",
-        "--peers",
-        "",
-        "--lookup-only",
-        "",
-        "--tasks",
-        "gsm8k",
-        "--num-prompts",
-        "1",
-        "--max-new-tokens",
-        "12",
-        "--dtype",
-        "float32",
-        "--out",
-        str(out),
-        "--no-progress",
-    ]
+    args = ["bench", "--heads", "hydra", "--trees", "chain_2,tree_4", "--policies", "", "--peers", ""]
+    args += ["--lookup-only", "", "--tasks", "gsm8k", "--num-prompts", "1", "--max-new-tokens", "12"]
+    args += ["--dtype", "float32", "--out", str(out), "--no-progress"]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "hydra/tree_4" in printed and "speedup" in printed
@@ -350,7 +329,7 @@ def test_bench_writes_table_and_json(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_bench_runs_peers_lookup_and_hybrids(tmp_path, capsys):
+def test_peers_lookup_and_hybrids_all_give_plain_greedys_output(tmp_path, capsys):
     out = tmp_path / "bench"
     args = ["bench", "--heads", "hydra", "--trees", "tree_4,tree_4+lookup", "--policies", "static+lookup"]
     args += ["--peers", "hf-generate,hf-prompt-lookup,llama-cpp", "--lookup-only", "adaptive,fixed"]
@@ -374,7 +353,9 @@ def test_bench_runs_peers_lookup_and_hybrids(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_bench_own_prompt_file_identity_and_ctrl_c_keeps_what_finished(tmp_path, capsys, monkeypatch):
+def test_a_prompt_file_is_one_task_and_ctrl_c_writes_what_every_method_finished(
+    tmp_path, capsys, monkeypatch
+):
     prompts = tmp_path / "mine.jsonl"
     lines = [{"prompt": "Repeat: a b c a b c"}, {"turns": ["Say hi."]}, {"prompt": "Count to 3."}]
     prompts.write_text("\n".join(json.dumps(x) for x in lines))
@@ -423,20 +404,10 @@ def test_bench_own_prompt_file_identity_and_ctrl_c_keeps_what_finished(tmp_path,
 
 
 @pytest.mark.slow
-def test_bench_quick_sampled_reports_perplexity(tmp_path, capsys):
+def test_a_sampled_quick_run_reports_perplexity(tmp_path, capsys):
     out = tmp_path / "q"
-    args = [
-        "bench",
-        "--quick",
-        "--heads",
-        "none",
-        "--lookup-only",
-        "adaptive",
-        "--peers",
-        "",
-        "--tasks",
-        "gsm8k,sharegpt",
-    ]
+    args = ["bench", "--quick", "--heads", "none", "--lookup-only", "adaptive", "--peers", ""]
+    args += ["--tasks", "gsm8k,sharegpt"]
     args += ["--max-new-tokens", "8", "--temperature", "0.7", "--dtype", "float32", "--out", str(out)]
     assert main([*args, "--no-progress"]) == 0
     data = json.loads((out / "results.json").read_text())

@@ -77,27 +77,26 @@ def warm_up(methods: Methods) -> None:
         engine.generate(hello, max_new_tokens=8)
 
 
-def _one_prompt(methods, engines, task, i, ids, measured: Measurements, progress) -> list[int]:
+def _one_prompt(
+    methods: Methods, engines: dict, task: str, i: int, ids: list[int], measured: Measurements, progress
+) -> list[int]:
     """Prompt `i` through every method (plain decoding first); returns plain decoding's output."""
     args = methods.plan.args
     sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     plain = None
     for name, engine in engines.items():
-        acceptance = (
-            dict(acceptance=args.acceptance) if isinstance(engine, Engine) else {}
-        )  # peers sample plainly
-        r = engine.generate(ids, seed=args.seed + i, **sampling, **acceptance)
+        rule = {"acceptance": args.acceptance} if isinstance(engine, Engine) else {}  # a peer samples plainly
+        r = engine.generate(ids, seed=args.seed + i, **sampling, **rule)
         rec = record(i, r)
         if args.temperature > 0:  # how likely the base model finds the sampled continuation
             rec.update(nll(methods.model, ids, r.token_ids))
         measured.runs[task].setdefault(name, []).append(rec)
         if name == methods.traced and not measured.trace and r.steps:
             measured.trace = trace(task, i, name, r)
+        # greedy outputs should equal plain decoding's (llama-cpp decodes its own weights)
         if plain is None:
             plain = r.token_ids
-        elif (
-            args.temperature == 0 and name != "llama-cpp" and r.token_ids != plain
-        ):  # llama-cpp: its own weights
+        elif args.temperature == 0 and name != "llama-cpp" and r.token_ids != plain:
             first = first_difference(r.token_ids, plain)
             measured.mismatches.append({"task": task, "prompt": i, "config": name, "first_difference": first})
         progress.advance(task, name, r)
