@@ -77,8 +77,11 @@ class OracleHeads(torch.nn.Module):
         self.reference, self.rank_mod, self.wrong_every = reference, rank_mod, wrong_every
 
     def bind(self, model):
-        self.vocab = model.config.vocab_size
+        self.model, self.vocab = model, model.config.vocab_size
         return self
+
+    def is_bound_to(self, model) -> bool:
+        return getattr(self, "model", None) is model
 
     def drafter(self) -> OracleDrafter:
         return OracleDrafter(self)

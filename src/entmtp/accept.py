@@ -79,11 +79,16 @@ def accept(
 
 def accept_greedy(tree: Tree, tokens: torch.Tensor, logits: torch.Tensor) -> Accepted:
     # max().indices is argmax (first maximum on ties) and ~4x faster than argmax() on bf16 CPU tensors
-    target = logits.max(dim=-1).indices  # [N+1] base token after each node
+    return accept_targets(tree, tokens, logits.max(dim=-1).indices)
+
+
+def accept_targets(tree: Tree, tokens: torch.Tensor, target: torch.Tensor) -> Accepted:
+    """Greedy acceptance against `target` [N+1], the token that must follow each node (the base argmax there;
+    a replay's recorded continuation)."""
     if tree.num_nodes == 0:
         return Accepted([0], int(target[0]))
-    # A draft is right when it equals the base argmax at its parent; a path is kept up to its first miss.
-    dev = logits.device  # tree tensors live on the CPU; .to() is a no-op there
+    # A draft is right when it equals the target at its parent; a path is kept up to its first miss.
+    dev = target.device  # tree tensors live on the CPU; .to() is a no-op there
     right = tokens == target[tree.parents.to(dev).clamp(min=0)]  # [N+1] (root compared to itself: ignored)
     right[0] = True
     rows = tree.retrieve_indices.to(dev)  # [L, D+1], -1 padded

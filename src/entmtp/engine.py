@@ -73,7 +73,8 @@ class Engine:
                     'lookup nodes only (like [["L0"], ["L0", "L0"]]) or lookup=True for prompt lookup'
                 )
         else:
-            heads.bind(model)
+            if not heads.is_bound_to(model):
+                heads.bind(model)
             heads.to(device=model.device, dtype=model.dtype)
             if any(isinstance(m, PackedLinear) for m in model.modules()):
                 pack_linears(heads)  # the heads follow the model (packing.py): same drafts, faster
@@ -240,7 +241,7 @@ def decode(engine: Engine, state: DecodeState) -> Iterator[TokenEvent]:
         times["choose"] = clock.lap()
         # (2) draft: one token per tree node from the heads (the probed ones are reused) and the lookup
         #     index; lookup nodes the context has no continuation for are dropped from the tree
-        tree, tokens = _draft(drafter, tree, root_t, probe, index)  # tokens [N+1]
+        tree, tokens = draft_tree(drafter, tree, root_t, probe, index)  # tokens [N+1]
         times["draft"] = clock.lap()
         # (3) verify every node in ONE forward: tree mask over the cache, positions = pos + depth (on CUDA
         #     the replay of the graph captured for this tree size)
@@ -282,12 +283,12 @@ def _emit(engine: Engine, state: DecodeState, verified, new: list[int], logits: 
     if state.logprobs is not None:
         logprobs = token_logprobs(logits[:cut], new, state.logprobs)
         state.all_logprobs += logprobs
-    step = None if verified is None else _step(*verified, new)
+    step = None if verified is None else step_record(*verified, new)
     text = state.text.push(new, final=reason is not None)
     return TokenEvent(new, text, step, finish_reason=reason, logprobs=logprobs)
 
 
-def _step(
+def step_record(
     tree: Tree, tokens: torch.Tensor, acc, times: dict[str, float], signals, emitted: list[int]
 ) -> Step:
     """The record of a verified step whose emitted tokens (after the cut) are `emitted`."""
@@ -318,7 +319,7 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], k: int) -> list[Toke
     return [TokenLogprob(t, c, top) for t, c, top in zip(tokens, chosen, tops, strict=True)]
 
 
-def _draft(
+def draft_tree(
     drafter: Drafter | None, tree: Tree, root_t: torch.Tensor, probe, index: NgramIndex | None
 ) -> tuple[Tree, torch.Tensor]:
     """The step's tree (lookup nodes without a proposal dropped) and its tokens [N+1], root first."""

@@ -28,12 +28,13 @@ def heads_path(spec: str | Path) -> Path:
 
 
 def resolve_heads(spec: str | None, model):
-    """`spec`: medusa | hydra (shipped heads for the embedded model) | none | a heads directory."""
+    """`spec`: medusa | hydra (shipped heads for the embedded model) | none | a heads directory. The heads
+    come bound to `model` (heads made for another model fail here, before anything else uses them)."""
     from .heads import load_heads
 
     if spec in (None, "none"):
         return None
-    return load_heads(heads_path(spec), dtype=model.dtype, device=model.device)
+    return load_heads(heads_path(spec), dtype=model.dtype, device=model.device).bind(model)
 
 
 def default_heads() -> str:

@@ -187,6 +187,9 @@ class Heads(nn.Module):
         self._base = BaseRefs(embed=embed, lm_head=lm_head, rotary=rotary, rms_norm_eps=eps)
         return self
 
+    def is_bound_to(self, model: nn.Module) -> bool:
+        return self._base is not None and self._base.embed is model.get_input_embeddings()
+
     def _bind_prefix(self, model: nn.Module, fix: str) -> None:
         raise NotImplementedError  # only Hydra heads have a prefix layer
 
