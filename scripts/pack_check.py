@@ -50,7 +50,7 @@ def main() -> None:
     }
     assert any(isinstance(m, PackedLinear) for m in models["packed"].modules()), "nothing was packed here"
     bases = {k: BaseModel(m) for k, m in models.items()}
-    heads = {k: resolve_heads("hydra", m).bind(m).to(dtype=torch.bfloat16) for k, m in models.items()}
+    heads = {k: resolve_heads("hydra", m).to(dtype=torch.bfloat16) for k, m in models.items()}
     pack_linears(heads["packed"])  # as Engine does for a packed model
     gen = torch.Generator().manual_seed(0)
     past = torch.randint(0, models["packed"].config.vocab_size, (args.past,), generator=gen)

@@ -177,9 +177,7 @@ def _load(spec: EngineSpec, heads_spec: str, dtype: str, probe: bool, budget: fl
     from .shipped import resolve_heads
 
     model, tokenizer = load_model(spec.model, dtype=dtype, device=spec.device, pack=spec.pack)
-    heads = resolve_heads(heads_spec, model)
-    if heads is not None:
-        heads.bind(model)  # heads made for another model: say so before anything else about them
+    heads = resolve_heads(heads_spec, model)  # bound: heads made for another model fail here
     kwargs = {} if budget is None else {"budget_s": budget}
     costs = costs_for(model, heads, graphs=spec.graphs, **kwargs) if probe else None
     policy, name, reason, expected = _policy(spec, heads_spec, model, heads, costs, log)
