@@ -55,14 +55,14 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     past = torch.randint(0, models["packed"].config.vocab_size, (args.past,), generator=gen)
     trees = {n: Tree.root_only() if n == "root" else load_tree(n) for n in TREES}
-    caches, identical, drafts_same = {}, {}, {}
+    caches, drafters, identical, drafts_same = {}, {}, {}, {}
     with torch.inference_mode():
         for k, base in bases.items():
             caches[k] = base.new_cache(args.past + 128)
             fwd = base.forward(past, None, caches[k])
             base.commit(caches[k], list(range(args.past)))
-            heads[k].reset()
-            heads[k].extend(fwd.hidden)
+            drafters[k] = heads[k].drafter()
+            drafters[k].extend(fwd.hidden)
         root = past[-1:]
         for name, tree in trees.items():  # correctness first: same logits, same drafts
             toks = past[: tree.size]
@@ -71,7 +71,7 @@ def main() -> None:
                 caches[k].length = args.past  # drop the forward's scratch: every call sees the same past
             identical[name] = torch.equal(out["packed"], out["unpacked"])
             if tree.num_nodes:
-                d = {k: heads[k].draft(tree, root, None).tokens for k in heads}
+                d = {k: drafters[k].draft(tree, root, None).tokens for k in heads}
                 drafts_same[name] = torch.equal(d["packed"], d["unpacked"])
 
         times = {(n, k, what): [] for n in trees for k in bases for what in ("verify", "draft")}
@@ -90,7 +90,7 @@ def main() -> None:
                     if tree.num_nodes:
                         t = time.perf_counter()
                         for _ in range(args.steps):
-                            heads[k].draft(tree, root, None)
+                            drafters[k].draft(tree, root, None)
                         times[name, k, "draft"].append(1000 * (time.perf_counter() - t) / args.steps)
 
     med = {key: statistics.median(v) if v else 0.0 for key, v in times.items()}

@@ -36,9 +36,9 @@ from rich.console import Console
 from rich.table import Table
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from entmtp.bench.peers import HFGenerate
 from entmtp.engine import Engine
 from entmtp.model import encode_prompt, load_model
-from entmtp.bench.peers import HFGenerate
 from entmtp.prompts import load_prompts
 
 PROMPTS = {  # name -> (task, test-split index): two short chat prompts and a ~630-token one

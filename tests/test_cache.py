@@ -13,6 +13,7 @@ from entmtp.cache import BaseModel, DynamicKV, KVCache, static_mask
 from entmtp.engine import Engine
 from entmtp.graphs import BUCKETS, VerifyGraphs, bucket, kv_bucket
 from entmtp.lookup import Lookup
+from entmtp.scheduler.hybrid import hybrid
 from entmtp.tree import Tree, list_trees, load_tree
 from test_policy_switching import CYCLE, CyclingPolicy
 
@@ -72,7 +73,7 @@ def test_lookup_hybrid_trees_identical_on_static_path():
     heads = OracleHeads(ids + ref, rank_mod=3, wrong_every=4)
     for mode in ("kv", "static"):
         result, engine = generate(
-            model, ids, n, mode, heads=heads, tree="tree_8", lookup=Lookup(adaptive=False)
+            model, ids, n, mode, heads=heads, tree=hybrid("tree_8", Lookup(adaptive=False))
         )
         assert result.token_ids == ref
         assert any(s.lookup_nodes for s in result.steps)

@@ -14,6 +14,7 @@ from entmtp.graphs import VerifyGraphs, bucket
 from entmtp.heads import HeadsConfig, random_heads
 from entmtp.lookup import Lookup
 from entmtp.random_model import random_model
+from entmtp.scheduler.hybrid import hybrid
 from entmtp.tree import list_trees, load_tree
 from test_policy_switching import CyclingPolicy
 
@@ -60,7 +61,7 @@ def test_graphs_with_lookup_hybrid_trees():
     ids = [9, 8, 7, 6, 5, 9, 8, 7, 6, 5, 9, 8, 7]
     ref = plain(model, ids, 48)
     heads = OracleHeads(ids + ref, rank_mod=3, wrong_every=4)
-    engine = Engine(model, ByteTokenizer(), heads=heads, tree="tree_8", lookup=Lookup(adaptive=False))
+    engine = Engine(model, ByteTokenizer(), heads=heads, tree=hybrid("tree_8", Lookup(adaptive=False)))
     result = engine.generate(ids, max_new_tokens=48)
     assert result.token_ids == ref and any(s.lookup_nodes for s in result.steps)
 

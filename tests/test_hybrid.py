@@ -43,57 +43,56 @@ def _step(tree, heads_depth, lookup_run, lookup_nodes):
 
 
 def _run(policy, index, steps, heads_depth, lookup_right):
-    tree = policy.choose(_ctx(index))
+    """The policy's last choice after `steps` steps whose heads' tree was right to `heads_depth`."""
+    choice = policy.choose(_ctx(index))
     for _ in range(steps):
+        tree = choice.tree
         policy.observe(_step(tree, heads_depth, tree.num_lookup if lookup_right else 0, tree.num_lookup))
-        tree = policy.choose(_ctx(index))
-    return tree
+        choice = policy.choose(_ctx(index))
+    return choice
 
 
 def test_hybrid_policy_adds_nothing_without_a_match_and_grows_with_evidence():
     base = load_tree("tree_8")
     policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), COSTLY)
-    policy.reset()
-    assert policy.choose(_ctx(NgramIndex([1, 2, 3, 4]))) is base  # no match: the heads' tree alone
-    assert policy.last_signals["match"] == 0
+    choice = policy.choose(_ctx(NgramIndex([1, 2, 3, 4])))
+    assert choice.tree is base and choice.signals["match"] == 0  # no match: the heads' tree alone
     index = NgramIndex([1, 2, 3, 4, 5, 6, 1, 2, 3], max_ngram=3)
-    first = policy.choose(_ctx(index)).num_lookup
-    tree = _run(policy, index, 12, heads_depth=0, lookup_right=True)
+    first = policy.choose(_ctx(index)).tree.num_lookup
+    tree = _run(policy, index, 12, heads_depth=0, lookup_right=True).tree
     assert tree.num_lookup == 8 > first
     assert tree.heads_tree.num_nodes == 0  # copying wins outright: lookup only
-    tree = _run(policy, index, 12, heads_depth=0, lookup_right=False)
+    tree = _run(policy, index, 12, heads_depth=0, lookup_right=False).tree
     assert tree.num_lookup <= 2  # the lookup keeps missing: short branches
 
 
 def test_hybrid_policy_keeps_the_heads_tree_when_the_heads_are_right():
     base = load_tree("tree_8")
     policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), COSTLY)
-    policy.reset()
     index = NgramIndex([1, 2, 3, 4, 5, 6, 1, 2, 3], max_ngram=3)
-    tree = _run(policy, index, 12, heads_depth=3, lookup_right=False)
-    assert tree.heads_tree is base and tree.num_lookup <= 1
-    assert policy.last_signals["match"] == 3
+    choice = _run(policy, index, 12, heads_depth=3, lookup_right=False)
+    assert choice.tree.heads_tree is base and choice.tree.num_lookup <= 1
+    assert choice.signals["match"] == 3
 
 
 def test_fixed_length_policy_always_adds_the_full_branch_when_there_is_a_match():
     policy = HybridPolicy(StaticPolicy(Tree.root_only()), Lookup(tokens=5, adaptive=False))
-    policy.reset()
-    tree = policy.choose(_ctx(NgramIndex([1, 2, 3, 1, 2], max_ngram=2)))
+    tree = policy.choose(_ctx(NgramIndex([1, 2, 3, 1, 2], max_ngram=2))).tree
     assert tree.num_lookup == 5 and tree.name == "L5"
 
 
 def test_hybrid_policy_takes_plain_steps_when_the_heads_keep_missing_and_retries_them_later():
     base = load_tree("tree_8")
     policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), COSTLY)
-    policy.reset()
     nothing = NgramIndex([1, 2, 3, 4])  # no match: no lookup branch
-    tree = _run(policy, nothing, 16, heads_depth=0, lookup_right=False)
+    choice = _run(policy, nothing, 16, heads_depth=0, lookup_right=False)
+    tree = choice.tree
     assert tree.num_nodes == 0  # the heads were always wrong: a plain step costs less
-    assert policy.last_signals["heads"] == 0.0
+    assert choice.signals["heads"] == 0.0
     retried = 0
     for _ in range(80):  # plain steps verify no head: their evidence ages back towards the prior
         policy.observe(_step(tree, 0, 0, 0))
-        tree = policy.choose(_ctx(nothing))
+        tree = policy.choose(_ctx(nothing)).tree
         retried += tree is base
     assert 1 <= retried <= 10  # tried again now and then, dropped again as long as the heads miss
 
@@ -107,26 +106,24 @@ def test_dropped_heads_are_judged_by_their_probe_instead_of_retried_blindly():
     probe = Probe(torch.tensor([[7, 8, 9]]), torch.zeros(1, 3))  # head 1's top 3 at every step
 
     def run(policy, steps, token):
-        tree = policy.choose(StepContext(0, 4, 100, None, probe=probe, lookup=nothing))
+        tree = policy.choose(StepContext(0, 4, 100, None, probe=probe, lookup=nothing)).tree
         kept = 0
         for _ in range(steps):
             accepted = int(tree.num_nodes > 0 and token in (7, 8, 9))  # tree_8 drafts ranks 0-2 at depth 1
             policy.observe(
                 Step(tree.name, tree.num_nodes, accepted, accepted + 1, [token, 0][: accepted + 1])
             )
-            tree = policy.choose(StepContext(0, 4, 100, None, probe=probe, lookup=nothing))
+            tree = policy.choose(StepContext(0, 4, 100, None, probe=probe, lookup=nothing)).tree
             kept += tree is base
         return tree, kept
 
     for counterfactual, retried in ((True, 0), (False, 1)):
         policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), COSTLY, counterfactual=counterfactual)
-        policy.reset()
         tree, _ = run(policy, 16, token=0)  # verified and wrong: plain steps
         assert tree.num_nodes == 0
         _, kept = run(policy, 80, token=0)  # the probe keeps missing too
         assert (kept > 0) == bool(retried)
     policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), COSTLY)
-    policy.reset()
     run(policy, 16, token=0)
     _, kept = run(policy, 12, token=8)  # rank 1 of head 1: tree_8 would have been right
     assert kept >= 6  # back within a few steps, and kept
@@ -147,6 +144,5 @@ def test_counterfactual_depth_reads_every_depth_a_probe_holds():
 def test_free_verification_copies_the_whole_branch():
     """node_cost 0 (a GPU, where verifying a few more tokens is nearly free): any chance of a hit pays."""
     policy = HybridPolicy(StaticPolicy(load_tree("tree_8")), Lookup(tokens=6, node_cost=0.0))
-    policy.reset()
-    tree = policy.choose(_ctx(NgramIndex([1, 2, 3, 1, 2], max_ngram=2)))
+    tree = policy.choose(_ctx(NgramIndex([1, 2, 3, 1, 2], max_ngram=2))).tree
     assert tree.num_lookup == 6 and tree.heads_tree.num_nodes == 8

@@ -12,6 +12,7 @@ from entmtp.engine import Engine
 from entmtp.errors import EntMTPError, TreeError
 from entmtp.heads import HeadsConfig, random_heads
 from entmtp.lookup import Lookup, NgramIndex, draft_lookup, source_depths
+from entmtp.scheduler.hybrid import hybrid
 from entmtp.tree import Tree, load_tree, prune, with_lookup
 
 # ---- the n-gram index -------------------------------------------------------------------------------------
@@ -165,7 +166,7 @@ def test_lookup_only_decoding_equals_plain_greedy(ids, lookup):
     model = tiny_model("llama", seed=3)
     n = 64
     ref = plain_greedy(model, ids, n)
-    result = Engine(model, ByteTokenizer(), lookup=lookup).generate(ids, max_new_tokens=n)
+    result = Engine(model, ByteTokenizer(), tree=hybrid(None, lookup)).generate(ids, max_new_tokens=n)
     assert result.token_ids == ref
     assert sum(result.tokens_per_step) + 1 == len(result.token_ids)
     assert all(s.lookup_accepted <= s.accepted for s in result.steps)
@@ -176,7 +177,7 @@ def test_lookup_copies_long_runs_when_the_output_repeats():
     model = tiny_model("llama", seed=3)
     ref = plain_greedy(model, REPEATING, 96)
     assert len(set(ref[-40:])) < 20  # the test's premise: the greedy output repeats itself
-    result = Engine(model, ByteTokenizer(), lookup=Lookup(adaptive=False, tokens=8)).generate(
+    result = Engine(model, ByteTokenizer(), tree=hybrid(None, Lookup(adaptive=False, tokens=8))).generate(
         REPEATING, max_new_tokens=96
     )
     assert result.token_ids == ref
@@ -187,7 +188,7 @@ def test_a_step_cut_at_max_new_tokens_counts_only_the_lookup_drafts_it_emitted()
     """The last step of a long copied run is cut at max_new_tokens: its record keeps only what was emitted,
     so the lookup share of a generation can never pass 100%."""
     model = tiny_model("llama", seed=3)
-    engine = Engine(model, ByteTokenizer(), lookup=Lookup(adaptive=False, tokens=8))
+    engine = Engine(model, ByteTokenizer(), tree=hybrid(None, Lookup(adaptive=False, tokens=8)))
     full = engine.generate(REPEATING, max_new_tokens=96)
     # cut inside the first step that copies several tokens
     start = 1 + sum(
@@ -212,9 +213,7 @@ def test_hybrid_trees_with_random_heads_equal_plain_greedy(kind, ids):
         "tree_8",
         Tree.from_paths([[0], [1], [0, 0], [0, "L0"], [0, 0, "L0"], ["L0"], ["L0", "L0"]]),
     ):
-        engine = Engine(
-            model, ByteTokenizer(), heads=heads, tree=tree, lookup=True if tree == "tree_8" else None
-        )
+        engine = Engine(model, ByteTokenizer(), heads=heads, tree=hybrid(tree) if tree == "tree_8" else tree)
         assert engine.generate(ids, max_new_tokens=n).token_ids == ref
 
 
@@ -224,7 +223,7 @@ def test_hybrid_with_oracle_heads_side_branches_and_lookup_equals_plain_greedy()
     ids = REPEATING
     ref = plain_greedy(model, ids, 64)
     heads = OracleHeads(ids + ref, rank_mod=2, wrong_every=3)
-    result = Engine(model, ByteTokenizer(), heads=heads, tree="mc_sim_7b_63", lookup=True).generate(
+    result = Engine(model, ByteTokenizer(), heads=heads, tree=hybrid("mc_sim_7b_63")).generate(
         ids, max_new_tokens=64
     )
     assert result.token_ids == ref
@@ -234,7 +233,7 @@ def test_hybrid_with_oracle_heads_side_branches_and_lookup_equals_plain_greedy()
 def test_hybrid_trees_sample(acceptance):
     model = tiny_model("llama", seed=5)
     heads = random_heads(HeadsConfig.for_model(model, "hydra", num_heads=3), seed=0)
-    engine = Engine(model, ByteTokenizer(), heads=heads, tree="tree_4", lookup=True)
+    engine = Engine(model, ByteTokenizer(), heads=heads, tree=hybrid("tree_4"))
     a = engine.generate(REPEATING, max_new_tokens=40, temperature=0.8, acceptance=acceptance, seed=7)
     b = engine.generate(REPEATING, max_new_tokens=40, temperature=0.8, acceptance=acceptance, seed=7)
     assert a.token_ids == b.token_ids and len(a.token_ids) == 40

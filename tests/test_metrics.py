@@ -47,18 +47,18 @@ def test_speedup_is_a_ratio_of_rates_and_zero_against_nothing():
 
 
 def test_bench_pools_prompts_and_leaves_the_prefill_out_of_decode_rates():
-    from entmtp.bench import _summarise
+    from entmtp.bench import summarise
 
     def rec(tokens, seconds, steps, step_seconds):
         r = {"tokens": tokens, "seconds": seconds, "steps": steps, "step_seconds": step_seconds}
         return r | {"trees": {}, "lookup_tokens": 0, "choose_seconds": 0.0, "probe_seconds": 0.0}
 
-    s = _summarise([rec(11, 2.0, 5, 1.0), rec(21, 2.0, 10, 1.5)])
+    s = summarise([rec(11, 2.0, 5, 1.0), rec(21, 2.0, 10, 1.5)])
     assert s["tokens_per_second"] == 32 / 4.0  # all tokens over all seconds, not the mean of 5.5 and 10.5
     assert s["decode_tokens_per_second"] == 30 / 2.5  # steps' tokens over steps' time
     assert s["tokens_per_step"] == 30 / 15
     assert s["median_prompt_tokens_per_second"] == (5.5 + 10.5) / 2
-    peer = _summarise([rec(11, 2.0, 0, 0.0)])
+    peer = summarise([rec(11, 2.0, 0, 0.0)])
     assert math.isnan(peer["tokens_per_step"])  # a peer decoder records no steps: no tokens/step to show
 
 

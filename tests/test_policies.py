@@ -69,15 +69,15 @@ def test_probe_reuse_drafts_the_same_tokens(kind):
     model = tiny_model("llama", seed=3)
     heads = random_heads(HeadsConfig(kind=kind, num_heads=4, hidden_size=64, vocab_size=256), init="random")
     heads.bind(model)
-    heads.reset()
-    heads.extend(torch.randn(3, 64))
+    drafter = heads.drafter()
+    drafter.extend(torch.randn(3, 64))
     root = torch.tensor([7])
     master = load_tree("mc_sim_7b_63")
-    probe = heads.probe(master, root)
+    probe = drafter.probe(master, root)
     assert probe.depth == (1 if kind == "hydra" else 4)
     for name in ("chain_1", "tree_8", "tree_16", "mc_sim_7b_63"):
         tree = load_tree(name)
-        a, b = heads.draft(tree, root), heads.draft(tree, root, probe)
+        a, b = drafter.draft(tree, root), drafter.draft(tree, root, probe)
         assert torch.equal(a.tokens, b.tokens) and torch.allclose(a.logprobs, b.logprobs)
 
 
@@ -91,19 +91,19 @@ def ctx_with(chain: float, step: int = 0) -> StepContext:
 def test_hysteresis_never_flips_inside_its_band():
     small, large = load_tree("chain_1"), load_tree("tree_16")
     p = BinaryPolicy(small, large, "chain", tau_off=0.3, tau_on=0.6)
-    p.reset()
-    assert p.choose(ctx_with(0.1)) is small
+    assert p.choose(ctx_with(0.1)).tree is small
     inside = [0.31, 0.59, 0.45, 0.3, 0.5999, 0.42] * 5
-    assert all(p.choose(ctx_with(s, i)) is small for i, s in enumerate(inside))
-    assert p.choose(ctx_with(0.6)) is large  # reaching tau_on switches up ...
-    assert all(p.choose(ctx_with(s, i)) is large for i, s in enumerate(inside))  # ... and the band holds it
-    assert p.choose(ctx_with(0.2999)) is small  # below tau_off: down
+    assert all(p.choose(ctx_with(s, i)).tree is small for i, s in enumerate(inside))
+    assert p.choose(ctx_with(0.6)).tree is large  # reaching tau_on switches up ...
+    assert all(p.choose(ctx_with(s, i)).tree is large for i, s in enumerate(inside))  # ... and the band holds
+    assert p.choose(ctx_with(0.2999)).tree is small  # below tau_off: down
+    assert p.fresh().choose(ctx_with(0.5)).tree is small  # a new generation starts low: its own state
 
 
 def test_ladder_maps_signal_to_trees_by_size():
     trees = [load_tree("tree_16"), load_tree("chain_1"), load_tree("tree_4")]
     p = LadderPolicy(trees, "chain", [0.2, 0.5])
-    got = [p.choose(ctx_with(s)).name for s in (0.0, 0.19, 0.2, 0.49, 0.5, 0.9)]
+    got = [p.choose(ctx_with(s)).tree.name for s in (0.0, 0.19, 0.2, 0.49, 0.5, 0.9)]
     assert got == ["chain_1", "chain_1", "tree_4", "tree_4", "tree_16", "tree_16"]
 
 
@@ -130,10 +130,10 @@ def _probe_step(policy, right: bool, first: int = 7):
     lp = torch.log(torch.tensor([[0.6, 0.2, 0.1] + [0.01] * (TOPK - 3)] * depth))
     tokens = torch.tensor([[first, first + 1, first + 2] + [-1] * (TOPK - 3)] * depth)
     ctx = StepContext(0, 10, 100, None, probe=Probe(tokens, lp))
-    tree = policy.choose(ctx)
+    choice = policy.choose(ctx)
     emitted = [first if right else 999]
-    policy.observe(Step(tree.name, tree.num_nodes, 0, 1, emitted))
-    return tree
+    policy.observe(Step(choice.tree.name, choice.tree.num_nodes, 0, 1, emitted))
+    return choice
 
 
 def test_online_calibration_shrinks_trees_when_the_heads_keep_missing_and_grows_them_back():
@@ -141,20 +141,18 @@ def test_online_calibration_shrinks_trees_when_the_heads_keep_missing_and_grows_
     master = load_tree("mc_sim_7b_63")
     fixed = DynamicPolicy(master, small_acceptance(), lat, online=False)
     online = DynamicPolicy(master, small_acceptance(), lat)
-    for p in (fixed, online):
-        p.reset()
-    start = _probe_step(online, right=False).num_nodes
-    assert start == _probe_step(fixed, right=False).num_nodes  # a fresh generation: the calibrated model
+    start = _probe_step(online, right=False).tree.num_nodes
+    assert start == _probe_step(fixed, right=False).tree.num_nodes  # a fresh generation: the calibrated model
     for _ in range(40):
         missed, same = _probe_step(online, right=False), _probe_step(fixed, right=False)
-    assert online.calibration.scale < 0.2 and online.last_signals["calibration"] < 0.2
-    assert missed.num_nodes < same.num_nodes == start
+    assert online.calibration.scale < 0.2 and missed.signals["calibration"] < 0.2
+    assert online.fresh().calibration.scale == 1.0  # a new generation starts from the calibrated model ...
+    assert online.calibration.scale < 0.2  # ... without touching this one's
+    assert missed.tree.num_nodes < same.tree.num_nodes == start
     for _ in range(60):  # right again, as often as the model predicts (its depth-1 nodes sum to 1 here)
         grown = _probe_step(online, right=True)
     assert online.calibration.scale > 0.8
-    assert grown.num_nodes == start
-    online.reset()
-    assert online.calibration.scale == 1.0
+    assert grown.tree.num_nodes == start
 
 
 def test_online_calibration_keeps_depth_one_a_probability_and_needs_probe_tokens():

@@ -9,7 +9,7 @@ import pytest
 from conftest import ByteTokenizer, OracleHeads, tiny_model
 from entmtp.engine import Engine
 from entmtp.heads import HeadsConfig, random_heads
-from entmtp.policy import StepContext
+from entmtp.policy import Choice, StepContext
 from entmtp.records import Step
 from entmtp.tree import Tree, load_tree
 
@@ -20,19 +20,20 @@ class CyclingPolicy:
     """Cycles through root-only, chain_3, mc_sim_7b_63, tree_4 and back, one tree per step."""
 
     master = None  # no probe
-    last_signals: dict = {}
+    lookup = None  # its hybrid trees' lookup nodes are drafted with Lookup()'s n-grams
 
     def __init__(self):
         self.trees = [Tree.root_only()] + [load_tree(n) for n in CYCLE[1:]]
         self.contexts: list[StepContext] = []
         self.observed: list[Step] = []
 
-    def reset(self) -> None:
-        self.contexts, self.observed = [], []
+    def fresh(self) -> CyclingPolicy:
+        self.contexts, self.observed = [], []  # one generation at a time: the test reads what it saw
+        return self
 
-    def choose(self, ctx: StepContext) -> Tree:
+    def choose(self, ctx: StepContext) -> Choice:
         self.contexts.append(ctx)
-        return self.trees[ctx.step % len(self.trees)]
+        return Choice(self.trees[ctx.step % len(self.trees)], {})
 
     def observe(self, step: Step) -> None:
         self.observed.append(step)

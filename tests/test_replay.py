@@ -19,7 +19,7 @@ from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
 from entmtp.lookup import Lookup
 from entmtp.policy import StaticPolicy
-from entmtp.scheduler.hybrid import HybridPolicy
+from entmtp.scheduler.hybrid import HybridPolicy, hybrid
 from entmtp.scheduler.policies import BinaryPolicy, CostPolicy, DynamicPolicy, LadderPolicy, LatencyModel
 from entmtp.tree import load_tree
 from scheduler_helpers import fitted_setup, small_acceptance, synthetic_traces
@@ -73,7 +73,9 @@ def test_replay_of_scheduled_hybrids_is_the_real_decode_step_for_step(fitted, ki
     def policy():
         return DynamicPolicy(load_tree("mc_sim_7b_63"), small_acceptance(), lat, online=online)
 
-    engine = Engine(model, ByteTokenizer(), heads=heads[kind], tree=policy(), lookup=Lookup(), costs=costs)
+    engine = Engine(
+        model, ByteTokenizer(), heads=heads[kind], tree=hybrid(policy(), Lookup(), costs), costs=costs
+    )
     real = engine.generate(ids, max_new_tokens=48)
     assert real.token_ids == ref
     trace = trace_generation(engine.base, heads[kind], ids + ref, len(ids))

@@ -34,6 +34,7 @@ from .files import write_text_atomic
 from .lookup import Lookup
 from .machine import cpu_info, digest
 from .model import DTYPES
+from .scheduler.hybrid import hybrid
 from .scheduler.policies import POLICIES
 from .shipped import HEAD_KINDS, default_heads
 from .tree import Tree
@@ -128,12 +129,17 @@ def build(spec: EngineSpec = EngineSpec(), *, log=None) -> Built:
     else:
         reason = "CUDA" if spec.device.startswith("cuda") else "the only candidate"
     option = loaded[dtype]
+    policy = option.policy
+    if spec.lookup is not None:  # a prompt-lookup branch sized per step on this machine's costs
+        inner = (
+            policy if policy is not None else ("tree_8" if option.uses_heads else None)
+        )  # Engine's default
+        policy = hybrid(inner, spec.lookup, option.costs)
     engine = Engine(
         option.model,
         option.tokenizer,
         heads=option.heads if option.uses_heads else None,
-        tree=option.policy,
-        lookup=spec.lookup,
+        tree=policy,
         kv=spec.kv,
         graphs=spec.graphs,
         costs=option.costs,

@@ -337,6 +337,7 @@ class _Probe:
 
     def __init__(self, model, heads, sizes: Sequence[int], graphs: bool | None):
         self.heads, self.sizes = heads, sizes
+        self.drafter = None  # the heads' drafting state over the measured context (`prefill`)
         self.num_heads = heads.config.num_heads if heads is not None else 4
         offset = heads.config.hidden_state_offset if heads is not None else 0
         self.base = base = BaseModel(model, hidden_state_offset=offset)
@@ -376,8 +377,8 @@ class _Probe:
         self.prefill_ms_per_token = 1000 * (_now(self.dev) - t0) / ctx
         base.commit(cache, list(range(ctx)))
         if self.heads is not None:
-            self.heads.reset()
-            self.heads.extend(fwd.hidden)
+            self.drafter = self.heads.drafter()  # a fresh drafting state per measured context
+            self.drafter.extend(fwd.hidden)
         return cache
 
     def row(self, cache, line: _Line, t_start: float, budget_s: float) -> dict[int, float]:
@@ -410,7 +411,7 @@ class _Probe:
         root = torch.randint(0, self.vocab, (1,), generator=gen).to(dev)
         t0 = _now(dev)
         if heads is not None and tree.num_nodes:
-            tokens = torch.cat([root, heads.draft(tree, root).tokens])
+            tokens = torch.cat([root, self.drafter.draft(tree, root).tokens])
         else:
             tokens = torch.cat([root, torch.randint(0, self.vocab, (tree.num_nodes,), generator=gen).to(dev)])
         t1 = _now(dev)
@@ -420,7 +421,7 @@ class _Probe:
         acc = accept(tree, tokens, fwd.logits, self.greedy, None)
         base.commit(cache, acc.path)
         if heads is not None:
-            heads.extend(fwd.hidden[torch.tensor(acc.path, device=dev)])
+            self.drafter.extend(fwd.hidden[torch.tensor(acc.path, device=dev)])
         t2 = _now(dev)
         return 1000 * (t2 - t0), 1000 * (t1 - t0)
 

@@ -33,16 +33,15 @@ from .tree import Tree, load_tree, prune
 class Engine:
     """Self-speculative decoding with Medusa/Hydra heads over a frozen Hugging Face causal LM.
 
-    `tree` is a tree name, a `Tree` (hybrid trees with lookup nodes too), or a `TreePolicy` choosing a tree
-    per step. `lookup` (a `Lookup`, or True for the defaults) adds a prompt-lookup branch to every step's tree,
-    its length chosen per step (scheduler.hybrid). `heads=None` and no lookup is plain decoding (one token per
-    step), the baseline for speed and equality; `heads=None` with `lookup` is prompt lookup decoding.
+    `tree` is a tree name, a `Tree` (hybrid trees with lookup nodes too), or a ready `TreePolicy` choosing a
+    tree per step (policy.py; `scheduler.hybrid.hybrid(inner, Lookup())` adds a prompt-lookup branch sized per
+    step). `heads=None` with the root-only tree is plain decoding (one token per step), the baseline for speed
+    and equality; `heads=None` with `hybrid(None, Lookup())` is prompt lookup decoding.
 
     `kv="auto"` keeps keys and values in a preallocated cache where the model allows it (cache.py);
     `kv="dynamic"` uses transformers' DynamicCache. On CUDA, `graphs=True` replays one captured graph per
     tree size for verification (graphs.py). `costs`: this machine's cost curve (costs.py) that the policy was
-    built on; the lookup branch is sized on it, and measured steps that disagree with it correct the cached
-    curve for later engines. `build_engine` (build.py) assembles all of this from names.
+    built on: measured steps that disagree with it correct the cached curve for later engines. `build_engine` (build.py) assembles all of this from names.
     """
 
     def __init__(
@@ -51,14 +50,12 @@ class Engine:
         tokenizer,
         heads=None,
         tree: str | Tree | TreePolicy | None = None,
-        lookup: Lookup | bool | None = None,
         *,
         kv: str = "auto",
         graphs: bool = True,
         costs: CostCurve | None = None,
     ):
         self.model, self.tokenizer, self.heads = model, tokenizer, heads
-        self.lookup = Lookup() if lookup is True else (lookup or None)
         if tree is None:  # the default: tree_8 with heads, else the root alone
             tree = "tree_8" if heads is not None else Tree.root_only()
         if isinstance(tree, str):
@@ -70,7 +67,8 @@ class Engine:
             if (t := next((t for t in trees if t.heads_tree.num_nodes), None)) is not None:
                 raise EntMTPError(
                     f"tree {t.name!r} has head nodes but no heads were given: pass heads, or use a tree of "
-                    'lookup nodes only (like [["L0"], ["L0", "L0"]]) or lookup=True for prompt lookup'
+                    'lookup nodes only (like [["L0"], ["L0", "L0"]]) or scheduler.hybrid.hybrid(None, Lookup()) '
+                    "for prompt lookup"
                 )
         else:
             if not heads.is_bound_to(model):
@@ -80,21 +78,17 @@ class Engine:
                 pack_linears(heads)  # the heads follow the model (packing.py): same drafts, faster
             for t in trees:
                 t.check_fits(heads.config.num_heads, require_contiguous=heads.config.kind == "hydra")
-        if self.lookup is not None:
-            from .scheduler.hybrid import HybridPolicy
-
-            latency, share = (costs.latency(), costs.draft_share) if costs is not None else (None, None)
-            policy = HybridPolicy(policy, self.lookup, latency, draft_cost=share)
-        self.policy = policy
+        self.policy = policy  # each generation runs its own `policy.fresh()`
+        lookup = policy.lookup
         self.costs = costs  # the machine's cost curve the policy was built on (costs.py), if any
         self._corrector = CostCorrector.for_curve(costs) if costs is not None else None
-        self.uses_lookup = self.lookup is not None or any(t.num_lookup for t in trees)
-        self.max_ngram = self.lookup.max_ngram if self.lookup is not None else Lookup.max_ngram
+        self.uses_lookup = lookup is not None or any(t.num_lookup for t in trees)
+        self.max_ngram = lookup.max_ngram if lookup is not None else Lookup.max_ngram
         offset = heads.config.hidden_state_offset if heads is not None else 0
         self.base = BaseModel(model, hidden_state_offset=offset, kv=kv)
         self.window = context_window(model)
         # scratch slots a step may need past the committed tokens: the largest tree, with a lookup chain
-        self.scratch = max(t.size for t in trees) + (self.lookup.tokens if self.lookup is not None else 0)
+        self.scratch = max(t.size for t in trees) + (lookup.tokens if lookup is not None else 0)
         self.graphs = None
         if graphs and self.base.preallocate and self.base.device.type == "cuda":
             from .graphs import VerifyGraphs
@@ -140,6 +134,7 @@ class Engine:
                 generator=torch.Generator().manual_seed(seed) if seed is not None else None,
                 cache=cache,
                 graphs=graphs,
+                policy=self.policy.fresh(),
                 drafter=self.heads.drafter() if self.heads is not None else None,
                 index=NgramIndex(ids, self.max_ngram) if self.uses_lookup else None,
                 text=Detokenizer(self.tokenizer, stop or []),
@@ -190,7 +185,7 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 @dataclass
 class DecodeState:
     """One generation's state: everything `decode` reads or changes besides the engine's weights and settings,
-    so generations on one engine share nothing mutable (the policy's trackers excepted, for now)."""
+    so generations on one engine share nothing mutable."""
 
     prompt: list[int]
     max_new_tokens: int
@@ -198,6 +193,7 @@ class DecodeState:
     generator: torch.Generator | None  # None: the global RNG
     cache: object  # the KV cache (cache.py), room for the prompt, the output and the largest tree's scratch
     graphs: object | None  # the verification graphs writing into `cache` (graphs.py, CUDA), if any
+    policy: TreePolicy  # the engine's policy, fresh for this generation (its own trackers)
     drafter: Drafter | None  # the heads' drafting state (None: no heads)
     index: NgramIndex | None  # n-grams of prompt + output (None: no lookup drafts)
     text: Detokenizer  # the output's text so far, and the stop strings
@@ -209,7 +205,7 @@ class DecodeState:
 @torch.inference_mode()
 def decode(engine: Engine, state: DecodeState) -> Iterator[TokenEvent]:
     """Yield the prefill's token, then one event per speculative step; the last has a `finish_reason`."""
-    base, drafter, policy, cache, index = engine.base, state.drafter, engine.policy, state.cache, state.index
+    base, drafter, policy, cache, index = engine.base, state.drafter, state.policy, state.cache, state.index
     dev = base.device
     prompt = torch.tensor(state.prompt, device=dev)
     fwd = base.forward(prompt, None, cache, logits_to_keep=1)  # logits [1, V]: the last position only
@@ -225,7 +221,6 @@ def decode(engine: Engine, state: DecodeState) -> Iterator[TokenEvent]:
     yield event
     plain, limit = Tree.root_only(), min(engine.window, cache.capacity)
     master = policy.master if drafter is not None else None
-    policy.reset()
     step_i = 0
     while event.finish_reason is None:
         clock = _Clock(dev)
@@ -235,7 +230,7 @@ def decode(engine: Engine, state: DecodeState) -> Iterator[TokenEvent]:
         probe = drafter.probe(master, root_t) if master is not None else None
         times = {"probe": clock.lap()}
         pos, remaining = cache.length, state.max_new_tokens - len(state.out)
-        tree = policy.choose(StepContext(step_i, pos, remaining, root_logits, probe, lookup=index))
+        tree, signals = policy.choose(StepContext(step_i, pos, remaining, root_logits, probe, lookup=index))
         if pos + tree.size > limit:
             tree = plain
         times["choose"] = clock.lap()
@@ -264,7 +259,7 @@ def decode(engine: Engine, state: DecodeState) -> Iterator[TokenEvent]:
         # (6) finish the step (cut at max tokens, EOS or a stop string), then the policy observes it
         root, root_logits = acc.bonus, fwd.logits[acc.path[-1]].clone()  # a graph's output is overwritten
         times["total"] = clock.total()
-        event = _emit(engine, state, (tree, tokens, acc, times, policy.last_signals), new, fwd.logits[path])
+        event = _emit(engine, state, (tree, tokens, acc, times, signals), new, fwd.logits[path])
         policy.observe(event.step)
         step_i += 1
         yield event

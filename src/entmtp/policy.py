@@ -1,46 +1,73 @@
-"""Tree policies: which tree to verify at each step.
+"""The step contract between the engine and tree policies: which tree to verify at each step.
 
-A policy chooses a tree before each step and observes the step's outcome after it. The static policy
-always returns the same tree (what Medusa and Hydra do); the scheduling policies live in entmtp.scheduler.
+Per generation the engine takes `policy.fresh()` (the same settings, its own state: two generations never
+share trackers), then per step calls `choose(ctx)` before drafting and `observe(step)` after the step is
+finished (cut at EOS, a stop string or the token limit). The engine reads exactly the members declared here.
+The static policy always returns the same tree (what Medusa and Hydra do); the scheduling policies live in
+entmtp.scheduler.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import copy
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from .records import Step, StepContext
 from .tree import Tree
 
+if TYPE_CHECKING:
+    from .lookup import Lookup
+
+
+class Choice(NamedTuple):
+    tree: Tree
+    signals: dict[str, float]  # what the choice read, recorded with the step (Step.signals)
+
 
 class TreePolicy(Protocol):
-    """`choose` before each step, `observe` after it; the engine reads exactly these members."""
+    """`fresh` per generation, `choose` before each step, `observe` after it."""
 
     trees: list[Tree]  # every tree the policy may return (checked against the heads up front)
     master: Tree | None  # contains every tree it returns: the heads probe it before `choose` (heads.Probe)
-    last_signals: dict[str, float]  # what `choose` read, recorded with the step
+    lookup: (
+        Lookup | None
+    )  # how its lookup nodes are drafted, and the longest lookup branch it adds (None: none)
 
-    def reset(self) -> None: ...
+    def fresh(self) -> TreePolicy: ...
 
-    def choose(self, ctx: StepContext) -> Tree: ...
+    def choose(self, ctx: StepContext) -> Choice: ...
 
     def observe(self, step: Step) -> None: ...
+
+
+class Stateful:
+    """`fresh()` for a policy whose `reset()` rebinds every piece of per-generation state (never mutates a
+    shared object): a shallow copy, reset, shares settings and caches of built trees, and no state."""
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    def fresh(self):
+        new = copy.copy(self)
+        new.reset()
+        return new
 
 
 class StaticPolicy:
     """One fixed tree for the whole generation."""
 
     master = None  # nothing to probe: the tree is fixed
+    lookup = None  # a hybrid tree's lookup nodes are drafted with `Lookup()`'s n-grams
 
     def __init__(self, tree: Tree):
         self.tree = tree
         self.trees = [tree]
-        self.last_signals: dict[str, float] = {}
 
-    def reset(self) -> None:
-        pass
+    def fresh(self) -> StaticPolicy:
+        return self  # no state
 
-    def choose(self, ctx: StepContext) -> Tree:
-        return self.tree
+    def choose(self, ctx: StepContext) -> Choice:
+        return Choice(self.tree, {})
 
     def observe(self, step: Step) -> None:
         pass

@@ -11,6 +11,7 @@ from ..costs import CostCurve, costs_for, probing_disabled
 from ..engine import Engine
 from ..heads import Heads
 from ..lookup import Lookup
+from ..scheduler.hybrid import hybrid
 from ..scheduler.profiles import Profile
 from ..shipped import resolve_heads
 from .peers import build_peers
@@ -19,8 +20,10 @@ from .plan import LOOKUP_VARIANTS, Plan
 
 def engine(model, tokenizer, heads=None, tree=None, lookup: Lookup | None = None, costs=None) -> Engine:
     """The one place the bench builds an `Engine`: `tree` is a tree name or a policy, `lookup` adds a prompt
-    lookup branch, `costs` is this machine's cost curve (None: the profiles' stored latencies)."""
-    return Engine(model, tokenizer, heads=heads, tree=tree, lookup=lookup, costs=costs)
+    lookup branch sized on `costs`, this machine's cost curve (None: the profiles' stored latencies)."""
+    if lookup is not None:
+        tree = hybrid(tree if tree is not None or heads is None else "tree_8", lookup, costs)
+    return Engine(model, tokenizer, heads=heads, tree=tree, costs=costs)
 
 
 @dataclass

@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import metrics
+from ..accept import accept_targets
+from ..engine import draft_tree, step_record
 from ..errors import EntMTPError
-from ..heads import Probe
-from ..lookup import NgramIndex, draft_lookup, source_depths
+from ..heads import Draft, Probe
+from ..lookup import NgramIndex
 from ..records import Step, StepContext
 from ..scheduler.hybrid import HEADS_DRAFT_COST
-from ..tree import Tree, prune
+from ..tree import Tree
 from .search import accepted_length
 from .traces import MISS, TOPK, Trace
 
@@ -52,63 +54,53 @@ class Replay:
 def replay(
     policy, traces: Sequence[Trace], ms_of: Callable[[Tree], float], record: list[Step] | None = None
 ) -> Replay:
-    """Run `policy` (choose/observe, as in the engine) over the traces; `ms_of(tree)`: its step latency;
-    `record`, when given, receives every replayed `Step`.
+    """Run `policy` (fresh per trace, choose/observe, as in the engine) over the traces; `ms_of(tree)`: its
+    step latency; `record`, when given, receives every replayed `Step`.
 
     Trees with prompt-lookup nodes (a hybrid policy's, scheduler/hybrid.py) are replayed too, from the
-    traces' tokens: a lookup node copies what the n-gram index of the text so far proposes, exactly as the
-    engine drafts it (greedy traces only; a lookup node below a wrong head draft, never accepted, is kept or
-    dropped as the index answers for a stand-in branch)."""
+    traces' tokens, by the engine's own drafting, acceptance and step record (`_hybrid_step`): a lookup node
+    copies what the n-gram index of the text so far proposes (greedy traces only; a lookup node below a wrong
+    head draft, never accepted, is kept or dropped as the index answers for a stand-in branch)."""
     out = Replay()
-    lookup = getattr(policy, "lookup", None)
     for tr in traces:
-        policy.reset()
+        run = policy.fresh()
         rows, raw = tr.ranks.tolist(), tr.raw.tolist()
         masks = tr.passmask.tolist() if tr.passmask is not None else [None] * len(rows)
         toks = tr.tokens.tolist() if tr.tokens is not None else None
-        index = None
-        if lookup is not None:
-            if toks is None or tr.passmask is not None:
-                raise EntMTPError("a replay with prompt-lookup drafts needs greedy traces with their tokens")
-            index = NgramIndex(toks[: tr.prompt_len + 1], lookup.max_ngram)
+        index = _index(policy.lookup, tr, toks)
         j, end, step_i = 0, len(rows), 0
         while j < end - 1:
             root = tr.prompt_len + j  # tokens[root] is the step's root
-            ctx = StepContext(
-                step_i,
-                root,
-                end - 1 - j,
-                None,
-                probe=_probe(tr, j, toks),
-                raw_signals=raw[j],
-                lookup=index,
-            )
-            tree = policy.choose(ctx)
-            if tree.num_lookup:
-                step = _lookup_step(tree, rows[j], toks, root, index)
-                tree = prune(tree, step.pop("keep"))
+            probe = _probe(tr, j, toks)
+            ctx = StepContext(step_i, root, end - 1 - j, None, probe=probe, raw_signals=raw[j], lookup=index)
+            tree, signals = run.choose(ctx)
+            n_max = end - 1 - j
+            if tree.num_lookup:  # the tree the step verified: lookup nodes without a proposal dropped
+                tree, step = _hybrid_step(tree, rows[j], toks, root, index, probe, signals, n_max)
             else:
-                step = {"accepted": accepted_length(tree.path_set, rows[j], masks[j])}
-            n = min(step["accepted"] + 1, end - 1 - j)
-            new = toks[root + 1 : root + 1 + n] if toks is not None else []
-            record_step = Step(
-                tree.name,
-                tree.num_nodes,
-                step["accepted"],
-                n,
-                new,
-                lookup_nodes=tree.num_lookup,
-                sources=step["sources"] if tree.num_lookup else {},  # as the engine: after pruning
-            )
-            policy.observe(record_step)
+                accepted = accepted_length(tree.path_set, rows[j], masks[j])
+                n = min(accepted + 1, n_max)
+                new = toks[root + 1 : root + 1 + n] if toks is not None else []
+                step = Step(tree.name, tree.num_nodes, accepted, n, new, signals=signals)
+            run.observe(step)
             if record is not None:
-                record.append(record_step)
-            out.tokens, out.steps, out.ms = out.tokens + n, out.steps + 1, out.ms + ms_of(tree)
+                record.append(step)
+            out.tokens, out.steps = out.tokens + step.tokens, out.steps + 1
+            out.ms += ms_of(tree)
             out.usage[tree.name] = out.usage.get(tree.name, 0) + 1
             if index is not None:
-                index.extend(new)
-            j, step_i = j + n, step_i + 1
+                index.extend(step.token_ids)
+            j, step_i = j + step.tokens, step_i + 1
     return out
+
+
+def _index(lookup, tr: Trace, toks: list[int] | None) -> NgramIndex | None:
+    """The n-gram index of the trace's prompt and root, for a policy with lookup branches."""
+    if lookup is None:
+        return None
+    if toks is None or tr.passmask is not None:
+        raise EntMTPError("a replay with prompt-lookup drafts needs greedy traces with their tokens")
+    return NgramIndex(toks[: tr.prompt_len + 1], lookup.max_ngram)
 
 
 _EMPTY = torch.empty(0, dtype=torch.long)
@@ -140,27 +132,37 @@ def _probe(tr: Trace, j: int, toks: list[int] | None) -> Probe:
     return Probe(ids, tr.probe[j])
 
 
-def _lookup_step(tree: Tree, ranks: list[int], toks: list[int], root: int, index: NgramIndex) -> dict:
-    """What the engine's greedy step with hybrid `tree` at `root` does: the lookup nodes that get a proposal
-    (`keep`), the drafts accepted, and how far each source was right (lookup.source_depths)."""
-    depths = tree.depths.tolist()
-    is_lookup, tree_ranks = tree.lookup.tolist(), tree.ranks.tolist()
+class _TraceDrafter:
+    """The heads at one replayed step, from the trace: a head node drafts the recorded next token where the
+    trace ranks it at the node's rank, else a token that is never right (-1)."""
+
+    def __init__(self, ranks: list[int], truth: list[int]):
+        self.ranks, self.truth = ranks, truth
+
+    def draft(self, tree: Tree, root_token: torch.Tensor, probe=None) -> Draft:
+        tokens = [
+            self.truth[d - 1] if d <= len(self.truth) and self.ranks[d - 1] == r else -1
+            for d, r in zip(tree.depths[1:].tolist(), tree.ranks[1:].tolist(), strict=True)
+        ]
+        return Draft(torch.tensor(tokens, dtype=torch.long), torch.zeros(len(tokens)))
+
+
+def _hybrid_step(
+    tree: Tree, ranks: list[int], toks: list[int], root: int, index: NgramIndex, probe, signals, n_max: int
+) -> tuple[Tree, Step]:
+    """What the engine's greedy step with hybrid `tree` at `root` verifies and records: its drafting
+    (`draft_tree`: head drafts from the trace, lookup drafts from the index, nodes without a proposal pruned),
+    greedy acceptance against the recorded continuation, and `step_record` of the emitted tokens."""
     truth = toks[root + 1 :]
-    tokens: list[int | None] = [toks[root]] + [None] * tree.num_nodes
-    for i in range(1, tree.size):  # head drafts: the right token at its rank, else one that is never right
-        if not is_lookup[i]:
-            d = depths[i]
-            tokens[i] = truth[d - 1] if d <= len(truth) and ranks[d - 1] == tree_ranks[i] else -1
-    keep = draft_lookup(tree, tokens, index)
-    pruned = prune(tree, tuple(keep))
-    ptokens = [tokens[0], *(tokens[i] for i in keep)]
-    right = [True] + [False] * pruned.num_nodes
-    accepted = 0
-    for i, (p, d) in enumerate(zip(pruned.parents.tolist(), pruned.depths.tolist(), strict=True)):
-        if i and right[p] and d <= len(truth) and ptokens[i] == truth[d - 1]:
-            right[i], accepted = True, max(accepted, d)
-    new = truth[: accepted + 1]
-    return {"keep": tuple(keep), "accepted": accepted, "sources": source_depths(pruned, ptokens, new)}
+    root_t = torch.tensor([toks[root]])
+    pruned, tokens = draft_tree(_TraceDrafter(ranks, truth), tree, root_t, probe, index)
+    depths = pruned.depths.tolist()
+    target = torch.tensor(
+        [truth[d] if d < len(truth) else -2 for d in depths]
+    )  # [N+1] what follows each node
+    acc = accept_targets(pruned, tokens, target)
+    emitted = truth[: min(len(acc.path), n_max)]
+    return pruned, step_record(pruned, tokens, acc, {}, signals, emitted)
 
 
 def oracle(bank: Sequence[Tree], traces: Sequence[Trace], ms_of: Callable[[Tree], float]) -> Replay:

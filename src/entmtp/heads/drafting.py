@@ -211,25 +211,6 @@ class Heads(nn.Module):
         KV cache after them). Medusa and Hydra-`mlp`: the last hidden state, no cache."""
         return hidden[-1].to(self.dtype).clone(), None
 
-    # One drafting state kept on the heads, for scripts and tests that draft outside a generation (the engine
-    # gives each generation its own `Drafter`). TODO(this session): callers move to `drafter()`.
-    def reset(self) -> None:
-        self._default = Drafter(self)
-
-    def extend(self, hidden: torch.Tensor) -> None:
-        self._default_drafter().extend(hidden)
-
-    def draft(self, tree: Tree, root_token: torch.Tensor, probe: Probe | None = None) -> Draft:
-        return self._default_drafter().draft(tree, root_token, probe)
-
-    def probe(self, master: Tree, root_token: torch.Tensor) -> Probe:
-        return self._default_drafter().probe(master, root_token)
-
-    def _default_drafter(self) -> Drafter:
-        if getattr(self, "_default", None) is None:
-            self._default = Drafter(self)
-        return self._default
-
     def _plan(self, tree: Tree, device: torch.device, build: Callable[[Tree, torch.device], Any]) -> Any:
         """Per-tree index tensors, built on the first draft with that tree and device, then reused."""
         per_tree = self._plans.setdefault(tree, {})

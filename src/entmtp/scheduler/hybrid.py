@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..costs import LatencyModel
+from ..costs import CostCurve, LatencyModel
 from ..lookup import Lookup
-from ..policy import TreePolicy
+from ..policy import Choice, Stateful, StaticPolicy, TreePolicy
 from ..records import Step, StepContext
-from ..tree import Tree, with_lookup
+from ..tree import Tree, load_tree, with_lookup
 
 WINDOW = 16  # steps; older evidence decays by (1 - 1/WINDOW) per step
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind each prior
@@ -75,7 +75,7 @@ class _Rate:
         return (self.s + self.weight * self.prior) / (self.t + self.weight)
 
 
-class HybridPolicy:
+class HybridPolicy(Stateful):
     """Adds a lookup branch, sized per step (see the module docstring), to the trees of `inner`."""
 
     def __init__(
@@ -89,7 +89,6 @@ class HybridPolicy:
         self.inner, self.lookup, self.counterfactual = inner, lookup, counterfactual
         self.trees = list(inner.trees)
         self.master = inner.master
-        self.last_signals: dict[str, float] = {}
         self._hybrids: dict[tuple[int, int], tuple[Tree, Tree]] = {}
         n = np.arange(max(t.num_nodes for t in self.trees) + lookup.tokens + 1)  # [n] drafted nodes
         if lookup.node_cost is not None:
@@ -101,15 +100,15 @@ class HybridPolicy:
         self.reset()
 
     def reset(self) -> None:
-        self.inner.reset()
+        self.inner = self.inner.fresh()
         self.heads = [_Rate(HEADS_PRIOR) for _ in range(64)]  # c_d, d = 1..64
         self.copy = {m: _Rate(p) for m, p in LOOKUP_PRIOR.items()}
         self._chosen: tuple[int, int] = (0, 0)  # (match bucket, heads depth) of the running step
         self._unverified: tuple[Tree, object] | None = None  # (inner tree, probe) when the heads were dropped
 
-    def choose(self, ctx: StepContext) -> Tree:
-        tree = self.inner.choose(ctx)
-        signals = dict(self.inner.last_signals)
+    def choose(self, ctx: StepContext) -> Choice:
+        tree, signals = self.inner.choose(ctx)
+        signals = dict(signals)
         index = ctx.lookup
         match = 0
         if index is not None:
@@ -127,8 +126,7 @@ class HybridPolicy:
             tree = Tree.root_only()
         self._chosen = (m, tree.depth)
         signals.update(match=float(match), lookup_tokens=float(length), heads=float(heads))
-        self.last_signals = signals
-        return self._hybrid(tree, length)
+        return Choice(self._hybrid(tree, length), signals)
 
     def _best(self, tree: Tree, m: int) -> tuple[bool, int]:
         """(keep the heads' tree?, lookup tokens) of most expected tokens per unit of time, over the heads'
@@ -184,6 +182,21 @@ class HybridPolicy:
                 rate.add(float(depth >= k), 1.0, decay)
             else:  # not judged this step: the evidence ages, so a dropped tree is tried again in time
                 rate.add(0.0, 0.0, decay)
+
+
+def hybrid(
+    inner: str | Tree | TreePolicy | None = None, lookup: Lookup | None = None, costs: CostCurve | None = None
+) -> HybridPolicy:
+    """`inner` (a tree name, a tree, a policy, or None: the root alone, i.e. prompt lookup decoding) with a
+    lookup branch (`lookup`, default `Lookup()`) sized per step on `costs` (this machine's cost curve,
+    costs.py; None: `CPU_COST`)."""
+    if inner is None:
+        inner = Tree.root_only()
+    elif isinstance(inner, str):
+        inner = load_tree(inner)
+    policy = StaticPolicy(inner) if isinstance(inner, Tree) else inner
+    latency, share = (costs.latency(), costs.draft_share) if costs is not None else (None, None)
+    return HybridPolicy(policy, lookup or Lookup(), latency, draft_cost=share)
 
 
 def counterfactual_depth(tree: Tree, probe, emitted: list[int]) -> tuple[int, int]:

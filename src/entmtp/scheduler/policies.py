@@ -30,6 +30,7 @@ import torch
 
 from ..costs import LatencyModel
 from ..errors import EntMTPError
+from ..policy import Choice, Stateful
 from ..records import Step, StepContext
 from ..tree import Tree, subtree_index, union_tree
 from .signals import DEFAULT_WINDOW, SIGNALS, SignalTracker, root_stats
@@ -117,7 +118,7 @@ CALIBRATION_WINDOW = 32  # steps; older hits and predictions decay by (1 - 1/CAL
 CALIBRATION_PRIOR = 2.0  # pseudo-steps of predicted hits behind the starting scale of 1
 
 
-class OnlineCalibration:
+class OnlineCalibration(Stateful):
     """Scale for a calibrated acceptance model on the text at hand: decayed sums of head 1's observed hits
     over its predicted hit probability, (hits + w) / (predicted + w), starting at 1.
 
@@ -163,19 +164,20 @@ class OnlineCalibration:
         self._pending = None
 
 
-class _SignalPolicy:
-    """Shared by the signal-driven policies: the tracker, its reset and observe, the recorded signals."""
+class _SignalPolicy(Stateful):
+    """Shared by the signal-driven policies: the tracker (per generation: `fresh`), its observe, the signals."""
 
     signal = "entropy"
     master: Tree | None = None
+    lookup = None  # no lookup branches (scheduler.hybrid adds them)
 
     def __init__(self, trees: Sequence[Tree], window: int):
         self.trees = list(trees)
-        self.tracker = SignalTracker(window)
-        self.last_signals: dict[str, float] = {}
+        self.window = window
+        self.reset()
 
     def reset(self) -> None:
-        self.tracker.reset()
+        self.tracker = SignalTracker(self.window)
 
     def observe(self, step: Step) -> None:
         self.tracker.observe(step.accepted)
@@ -183,10 +185,8 @@ class _SignalPolicy:
     def _signals(self, ctx: StepContext) -> dict[str, float]:
         probe = None if ctx.probe is None else ctx.probe.logprobs
         if ctx.raw_signals is not None:  # a replay supplies the recorded values
-            self.last_signals = self.tracker.update(ctx.raw_signals)
-        else:
-            self.last_signals = self.tracker.read(root_stats(ctx.root_logits), probe)
-        return self.last_signals
+            return self.tracker.update(ctx.raw_signals)
+        return self.tracker.read(root_stats(ctx.root_logits), probe)
 
 
 def _check_signal(signal: str) -> None:
@@ -219,13 +219,14 @@ class BinaryPolicy(_SignalPolicy):
         super().reset()
         self.high = False
 
-    def choose(self, ctx: StepContext) -> Tree:
-        s = self._signals(ctx)[self.signal]
+    def choose(self, ctx: StepContext) -> Choice:
+        signals = self._signals(ctx)
+        s = signals[self.signal]
         if self.high and s < self.tau_off:
             self.high = False
         elif not self.high and s >= self.tau_on:
             self.high = True
-        return self.large if self.high else self.small
+        return Choice(self.large if self.high else self.small, signals)
 
 
 class LadderPolicy(_SignalPolicy):
@@ -245,9 +246,11 @@ class LadderPolicy(_SignalPolicy):
         self.signal, self.thresholds = signal, list(thresholds)
         self.master = union_tree(self.trees, "ladder-master") if signal in PROBE_SIGNALS else None
 
-    def choose(self, ctx: StepContext) -> Tree:
-        s = self._signals(ctx)[self.signal]
-        return self.trees[int(np.searchsorted(self.thresholds, s, side="right"))]
+    def choose(self, ctx: StepContext) -> Choice:
+        signals = self._signals(ctx)
+        return Choice(
+            self.trees[int(np.searchsorted(self.thresholds, signals[self.signal], side="right"))], signals
+        )
 
 
 class _CalibratedPolicy(_SignalPolicy):
@@ -259,7 +262,7 @@ class _CalibratedPolicy(_SignalPolicy):
     def reset(self) -> None:
         super().reset()
         if self.calibration is not None:
-            self.calibration.reset()
+            self.calibration = self.calibration.fresh()
 
     def observe(self, step: Step) -> None:
         super().observe(step)
@@ -297,12 +300,11 @@ class CostPolicy(_CalibratedPolicy):
         self.inv_ms = 1.0 / torch.tensor(ms_per_step, dtype=torch.float32)  # [B]
         self.calibration = OnlineCalibration(self.master) if online else None
 
-    def choose(self, ctx: StepContext) -> Tree:
+    def choose(self, ctx: StepContext) -> Choice:
         p = self._path_probabilities(ctx)  # [M+1]
         expected = 1.0 + self.member @ p  # [B] tokens per step
         best = int((expected * self.inv_ms).argmax())
-        self.last_signals = {"expected_tokens": float(expected[best]), **self._scale()}
-        return self.trees[best]
+        return Choice(self.trees[best], {"expected_tokens": float(expected[best]), **self._scale()})
 
 
 class DynamicPolicy(_CalibratedPolicy):
@@ -324,19 +326,15 @@ class DynamicPolicy(_CalibratedPolicy):
         self.require_contiguous = require_contiguous
         self._subtrees: dict[tuple[int, ...], Tree] = {(): Tree.root_only()}
 
-    def choose(self, ctx: StepContext) -> Tree:
+    def choose(self, ctx: StepContext) -> Choice:
         p = self._path_probabilities(ctx)[1:]  # [M]
         order = torch.sort(p, descending=True, stable=True).indices  # parents before children on ties
         expected = torch.cat([torch.ones(1), 1.0 + p[order].cumsum(0)])  # [M+1]: best n-node subtree
         n = (expected * self.inv_ms).argmax()
         picked = torch.cat([n.reshape(1), order]).tolist()
         n, ids = picked[0], tuple(sorted(picked[1 : 1 + picked[0]]))
-        self.last_signals = {
-            "expected_tokens": float(expected[n]),
-            "nodes": float(n),
-            **self._scale(),
-        }
-        return self._subtree(ids)
+        signals = {"expected_tokens": float(expected[n]), "nodes": float(n), **self._scale()}
+        return Choice(self._subtree(ids), signals)
 
     def _subtree(self, ids: tuple[int, ...]) -> Tree:
         tree = self._subtrees.get(ids)
