@@ -94,4 +94,4 @@ def serve(
         http=_protocol(header_timeout),
         timeout_graceful_shutdown=CUT_GRACE_S,  # counted after the drain
     )
-    _Server(config, lambda: app.state.drain(drain_timeout)).run(sockets=[sock])
+    _Server(config, lambda: app.state.server.drain(drain_timeout)).run(sockets=[sock])

@@ -1,0 +1,156 @@
+"""What a request gets back: errors in OpenAI's shape, a whole reply once its generation ends, or a stream of
+server-sent events. Both replies cancel their generation when the client goes away; a generation the server
+cut (a shutdown past its drain time) ends a whole reply with a 503 and a stream with an error event and [DONE]."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ..errors import EntMTPError
+from . import schema
+from .worker import Cut, Job
+
+log = logging.getLogger("entmtp.server")
+PING_S = 15.0  # an SSE comment this often while a stream waits (queued): proxies keep the connection
+_PING = object()  # what `_next_or_ping` returns when no event came within PING_S
+
+
+def error(
+    status: int,
+    message: str,
+    param: str | None = None,
+    kind: str = "invalid_request_error",
+    code: str | None = None,
+    **headers,
+) -> JSONResponse:
+    return JSONResponse(
+        schema.error_body(message, kind, param, code), status_code=status, headers=headers or None
+    )
+
+
+def shutting_down() -> JSONResponse:
+    return error(
+        503, "the server is shutting down: retry on another instance", kind="server_error", code="shutdown"
+    )
+
+
+def busy(max_queue: int, wait: int) -> JSONResponse:
+    return error(
+        503,
+        f"the server is busy: {max_queue} requests are already waiting; retry in {wait} s",
+        kind="server_busy",
+        **{"Retry-After": str(wait)},
+    )
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Who answers: the response id, the model reported, and whether it is a chat completion."""
+
+    id: str
+    model: str
+    chat: bool
+
+
+def streamed(job: Job, reply: Reply, token_text: schema.TokenText, include_usage: bool) -> StreamingResponse:
+    """The streamed reply: server-sent events (`events`), never cached or buffered by a proxy."""
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(
+        events(job, reply, token_text, include_usage), media_type="text/event-stream", headers=headers
+    )
+
+
+async def whole(request: Request, job: Job, reply: Reply, token_text: schema.TokenText) -> Response:
+    """The non-streamed reply: the chat.completion or text_completion once `job` ends."""
+    watcher = asyncio.create_task(_watch_disconnect(request, job))
+    result = None
+    try:
+        while (event := await job.next()) is not None:
+            result = event.result or result
+    except Cut as e:
+        return error(503, str(e), kind="server_error", code="shutdown")
+    except EntMTPError as e:
+        return error(400, str(e))
+    finally:
+        watcher.cancel()
+        job.cancel.set()  # no-op when it finished; stops it when this coroutine is cancelled
+    if result is None:  # the client left and the generation stopped: nobody reads this
+        return Response(status_code=499)
+    return JSONResponse(schema.response(reply.id, reply.model, reply.chat, result, token_text))
+
+
+async def _watch_disconnect(request: Request, job: Job) -> None:
+    """Cancel `job` when its client goes away (the body is read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    job.cancel.set()
+
+
+async def events(job: Job, reply: Reply, token_text: schema.TokenText, include_usage: bool):
+    """Server-sent events of `job`'s chunks, pings while it waits, always ending in
+    [DONE] (after an error event in OpenAI's shape when it failed or was cut)."""
+    chunks = _Chunks(reply, token_text, include_usage)
+    try:
+        if reply.chat:
+            yield _sse(schema.chunk(reply.id, reply.model, True, None, None, first=True))
+        while (event := await _next_or_ping(job)) is not None:
+            if event is _PING:
+                yield ": ping\n\n"
+                continue
+            for obj in chunks.of(event):
+                yield _sse(obj)
+    except Cut as e:
+        yield _sse(schema.error_body(str(e), "server_error", code="shutdown"))
+    except EntMTPError as e:
+        yield _sse(schema.error_body(str(e)))
+    except Exception as e:  # noqa: BLE001 - the 200 is sent: the stream still ends in OpenAI's shape
+        log.exception("internal error in a stream (%s)", reply.id)
+        yield _sse(schema.error_body(f"internal error: {type(e).__name__}", "server_error"))
+    finally:  # the client disconnected (the task is cancelled) or the stream ended
+        job.cancel.set()
+    yield "data: [DONE]\n\n"
+
+
+def _sse(obj) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+async def _next_or_ping(job: Job):
+    """`job`'s next event (None: over), or _PING when none came within PING_S."""
+    try:
+        return await asyncio.wait_for(job.next(), timeout=PING_S)
+    except asyncio.TimeoutError:
+        return _PING
+
+
+class _Chunks:
+    """One stream's chunks, event by event: its text piece and the logprobs of its tokens, then, with the
+    last event, the rest of the text, the finish reason and (when asked) the usage."""
+
+    def __init__(self, reply: Reply, token_text: schema.TokenText, include_usage: bool):
+        self.reply, self.token_text, self.include_usage = reply, token_text, include_usage
+        self.sent = 0  # characters streamed
+        self.offset = 0  # characters of the tokens streamed (completions' text_offset)
+
+    def of(self, event) -> Iterator[dict]:
+        r, result = self.reply, event.result
+        text = event.text
+        if result is not None:  # the rest of the whole text (what the detokenizer held)
+            text = result.text[self.sent :]
+        self.sent += len(text)
+        lp = schema.logprobs(r.chat, event.logprobs, self.token_text, self.offset)
+        if lp is not None and not r.chat:
+            self.offset += sum(len(t) for t in lp["tokens"])
+        if text or lp:
+            yield schema.chunk(r.id, r.model, r.chat, text, None, lp=lp)
+        if result is not None:
+            yield schema.chunk(r.id, r.model, r.chat, None, schema.finish_reason(result.finish_reason))
+            if self.include_usage:
+                yield schema.usage_chunk(r.id, r.model, r.chat, result)

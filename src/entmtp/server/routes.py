@@ -1,0 +1,155 @@
+"""The routes and error handlers `create_app` registers. A completion is read and validated (`read_request`),
+turned into the prompt ids and `Engine.stream` arguments off the event loop (`prepare`), queued on the worker,
+and answered whole or streamed (responses.py). Each route finds the server's state on `app.state.server`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..engine import Engine
+from ..errors import EntMTPError
+from ..model import check_request, encode_prompt
+from . import responses, schema
+from .responses import Reply, error
+from .state import ServerState
+from .worker import Job, QueueFull
+
+log = logging.getLogger("entmtp.server")
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _complete(request, chat=True)
+
+
+async def completions(request: Request) -> Response:
+    return await _complete(request, chat=False)
+
+
+async def models(request: Request):  # no return annotation: FastAPI would take it as a response model
+    card = {
+        "id": _state(request).model_name,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "entmtp",
+    }
+    return {"object": "list", "data": [card]}
+
+
+async def health(request: Request):
+    state = _state(request)
+    worker = state.worker
+    body = {"status": "ok", "model": state.model_name, "queue": worker.waiting, "running": worker.running}
+    if state.draining:  # a load balancer sends no more requests here
+        return JSONResponse({**body, "status": "draining"}, status_code=503)
+    return body
+
+
+async def prometheus(request: Request) -> Response:
+    state = _state(request)
+    state.metrics.queue.set(state.worker.waiting)
+    state.metrics.running.set(state.worker.running)
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """404, 405: still OpenAI's shape."""
+    return error(exc.status_code, str(exc.detail), kind="invalid_request_error")
+
+
+async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+    """Never a traceback to the client."""
+    log.exception("internal error (request_id=%s)", request.state.request_id, exc_info=exc)
+    return error(500, f"internal error: {type(exc).__name__}", kind="server_error")
+
+
+async def _complete(request: Request, chat: bool) -> Response:
+    """/v1/chat/completions and /v1/completions: read, tokenize, queue, then answer whole or streamed."""
+    state = _state(request)
+    kind = schema.ChatRequest if chat else schema.CompletionRequest
+    req, bad = await read_request(request, kind, state.max_body_bytes)
+    if bad is not None:
+        return bad
+    if state.draining:
+        return responses.shutting_down()
+    prompt = [{"role": m.role, "content": m.text()} for m in req.messages] if chat else req.prompt
+    loop = asyncio.get_running_loop()
+    try:  # a 10k-message chat template takes most of a second: not on the event loop
+        ids, kwargs = await loop.run_in_executor(state.tokenize, prepare, state.engine, req, prompt, chat)
+    except EntMTPError as e:
+        return error(400, str(e), "messages" if chat else "prompt")
+    job = Job(ids, kwargs, loop)
+    try:
+        state.worker.submit(job)
+    except QueueFull:
+        return responses.busy(state.worker.max_queue, state.worker.retry_after())
+    # the model that answers is reported, whatever the request named (one model per server)
+    reply = Reply(schema.new_id("chatcmpl" if chat else "cmpl"), state.model_name, chat)
+    if req.stream:
+        return responses.streamed(job, reply, state.token_text, req.include_usage)
+    return await responses.whole(request, job, reply, state.token_text)
+
+
+async def read_request(request: Request, model: type[schema._Params], max_body_bytes: int):
+    """(validated request, None) or (None, error response): every client-caused failure is a 4xx here."""
+    body = await _read_body(request, max_body_bytes)
+    if isinstance(body, Response):
+        return None, body
+    try:
+        data = json.loads(body)
+    except RecursionError:
+        return None, error(400, "the request body is nested too deeply to be a request: flatten it")
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, an integer of 4300+ digits
+        return None, error(400, f"the request body is not valid JSON: {e}")
+    if not isinstance(data, dict):
+        return None, error(400, "the request body must be a JSON object")
+    bad = schema.unsupported(data)
+    if bad is not None:
+        return None, error(400, *bad)
+    try:
+        return model.model_validate(data), None
+    except ValidationError as e:
+        message, param = schema.validation_message(e)
+        return None, error(400, message, param)
+
+
+async def _read_body(request: Request, max_body_bytes: int) -> bytes | Response:
+    """The body, or a 413 as soon as it is known to be over `max_body_bytes` (declared or as read)."""
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > max_body_bytes:
+        return error(413, f"request body of {size} bytes is over the limit of {max_body_bytes} bytes")
+    body = b""
+    async for part in request.stream():
+        body += part
+        if len(body) > max_body_bytes:
+            return error(413, f"request body is over the limit of {max_body_bytes} bytes")
+    return body
+
+
+def prepare(engine: Engine, req: schema._Params, prompt, chat: bool) -> tuple[list[int], dict]:
+    """(prompt ids, Engine.stream kwargs) or raise EntMTPError naming the problem."""
+    ids = list(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], int) else None
+    if ids is None:
+        ids = encode_prompt(engine.tokenizer, prompt, chat=chat)
+    vocab = engine.model.config.vocab_size
+    if any(not 0 <= t < vocab for t in ids):
+        raise EntMTPError(f"prompt token ids must be in 0..{vocab - 1}")
+    window = engine.window
+    limit = req.limit if req.limit is not None else min(schema.DEFAULT_MAX_TOKENS, window - len(ids))
+    check_request(len(ids), limit, window, name="max_tokens")  # a PromptError: a 400 in _complete
+    kwargs = dict(max_new_tokens=limit, temperature=req.temperature or 0.0, seed=req.seed, stop=req.stop)
+    if req.top_k is not None:
+        kwargs["logprobs"] = req.top_k
+    return ids, kwargs

@@ -1,0 +1,57 @@
+"""What the routes of one server share (held on `app.state.server`): the engine, its worker and metrics, the
+settings, and whether the server is draining."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ..engine import Engine
+from . import schema
+from .metrics import Metrics
+from .worker import Worker
+
+log = logging.getLogger("entmtp.server")
+
+
+@dataclass(eq=False)
+class ServerState:
+    """One server's engine, generation thread, metrics and settings; `drain` and `close` end it."""
+
+    engine: Engine
+    model_name: str  # reported in every response, whatever the request named (one model per server)
+    worker: Worker
+    metrics: Metrics
+    max_body_bytes: int
+    token_text: schema.TokenText
+    tokenize: ThreadPoolExecutor = field(  # a 10k-message chat template takes most of a second: off the loop
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="entmtp-tokenize")
+    )
+    draining: bool = False  # set by `drain`: new requests get 503, /health answers "draining"
+
+    @classmethod
+    def start(cls, engine: Engine, model_name: str, max_queue: int, max_body_bytes: int) -> ServerState:
+        """A state with its generation thread started."""
+        metrics = Metrics()
+        worker = Worker(engine, max_queue, on_finish=metrics.finished)
+        token_text = schema.TokenText(engine.tokenizer)
+        return cls(engine, model_name, worker, metrics, max_body_bytes, token_text)
+
+    async def drain(self, timeout: float) -> None:
+        """Stop taking requests; let open generations finish for up to `timeout` s; cut the rest."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.worker.idle and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if not self.worker.idle:
+            reason = f"the server is shutting down: generation cut after the drain timeout of {timeout:g} s"
+            log.warning(
+                "cutting %d open generation(s) after the %g s drain", self.worker.cut_all(reason), timeout
+            )
+
+    def close(self) -> None:
+        self.worker.close()
+        self.tokenize.shutdown(wait=False)
