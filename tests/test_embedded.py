@@ -8,8 +8,11 @@ import torch
 
 from entmtp.engine import Engine
 from entmtp.heads import HeadsConfig, random_heads
+from entmtp.lookup import Lookup
 from entmtp.model import encode_prompt
 from entmtp.prompts import FOUR_TASKS, load_prompts
+from entmtp.scheduler import resolve_profile
+from entmtp.scheduler.hybrid import hybrid
 from entmtp.shipped import HEAD_KINDS, resolve_heads, shipped_heads_dir
 
 pytestmark = pytest.mark.slow
@@ -54,11 +57,17 @@ def test_speculative_equals_plain_greedy(engines, i):
         assert hf.tolist() == ref.token_ids
 
 
-def test_two_interleaved_streams_on_one_engine_each_take_the_steps_they_take_alone(engines):
-    """Each generation owns its state (KV cache, the heads' feature, the n-gram index): two streams advanced
-    in turns on one engine emit the same tokens in the same steps (accepted drafts and all) as each alone."""
+@pytest.mark.parametrize("policy", ["static", "dynamic+lookup"])
+def test_two_interleaved_streams_on_one_engine_each_take_the_steps_they_take_alone(engines, policy):
+    """Each generation owns its state (KV cache, the heads' feature, the policy's trackers, the n-gram index):
+    two streams advanced in turns on one engine emit the same tokens in the same steps (trees, accepted
+    drafts and all) as each alone."""
     model, tok, plain, spec = engines
     engine = spec[("hydra", "tree_16")]
+    if policy == "dynamic+lookup":
+        heads = engine.heads
+        profile = resolve_profile("mixed", "hydra")
+        engine = Engine(model, tok, heads=heads, tree=hybrid(profile.policy("dynamic"), Lookup()))
     prompts = [p for _, p in PROMPTS[:2]]
     alone = [engine.generate(p, max_new_tokens=N_NEW) for p in prompts]
     streams = [engine.stream(p, max_new_tokens=N_NEW) for p in prompts]
@@ -69,5 +78,5 @@ def test_two_interleaved_streams_on_one_engine_each_take_the_steps_they_take_alo
                 together[i] = next(s).result
     for a, b in zip(alone, together, strict=True):
         assert b.token_ids == a.token_ids
-        assert [s.token_ids for s in b.steps] == [s.token_ids for s in a.steps]
+        assert [(s.tree, s.token_ids) for s in b.steps] == [(s.tree, s.token_ids) for s in a.steps]
     assert any(s.accepted for s in alone[0].steps)  # the heads draft right at times: the check has teeth
