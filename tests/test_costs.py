@@ -121,26 +121,38 @@ def test_costs_are_measured_once_then_read_from_the_cache(tmp_path, monkeypatch)
     assert len(calls) == 2 and json.loads(files[0].read_text())["format"] == "entmtp-costs"
 
 
+def steps(nodes, ms, n=10):
+    return [Step("t", nodes, 0, 1, [1], {"total": ms / 1000}) for _ in range(n)]
+
+
 def test_the_corrector_rewrites_a_size_only_when_steps_disagree_beyond_the_noise(tmp_path):
     c = CostCurve((0, 4), (10.0, 20.0), (0.0, 0.0), key={"k": 1}, source="probe")
     path = tmp_path / "c.json"
     fix = CostCorrector(c, path)
+    plain = steps(0, 10.0, n=12)  # plain steps as measured: the yardstick of the generation
 
-    def steps(nodes, ms, n=10):
-        return [Step("t", nodes, 0, 1, [1], {"total": ms / 1000}) for _ in range(n)]
-
-    assert fix.observe(steps(4, 22.0)) is None and not path.exists()  # 10% off: noise
-    assert fix.observe(steps(4, 40.0)) is None and not path.exists()  # once: maybe a burst of load
-    fixed = fix.observe(steps(4, 40.0))  # twice the curve, twice in a row: the machine changed
+    assert fix.observe(plain + steps(4, 22.0)) is None and not path.exists()  # 10% off: noise
+    assert fix.observe(plain + steps(4, 40.0)) is None and not path.exists()  # once: maybe a burst of load
+    fixed = fix.observe(plain + steps(4, 40.0))  # twice the curve, twice in a row: the machine changed
     assert fixed.step_ms == (10.0, 40.0) and fixed.source == "corrected"
     assert CostCurve.from_json(json.loads(path.read_text())).step_ms == (10.0, 40.0)
     assert fix.observe(steps(0, 10.0, n=3)) is None  # too few steps to judge
 
 
+def test_a_loaded_machine_corrects_nothing(tmp_path):
+    """Other processes on the cores slow every size alike: the curve's shape, all a policy reads, holds."""
+    c = CostCurve((0, 4), (10.0, 20.0), (0.0, 0.0), key={"k": 1}, source="probe")
+    fix = CostCorrector(c, tmp_path / "c.json")
+    for load in (3.0, 20.0, 20.0, 25.0):
+        assert fix.observe(steps(0, 10.0 * load, n=12) + steps(4, 20.0 * load)) is None
+        assert fix.observe(steps(4, 20.0 * load)) is None  # one size alone says nothing about the shape
+    assert fix.curve.step_ms == (10.0, 20.0) and not (tmp_path / "c.json").exists()
+
+
 def test_a_corrected_point_stays_between_its_neighbours(tmp_path):
     c = CostCurve((0, 4, 8), (10.0, 20.0, 30.0), (0.0,) * 3, key={"k": 1}, source="probe")
     fix = CostCorrector(c, tmp_path / "c.json")
-    slow = [Step("t", 4, 0, 1, [1], {"total": 0.240}) for _ in range(10)]  # 4 nodes at 240 ms: load
+    slow = steps(0, 10.0, n=12) + steps(4, 240.0)  # 4 nodes at 240 ms next to plain steps at 10
     fix.observe(slow)
     assert fix.observe(slow).step_ms == (10.0, 30.0, 30.0)  # not dearer than 8 nodes
 

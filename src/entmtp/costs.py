@@ -26,6 +26,7 @@ import os
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -516,9 +517,16 @@ class CostCorrector:
     """Compares the measured ms of generations' steps with the curve their policy was built on, and rewrites
     a size's point of the cached curve (for later builds; the running policy keeps its curve) when it
     disagrees by more than `NOISE`, over at least `MIN_STEPS` steps, twice in a row in the same direction.
-    The new point stays between its neighbours' (the curve keeps its shape): a burst of load on the machine
-    must not make one size look dearer than every larger one, which the policies would then never choose
-    again, so never re-measure. Steps are matched to the measured sizes exactly."""
+
+    What is corrected is the curve's shape, the cost of each size relative to the others, which is all a
+    policy's choice depends on. A slowdown every size of a generation shares is the machine's load at the
+    time (other processes on the cores), not the curve's: each step's ms is divided by the load, the median
+    ratio of measured to curve ms of the generation's smallest size with `MIN_STEPS` steps (its yardstick,
+    plain steps mostly, never corrected itself) before it is judged, so a loaded machine corrects nothing (before
+    this rule, runs on a 2-core machine shared with other test jobs rewrote its cached float32 curve to a
+    886 ms plain step and a 4-node step of 15 plain steps, and later runs took one-token steps). A generation
+    of one size alone says nothing about the shape and changes nothing. The new point also stays between its neighbours'. Steps are
+    matched to the measured sizes exactly."""
 
     def __init__(self, curve: CostCurve, path: Path | None):
         self.curve, self.path = curve, path
@@ -536,12 +544,24 @@ class CostCorrector:
     def observe(self, steps) -> CostCurve | None:
         """Add a generation's steps (first two dropped: warm-up); return the corrected curve when one was
         written."""
-        nodes = np.asarray(self.curve.nodes)
-        for s in steps[2:]:
+        nodes, lat = np.asarray(self.curve.nodes), self.curve.latency()
+        timed = [s for s in steps[2:] if "total" in s.seconds]
+        ms = [
+            1000 * (s.seconds["total"] - s.seconds.get("probe", 0.0) - s.seconds.get("choose", 0.0))
+            for s in timed
+        ]
+        counts = Counter(s.tree_nodes for s in timed)
+        anchor = min((n for n, k in counts.items() if k >= MIN_STEPS), default=None)
+        if anchor is None:
+            return None
+        # the yardstick: the smallest size with enough steps (plain steps, mostly) measures the load
+        load = statistics.median(
+            m / float(lat(anchor)) for s, m in zip(timed, ms, strict=True) if s.tree_nodes == anchor
+        )
+        for s, m in zip(timed, ms, strict=True):
             n = int(nodes[np.abs(nodes - s.tree_nodes).argmin()])
-            if n == s.tree_nodes and "total" in s.seconds:
-                probe = s.seconds.get("probe", 0.0) + s.seconds.get("choose", 0.0)
-                self.samples[n].append(1000 * (s.seconds["total"] - probe))
+            if n == s.tree_nodes:
+                self.samples[n].append(m / load)  # the generation's common slowdown divided out
         updates = {}
         ms = self.curve.step_ms
         for i, n in enumerate(self.curve.nodes):
