@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from . import metrics
 from .costs import CostCurve, costs_dir, costs_for, probing_disabled
 from .engine import Engine
 from .errors import EntMTPError
@@ -193,7 +194,7 @@ def _load(spec: EngineSpec, heads_spec: str, dtype: str, probe: bool, budget: fl
 
 def _policy(spec: EngineSpec, heads_spec: str, model, heads, costs: CostCurve | None, log):
     """(tree or policy, its name, why, expected tokens/s) for one loaded candidate."""
-    plain_speed = 1000.0 / costs.plain_ms if costs is not None else 0.0
+    plain_speed = metrics.replay_tokens_per_second(1, costs.plain_ms) if costs is not None else 0.0
     if heads is None:
         name = (
             "lookup" if spec.lookup is not None else ("plain" if spec.tree is None else f"tree {spec.tree}")
@@ -248,7 +249,7 @@ def _tree_speed(tree: str, costs: CostCurve | None) -> float:
         return 0.0
     from .tree import load_tree
 
-    return 1000.0 / float(costs.latency()(load_tree(tree).num_nodes))
+    return metrics.replay_tokens_per_second(1, float(costs.latency()(load_tree(tree).num_nodes)))
 
 
 def _dtype_candidates(spec: EngineSpec, probe: bool) -> list[str]:

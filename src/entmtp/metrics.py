@@ -42,8 +42,9 @@ def tokens_per_second(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0
 
 
-def replay_tokens_per_second(tokens: int, ms: float) -> float:
-    """A replay's tokens over the summed step latencies charged to it (milliseconds, decode steps only)."""
+def replay_tokens_per_second(tokens: float, ms: float) -> float:
+    """Tokens over decode-step milliseconds (the prefill left out): a replay's tokens over the summed step
+    latencies charged to it, or one tree's expected tokens per step over its ms per step."""
     return 1000.0 * tokens / ms if ms else 0.0
 
 

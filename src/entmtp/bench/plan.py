@@ -17,7 +17,7 @@ from pathlib import Path
 from ..errors import EntMTPError, TreeError
 from ..lookup import Lookup
 from ..prompts import load_prompt_file, load_prompts
-from ..scheduler.profiles import POLICY_NAMES
+from ..scheduler.policies import POLICIES
 from ..shipped import HEAD_KINDS, heads_path
 from ..tree import load_tree
 from .peers import check_peers
@@ -100,10 +100,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
     peers, lookup_only = ([x for x in spec.split(",") if x] for spec in (args.peers, args.lookup_only))
     plan = Plan(args, out, prompts, heads, peers, lookup_only)
     for item in (x for kind in heads for x in plan.policies(kind)):
-        if plan.split_lookup(item)[0] not in POLICY_NAMES:
-            raise EntMTPError(
-                f"unknown policy {item!r} in --policies: use {', '.join(POLICY_NAMES)} (+lookup)"
-            )
+        if plan.split_lookup(item)[0] not in POLICIES:
+            raise EntMTPError(f"unknown policy {item!r} in --policies: use {', '.join(POLICIES)} (+lookup)")
     _check_heads_and_trees(plan)
     check_peers(plan.peers)
     for x in plan.lookup_only:

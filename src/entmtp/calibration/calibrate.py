@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from rich.progress import Progress
 
-from .. import __version__
+from .. import __version__, metrics
 from ..costs import LatencyModel
 from ..engine import Engine
 from ..errors import EntMTPError
@@ -121,7 +121,7 @@ def measure_trees(
         out[name] = MeasuredTree(
             nodes=nodes,
             ms_per_step=step_ms,
-            measured_tokens_per_second=1000.0 * tps / step_ms,  # decode steps only
+            measured_tokens_per_second=metrics.replay_tokens_per_second(tps, step_ms),  # decode steps only
             measured_tokens_per_step=tps,
             timed_steps=len(ms[name]),
         )
@@ -337,7 +337,7 @@ def build_section(
         thresholds=thresholds,
         replay=replays,
         recommended_policy=max(candidates, key=candidates.get),
-        plain_tokens_per_second=1000.0 / measured["none"].ms_per_step,
+        plain_tokens_per_second=metrics.replay_tokens_per_second(1, measured["none"].ms_per_step),
         positions=sum(len(t.ranks) for t in traces),
     )
 
@@ -349,7 +349,7 @@ def _throughput_frontier(by_nodes, grid, measured, latency: LatencyModel) -> tup
     for n in grid:
         ft = by_nodes[n]
         ms = latency.ms_of(ft.tree)
-        speed = ft.tokens_per_step * 1000.0 / ms
+        speed = metrics.replay_tokens_per_second(ft.tokens_per_step, ms)
         if speed <= top:
             continue
         top = speed
@@ -367,7 +367,9 @@ def _reference(traces, measured: Mapping[str, MeasuredTree]) -> dict[str, Refere
         return {}
     tps = simulate(reference, traces).tokens_per_step
     ms = measured[reference.name].ms_per_step
-    return {reference.name: ReferenceTree(reference.num_nodes, tps, ms, tps * 1000.0 / ms)}
+    return {
+        reference.name: ReferenceTree(reference.num_nodes, tps, ms, metrics.replay_tokens_per_second(tps, ms))
+    }
 
 
 def build_profile(

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import metrics
 from ..tree import RankPath, Tree
 from .traces import MISS, TOPK, Trace
 
@@ -185,7 +186,7 @@ class Simulated:
 
     @property
     def tokens_per_step(self) -> float:
-        return self.tokens / max(1, self.steps)
+        return metrics.mean_tokens_per_step(self.tokens, self.steps)
 
 
 def accepted_length(

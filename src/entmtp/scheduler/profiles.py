@@ -70,6 +70,7 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
+from .. import metrics
 from ..accept import Sampling
 from ..errors import EntMTPError
 from ..files import write_text_atomic
@@ -90,8 +91,6 @@ FORMAT = "entmtp-profile"
 VERSION = 1
 PROFILE_TASKS = ("humaneval", "sharegpt", "gsm8k", "writing", "mixed")
 DEFAULT_WINDOW = 8  # a threshold policy's EMA window when its entry has none
-
-POLICY_NAMES = POLICIES  # what Profile.policy builds
 
 
 class ProfileError(EntMTPError):
@@ -592,7 +591,9 @@ class Profile:
         simulated tokens per step on the calibration positions / the curve's ms per step."""
         tps = {e.name: e.tokens_per_step_simulated for e in self.mode(mode).acceptance_frontier}
         tps["none"] = 1.0
-        return {t.name: 1000.0 * tps[t.name] / latency.ms_of(t) for t in self.bank(mode)}
+        return {
+            t.name: metrics.replay_tokens_per_second(tps[t.name], latency.ms_of(t)) for t in self.bank(mode)
+        }
 
     def acceptance(self, mode: str = "greedy") -> AcceptanceModel:
         return self.mode(mode).acceptance_model
@@ -641,7 +642,7 @@ class Profile:
                 require_contiguous=require_contiguous,
                 online=online,
             )
-        raise ProfileError(f"unknown policy {name!r}: use {', '.join(POLICY_NAMES)}")
+        raise ProfileError(f"unknown policy {name!r}: use {', '.join(POLICIES)}")
 
     def _threshold_policy(self, name: str, thresholds: Thresholds, trees: dict[str, Tree]):
         th = getattr(thresholds, name)
