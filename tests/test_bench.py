@@ -267,7 +267,7 @@ def test_every_engine_of_a_bench_is_built_by_one_function(tiny_dir, monkeypatch)
         ]  # fmt: skip
         assert all(any(e is b for b in built) for e in ran.values() if isinstance(e, Engine))
         assert sum(isinstance(e, Engine) for e in ran.values()) == len(ran) - 1  # all but the peer
-    assert methods.count == 8 and methods.traced == "heads/static"
+    assert methods.count == 8 and methods.logged == "heads/static"
 
 
 def test_bench_on_a_tiny_model_runs_every_task_and_writes_json_markdown_and_plots(tiny_dir, capsys):
@@ -298,7 +298,7 @@ def test_bench_on_a_tiny_model_runs_every_task_and_writes_json_markdown_and_plot
     assert data["meta"]["command"].startswith("entmtp bench") and data["meta"]["commit"]
 
     report = (out / "report.md").read_text()
-    images = ["speedup.png", "trace.png", "frontier-heads-profile.png"]
+    images = ["speedup.png", "steps.png", "frontier-heads-profile.png"]
     for name in images:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"({name})" in report

@@ -189,13 +189,13 @@ def test_calibrate_then_generate_with_every_policy_then_latency_only(tmp_path, c
         rep[p]["tokens_per_second"] for p in ("static", "binary", "cost")
     )
     assert "replayed" in capsys.readouterr().out
-    # the run's pictures: the profile's frontiers and one generation's trace, linked from the report
-    assert data["trace"]["config"] == "medusa/static" and data["trace"]["steps"]
-    assert (bench / "trace.png").read_bytes()[:4] == b"\x89PNG"
+    # the run's pictures: the profile's frontiers and one generation's step log, linked from the report
+    assert data["step_log"]["config"] == "medusa/static" and data["step_log"]["steps"]
+    assert (bench / "steps.png").read_bytes()[:4] == b"\x89PNG"
     frontier = f"frontier-medusa-{out.stem}.png"  # frontier-HEADS-PROFILE.png
     assert (bench / frontier).read_bytes()[:4] == b"\x89PNG"
     report = (bench / "report.md").read_text()
-    assert f"({frontier})" in report and "(trace.png)" in report
+    assert f"({frontier})" in report and "(steps.png)" in report
     assert data["meta"]["command"].startswith("entmtp bench") and data["meta"]["versions"]["torch"]
     before = json.loads(out.read_text())
     assert (

@@ -49,7 +49,7 @@ class Methods:
         return len(self.static) + sum(len(self.policies(k)) for k in self.heads)
 
     @property
-    def traced(self) -> str | None:
+    def logged(self) -> str | None:
         """The method whose first generation with steps is kept step by step: the first policy, else the first
         static tree."""
         policy = next((f"{self.labels[k]}/{p}" for k in self.heads for p in self.policies(k)), None)

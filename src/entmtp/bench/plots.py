@@ -43,7 +43,7 @@ def speedup_plot(summary: dict, labels: dict[str, str], path: Path) -> None:
     plt.close(fig)
 
 
-def trace_plot(trace: dict, path: Path) -> None:
+def step_log_plot(log: dict, path: Path) -> None:
     """One generation step by step: the signals the policy read, the tree it chose (nodes) and how many of
     the tree's drafts the base model accepted."""
     import matplotlib
@@ -51,14 +51,14 @@ def trace_plot(trace: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = trace["steps"]
+    steps = log["steps"]
     x = np.arange(len(steps))
     names = list(dict.fromkeys(k for s in steps for k in s["signals"]))[:4]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True)
     for name in names:
         ax1.plot(x, [s["signals"].get(name, np.nan) for s in steps], lw=1, label=name)
     ax1.set_ylabel("signal")
-    ax1.set_title(f"{trace['config']}, {trace['task']} prompt {trace['prompt']}: what the policy read")
+    ax1.set_title(f"{log['config']}, {log['task']} prompt {log['prompt']}: what the policy read")
     if names:
         ax1.legend(fontsize=7, ncol=len(names))
     ax2.bar(x, [s["nodes"] for s in steps], color="tab:gray", alpha=0.5, label="tree nodes chosen")

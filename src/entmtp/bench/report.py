@@ -1,5 +1,5 @@
 """What `entmtp bench` prints and writes: a table per task on the console; results.json (the run's setup,
-the summary, the replays, every record, the mismatches, one traced generation); report.md with the plots."""
+the summary, the replays, every record, the mismatches, one generation's step log); report.md with the plots."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from .. import metrics
 from ..files import write_text_atomic
 from ..prompts import TASKS
 from .engines import Methods
-from .plots import speedup_plot, trace_plot
+from .plots import speedup_plot, step_log_plot
 from .run import Measurements
 
 
@@ -61,7 +61,7 @@ def write(out: Path, methods: Methods, measured: Measurements, summary: dict) ->
 
     out.mkdir(parents=True, exist_ok=True)
     data = {"meta": meta(methods, measured.interrupted), "summary": summary, "replays": measured.replays}
-    data |= {"runs": measured.runs, "mismatches": measured.mismatches, "trace": measured.trace}
+    data |= {"runs": measured.runs, "mismatches": measured.mismatches, "step_log": measured.step_log}
     results = out / "results.json"
     write_text_atomic(results, json.dumps(data, indent=1))
     labels = {t: task_label(t) for t in summary}
@@ -74,9 +74,9 @@ def write(out: Path, methods: Methods, measured: Measurements, summary: dict) ->
         name = f"frontier-{Path(kind).name}-{Path(path).stem}.png"
         plot_profile(profile, out / name, profile.mode_for(methods.plan.args.temperature))
         images.append((f"acceptance and throughput frontiers of {path}", name))
-    if trace := measured.trace:
-        trace_plot(trace, out / "trace.png")
-        images.append((f"one generation, step by step: {trace['config']} on {trace['task']}", "trace.png"))
+    if log := measured.step_log:
+        step_log_plot(log, out / "steps.png")
+        images.append((f"one generation, step by step: {log['config']} on {log['task']}", "steps.png"))
     report = markdown(json.loads(results.read_text()), labels, data["meta"]["command"], images)
     write_text_atomic(out / "report.md", report)
     print(f"wrote {results}, {out / 'report.md'} and {len(images)} plots in {out}")

@@ -22,9 +22,7 @@ class Measurements:
 
     runs: dict[str, dict[str, list[dict]]]  # task -> method -> one record per prompt
     mismatches: list[dict] = field(default_factory=list)
-    trace: dict = field(
-        default_factory=dict
-    )  # one generation's steps (the traced method's first), for trace.png
+    step_log: dict = field(default_factory=dict)  # one generation step by step (`step_log`), for steps.png
     replays: dict[str, dict] = field(default_factory=dict)  # task -> heads label -> policy -> replay
     interrupted: bool = False
 
@@ -91,8 +89,8 @@ def _one_prompt(
         if args.temperature > 0:  # how likely the base model finds the sampled continuation
             rec.update(nll(methods.model, ids, r.token_ids))
         measured.runs[task].setdefault(name, []).append(rec)
-        if name == methods.traced and not measured.trace and r.steps:
-            measured.trace = trace(task, i, name, r)
+        if name == methods.logged and not measured.step_log and r.steps:
+            measured.step_log = step_log(task, i, name, r)
         # greedy outputs should equal plain decoding's (llama-cpp decodes its own weights)
         if plain is None:
             plain = r.token_ids
@@ -155,7 +153,7 @@ def nll(model, ids: list[int], out: list[int]) -> dict:
     return {"nll": float(nll), "nll_tokens": len(out)}
 
 
-def trace(task: str, prompt: int, config: str, result) -> dict:
+def step_log(task: str, prompt: int, config: str, result) -> dict:
     """One generation step by step: each step's tree, its size, the drafts accepted and the policy's signals."""
     steps = [
         {"tree": s.tree, "nodes": s.tree_nodes, "accepted": s.accepted, "signals": s.signals}
