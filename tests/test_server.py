@@ -173,8 +173,8 @@ def test_a_full_queue_answers_503_with_retry_after(server):
     assert codes.count(200) >= 3 and 503 in codes
     busy = next(r for r in results if r.status_code == 503)
     assert busy.json()["error"]["type"] == "server_busy"
-    # from the measured queue: 1 running + 2 waiting jobs of 48 tokens, each seconds long here (was fixed 2 s)
-    assert 3 <= int(busy.headers["retry-after"]) <= 600
+    # from the measured queue (the formula: test_worker_retry_after_is_the_queue_times_the_recent_service_time)
+    assert 1 <= int(busy.headers["retry-after"]) <= 600
 
 
 def _metric(server, name: str) -> float:
@@ -341,22 +341,28 @@ def test_metrics_are_labelled_by_route_not_by_raw_path(server):
 
 
 def test_tokenizing_a_huge_chat_does_not_block_the_event_loop(server):
-    """10k messages take ~0.5 s in the chat template: /health answers meanwhile (before: after the big one)."""
+    """10k messages take a while in the chat template (0.2-0.5 s on a 2-core CPU): /health, asked again and
+    again meanwhile, answers at once (before: a /health asked during the tokenization waited for its end)."""
     messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi there"} for i in range(10_000)]
-    done: list[tuple[str, float]] = []
+    done, big = threading.Event(), {}
 
-    def big():
+    def post():
+        t0 = time.perf_counter()
         r = httpx.post(f"{server}/v1/chat/completions", json={"messages": messages}, timeout=60)
-        done.append(("big", time.time()))
-        assert r.status_code == 400 and "context window" in r.json()["error"]["message"]
+        big.update(seconds=time.perf_counter() - t0, status=r.status_code, error=r.json()["error"]["message"])
+        done.set()
 
-    t = threading.Thread(target=big)
+    t = threading.Thread(target=post)
     t.start()
-    time.sleep(0.3)  # the body is sent and being tokenized
-    httpx.get(f"{server}/health", timeout=30)
-    done.append(("health", time.time()))
+    waits = []
+    while not done.is_set():
+        t0 = time.perf_counter()
+        httpx.get(f"{server}/health", timeout=30)
+        waits.append(time.perf_counter() - t0)
+        time.sleep(0.02)
     t.join()
-    assert done[0][0] == "health", done
+    assert big["status"] == 400 and "context window" in big["error"]
+    assert max(waits) < big["seconds"] / 2, (waits, big["seconds"])  # none waited for the tokenization
 
 
 def test_a_connection_without_request_headers_is_closed(server):
