@@ -24,10 +24,11 @@ import torch
 import transformers
 
 import entmtp.cache as C
-from entmtp.engine import Engine, _Detokenizer
+from entmtp.engine import Engine
 from entmtp.model import encode_prompt, load_model
 from entmtp.bench.peers import HFGenerate
 from entmtp.prompts import load_prompts
+from entmtp.text import Detokenizer as _Detokenizer  # engine.py's until 9564a0a
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
 from plain_step_check import PROMPTS, machine, run_entmtp, run_hf, wait_quiet  # noqa: E402
@@ -45,7 +46,7 @@ def head_forward(self, tokens, tree, cache, *, logits_to_keep=0):  # BaseModel.f
     return self.run(tokens, positions, mask, cache)
 
 
-def head_push(self, new):  # _Detokenizer.push at 0fa7d19
+def head_push(self, new, final=False):  # _Detokenizer.push at 0fa7d19 (no stop-string hold-back then)
     self.ids += new
     text = self.final_text()
     if text.endswith("\ufffd") and self.stopped_at is None:
