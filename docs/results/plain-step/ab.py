@@ -24,9 +24,9 @@ import torch
 import transformers
 
 import entmtp.cache as C
+from entmtp.bench.peers import HFGenerate
 from entmtp.engine import Engine
 from entmtp.model import encode_prompt, load_model
-from entmtp.bench.peers import HFGenerate
 from entmtp.prompts import load_prompts
 from entmtp.text import Detokenizer as _Detokenizer  # engine.py's until 9564a0a
 
