@@ -7,7 +7,7 @@ import torch
 
 from conftest import ByteTokenizer, OracleHeads, tiny_model
 from entmtp.engine import Engine
-from entmtp.errors import PromptError
+from entmtp.errors import EntMTPError, PromptError
 from entmtp.heads import HeadsConfig, random_heads
 from entmtp.policy import StaticPolicy
 from entmtp.tree import Tree, load_tree
@@ -170,6 +170,11 @@ def test_bad_lengths_are_rejected_with_clear_messages():
         engine.generate(list(range(100)), max_new_tokens=500)
     with pytest.raises(PromptError, match="empty"):
         engine.generate("   ", max_new_tokens=5)
+    for bad in (-1, 21):
+        with pytest.raises(
+            EntMTPError, match=rf"logprobs must be 0\.\.20 \(top tokens per position\), got {bad}"
+        ):
+            engine.generate([1, 2], max_new_tokens=2, logprobs=bad)
 
 
 def test_tree_deeper_than_heads_is_rejected():

@@ -29,7 +29,7 @@ import torch
 
 from . import metrics
 from .costs import CostCurve, costs_dir, costs_for, probing_disabled
-from .engine import Engine
+from .engine import Engine, default_tree
 from .errors import EntMTPError
 from .files import write_text_atomic
 from .lookup import Lookup
@@ -130,16 +130,13 @@ def build(spec: EngineSpec = EngineSpec(), *, log=None) -> Built:
     else:
         reason = "CUDA" if spec.device.startswith("cuda") else "the only candidate"
     option = loaded[dtype]
-    policy = option.policy
+    policy, heads = option.policy, option.heads if option.uses_heads else None
     if spec.lookup is not None:  # a prompt-lookup branch sized per step on this machine's costs
-        inner = (
-            policy if policy is not None else ("tree_8" if option.uses_heads else None)
-        )  # Engine's default
-        policy = hybrid(inner, spec.lookup, option.costs)
+        policy = hybrid(policy if policy is not None else default_tree(heads), spec.lookup, option.costs)
     engine = Engine(
         option.model,
         option.tokenizer,
-        heads=option.heads if option.uses_heads else None,
+        heads=heads,
         tree=policy,
         kv=spec.kv,
         graphs=spec.graphs,

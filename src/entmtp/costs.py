@@ -521,12 +521,10 @@ class CostCorrector:
     What is corrected is the curve's shape, the cost of each size relative to the others, which is all a
     policy's choice depends on. A slowdown every size of a generation shares is the machine's load at the
     time (other processes on the cores), not the curve's: each step's ms is divided by the load, the median
-    ratio of measured to curve ms of the generation's smallest size with `MIN_STEPS` steps (its yardstick,
-    plain steps mostly, never corrected itself) before it is judged, so a loaded machine corrects nothing (before
-    this rule, runs on a 2-core machine shared with other test jobs rewrote its cached float32 curve to a
-    886 ms plain step and a 4-node step of 15 plain steps, and later runs took one-token steps). A generation
-    of one size alone says nothing about the shape and changes nothing. The new point also stays between its neighbours'. Steps are
-    matched to the measured sizes exactly."""
+    ratio of measured to curve ms over the generation's smallest size with `MIN_STEPS` steps (its yardstick,
+    plain steps mostly, never corrected itself), before it is judged. So a loaded machine corrects nothing,
+    and a generation of one size alone says nothing about the shape and changes nothing. A new point stays
+    between its neighbours'. Steps are matched to the measured sizes exactly."""
 
     def __init__(self, curve: CostCurve, path: Path | None):
         self.curve, self.path = curve, path
@@ -544,7 +542,7 @@ class CostCorrector:
     def observe(self, steps) -> CostCurve | None:
         """Add a generation's steps (first two dropped: warm-up); return the corrected curve when one was
         written."""
-        nodes, lat = np.asarray(self.curve.nodes), self.curve.latency()
+        lat = self.curve.latency()
         timed = [s for s in steps[2:] if "total" in s.seconds]
         ms = [
             1000 * (s.seconds["total"] - s.seconds.get("probe", 0.0) - s.seconds.get("choose", 0.0))
@@ -559,26 +557,25 @@ class CostCorrector:
             m / float(lat(anchor)) for s, m in zip(timed, ms, strict=True) if s.tree_nodes == anchor
         )
         for s, m in zip(timed, ms, strict=True):
-            n = int(nodes[np.abs(nodes - s.tree_nodes).argmin()])
-            if n == s.tree_nodes:
-                self.samples[n].append(m / load)  # the generation's common slowdown divided out
+            if s.tree_nodes in self.samples:  # a measured size
+                self.samples[s.tree_nodes].append(m / load)  # the generation's common slowdown divided out
         updates = {}
-        ms = self.curve.step_ms
+        curve_ms = self.curve.step_ms
         for i, n in enumerate(self.curve.nodes):
             got = self.samples[n]
             if len(got) < MIN_STEPS:
                 continue
             observed, self.samples[n] = statistics.median(got), []
-            off = math.log(observed / ms[i])
+            off = math.log(observed / curve_ms[i])
             if abs(off) <= math.log1p(NOISE):
                 self.verdicts.pop(n, None)
                 continue
             before = self.verdicts.pop(n, None)
-            if before is None or (before > ms[i]) != (observed > ms[i]):
+            if before is None or (before > curve_ms[i]) != (observed > curve_ms[i]):
                 self.verdicts[n] = observed  # the first verdict: wait for a second
                 continue
-            low = ms[i - 1] if i > 0 else 0.0
-            high = ms[i + 1] if i + 1 < len(ms) else math.inf
+            low = curve_ms[i - 1] if i > 0 else 0.0
+            high = curve_ms[i + 1] if i + 1 < len(curve_ms) else math.inf
             updates[n] = min(max(statistics.median([before, observed]), low), high)
         if not updates:
             return None

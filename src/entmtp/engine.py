@@ -25,7 +25,7 @@ from .lookup import Lookup, NgramIndex, draft_lookup, source_depths
 from .model import check_request, context_window, encode_prompt, eos_token_ids
 from .packing import PackedLinear, pack_linears
 from .policy import StaticPolicy, TreePolicy
-from .records import Result, Step, StepContext, TokenEvent, TokenLogprob
+from .records import MAX_TOP_LOGPROBS, Result, Step, StepContext, TokenEvent, TokenLogprob
 from .text import Detokenizer, find_end
 from .tree import Tree, load_tree, prune
 
@@ -41,7 +41,8 @@ class Engine:
     `kv="auto"` keeps keys and values in a preallocated cache where the model allows it (cache.py);
     `kv="dynamic"` uses transformers' DynamicCache. On CUDA, `graphs=True` replays one captured graph per
     tree size for verification (graphs.py). `costs`: this machine's cost curve (costs.py) that the policy was
-    built on: measured steps that disagree with it correct the cached curve for later engines. `build_engine` (build.py) assembles all of this from names.
+    built on: measured steps that disagree with it correct the cached curve for later engines. `build_engine`
+    (build.py) assembles all of this from names.
     """
 
     def __init__(
@@ -56,8 +57,8 @@ class Engine:
         costs: CostCurve | None = None,
     ):
         self.model, self.tokenizer, self.heads = model, tokenizer, heads
-        if tree is None:  # the default: tree_8 with heads, else the root alone
-            tree = "tree_8" if heads is not None else Tree.root_only()
+        if tree is None:
+            tree = default_tree(heads)
         if isinstance(tree, str):
             tree = load_tree(tree)
         policy: TreePolicy = StaticPolicy(tree) if isinstance(tree, Tree) else tree
@@ -164,6 +165,11 @@ class Engine:
         yield dataclasses.replace(event, result=result)
 
 
+def default_tree(heads) -> str | Tree:
+    """The tree an engine verifies when none is named: tree_8 with heads, else the root alone (plain decoding)."""
+    return "tree_8" if heads is not None else Tree.root_only()
+
+
 @contextlib.contextmanager
 def _open_cache(engine: Engine, tokens: int):
     """The generation's KV cache (room for its tokens and the largest tree's scratch) and, on CUDA, the
@@ -177,9 +183,6 @@ def _open_cache(engine: Engine, tokens: int):
         yield graphs.cache_for(need, engine.window), graphs
     finally:
         graphs.in_use = False
-
-
-MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 
 
 @dataclass
@@ -259,15 +262,19 @@ def decode(engine: Engine, state: DecodeState) -> Iterator[TokenEvent]:
         # (6) finish the step (cut at max tokens, EOS or a stop string), then the policy observes it
         root, root_logits = acc.bonus, fwd.logits[acc.path[-1]].clone()  # a graph's output is overwritten
         times["total"] = clock.total()
-        event = _emit(engine, state, (tree, tokens, acc, times, signals), new, fwd.logits[path])
+        rows = fwd.logits[path] if state.logprobs is not None else None  # [len(new), V] when asked for
+        event = _emit(engine, state, (tree, tokens, acc, times, signals), new, rows)
         policy.observe(event.step)
         step_i += 1
         yield event
 
 
-def _emit(engine: Engine, state: DecodeState, verified, new: list[int], logits: torch.Tensor) -> TokenEvent:
-    """The event of `new` tokens (predicted by `logits` [len(new), V]) cut where the generation ends, with its
-    text, log-probabilities and (`verified`: the step's tree, tokens, acceptance, times, signals) its Step."""
+def _emit(
+    engine: Engine, state: DecodeState, verified, new: list[int], logits: torch.Tensor | None
+) -> TokenEvent:
+    """The event of `new` tokens (predicted by `logits` [len(new), V], given when log-probabilities are asked
+    for) cut where the generation ends, with its text, log-probabilities and (`verified`: the step's tree,
+    tokens, acceptance, times, signals) its Step."""
     new = new[: state.max_new_tokens - len(state.out)]
     cut, reason = find_end(new, engine.eos_ids, state.text)
     new = new[:cut]

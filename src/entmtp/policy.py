@@ -29,9 +29,7 @@ class TreePolicy(Protocol):
 
     trees: list[Tree]  # every tree the policy may return (checked against the heads up front)
     master: Tree | None  # contains every tree it returns: the heads probe it before `choose` (heads.Probe)
-    lookup: (
-        Lookup | None
-    )  # how its lookup nodes are drafted, and the longest lookup branch it adds (None: none)
+    lookup: Lookup | None  # its lookup nodes' n-grams and longest added branch (None: no lookup branch)
 
     def fresh(self) -> TreePolicy: ...
 

@@ -35,6 +35,9 @@ class Step:
     lookup_path: list[bool] = field(default_factory=list)  # hybrid trees: per accepted draft, a lookup copy?
 
 
+MAX_TOP_LOGPROBS = 20  # most top tokens a TokenLogprob may carry (OpenAI's limit on top_logprobs)
+
+
 @dataclass(frozen=True)
 class TokenLogprob:
     """The base model's log-probability of an emitted token: log-softmax of its raw logits (temperature 1,

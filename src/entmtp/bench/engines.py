@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..costs import CostCurve, costs_for, probing_disabled
-from ..engine import Engine
+from ..engine import Engine, default_tree
 from ..heads import Heads
 from ..lookup import Lookup
 from ..scheduler.hybrid import hybrid
@@ -20,9 +20,9 @@ from .plan import LOOKUP_VARIANTS, Plan
 
 def engine(model, tokenizer, heads=None, tree=None, lookup: Lookup | None = None, costs=None) -> Engine:
     """The one place the bench builds an `Engine`: `tree` is a tree name or a policy, `lookup` adds a prompt
-    lookup branch sized on `costs`, this machine's cost curve (None: the profiles' stored latencies)."""
+    lookup branch sized on `costs`, this machine's cost curve (None: the hybrid's `CPU_COST`)."""
     if lookup is not None:
-        tree = hybrid(tree if tree is not None or heads is None else "tree_8", lookup, costs)
+        tree = hybrid(tree if tree is not None else default_tree(heads), lookup, costs)
     return Engine(model, tokenizer, heads=heads, tree=tree, costs=costs)
 
 

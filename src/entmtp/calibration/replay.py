@@ -70,11 +70,13 @@ def replay(
         index = _index(policy.lookup, tr, toks)
         j, end, step_i = 0, len(rows), 0
         while j < end - 1:
-            root = tr.prompt_len + j  # tokens[root] is the step's root
+            root, n_max = (
+                tr.prompt_len + j,
+                end - 1 - j,
+            )  # tokens[root] is the step's root; n_max: tokens left
             probe = _probe(tr, j, toks)
-            ctx = StepContext(step_i, root, end - 1 - j, None, probe=probe, raw_signals=raw[j], lookup=index)
+            ctx = StepContext(step_i, root, n_max, None, probe=probe, raw_signals=raw[j], lookup=index)
             tree, signals = run.choose(ctx)
-            n_max = end - 1 - j
             if tree.num_lookup:  # the tree the step verified: lookup nodes without a proposal dropped
                 tree, step = _hybrid_step(tree, rows[j], toks, root, index, probe, signals, n_max)
             else:
@@ -153,14 +155,11 @@ def _hybrid_step(
     """What the engine's greedy step with hybrid `tree` at `root` verifies and records: its drafting
     (`draft_tree`: head drafts from the trace, lookup drafts from the index, nodes without a proposal pruned),
     greedy acceptance against the recorded continuation, and `step_record` of the emitted tokens."""
-    truth = toks[root + 1 :]
+    truth = toks[root + 1 : root + 2 + tree.depth]  # the recorded continuation, as far as the tree can reach
     root_t = torch.tensor([toks[root]])
     pruned, tokens = draft_tree(_TraceDrafter(ranks, truth), tree, root_t, probe, index)
-    depths = pruned.depths.tolist()
-    target = torch.tensor(
-        [truth[d] if d < len(truth) else -2 for d in depths]
-    )  # [N+1] what follows each node
-    acc = accept_targets(pruned, tokens, target)
+    target = torch.tensor([truth[d] if d < len(truth) else -2 for d in pruned.depths.tolist()])  # [N+1]
+    acc = accept_targets(pruned, tokens, target)  # target: the token that must follow each node
     emitted = truth[: min(len(acc.path), n_max)]
     return pruned, step_record(pruned, tokens, acc, {}, signals, emitted)
 

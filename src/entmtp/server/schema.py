@@ -11,9 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ..records import MAX_TOP_LOGPROBS  # chat's top_logprobs, as OpenAI's
+
 DEFAULT_MAX_TOKENS = 256  # when a request gives none (never past the context window)
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.manual_seed takes
-MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI's
 MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs, as OpenAI's
 
 # OpenAI request fields entmtp does not implement, with the values that ask for nothing (clients such as
