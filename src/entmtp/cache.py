@@ -14,6 +14,11 @@ Two caches:
   `length + n` slots.
 - `DynamicKV`: transformers' `DynamicCache`, appended to and cut back each step. The fallback for models
   the preallocated cache cannot serve (sliding-window or linear-attention layers), and the reference path.
+
+Batches (batch.py): `BatchKV` keeps several generations side by side in one tensor, each row a `KVCache`
+view of its own (prefill and commit run per row, as above), and `BaseModel.forward_batch` verifies every
+row's tree in ONE forward: trees padded to the largest, each row writing at its own length and attending to
+its own prefix and tree.
 """
 
 from __future__ import annotations
@@ -44,10 +49,12 @@ class KVCache(Cache):
     the first write (its shape read off the model's own key states). Slots [0, length) hold the committed
     prefix; a forward writes slots [length, length + n)."""
 
-    def __init__(self, num_layers: int, capacity: int, *, static: bool = False):
+    def __init__(
+        self, num_layers: int, capacity: int, *, static: bool = False, kv: torch.Tensor | None = None
+    ):
         super().__init__(layers=[])
         self.num_layers, self.capacity, self.static = num_layers, capacity, static
-        self.kv: torch.Tensor | None = None
+        self.kv: torch.Tensor | None = kv  # given: a row of a `BatchKV` (a view into the batch's tensor)
         self.length = 0
         self.slots: torch.Tensor | None = None  # [n] static mode: where the forward in flight writes
         self.kv_len = capacity  # static mode: how many slots attention reads
@@ -122,6 +129,93 @@ class DynamicKV:
             layer.keys = layer.keys[:, :, : start + n]
             layer.values = layer.values[:, :, : start + n]
         self.length += n
+
+
+class BatchKV(Cache):
+    """Several generations' keys and values side by side: `kv` [2, L, rows, kv_heads, capacity, head_dim]
+    (zeros: a batched forward reads every row's slots up to the longest row's, masked, so none may be NaN).
+    Row b is `rows[b]`, a `KVCache` whose tensor is a view of slice b: prefill and commit run on it alone.
+    Rows are kept contiguous (`remove` moves the last row into the gap) and the tensor grows on demand
+    (`add`), re-pointing every row's view. During a batched forward (`begin` .. the forward) transformers
+    hands each layer's keys and values [B, kv_heads, n, head_dim] to `update`, which writes row b at slots
+    rows[b].length .. + n - 1."""
+
+    def __init__(self, model):
+        super().__init__(layers=[])
+        config = model.config
+        self.num_layers = config.num_hidden_layers
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.dtype, self.device = model.dtype, model.device
+        self.kv = torch.zeros(2, self.num_layers, 0, self.kv_heads, 0, self.head_dim, dtype=self.dtype)
+        self.rows: list[KVCache] = []
+        self._slots: torch.Tensor | None = None  # [B, n] where the forward in flight writes
+        self._kv_len = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.kv.shape[4]
+
+    def add(self, need: int) -> KVCache:
+        """A new empty row with room for `need` tokens (its prompt, output and the largest tree's scratch)."""
+        rows, capacity = self.kv.shape[2], self.capacity
+        if len(self.rows) == rows or need > capacity:
+            self._grow(max(rows, len(self.rows) + 1), max(capacity, need))
+        row = KVCache(self.num_layers, self.capacity, kv=self._view(len(self.rows)))
+        self.rows.append(row)
+        return row
+
+    def remove(self, row: KVCache) -> None:
+        """Drop `row`; the last row moves into its place (its committed slots copied, its view re-pointed)."""
+        b, last = next(i for i, r in enumerate(self.rows) if r is row), len(self.rows) - 1
+        if b != last:
+            moved = self.rows[last]
+            self.kv[:, :, b, :, : moved.length] = self.kv[:, :, last, :, : moved.length]
+            moved.kv = self._view(b)
+            self.rows[b] = moved
+        self.rows.pop()
+
+    def _view(self, b: int) -> torch.Tensor:
+        return self.kv[:, :, b : b + 1]
+
+    def _grow(self, rows: int, capacity: int) -> None:
+        capacity = -(-capacity // 256) * 256  # whole blocks: a few rows joining rarely reallocate
+        kv = torch.zeros(
+            2,
+            self.num_layers,
+            rows,
+            self.kv_heads,
+            capacity,
+            self.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        kv[:, :, : self.kv.shape[2], :, : self.capacity] = self.kv
+        self.kv = kv
+        for b, row in enumerate(self.rows):
+            row.kv, row.capacity = self._view(b), capacity
+
+    def begin(self, n: int) -> torch.Tensor:
+        """Open a batched forward of n tokens per row; the lengths [B] it writes after."""
+        lengths = torch.tensor([r.length for r in self.rows])
+        if int(lengths.max()) + n > self.capacity:
+            raise ValueError(
+                f"{n} tokens after {int(lengths.max())} overflow the batch cache of {self.capacity}"
+            )
+        self._slots = (lengths[:, None] + torch.arange(n)).to(self.device)  # [B, n]
+        self._kv_len = int(lengths.max()) + n
+        return lengths
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        b, h, n, d = key_states.shape
+        keys, values = self.kv[0, layer_idx, :b], self.kv[1, layer_idx, :b]  # [B, kv_heads, capacity, hd]
+        index = self._slots[:, None, :, None].expand(b, h, n, d)
+        keys.scatter_(2, index, key_states)
+        values.scatter_(2, index, value_states)
+        return keys[:, :, : self._kv_len], values[:, :, : self._kv_len]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return max((r.length for r in self.rows), default=0)
 
 
 def preallocation_blocker(model) -> str | None:
@@ -212,25 +306,58 @@ class BaseModel:
         On CUDA, cuDNN's attention builds an execution plan for every new shape, tens of milliseconds each,
         and an eager forward's key length changes every step: so eager forwards use PyTorch's own attention
         kernels, and only the fixed shapes of captured graphs use cuDNN."""
-        kwargs = {self._cache_kw: cache.hf if isinstance(cache, DynamicKV) else cache}
-        if mask is not None:  # additive, built once: SDPA would convert a bool mask again in every layer
-            bias = torch.zeros(mask.shape, dtype=self.lm_head.weight.dtype, device=mask.device)
-            bias.masked_fill_(~mask, torch.finfo(bias.dtype).min)
-            kwargs["attention_mask"] = bias[None, None]  # [1, 1, n, kv_len]: 0 = attend
-        offset = self.hidden_state_offset
         eager_cuda = tokens.device.type == "cuda" and not fixed_shape
         with sdpa_kernel(_NO_CUDNN) if eager_cuda else contextlib.nullcontext():
-            out = self.decoder(
-                input_ids=tokens[None],
-                position_ids=positions[None],
-                use_cache=True,
-                output_hidden_states=offset > 0,
-                **kwargs,
-            )
+            out = self._decode(tokens[None], positions[None], None if mask is None else mask[None], cache)
+        offset = self.hidden_state_offset
         last = out.last_hidden_state[0]  # [n, H]
         hidden = out.hidden_states[-1 - offset][0] if offset > 0 else last
         keep = last[-logits_to_keep:] if logits_to_keep > 0 else last
         return Forward(logits=self.lm_head(keep), hidden=hidden)
+
+    def forward_batch(self, tokens: list[torch.Tensor], trees: list[Tree], batch: BatchKV) -> list[Forward]:
+        """Verify row b's `tokens[b]` [n_b] as `trees[b]` over `batch.rows[b]`, every row in ONE forward: rows
+        padded to the largest tree (padding tokens attend only to themselves and are never committed), row b
+        at positions rows[b].length + depth, attending to its own prefix and its tree's ancestors. Forward b
+        has logits and hidden states of row b's n_b real tokens; `commit` on rows[b] keeps its path."""
+        n = max(t.numel() for t in tokens)
+        lengths = batch.begin(n)  # [B]
+        kv_len = int(lengths.max()) + n
+        ids = torch.zeros(len(tokens), n, dtype=torch.long, device=self.device)
+        depths = torch.zeros(len(tokens), n, dtype=torch.long)
+        mask = torch.zeros(len(tokens), n, kv_len, dtype=torch.bool)
+        for b, (toks, tree) in enumerate(zip(tokens, trees, strict=True)):
+            k, past = toks.numel(), int(lengths[b])
+            ids[b, :k] = toks
+            depths[b, :k] = tree.depths
+            mask[b, :, :past] = True
+            mask[b, :k, past : past + k] = tree.mask
+            pad = torch.arange(k, n)
+            mask[b, pad, past + pad] = True  # a padding token sees itself: no empty softmax row
+        positions = (lengths[:, None] + depths).to(self.device)
+        out = self._decode(ids, positions, mask.to(self.device), batch)
+        hidden = out.hidden_states[-1 - self.hidden_state_offset] if self.hidden_state_offset else None
+        sizes = [t.numel() for t in tokens]
+        last = torch.cat([out.last_hidden_state[b, :k] for b, k in enumerate(sizes)])  # [sum n_b, H]
+        logits = self.lm_head(last).split(sizes)
+        hid = [(hidden if hidden is not None else out.last_hidden_state)[b, :k] for b, k in enumerate(sizes)]
+        return [Forward(logits=lg, hidden=h) for lg, h in zip(logits, hid, strict=True)]
+
+    def _decode(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache):
+        """The decoder over `ids` [B, n] at `positions` [B, n], `mask` [B, n, kv_len] bool (True = attend) or
+        None (causal), with the cache transformers should write to."""
+        kwargs = {self._cache_kw: cache.hf if isinstance(cache, DynamicKV) else cache}
+        if mask is not None:  # additive, built once: SDPA would convert a bool mask again in every layer
+            bias = torch.zeros(mask.shape, dtype=self.lm_head.weight.dtype, device=mask.device)
+            bias.masked_fill_(~mask, torch.finfo(bias.dtype).min)
+            kwargs["attention_mask"] = bias[:, None]  # [B, 1, n, kv_len]: 0 = attend
+        return self.decoder(
+            input_ids=ids,
+            position_ids=positions,
+            use_cache=True,
+            output_hidden_states=self.hidden_state_offset > 0,
+            **kwargs,
+        )
 
     def commit(self, cache: KVCache | DynamicKV, path: list[int]) -> None:
         """Keep the accepted path (node ids, root first) of the last forward; drop the rest of its tokens."""

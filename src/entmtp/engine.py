@@ -18,7 +18,7 @@ import torch
 
 from .accept import Sampling, accept
 from .cache import BaseModel
-from .costs import CostCorrector, CostCurve
+from .costs import CostCorrector, CostCurve, LatencyModel
 from .errors import EntMTPError
 from .heads import Drafter
 from .lookup import Lookup, NgramIndex, draft_lookup, source_depths
@@ -119,28 +119,13 @@ class Engine:
     ) -> Iterator[TokenEvent]:
         """Yield a `TokenEvent` per step; the last one carries `finish_reason` and `result`. `logprobs=k`:
         every event carries each new token's base log-probability and the k most likely tokens there."""
-        ids = list(prompt) if _is_ids(prompt) else encode_prompt(self.tokenizer, prompt, chat=chat)
-        check_request(len(ids), max_new_tokens, self.window)
-        if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
-            raise EntMTPError(
-                f"logprobs must be 0..{MAX_TOP_LOGPROBS} (top tokens per position), got {logprobs}"
-            )
-        sampling = Sampling(temperature=temperature, acceptance=acceptance)
+        ids = self.encode(prompt, max_new_tokens, chat=chat, logprobs=logprobs)
         t0 = time.perf_counter()
         with _open_cache(self, len(ids) + max_new_tokens) as (cache, graphs):
-            state = DecodeState(
-                prompt=ids,
-                max_new_tokens=max_new_tokens,
-                sampling=sampling,
-                generator=torch.Generator().manual_seed(seed) if seed is not None else None,
-                cache=cache,
-                graphs=graphs,
-                policy=self.policy.fresh(),
-                drafter=self.heads.drafter() if self.heads is not None else None,
-                index=NgramIndex(ids, self.max_ngram) if self.uses_lookup else None,
-                text=Detokenizer(self.tokenizer, stop or []),
-                logprobs=logprobs,
-            )
+            state = self.new_state(
+                ids, cache, graphs, max_new_tokens=max_new_tokens, temperature=temperature,
+                acceptance=acceptance, seed=seed, stop=stop, logprobs=logprobs,
+            )  # fmt: skip
             events = decode(self, state)
             event = next(events)  # the prefill's token
             prefill_seconds = time.perf_counter() - t0
@@ -149,20 +134,65 @@ class Engine:
                 yield event
                 event = next(events)
                 steps.append(event.step)
-        seconds = time.perf_counter() - t0
-        result = Result(
-            state.text.final_text(),
-            state.out,
-            len(ids),
-            steps,
-            seconds,
-            prefill_seconds,
-            event.finish_reason,
-            state.all_logprobs if logprobs is not None else None,
-        )
+        result = state.result(steps, time.perf_counter() - t0, prefill_seconds, event.finish_reason)
         if self._corrector is not None:
             self._corrector.observe(steps)
         yield dataclasses.replace(event, result=result)
+
+    def generate_batch(self, prompts, **kwargs) -> list[Result]:
+        """Every prompt's `Result` (in prompt order), the prompts decoded together as one continuous batch
+        (batch.py): `max_batch` rows at once (None: all), `costs` a cost surface (surface.py) for trees chosen
+        by the cost of the whole batched step, the rest `stream`'s keyword arguments."""
+        from .batch import generate_batch
+
+        return generate_batch(self, prompts, **kwargs)
+
+    def stream_batch(self, prompts, **kwargs) -> Iterator[tuple[int, TokenEvent]]:
+        """(prompt index, `TokenEvent`) per row and step of a continuous batch (`generate_batch`'s arguments);
+        a row's last event carries its `finish_reason` and `result`."""
+        from .batch import stream_batch
+
+        return stream_batch(self, prompts, **kwargs)
+
+    def encode(
+        self, prompt, max_new_tokens: int, *, chat: bool = True, logprobs: int | None = None
+    ) -> list[int]:
+        """The prompt's token ids, checked against the context window (and `logprobs` against its range)."""
+        ids = list(prompt) if _is_ids(prompt) else encode_prompt(self.tokenizer, prompt, chat=chat)
+        check_request(len(ids), max_new_tokens, self.window)
+        if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+            raise EntMTPError(
+                f"logprobs must be 0..{MAX_TOP_LOGPROBS} (top tokens per position), got {logprobs}"
+            )
+        return ids
+
+    def new_state(
+        self,
+        ids: list[int],
+        cache,
+        graphs=None,
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        acceptance: str = "auto",
+        seed: int | None = None,
+        stop: list[str] | None = None,
+        logprobs: int | None = None,
+    ) -> DecodeState:
+        """A generation's fresh state over `cache` (room for the prompt `ids`, the output and the scratch)."""
+        return DecodeState(
+            prompt=ids,
+            max_new_tokens=max_new_tokens,
+            sampling=Sampling(temperature=temperature, acceptance=acceptance),
+            generator=torch.Generator().manual_seed(seed) if seed is not None else None,
+            cache=cache,
+            graphs=graphs,
+            policy=self.policy.fresh(),
+            drafter=self.heads.drafter() if self.heads is not None else None,
+            index=NgramIndex(ids, self.max_ngram) if self.uses_lookup else None,
+            text=Detokenizer(self.tokenizer, stop or []),
+            logprobs=logprobs,
+        )
 
 
 def default_tree(heads) -> str | Tree:
@@ -203,70 +233,115 @@ class DecodeState:
     logprobs: int | None = None  # top tokens per emitted token's log-probability record (None: none)
     out: list[int] = field(default_factory=list)  # emitted tokens
     all_logprobs: list[TokenLogprob] = field(default_factory=list)
+    root: int = -1  # the base model's next token (the next tree's root), once the prefill ran
+    root_logits: torch.Tensor | None = None  # [V] the distribution `root` was drawn from
+    steps: int = 0  # steps verified so far
+
+    def result(self, steps: list[Step], seconds: float, prefill_seconds: float, reason: str) -> Result:
+        return Result(
+            self.text.final_text(),
+            self.out,
+            len(self.prompt),
+            steps,
+            seconds,
+            prefill_seconds,
+            reason,
+            self.all_logprobs if self.logprobs is not None else None,
+        )
 
 
 @torch.inference_mode()
 def decode(engine: Engine, state: DecodeState) -> Iterator[TokenEvent]:
     """Yield the prefill's token, then one event per speculative step; the last has a `finish_reason`."""
-    base, drafter, policy, cache, index = engine.base, state.drafter, state.policy, state.cache, state.index
-    dev = base.device
-    prompt = torch.tensor(state.prompt, device=dev)
+    event = prefill(engine, state)
+    yield event
+    while event.finish_reason is None:
+        step = prepare(engine, state)  # (1) choose a tree, (2) draft it
+        # (3) verify every node in ONE forward: tree mask over the cache, positions = pos + depth (on CUDA
+        #     the replay of the graph captured for this tree size; batch.py verifies many rows at once)
+        fwd = state.graphs.forward(step.tokens, step.tree) if state.graphs is not None else None
+        if fwd is None:
+            fwd = engine.base.forward(step.tokens, step.tree, state.cache)
+        step.times["verify"] = step.clock.lap()
+        event = conclude(engine, state, step, fwd)  # (4) accept, (5) commit, (6) finish the step
+        yield event
+
+
+def prefill(engine: Engine, state: DecodeState) -> TokenEvent:
+    """The prompt into the cache, the heads and the lookup index; the event of the first token."""
+    base, cache = engine.base, state.cache
+    prompt = torch.tensor(state.prompt, device=base.device)
     fwd = base.forward(prompt, None, cache, logits_to_keep=1)  # logits [1, V]: the last position only
     base.commit(cache, list(range(len(state.prompt))))
     # the first token: the acceptance rule on the root-only tree draws it from the last prompt position
     root = accept(Tree.root_only(), prompt[-1:], fwd.logits[-1:], state.sampling, state.generator).bonus
-    if drafter is not None:
-        drafter.extend(fwd.hidden)  # [P, H]
-    if index is not None:
-        index.extend([root])
-    root_logits = fwd.logits[-1].clone()  # [V] base distribution the root was drawn from (a scheduler signal)
-    event = _emit(engine, state, None, [root], fwd.logits[-1:])
-    yield event
-    plain, limit = Tree.root_only(), min(engine.window, cache.capacity)
-    master = policy.master if drafter is not None else None
-    step_i = 0
-    while event.finish_reason is None:
-        clock = _Clock(dev)
-        # (1) choose a tree: the policy reads the base distribution at the root and, when it has a master
-        #     tree, the heads' probe of it (what all its subtrees draft first); never past the context window
-        root_t = torch.tensor([root], device=dev)
-        probe = drafter.probe(master, root_t) if master is not None else None
-        times = {"probe": clock.lap()}
-        pos, remaining = cache.length, state.max_new_tokens - len(state.out)
-        tree, signals = policy.choose(StepContext(step_i, pos, remaining, root_logits, probe, lookup=index))
-        if pos + tree.size > limit:
-            tree = plain
-        times["choose"] = clock.lap()
-        # (2) draft: one token per tree node from the heads (the probed ones are reused) and the lookup
-        #     index; lookup nodes the context has no continuation for are dropped from the tree
-        tree, tokens = draft_tree(drafter, tree, root_t, probe, index)  # tokens [N+1]
-        times["draft"] = clock.lap()
-        # (3) verify every node in ONE forward: tree mask over the cache, positions = pos + depth (on CUDA
-        #     the replay of the graph captured for this tree size)
-        fwd = state.graphs.forward(tokens, tree) if state.graphs is not None else None
-        if fwd is None:
-            fwd = base.forward(tokens, tree, cache)
-        times["verify"] = clock.lap()
-        # (4) accept: the longest path the base model agrees with, plus its bonus token
-        acc = accept(tree, tokens, fwd.logits, state.sampling, state.generator)
-        times["accept"] = clock.lap()
-        # (5) commit: keep the accepted path in the KV cache and feed its hidden states to the heads
-        base.commit(cache, acc.path)
-        path = torch.tensor(acc.path, device=dev)
-        if drafter is not None:
-            drafter.extend(fwd.hidden[path])  # [a, H]
-        new = tokens[path[1:]].tolist() + [acc.bonus]
-        if index is not None:
-            index.extend(new)
-        times["commit"] = clock.lap()
-        # (6) finish the step (cut at max tokens, EOS or a stop string), then the policy observes it
-        root, root_logits = acc.bonus, fwd.logits[acc.path[-1]].clone()  # a graph's output is overwritten
-        times["total"] = clock.total()
-        rows = fwd.logits[path] if state.logprobs is not None else None  # [len(new), V] when asked for
-        event = _emit(engine, state, (tree, tokens, acc, times, signals), new, rows)
-        policy.observe(event.step)
-        step_i += 1
-        yield event
+    if state.drafter is not None:
+        state.drafter.extend(fwd.hidden)  # [P, H]
+    if state.index is not None:
+        state.index.extend([root])
+    state.root, state.root_logits = root, fwd.logits[-1].clone()  # [V] the root's distribution (a signal)
+    return _emit(engine, state, None, [root], fwd.logits[-1:])
+
+
+@dataclass
+class Pending:
+    """A step chosen and drafted, waiting for its verification forward."""
+
+    tree: Tree
+    tokens: torch.Tensor  # [N+1] root first
+    signals: dict[str, float]
+    times: dict[str, float]
+    clock: _Clock
+
+
+def prepare(engine: Engine, state: DecodeState, latency: LatencyModel | None = None) -> Pending:
+    """Phases (1) and (2) of a step. `latency`: ms of this step by drafted nodes when it shares a batch."""
+    drafter, cache = state.drafter, state.cache
+    clock, dev = _Clock(engine.base.device), engine.base.device
+    # (1) choose a tree: the policy reads the base distribution at the root and, when it has a master
+    #     tree, the heads' probe of it (what all its subtrees draft first); never past the context window
+    root_t = torch.tensor([state.root], device=dev)
+    master = state.policy.master if drafter is not None else None
+    probe = drafter.probe(master, root_t) if master is not None else None
+    times = {"probe": clock.lap()}
+    pos, remaining = cache.length, state.max_new_tokens - len(state.out)
+    ctx = StepContext(
+        state.steps, pos, remaining, state.root_logits, probe, lookup=state.index, latency=latency
+    )
+    tree, signals = state.policy.choose(ctx)
+    if pos + tree.size > min(engine.window, cache.capacity):
+        tree = Tree.root_only()
+    times["choose"] = clock.lap()
+    # (2) draft: one token per tree node from the heads (the probed ones are reused) and the lookup
+    #     index; lookup nodes the context has no continuation for are dropped from the tree
+    tree, tokens = draft_tree(drafter, tree, root_t, probe, state.index)  # tokens [N+1]
+    times["draft"] = clock.lap()
+    return Pending(tree, tokens, signals, times, clock)
+
+
+def conclude(engine: Engine, state: DecodeState, step: Pending, fwd) -> TokenEvent:
+    """Phases (4) to (6) of a step verified by `fwd` (its logits and hidden states [N+1, .])."""
+    tree, tokens, times, clock = step.tree, step.tokens, step.times, step.clock
+    # (4) accept: the longest path the base model agrees with, plus its bonus token
+    acc = accept(tree, tokens, fwd.logits, state.sampling, state.generator)
+    times["accept"] = clock.lap()
+    # (5) commit: keep the accepted path in the KV cache and feed its hidden states to the heads
+    engine.base.commit(state.cache, acc.path)
+    path = torch.tensor(acc.path, device=tokens.device)
+    if state.drafter is not None:
+        state.drafter.extend(fwd.hidden[path])  # [a, H]
+    new = tokens[path[1:]].tolist() + [acc.bonus]
+    if state.index is not None:
+        state.index.extend(new)
+    times["commit"] = clock.lap()
+    # (6) finish the step (cut at max tokens, EOS or a stop string), then the policy observes it
+    state.root, state.root_logits = acc.bonus, fwd.logits[acc.path[-1]].clone()  # a graph's output is reused
+    times["total"] = clock.total()
+    rows = fwd.logits[path] if state.logprobs is not None else None  # [len(new), V] when asked for
+    event = _emit(engine, state, (tree, tokens, acc, times, step.signals), new, rows)
+    state.policy.observe(event.step)
+    state.steps += 1
+    return event
 
 
 def _emit(

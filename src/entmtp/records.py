@@ -12,6 +12,7 @@ import torch
 from . import metrics
 
 if TYPE_CHECKING:
+    from .costs import LatencyModel
     from .heads import Probe
     from .lookup import NgramIndex
 
@@ -118,3 +119,4 @@ class StepContext:
     probe: Probe | None = None  # the heads' probe of the policy's master tree, when it has one
     raw_signals: list[float] | None = None  # replays: recorded (entropy, p0, chain sum, max g_d) instead
     lookup: NgramIndex | None = None  # the n-gram index of prompt + output, when the engine drafts lookups
+    latency: LatencyModel | None = None  # ms of this step by drafted nodes when it shares a batch (batch.py)

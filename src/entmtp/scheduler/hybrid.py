@@ -119,7 +119,7 @@ class HybridPolicy(Stateful):
         if not self.lookup.adaptive:
             heads, length = True, self.lookup.tokens if match else 0
         else:
-            heads, length = self._best(tree, m)
+            heads, length = self._best(tree, m, self._cost(ctx))
         dropped = not heads and tree.num_nodes and self.counterfactual
         self._unverified = (tree, ctx.probe) if dropped else None
         if not heads:
@@ -128,7 +128,15 @@ class HybridPolicy(Stateful):
         signals.update(match=float(match), lookup_tokens=float(length), heads=float(heads))
         return Choice(self._hybrid(tree, length), signals)
 
-    def _best(self, tree: Tree, m: int) -> tuple[bool, int]:
+    def _cost(self, ctx: StepContext) -> np.ndarray:
+        """Step cost in plain steps by drafted nodes: the policy's own, or in a batched step the whole step's at
+        that batch size (`ctx.latency`)."""
+        if ctx.latency is None or self.lookup.node_cost is not None:
+            return self.cost
+        ms = ctx.latency(np.arange(len(self.cost)))
+        return ms / ms[0]
+
+    def _best(self, tree: Tree, m: int, costs: np.ndarray) -> tuple[bool, int]:
         """(keep the heads' tree?, lookup tokens) of most expected tokens per unit of time, over the heads'
         tree alone, plus a lookup chain, the lookup chain alone, and a plain step."""
         L = self.lookup.tokens if m else 0
@@ -145,8 +153,8 @@ class HybridPolicy(Stateful):
             lengths = np.arange(L + 1)
             hit = np.concatenate([[0.0], both[:L]]) + np.append(alone, 0.0)[lengths]  # [L+1]
             n = (tree.num_nodes if keep else 0) + lengths
-            cost = self.cost[n] - (self.draft_cost if not keep or not tree.num_nodes else 0.0)
-            cost[0] = self.cost[n[0]]  # no lookup: the inner tree's own cost (or a plain step)
+            cost = costs[n] - (self.draft_cost if not keep or not tree.num_nodes else 0.0)
+            cost[0] = costs[n[0]]  # no lookup: the inner tree's own cost (or a plain step)
             value = (1.0 + hit) / cost
             i = int(value.argmax())
             if value[i] > score:

@@ -10,6 +10,9 @@
   dynamic  the same rule over every subtree of a master tree: the best subtree of n nodes holds the n nodes of
            highest path probability, so the choice is one sort, a cumsum and an argmax over n
 
+In a batched step (batch.py) `cost` and `dynamic` weigh trees by `StepContext.latency`, the ms of the whole
+step at that batch size (surface.py), instead of the single-row latency they were built with.
+
 `cost` and `dynamic` also recalibrate online (`OnlineCalibration`): their acceptance model was fitted on the
 calibration prompts, and heads are often more (or less) often right on the text at hand. Every step shows
 exactly whether head 1 was right, whatever tree ran: the probe's depth-1 candidates are what any tree drafts
@@ -303,7 +306,10 @@ class CostPolicy(_CalibratedPolicy):
     def choose(self, ctx: StepContext) -> Choice:
         p = self._path_probabilities(ctx)  # [M+1]
         expected = 1.0 + self.member @ p  # [B] tokens per step
-        best = int((expected * self.inv_ms).argmax())
+        inv_ms = self.inv_ms
+        if ctx.latency is not None:  # a batched step: the whole step's ms at this batch size
+            inv_ms = 1.0 / torch.tensor([ctx.latency.ms_of(t) for t in self.trees], dtype=torch.float32)
+        best = int((expected * inv_ms).argmax())
         return Choice(self.trees[best], {"expected_tokens": float(expected[best]), **self._scale()})
 
 
@@ -330,7 +336,10 @@ class DynamicPolicy(_CalibratedPolicy):
         p = self._path_probabilities(ctx)[1:]  # [M]
         order = torch.sort(p, descending=True, stable=True).indices  # parents before children on ties
         expected = torch.cat([torch.ones(1), 1.0 + p[order].cumsum(0)])  # [M+1]: best n-node subtree
-        n = (expected * self.inv_ms).argmax()
+        inv_ms = self.inv_ms
+        if ctx.latency is not None:  # a batched step: the whole step's ms at this batch size
+            inv_ms = torch.tensor(1.0 / ctx.latency(np.arange(self.master.size)), dtype=torch.float32)
+        n = (expected * inv_ms).argmax()
         picked = torch.cat([n.reshape(1), order]).tolist()
         n, ids = picked[0], tuple(sorted(picked[1 : 1 + picked[0]]))
         signals = {"expected_tokens": float(expected[n]), "nodes": float(n), **self._scale()}

@@ -1,0 +1,185 @@
+"""Continuous batching: several generations stepped together, every row's tree verified in ONE forward.
+
+A `Batch` over an engine holds rows, each one generation's `DecodeState` over its own row of a `BatchKV`
+(cache.py). `add` prefills a new row alone and returns its first event; `step` runs one step of every row:
+
+  (1)(2) each row chooses and drafts its tree (engine.prepare); with a cost surface (`costs`, costs.py) the
+         policy weighs its trees by the ms of the WHOLE step at this batch size, so trees shrink when the
+         batch is busy and grow when it is idle
+  (3)    ONE forward verifies every row's tree (cache.BaseModel.forward_batch: padded to the largest)
+  (4)-(6) each row accepts, commits and finishes its step (engine.conclude), exactly as `engine.decode`
+
+Rows join (`add`) and leave (finished, or `cancel`) between steps: nobody waits for the slowest. A row never
+sees another's tokens, cache, heads' state, policy, lookup index or random stream, so each row's output is
+what `Engine.stream` gives it alone (token for token in float32 greedy decoding). `Engine.generate_batch` and
+`stream_batch` are the offline API on top; the server (server/worker.py) keeps one batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from .cache import BatchKV
+from .engine import DecodeState, Engine, Pending, conclude, prefill, prepare
+from .errors import EntMTPError
+from .records import Result, Step, TokenEvent
+from .surface import CostSurface
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Row:
+    """One generation in a batch."""
+
+    state: DecodeState
+    t0: float  # when its prefill started
+    prefill_seconds: float = 0.0
+    steps: list[Step] = field(default_factory=list)
+    id: int = field(default_factory=lambda: next(_ids))
+
+
+@dataclass(frozen=True)
+class BatchStep:
+    """What one `Batch.step` did: its rows, the tree sizes they verified, its seconds."""
+
+    rows: int
+    nodes: tuple[int, ...]  # drafted nodes per row
+    padded: int  # tokens per row the forward ran (the largest tree's)
+    seconds: float
+    verify_seconds: float
+
+    @property
+    def tokens(self) -> int:
+        """Tokens through the forward, padding included."""
+        return self.rows * self.padded
+
+
+class Batch:
+    """Rows stepped together over one engine (see the module docstring). Not thread-safe: one thread drives it."""
+
+    def __init__(self, engine: Engine, costs: CostSurface | None = None):
+        if engine.graphs is not None:
+            raise EntMTPError("batched decoding runs eagerly: build the engine with graphs=False")
+        if not engine.base.preallocate:
+            raise EntMTPError(
+                "batched decoding needs the preallocated KV cache, which this model cannot use "
+                "(sliding-window or linear-attention layers): serve it with --max-batch 1"
+            )
+        self.engine, self.costs = engine, costs
+        self.kv = BatchKV(engine.model)
+        self._rows: dict[int, Row] = {}  # id(row's cache) -> row
+        self.last: BatchStep | None = None  # the latest step's record
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @property
+    def rows(self) -> list[Row]:
+        """The rows in the order of their caches' rows in the batch tensor (which `forward_batch` follows)."""
+        return [self._rows[id(c)] for c in self.kv.rows]
+
+    def add(self, prompt, *, chat: bool = True, **kwargs) -> tuple[Row, TokenEvent]:
+        """Prefill a new row (`kwargs`: `Engine.stream`'s) and return it with its first event; a row whose
+        first token already ends it (EOS, a stop string, max_new_tokens=1) is finished and not kept."""
+        engine = self.engine
+        max_new = kwargs.get("max_new_tokens", 256)
+        ids = engine.encode(prompt, max_new, chat=chat, logprobs=kwargs.get("logprobs"))
+        t0 = time.perf_counter()
+        cache = self.kv.add(min(engine.window, len(ids) + max_new + engine.scratch))
+        try:
+            row = Row(engine.new_state(ids, cache, **kwargs), t0)
+            self._rows[id(cache)] = row
+            event = prefill(engine, row.state)
+        except BaseException:
+            self._drop(cache)
+            raise
+        row.prefill_seconds = time.perf_counter() - t0
+        return row, self._finish(row, event)
+
+    def cancel(self, row: Row) -> None:
+        """Drop `row` between steps (a client that left); its result is never built."""
+        if id(row.state.cache) in self._rows:
+            self._drop(row.state.cache)
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Row, TokenEvent]]:
+        """One step of every row: (row, event) per row, in row order; finished rows leave the batch."""
+        if not self._rows:
+            return []
+        t0 = time.perf_counter()
+        rows, engine = self.rows, self.engine
+        latency = self.costs.latency(len(rows)) if self.costs is not None else None
+        pending: list[Pending] = [prepare(engine, r.state, latency) for r in rows]  # (1) choose (2) draft
+        t1 = time.perf_counter()
+        fwds = engine.base.forward_batch([p.tokens for p in pending], [p.tree for p in pending], self.kv)
+        verify = time.perf_counter() - t1  # (3) verify every row's tree in ONE forward
+        out = []
+        for row, p, fwd in zip(rows, pending, fwds, strict=True):
+            p.times["verify"] = verify
+            p.clock.lap()  # the forward is charged once per row as `verify`, not to the next phase
+            event = conclude(engine, row.state, p, fwd)  # (4) accept (5) commit (6) finish
+            row.steps.append(event.step)
+            out.append((row, self._finish(row, event, drop=False)))
+        for row, event in out:  # rows leave after every row committed (a leaving row moves another's slots)
+            if event.finish_reason is not None:
+                self._drop(row.state.cache)
+        nodes = tuple(p.tree.num_nodes for p in pending)
+        padded = max(p.tokens.numel() for p in pending)
+        self.last = BatchStep(len(rows), nodes, padded, time.perf_counter() - t0, verify)
+        return out
+
+    def _finish(self, row: Row, event: TokenEvent, drop: bool = True) -> TokenEvent:
+        """The event, with its result when it ends the row (which then leaves the batch, when `drop`)."""
+        if event.finish_reason is None:
+            return event
+        if drop:
+            self._drop(row.state.cache)
+        seconds = time.perf_counter() - row.t0
+        return replace(
+            event, result=row.state.result(row.steps, seconds, row.prefill_seconds, event.finish_reason)
+        )
+
+    def _drop(self, cache) -> None:
+        self._rows.pop(id(cache), None)
+        if any(c is cache for c in self.kv.rows):
+            self.kv.remove(cache)
+
+
+def stream_batch(
+    engine: Engine,
+    prompts: Sequence,
+    *,
+    max_batch: int | None = None,
+    costs: CostSurface | None = None,
+    **kwargs,
+) -> Iterator[tuple[int, TokenEvent]]:
+    """(prompt index, event) as rows step together, at most `max_batch` at once (None: all); a prompt
+    joins as soon as a row leaves. `kwargs`: `Engine.stream`'s, the same for every prompt."""
+    if max_batch is not None and max_batch < 1:
+        raise EntMTPError(f"max_batch must be >= 1, got {max_batch}")
+    batch = Batch(engine, costs)
+    waiting = list(enumerate(prompts))[::-1]
+    index: dict[int, int] = {}  # row id -> prompt index
+    while waiting or len(batch):
+        while waiting and (max_batch is None or len(batch) < max_batch):
+            i, prompt = waiting.pop()
+            row, event = batch.add(prompt, **kwargs)
+            index[row.id] = i
+            yield i, event
+        for row, event in batch.step():
+            yield index[row.id], event
+
+
+def generate_batch(engine: Engine, prompts: Sequence, **kwargs) -> list[Result]:
+    """Every prompt's `Result`, in prompt order (`stream_batch`'s arguments)."""
+    results: list[Result | None] = [None] * len(prompts)
+    for i, event in stream_batch(engine, prompts, **kwargs):
+        if event.result is not None:
+            results[i] = event.result
+    return results  # type: ignore[return-value]
