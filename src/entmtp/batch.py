@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .cache import BatchKV
-from .engine import DecodeState, Engine, Pending, conclude, prefill, prepare
+from .engine import DecodeState, Engine, Pending, conclude, prefill, prepare, scratch
 from .errors import EntMTPError
 from .records import Result, Step, TokenEvent
 from .surface import CostSurface
@@ -84,16 +84,19 @@ class Batch:
         """The rows in the order of their caches' rows in the batch tensor (which `forward_batch` follows)."""
         return [self._rows[id(c)] for c in self.kv.rows]
 
-    def add(self, prompt, *, chat: bool = True, **kwargs) -> tuple[Row, TokenEvent]:
-        """Prefill a new row (`kwargs`: `Engine.stream`'s) and return it with its first event; a row whose
-        first token already ends it (EOS, a stop string, max_new_tokens=1) is finished and not kept."""
+    def add(self, prompt, *, chat: bool = True, tree=None, **kwargs) -> tuple[Row, TokenEvent]:
+        """Prefill a new row and return it with its first event; a row whose first token already ends it (EOS,
+        a stop string, max_new_tokens=1) comes back finished and is not kept. `tree`: this row's own tree or
+        policy (a name, a `Tree`, a `TreePolicy`; None: the engine's), so one batch mixes plain, static and
+        scheduled rows; `kwargs`: `Engine.stream`'s."""
         engine = self.engine
+        policy = engine.as_policy(tree) if tree is not None else engine.policy
         max_new = kwargs.get("max_new_tokens", 256)
         ids = engine.encode(prompt, max_new, chat=chat, logprobs=kwargs.get("logprobs"))
         t0 = time.perf_counter()
-        cache = self.kv.add(min(engine.window, len(ids) + max_new + engine.scratch))
+        cache = self.kv.add(min(engine.window, len(ids) + max_new + scratch(policy)))
         try:
-            row = Row(engine.new_state(ids, cache, **kwargs), t0)
+            row = Row(engine.new_state(ids, cache, policy=policy, **kwargs), t0)
             self._rows[id(cache)] = row
             event = prefill(engine, row.state)
         except BaseException:

@@ -57,45 +57,43 @@ class Engine:
         costs: CostCurve | None = None,
     ):
         self.model, self.tokenizer, self.heads = model, tokenizer, heads
-        if tree is None:
-            tree = default_tree(heads)
-        if isinstance(tree, str):
-            tree = load_tree(tree)
-        policy: TreePolicy = StaticPolicy(tree) if isinstance(tree, Tree) else tree
-        master = policy.master
-        trees = [*policy.trees, *([master] if master is not None else [])]
-        if heads is None:
-            if (t := next((t for t in trees if t.heads_tree.num_nodes), None)) is not None:
-                raise EntMTPError(
-                    f"tree {t.name!r} has head nodes but no heads were given: pass heads, or use a tree of "
-                    'lookup nodes only (like [["L0"], ["L0", "L0"]]) or scheduler.hybrid.hybrid(None, Lookup()) '
-                    "for prompt lookup"
-                )
-        else:
+        if heads is not None:
             if not heads.is_bound_to(model):
                 heads.bind(model)
             heads.to(device=model.device, dtype=model.dtype)
             if any(isinstance(m, PackedLinear) for m in model.modules()):
                 pack_linears(heads)  # the heads follow the model (packing.py): same drafts, faster
-            for t in trees:
-                t.check_fits(heads.config.num_heads, require_contiguous=heads.config.kind == "hydra")
+        policy = self.as_policy(default_tree(heads) if tree is None else tree)
         self.policy = policy  # each generation runs its own `policy.fresh()`
-        lookup = policy.lookup
         self.costs = costs  # the machine's cost curve the policy was built on (costs.py), if any
         self._corrector = CostCorrector.for_curve(costs) if costs is not None else None
-        self.uses_lookup = lookup is not None or any(t.num_lookup for t in trees)
-        self.max_ngram = lookup.max_ngram if lookup is not None else Lookup.max_ngram
         offset = heads.config.hidden_state_offset if heads is not None else 0
         self.base = BaseModel(model, hidden_state_offset=offset, kv=kv)
         self.window = context_window(model)
-        # scratch slots a step may need past the committed tokens: the largest tree, with a lookup chain
-        self.scratch = max(t.size for t in trees) + (lookup.tokens if lookup is not None else 0)
+        self.scratch = scratch(policy)
         self.graphs = None
         if graphs and self.base.preallocate and self.base.device.type == "cuda":
             from .graphs import VerifyGraphs
 
             self.graphs = VerifyGraphs(self.base)
         self.eos_ids = eos_token_ids(model, tokenizer)
+
+    def as_policy(self, tree: str | Tree | TreePolicy) -> TreePolicy:
+        """`tree` as a policy whose every tree these heads can draft (checked up front, with the fix)."""
+        if isinstance(tree, str):
+            tree = load_tree(tree)
+        policy: TreePolicy = StaticPolicy(tree) if isinstance(tree, Tree) else tree
+        heads = self.heads
+        for t in _trees(policy):
+            if heads is None and t.heads_tree.num_nodes:
+                raise EntMTPError(
+                    f"tree {t.name!r} has head nodes but no heads were given: pass heads, or use a tree of "
+                    'lookup nodes only (like [["L0"], ["L0", "L0"]]) or scheduler.hybrid.hybrid(None, Lookup()) '
+                    "for prompt lookup"
+                )
+            if heads is not None:
+                t.check_fits(heads.config.num_heads, require_contiguous=heads.config.kind == "hydra")
+        return policy
 
     # -- public API --------------------------------------------------------------------------------------
 
@@ -178,8 +176,14 @@ class Engine:
         seed: int | None = None,
         stop: list[str] | None = None,
         logprobs: int | None = None,
+        policy: TreePolicy | None = None,
     ) -> DecodeState:
-        """A generation's fresh state over `cache` (room for the prompt `ids`, the output and the scratch)."""
+        """A generation's fresh state over `cache` (room for the prompt `ids`, the output and `scratch(policy)`).
+        `policy`: this generation's own (`as_policy`; a batch's rows may differ), else the engine's."""
+        policy = self.policy if policy is None else policy
+        lookup = policy.lookup
+        uses_lookup = lookup is not None or any(t.num_lookup for t in _trees(policy))
+        max_ngram = lookup.max_ngram if lookup is not None else Lookup.max_ngram
         return DecodeState(
             prompt=ids,
             max_new_tokens=max_new_tokens,
@@ -187,12 +191,23 @@ class Engine:
             generator=torch.Generator().manual_seed(seed) if seed is not None else None,
             cache=cache,
             graphs=graphs,
-            policy=self.policy.fresh(),
+            policy=policy.fresh(),
             drafter=self.heads.drafter() if self.heads is not None else None,
-            index=NgramIndex(ids, self.max_ngram) if self.uses_lookup else None,
+            index=NgramIndex(ids, max_ngram) if uses_lookup else None,
             text=Detokenizer(self.tokenizer, stop or []),
             logprobs=logprobs,
         )
+
+
+def _trees(policy: TreePolicy) -> list[Tree]:
+    """Every tree `policy` may verify, its master included."""
+    return [*policy.trees, *([policy.master] if policy.master is not None else [])]
+
+
+def scratch(policy: TreePolicy) -> int:
+    """Slots a step of `policy` may need past the committed tokens: its largest tree, with a lookup chain."""
+    lookup = policy.lookup
+    return max(t.size for t in _trees(policy)) + (lookup.tokens if lookup is not None else 0)
 
 
 def default_tree(heads) -> str | Tree:

@@ -1,0 +1,164 @@
+"""Continuous batching: every row of a batch decodes exactly what it decodes alone (float32 greedy), whatever
+its batch-mates are, do, or when they join and leave; the batched KV cache keeps each row's own entries."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import ByteTokenizer, tiny_model
+from entmtp.batch import Batch
+from entmtp.cache import BaseModel, BatchKV
+from entmtp.engine import Engine
+from entmtp.errors import EntMTPError
+from entmtp.heads import HeadsConfig, random_heads
+from entmtp.lookup import Lookup
+from entmtp.scheduler.hybrid import hybrid
+from entmtp.tree import Tree, load_tree
+
+# prompts of different lengths; the repeated ones give the lookup drafts something to copy
+PROMPTS = [
+    list(range(100, 112)),
+    list(b"abcabcabcabcabc"),
+    list(range(30, 33)),
+    list(b"the cat sat on the mat; the cat sat on the"),
+    list(range(200, 241)),
+]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    model = tiny_model("llama", seed=4)
+    cfg = HeadsConfig(kind="medusa", num_heads=4, hidden_size=64, vocab_size=256)
+    heads = random_heads(cfg, seed=0, init="random")
+    return Engine(model, ByteTokenizer(), heads=heads, tree="tree_8")
+
+
+def alone(engine, prompt, n, **kwargs):
+    return engine.generate(prompt, max_new_tokens=n, **kwargs)
+
+
+def plain(engine, prompt, n):
+    return Engine(engine.model, ByteTokenizer()).generate(prompt, max_new_tokens=n).token_ids
+
+
+def test_every_row_of_a_mixed_batch_equals_its_own_plain_decoding(engine):
+    """Rows with different prompt lengths, the root alone, a static tree, a deep tree and a lookup hybrid, in
+    one batch: each row's tokens are its plain greedy decoding, and each takes the steps it takes alone."""
+    trees = [Tree.root_only(), "tree_8", "mc_sim_7b_63", hybrid("tree_8", Lookup()), hybrid(None, Lookup())]
+    batch = Batch(engine)
+    results = {}
+    for i, (prompt, tree) in enumerate(zip(PROMPTS, trees, strict=True)):
+        row, _ = batch.add(prompt, tree=tree, max_new_tokens=24 + 4 * i)
+        results[row.id] = i
+    done = {}
+    sizes = set()
+    while len(batch):
+        for row, event in batch.step():
+            if event.result is not None:
+                done[results[row.id]] = event.result
+        sizes.add(batch.last.rows)
+    assert max(sizes) == len(PROMPTS)  # all rows really shared steps
+    for i, (prompt, tree) in enumerate(zip(PROMPTS, trees, strict=True)):
+        n = 24 + 4 * i
+        assert done[i].token_ids == plain(engine, prompt, n), f"row {i}"
+        solo = Engine(engine.model, ByteTokenizer(), heads=engine.heads, tree=tree).generate(
+            prompt, max_new_tokens=n
+        )
+        assert [(s.tree, s.token_ids) for s in done[i].steps] == [(s.tree, s.token_ids) for s in solo.steps]
+    assert any(
+        s.accepted for r in done.values() for s in r.steps
+    )  # drafts were accepted: the check has teeth
+
+
+def test_rows_that_finish_early_or_are_cancelled_leave_the_others_exact(engine):
+    """A row that ends after 3 tokens (its slot is refilled by the last row's move) and one cancelled midway
+    change nothing in the rows still running."""
+    batch = Batch(engine)
+    rows = [batch.add(p, max_new_tokens=n)[0] for p, n in zip(PROMPTS[:4], (40, 3, 40, 40), strict=True)]
+    out = {r.id: list(r.state.out) for r in rows}  # the prefill's token
+    steps = 0
+    while len(batch):
+        for row, event in batch.step():
+            out[row.id] += event.token_ids
+        steps += 1
+        if steps == 4:
+            batch.cancel(rows[2])
+    for i in (0, 3):
+        assert out[rows[i].id] == plain(engine, PROMPTS[i], 40)
+    assert out[rows[1].id] == plain(engine, PROMPTS[1], 3)
+    assert out[rows[2].id] == plain(engine, PROMPTS[2], 40)[: len(out[rows[2].id])]
+    assert len(out[rows[2].id]) < 40  # it really stopped
+
+
+def test_rows_join_a_running_batch_between_steps(engine):
+    """generate_batch with max_batch=2 over five prompts: rows join as others leave; each is exact."""
+    results = engine.generate_batch(PROMPTS, max_new_tokens=20, max_batch=2)
+    for prompt, result in zip(PROMPTS, results, strict=True):
+        assert result.token_ids == plain(engine, prompt, 20)
+        assert result.finish_reason == "length"
+
+
+def test_seeded_sampling_of_a_row_repeats_whatever_its_batch_mates_do(engine):
+    want = alone(engine, PROMPTS[0], 24, temperature=0.8, seed=11).token_ids
+    for mates in ([], PROMPTS[1:3], PROMPTS[2:]):
+        batch_prompts = [PROMPTS[0], *mates]
+        results = engine.generate_batch(batch_prompts, max_new_tokens=24, temperature=0.8, seed=11)
+        assert results[0].token_ids == want
+    other = alone(engine, PROMPTS[0], 24, temperature=0.8, seed=12).token_ids
+    assert other != want  # the seed matters: the check has teeth
+
+
+def test_a_row_ended_by_its_first_token_comes_back_finished(engine):
+    batch = Batch(engine)
+    row, event = batch.add(PROMPTS[0], max_new_tokens=1)
+    assert event.finish_reason == "length" and event.result.token_ids == plain(engine, PROMPTS[0], 1)
+    assert len(batch) == 0 and batch.step() == []
+
+
+def test_batch_cache_rows_keep_their_entries_when_others_leave_and_the_tensor_grows():
+    model = tiny_model("llama", seed=1)
+    kv = BatchKV(model)
+    base = BaseModel(model)
+    rows, prompts = [], [list(range(5, 5 + k)) for k in (7, 3, 11)]
+    for p in prompts:
+        row = kv.add(len(p) + 8)
+        base.forward(torch.tensor(p), None, row)
+        base.commit(row, list(range(len(p))))
+        rows.append(row)
+    keep = [r.kv[:, :, :, :, : r.length].clone() for r in rows]
+    kv.remove(rows[0])  # the last row moves into slot 0
+    big = kv.add(2000)  # the tensor grows: every view is re-pointed
+    assert kv.rows == [rows[2], rows[1], big] and kv.capacity >= 2000
+    for r, want in zip(rows[1:], keep[1:], strict=True):
+        assert torch.equal(r.kv[:, :, :, :, : r.length], want)
+
+
+def test_one_batched_forward_gives_each_row_its_own_forwards_logits():
+    model = tiny_model("llama", seed=2)
+    base = BaseModel(model)
+    trees = [load_tree("tree_8"), Tree.root_only(), load_tree("chain_4")]
+    prompts = [list(range(10, 30)), list(range(3, 8)), list(range(50, 61))]
+    kv = BatchKV(model)
+    singles = []
+    for p, tree in zip(prompts, trees, strict=True):
+        row = kv.add(64)
+        base.forward(torch.tensor(p), None, row)
+        base.commit(row, list(range(len(p))))
+        solo = base.new_cache(64)
+        base.forward(torch.tensor(p), None, solo)
+        base.commit(solo, list(range(len(p))))
+        tokens = torch.arange(tree.size) + 40
+        singles.append((tokens, base.forward(tokens, tree, solo)))
+    fwds = base.forward_batch([t for t, _ in singles], trees, kv)
+    for (_, want), got in zip(singles, fwds, strict=True):
+        torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got.hidden, want.hidden, rtol=1e-4, atol=1e-4)
+
+
+def test_graphs_or_no_preallocated_cache_are_refused_with_the_fix():
+    model = tiny_model("llama", seed=3)
+    with pytest.raises(EntMTPError, match="max-batch 1"):
+        Batch(Engine(model, ByteTokenizer(), kv="dynamic"))
+    with pytest.raises(EntMTPError, match="max_batch"):
+        list(Engine(model, ByteTokenizer()).stream_batch([[1, 2]], max_batch=0))
