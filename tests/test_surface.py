@@ -1,0 +1,54 @@
+"""The batched step's cost surface: measured on a real forward, read by the policies, cached per machine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_model
+from entmtp.costs import CostsError
+from entmtp.records import StepContext
+from entmtp.scheduler.policies import AcceptanceModel, DynamicPolicy
+from entmtp.surface import CostSurface, measure_surface, surface_for
+from entmtp.tree import load_tree
+
+
+def test_a_measured_surface_covers_every_batch_and_size_and_grows_with_both():
+    surface = measure_surface(tiny_model("llama", seed=1), batches=(1, 2, 4), sizes=(0, 1, 4, 16), progress=False)
+    ms = np.asarray(surface.ms)
+    assert ms.shape == (3, 4) and (ms > 0).all()
+    assert ms[-1, -1] > ms[0, 0]  # four rows of 16 nodes cost more than one plain row
+    assert CostSurface.from_json(surface.to_json()) == surface
+
+
+def test_rows_between_and_past_the_measured_batches_are_interpolated_and_extrapolated():
+    s = CostSurface((1, 4), (0, 8), ((10.0, 20.0), (16.0, 40.0)))
+    assert np.allclose(s.row(2), [12.0, 80 / 3])
+    assert np.allclose(s.row(7), [22.0, 60.0])  # linear past 4 rows
+    assert s.latency(4).ms_of(load_tree("tree_8")) == pytest.approx(40.0)
+    with pytest.raises(CostsError):
+        CostSurface((1, 2), (0, 8), ((10.0, 20.0),))
+
+
+def test_surface_for_measures_once_and_reads_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
+    model = tiny_model("llama", seed=1)
+    first = surface_for(model, max_batch=2, progress=False)
+    assert first.batches == (1, 2) and list(tmp_path.glob("costs/*.json"))
+    again = surface_for(model, max_batch=2, progress=False)
+    assert again == first  # read back, not measured again (a new measurement would differ in its seconds)
+
+
+def test_the_dynamic_policy_picks_smaller_trees_when_the_whole_batched_step_costs_more():
+    master = load_tree("mc_sim_7b_63")
+    acceptance = AcceptanceModel(
+        (0.0, 1.0), (0.0, 1.0), tuple(((0.7,),) for _ in range(4)), tuple(((0.7,) * 10,) for _ in range(4))
+    )
+    flat = CostSurface((1, 16), (0, 64), ((10.0, 11.0), (40.0, 400.0)))  # batch 1: nodes nearly free
+    policy = DynamicPolicy(master, acceptance, flat.latency(1)).fresh()
+    nodes = []
+    for batch in (1, 16):
+        ctx = StepContext(0, 10, 100, torch.zeros(8), None, latency=flat.latency(batch))
+        nodes.append(policy.choose(ctx).tree.num_nodes)
+    assert nodes[0] > 8 and nodes[1] < nodes[0]
