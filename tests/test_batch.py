@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import ByteTokenizer, tiny_model
-from entmtp.batch import Batch
+from entmtp.batch import GATE_EXPLORE, Batch, Gate
 from entmtp.cache import BaseModel, BatchKV
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
@@ -46,7 +46,7 @@ def test_every_row_of_a_mixed_batch_equals_its_own_plain_decoding(engine):
     """Rows with different prompt lengths, the root alone, a static tree, a deep tree and a lookup hybrid, in
     one batch: each row's tokens are its plain greedy decoding, and each takes the steps it takes alone."""
     trees = [Tree.root_only(), "tree_8", "mc_sim_7b_63", hybrid("tree_8", Lookup()), hybrid(None, Lookup())]
-    batch = Batch(engine)
+    batch = Batch(engine, gate=False)  # every step as the rows' policies choose (the gate changes steps only)
     results = {}
     for i, (prompt, tree) in enumerate(zip(PROMPTS, trees, strict=True)):
         row, _ = batch.add(prompt, tree=tree, max_new_tokens=24 + 4 * i)
@@ -162,3 +162,20 @@ def test_graphs_or_no_preallocated_cache_are_refused_with_the_fix():
         Batch(Engine(model, ByteTokenizer(), kv="dynamic"))
     with pytest.raises(EntMTPError, match="max_batch"):
         list(Engine(model, ByteTokenizer()).stream_batch([[1, 2]], max_batch=0))
+
+
+def test_the_gate_runs_the_faster_kind_of_step_and_tries_the_other_again_in_time():
+    gate = Gate()
+    assert gate.speculate(4)  # speculation first
+    gate.observe(4, True, tokens=8, seconds=0.1)  # 80 tokens/s
+    assert not gate.speculate(4)  # then a plain step, to measure it
+    gate.observe(4, False, tokens=4, seconds=0.02)  # 200 tokens/s: plain is faster here
+    kinds = [gate.speculate(4) for _ in range(GATE_EXPLORE * 2)]
+    assert kinds.count(True) == 2  # speculation is tried again once per GATE_EXPLORE steps
+    assert gate.speculate(8)  # each batch size is measured on its own
+
+
+def test_a_gated_batch_still_gives_every_row_its_plain_decoding(engine):
+    results = engine.generate_batch(PROMPTS, max_new_tokens=30, max_batch=3)  # the gate on (the default)
+    for prompt, result in zip(PROMPTS, results, strict=True):
+        assert result.token_ids == plain(engine, prompt, 30)

@@ -3,9 +3,12 @@
 A `Batch` over an engine holds rows, each one generation's `DecodeState` over its own row of a `BatchKV`
 (cache.py). `add` prefills a new row alone and returns its first event; `step` runs one step of every row:
 
-  (1)(2) each row chooses and drafts its tree (engine.prepare); with a cost surface (`costs`, costs.py) the
-         policy weighs its trees by the ms of the WHOLE step at this batch size, so trees shrink when the
-         batch is busy and grow when it is idle
+  (1)(2) each row chooses and drafts its tree (engine.prepare); with a cost surface (`costs`, surface.py) a
+         greedy row's policy weighs its trees by the ms of the WHOLE step at this batch size, so trees shrink
+         when the batch is busy and grow when it is idle; and a measured `Gate` decides whether the step
+         speculates at all (plain steps skip each row's probe and drafting). Neither changes a greedy row's
+         tokens; a sampled row chooses on its own text alone, so its seeded output never depends on its
+         batch-mates
   (3)    ONE forward verifies every row's tree (cache.BaseModel.forward_batch: padded to the largest)
   (4)-(6) each row accepts, commits and finishes its step (engine.conclude), exactly as `engine.decode`
 
@@ -61,9 +64,11 @@ class BatchStep:
 
 
 class Batch:
-    """Rows stepped together over one engine (see the module docstring). Not thread-safe: one thread drives it."""
+    """Rows stepped together over one engine (see the module docstring). `costs`: the cost surface greedy rows
+    weigh their trees by; `gate`: whether steps speculate at all is measured (`Gate`). Not thread-safe: one
+    thread drives it."""
 
-    def __init__(self, engine: Engine, costs: CostSurface | None = None):
+    def __init__(self, engine: Engine, costs: CostSurface | None = None, gate: bool = True):
         if engine.graphs is not None:
             raise EntMTPError("batched decoding runs eagerly: build the engine with graphs=False")
         if not engine.base.preallocate:
@@ -75,6 +80,7 @@ class Batch:
         self.kv = BatchKV(engine.model)
         self._rows: dict[int, Row] = {}  # id(row's cache) -> row
         self.last: BatchStep | None = None  # the latest step's record
+        self.gate = Gate() if gate else None  # None: every step as the rows' policies choose
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -118,7 +124,8 @@ class Batch:
         t0 = time.perf_counter()
         rows, engine = self.rows, self.engine
         latency = self.costs.latency(len(rows)) if self.costs is not None else None
-        pending: list[Pending] = [prepare(engine, r.state, latency) for r in rows]  # (1) choose (2) draft
+        speculate = self.gate is None or self.gate.speculate(len(rows))
+        pending: list[Pending] = [self._prepare(r, latency, speculate) for r in rows]  # (1) choose (2) draft
         t1 = time.perf_counter()
         fwds = engine.base.forward_batch([p.tokens for p in pending], [p.tree for p in pending], self.kv)
         verify = time.perf_counter() - t1  # (3) verify every row's tree in ONE forward
@@ -135,7 +142,16 @@ class Batch:
         nodes = tuple(p.tree.num_nodes for p in pending)
         padded = max(p.tokens.numel() for p in pending)
         self.last = BatchStep(len(rows), nodes, padded, time.perf_counter() - t0, verify)
+        if self.gate is not None and any(_gated(r) for r in rows):
+            self.gate.observe(len(rows), speculate, sum(len(e.token_ids) for _, e in out), self.last.seconds)
         return out
+
+    def _prepare(self, row: Row, latency, speculate: bool) -> Pending:
+        """A greedy row weighs its trees by the whole batched step's cost and follows the gate (neither changes
+        its tokens); a sampled row chooses on its own text alone, so its seeded output is what it is alone."""
+        if not _gated(row):
+            return prepare(self.engine, row.state)
+        return prepare(self.engine, row.state, latency, speculate)
 
     def _finish(self, row: Row, event: TokenEvent, drop: bool = True) -> TokenEvent:
         """The event, with its result when it ends the row (which then leaves the batch, when `drop`)."""
@@ -152,6 +168,39 @@ class Batch:
         self._rows.pop(id(cache), None)
         if any(c is cache for c in self.kv.rows):
             self.kv.remove(cache)
+
+
+def _gated(row: Row) -> bool:
+    return row.state.sampling.rule == "greedy"
+
+
+GATE_DECAY = 0.85  # per observed step of a kind: older steps' weight in its tokens/s
+GATE_EXPLORE = 16  # every this many steps of a batch size, the kind that looks worse runs once more
+
+
+class Gate:
+    """Whether a batched step speculates at all, by measurement: per batch size, the decayed tokens/s of the
+    steps that speculated and of the plain ones (every row the root alone: no probe, no drafting, the policy
+    not asked). The better kind runs; the other is tried again every `GATE_EXPLORE` steps, so a change (of
+    the text, of the machine's load) is seen. Speculation goes first. This is what keeps batched speculation
+    from running below plain batched decoding where the per-row work of choosing and drafting (one row at a
+    time) costs more than the drafts it brings: the cost surface prices verification, the gate the rest."""
+
+    def __init__(self):
+        self.rates: dict[tuple[int, bool], float] = {}  # (rows, speculated) -> tokens/s
+        self.steps: dict[int, int] = {}
+
+    def speculate(self, rows: int) -> bool:
+        spec, plain = self.rates.get((rows, True)), self.rates.get((rows, False))
+        if spec is None or plain is None:
+            return spec is None
+        n = self.steps[rows] = self.steps.get(rows, 0) + 1
+        return (spec >= plain) != (n % GATE_EXPLORE == 0)
+
+    def observe(self, rows: int, speculated: bool, tokens: int, seconds: float) -> None:
+        key, rate = (rows, speculated), tokens / max(seconds, 1e-9)
+        old = self.rates.get(key)
+        self.rates[key] = rate if old is None else GATE_DECAY * old + (1 - GATE_DECAY) * rate
 
 
 def stream_batch(

@@ -184,6 +184,7 @@ class Engine:
         lookup = policy.lookup
         uses_lookup = lookup is not None or any(t.num_lookup for t in _trees(policy))
         max_ngram = lookup.max_ngram if lookup is not None else Lookup.max_ngram
+        drafts = any(t.heads_tree.num_nodes for t in _trees(policy))  # plain or lookup-only: no heads' state
         return DecodeState(
             prompt=ids,
             max_new_tokens=max_new_tokens,
@@ -192,7 +193,7 @@ class Engine:
             cache=cache,
             graphs=graphs,
             policy=policy.fresh(),
-            drafter=self.heads.drafter() if self.heads is not None else None,
+            drafter=self.heads.drafter() if self.heads is not None and drafts else None,
             index=NgramIndex(ids, max_ngram) if uses_lookup else None,
             text=Detokenizer(self.tokenizer, stop or []),
             logprobs=logprobs,
@@ -307,23 +308,29 @@ class Pending:
     signals: dict[str, float]
     times: dict[str, float]
     clock: _Clock
+    chosen: bool = True  # the policy chose the tree (and observes the step)
 
 
-def prepare(engine: Engine, state: DecodeState, latency: LatencyModel | None = None) -> Pending:
-    """Phases (1) and (2) of a step. `latency`: ms of this step by drafted nodes when it shares a batch."""
+def prepare(
+    engine: Engine, state: DecodeState, latency: LatencyModel | None = None, speculate: bool = True
+) -> Pending:
+    """Phases (1) and (2) of a step. `latency`: ms of this step by drafted nodes when it shares a batch;
+    `speculate` False: a plain step, the policy neither asked nor told (a batch's measured gate, batch.py)."""
     drafter, cache = state.drafter, state.cache
     clock, dev = _Clock(engine.base.device), engine.base.device
     # (1) choose a tree: the policy reads the base distribution at the root and, when it has a master
     #     tree, the heads' probe of it (what all its subtrees draft first); never past the context window
     root_t = torch.tensor([state.root], device=dev)
-    master = state.policy.master if drafter is not None else None
+    master = state.policy.master if drafter is not None and speculate else None
     probe = drafter.probe(master, root_t) if master is not None else None
     times = {"probe": clock.lap()}
     pos, remaining = cache.length, state.max_new_tokens - len(state.out)
-    ctx = StepContext(
-        state.steps, pos, remaining, state.root_logits, probe, lookup=state.index, latency=latency
-    )
-    tree, signals = state.policy.choose(ctx)
+    tree, signals = Tree.root_only(), {}
+    if speculate:
+        ctx = StepContext(
+            state.steps, pos, remaining, state.root_logits, probe, lookup=state.index, latency=latency
+        )
+        tree, signals = state.policy.choose(ctx)
     if pos + tree.size > min(engine.window, cache.capacity):
         tree = Tree.root_only()
     times["choose"] = clock.lap()
@@ -331,7 +338,7 @@ def prepare(engine: Engine, state: DecodeState, latency: LatencyModel | None = N
     #     index; lookup nodes the context has no continuation for are dropped from the tree
     tree, tokens = draft_tree(drafter, tree, root_t, probe, state.index)  # tokens [N+1]
     times["draft"] = clock.lap()
-    return Pending(tree, tokens, signals, times, clock)
+    return Pending(tree, tokens, signals, times, clock, chosen=speculate)
 
 
 def conclude(engine: Engine, state: DecodeState, step: Pending, fwd) -> TokenEvent:
@@ -354,7 +361,8 @@ def conclude(engine: Engine, state: DecodeState, step: Pending, fwd) -> TokenEve
     times["total"] = clock.total()
     rows = fwd.logits[path] if state.logprobs is not None else None  # [len(new), V] when asked for
     event = _emit(engine, state, (tree, tokens, acc, times, step.signals), new, rows)
-    state.policy.observe(event.step)
+    if step.chosen:
+        state.policy.observe(event.step)
     state.steps += 1
     return event
 
