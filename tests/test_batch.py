@@ -3,17 +3,22 @@ its batch-mates are, do, or when they join and leave; the batched KV cache keeps
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from conftest import ByteTokenizer, tiny_model
 from entmtp.batch import GATE_EXPLORE, Batch, Gate
 from entmtp.cache import BaseModel, BatchKV
+from entmtp.costs import LatencyModel
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
 from entmtp.heads import HeadsConfig, random_heads
 from entmtp.lookup import Lookup
+from entmtp.policy import Menu
 from entmtp.scheduler.hybrid import hybrid
+from entmtp.scheduler.joint import joint_budget
+from entmtp.surface import CostSurface
 from entmtp.tree import Tree, load_tree
 
 # prompts of different lengths; the repeated ones give the lookup drafts something to copy
@@ -179,3 +184,36 @@ def test_a_gated_batch_still_gives_every_row_its_plain_decoding(engine):
     results = engine.generate_batch(PROMPTS, max_new_tokens=30, max_batch=3)  # the gate on (the default)
     for prompt, result in zip(PROMPTS, results, strict=True):
         assert result.token_ids == plain(engine, prompt, 30)
+
+
+def menu(expected):
+    return Menu(np.array(expected, dtype=float), lambda n: Tree.root_only())
+
+
+def test_the_joint_budget_maximizes_the_batchs_tokens_per_ms_of_the_whole_step():
+    rows = [menu([1.0, 1.6, 1.9, 2.0]), menu([1.0, 1.2, 1.3, 1.35])]
+    flat = LatencyModel([0, 3], [10.0, 10.5])  # nodes nearly free: the largest budget
+    steep = LatencyModel([0, 3], [10.0, 25.0])  # every node costs the whole batch: plain steps
+    middle = LatencyModel([0, 1, 3], [10.0, 11.0, 20.0])  # one node pays (2.8 / 11 > 2 / 10), more do not
+    assert joint_budget(rows, [3, 3], flat) == 3
+    assert joint_budget(rows, [3, 3], steep) == 0
+    assert joint_budget(rows, [1, 1], middle) == 1
+    assert joint_budget([rows[0], None], [2, 2], steep) == 2  # a row without a menu keeps its tree
+    assert joint_budget([None, None], [2, 2], steep) is None
+
+
+def test_batch_aware_rows_verify_trees_within_the_joint_budget_and_stay_exact(engine):
+    steep = CostSurface((1, 8), (0, 64), ((10.0, 12.0), (20.0, 400.0)))
+    spec = Engine(engine.model, ByteTokenizer(), heads=engine.heads, tree=hybrid("tree_8", Lookup()))
+    batch = Batch(spec, steep, gate=False)
+    for p in PROMPTS:
+        batch.add(p, max_new_tokens=24)
+    budgets, done = set(), []
+    while len(batch):
+        for _, event in batch.step():
+            budgets.add(event.step.signals.get("budget"))
+            assert event.step.tree_nodes <= event.step.signals.get("budget", 64)
+            if event.result is not None:
+                done.append(event.result)
+    assert budgets - {None}  # the joint choice ran
+    assert sorted(r.token_ids for r in done) == sorted(plain(engine, p, 24) for p in PROMPTS)

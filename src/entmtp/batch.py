@@ -28,9 +28,10 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .cache import BatchKV
-from .engine import DecodeState, Engine, Pending, conclude, prefill, prepare, scratch
+from .engine import DecodeState, Engine, Pending, conclude, prefill, prepare, redraft, scratch
 from .errors import EntMTPError
 from .records import Result, Step, TokenEvent
+from .scheduler.joint import joint_budget
 from .surface import CostSurface
 
 _ids = itertools.count()
@@ -126,6 +127,8 @@ class Batch:
         latency = self.costs.latency(len(rows)) if self.costs is not None else None
         speculate = self.gate is None or self.gate.speculate(len(rows))
         pending: list[Pending] = [self._prepare(r, latency, speculate) for r in rows]  # (1) choose (2) draft
+        if latency is not None and speculate and len(rows) > 1:
+            pending = self._joint(rows, pending, latency)
         t1 = time.perf_counter()
         fwds = engine.base.forward_batch([p.tokens for p in pending], [p.tree for p in pending], self.kv)
         verify = time.perf_counter() - t1  # (3) verify every row's tree in ONE forward
@@ -144,6 +147,22 @@ class Batch:
         self.last = BatchStep(len(rows), nodes, padded, time.perf_counter() - t0, verify)
         if self.gate is not None and any(_gated(r) for r in rows):
             self.gate.observe(len(rows), speculate, sum(len(e.token_ids) for _, e in out), self.last.seconds)
+        return out
+
+    def _joint(self, rows: list[Row], pending: list[Pending], latency) -> list[Pending]:
+        """Every greedy row's tree within the node budget best for the whole step (scheduler/joint.py)."""
+        menus = [p.menu if _gated(r) else None for r, p in zip(rows, pending, strict=True)]
+        budget = joint_budget(menus, [p.tree.num_nodes for p in pending], latency)
+        if budget is None:
+            return pending
+        out = []
+        for row, p, menu in zip(rows, pending, menus, strict=True):
+            if menu is not None:
+                tree = menu.tree(min(budget, len(menu.expected) - 1))
+                if tree is not p.tree:
+                    p = redraft(self.engine, row.state, p, tree)
+                p.signals["budget"] = float(budget)
+            out.append(p)
         return out
 
     def _prepare(self, row: Row, latency, speculate: bool) -> Pending:

@@ -24,7 +24,7 @@ from .heads import Drafter
 from .lookup import Lookup, NgramIndex, draft_lookup, source_depths
 from .model import check_request, context_window, encode_prompt, eos_token_ids
 from .packing import PackedLinear, pack_linears
-from .policy import StaticPolicy, TreePolicy
+from .policy import Choice, Menu, StaticPolicy, TreePolicy
 from .records import MAX_TOP_LOGPROBS, Result, Step, StepContext, TokenEvent, TokenLogprob
 from .text import Detokenizer, find_end
 from .tree import Tree, load_tree, prune
@@ -309,6 +309,8 @@ class Pending:
     times: dict[str, float]
     clock: _Clock
     chosen: bool = True  # the policy chose the tree (and observes the step)
+    menu: Menu | None = None  # the policy's best tree per node budget, when it gives one
+    probe: object | None = None  # the heads' probe the drafts reuse
 
 
 def prepare(
@@ -325,20 +327,33 @@ def prepare(
     probe = drafter.probe(master, root_t) if master is not None else None
     times = {"probe": clock.lap()}
     pos, remaining = cache.length, state.max_new_tokens - len(state.out)
-    tree, signals = Tree.root_only(), {}
+    choice = Choice(Tree.root_only(), {})
     if speculate:
         ctx = StepContext(
             state.steps, pos, remaining, state.root_logits, probe, lookup=state.index, latency=latency
         )
-        tree, signals = state.policy.choose(ctx)
-    if pos + tree.size > min(engine.window, cache.capacity):
-        tree = Tree.root_only()
+        choice = state.policy.choose(ctx)
+    tree = _fit(engine, state, choice.tree)
     times["choose"] = clock.lap()
     # (2) draft: one token per tree node from the heads (the probed ones are reused) and the lookup
     #     index; lookup nodes the context has no continuation for are dropped from the tree
     tree, tokens = draft_tree(drafter, tree, root_t, probe, state.index)  # tokens [N+1]
     times["draft"] = clock.lap()
-    return Pending(tree, tokens, signals, times, clock, chosen=speculate)
+    return Pending(tree, tokens, choice.signals, times, clock, speculate, choice.menu, probe)
+
+
+def redraft(engine: Engine, state: DecodeState, step: Pending, tree: Tree) -> Pending:
+    """`step` with another tree (from its policy's menu: a batch's joint choice, batch.py), drafted again."""
+    root_t = step.tokens[:1]
+    tree, tokens = draft_tree(state.drafter, _fit(engine, state, tree), root_t, step.probe, state.index)
+    step.times["draft"] += step.clock.lap()
+    return dataclasses.replace(step, tree=tree, tokens=tokens)
+
+
+def _fit(engine: Engine, state: DecodeState, tree: Tree) -> Tree:
+    """`tree`, or the root alone where it would run past the context window or the cache."""
+    limit = min(engine.window, state.cache.capacity)
+    return tree if state.cache.length + tree.size <= limit else Tree.root_only()
 
 
 def conclude(engine: Engine, state: DecodeState, step: Pending, fwd) -> TokenEvent:

@@ -10,7 +10,11 @@ entmtp.scheduler.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+import numpy as np
 
 from .records import Step, StepContext
 from .tree import Tree
@@ -19,9 +23,20 @@ if TYPE_CHECKING:
     from .lookup import Lookup
 
 
+@dataclass(frozen=True)
+class Menu:
+    """What a cost-aware policy would verify within each budget of drafted nodes this step, so a batch can
+    choose every row's tree by the cost of the whole step (scheduler/joint.py): `expected[n]` the expected
+    tokens of its best tree of at most n drafted nodes (non-decreasing in n), `tree(n)` that tree."""
+
+    expected: np.ndarray  # [M+1]
+    tree: Callable[[int], Tree]
+
+
 class Choice(NamedTuple):
     tree: Tree
     signals: dict[str, float]  # what the choice read, recorded with the step (Step.signals)
+    menu: Menu | None = None  # cost-aware policies: the best tree per node budget (None: this tree only)
 
 
 class TreePolicy(Protocol):

@@ -76,7 +76,7 @@ def replay(
             )  # tokens[root] is the step's root; n_max: tokens left
             probe = _probe(tr, j, toks)
             ctx = StepContext(step_i, root, n_max, None, probe=probe, raw_signals=raw[j], lookup=index)
-            tree, signals = run.choose(ctx)
+            tree, signals = run.choose(ctx)[:2]
             if tree.num_lookup:  # the tree the step verified: lookup nodes without a proposal dropped
                 tree, step = _hybrid_step(tree, rows[j], toks, root, index, probe, signals, n_max)
             else:

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..costs import CostCurve, LatencyModel
 from ..lookup import Lookup
-from ..policy import Choice, Stateful, StaticPolicy, TreePolicy
+from ..policy import Choice, Menu, Stateful, StaticPolicy, TreePolicy
 from ..records import Step, StepContext
 from ..tree import Tree, load_tree, with_lookup
 
@@ -107,7 +107,7 @@ class HybridPolicy(Stateful):
         self._unverified: tuple[Tree, object] | None = None  # (inner tree, probe) when the heads were dropped
 
     def choose(self, ctx: StepContext) -> Choice:
-        tree, signals = self.inner.choose(ctx)
+        tree, signals = self.inner.choose(ctx)[:2]
         signals = dict(signals)
         index = ctx.lookup
         match = 0
@@ -116,17 +116,47 @@ class HybridPolicy(Stateful):
             if not cands:
                 match = 0
         m = min(match, MAX_MATCH)
+        signals["match"] = float(match)
         if not self.lookup.adaptive:
-            heads, length = True, self.lookup.tokens if match else 0
-        else:
-            heads, length = self._best(tree, m, self._cost(ctx))
+            option = (True, self.lookup.tokens if match else 0)
+            return Choice(self._take(tree, m, option, ctx.probe, signals), signals)
+        options = self._options(tree, m)
+        costs = self._cost(ctx)
+        value = [e / self._option_cost(tree, keep, n, costs) for keep, _, n, e in options]
+        keep, length, _, _ = options[int(np.argmax(value))]
+        return Choice(
+            self._take(tree, m, (keep, length), ctx.probe, signals),
+            signals,
+            self._menu(tree, m, options, ctx.probe, signals),
+        )
+
+    def _take(self, tree: Tree, m: int, option: tuple[bool, int], probe, signals: dict) -> Tree:
+        """The step's tree for `option` (keep the heads' tree?, lookup tokens), noted as the step's choice."""
+        heads, length = option
         dropped = not heads and tree.num_nodes and self.counterfactual
-        self._unverified = (tree, ctx.probe) if dropped else None
-        if not heads:
-            tree = Tree.root_only()
-        self._chosen = (m, tree.depth)
-        signals.update(match=float(match), lookup_tokens=float(length), heads=float(heads))
-        return Choice(self._hybrid(tree, length), signals)
+        self._unverified = (tree, probe) if dropped else None
+        inner = tree if heads else Tree.root_only()
+        self._chosen = (m, inner.depth)
+        signals.update(lookup_tokens=float(length), heads=float(heads))
+        return self._hybrid(inner, length)
+
+    def _menu(self, tree: Tree, m: int, options, probe, signals: dict) -> Menu:
+        """The best option within each node budget (a batch's joint choice, scheduler/joint.py); taking one
+        makes it the step's choice."""
+        top = max(n for _, _, n, _ in options)
+        expected, pick = np.zeros(top + 1), [(True, 0)] * (top + 1)
+        for keep, length, n, e in sorted(options, key=lambda o: o[2]):
+            for k in range(n, top + 1):
+                if e > expected[k]:
+                    expected[k], pick[k] = e, (keep, length)
+        return Menu(expected, lambda k: self._take(tree, m, pick[min(k, top)], probe, signals))
+
+    def _option_cost(self, tree: Tree, keep: bool, n: int, costs: np.ndarray) -> float:
+        """A step of `n` drafted nodes in plain steps; the heads' drafting saved when no head node is drafted
+        (the plain step and the inner tree alone cost what they cost)."""
+        if n == 0 or (keep and n == tree.num_nodes):
+            return float(costs[n])
+        return float(costs[n]) - (self.draft_cost if not keep or not tree.num_nodes else 0.0)
 
     def _cost(self, ctx: StepContext) -> np.ndarray:
         """Step cost in plain steps by drafted nodes: the policy's own, or in a batched step the whole step's at
@@ -136,8 +166,8 @@ class HybridPolicy(Stateful):
         ms = ctx.latency(np.arange(len(self.cost)))
         return ms / ms[0]
 
-    def _best(self, tree: Tree, m: int, costs: np.ndarray) -> tuple[bool, int]:
-        """(keep the heads' tree?, lookup tokens) of most expected tokens per unit of time, over the heads'
+    def _options(self, tree: Tree, m: int) -> list[tuple[bool, int, int, float]]:
+        """(keep the heads' tree?, lookup tokens, drafted nodes, expected tokens) of every option: the heads'
         tree alone, plus a lookup chain, the lookup chain alone, and a plain step."""
         L = self.lookup.tokens if m else 0
         span = max(L, tree.depth)
@@ -145,21 +175,15 @@ class HybridPolicy(Stateful):
         h[: tree.depth] = np.cumprod([self.heads[k].value for k in range(tree.depth)])  # H_1..H_D
         copy = np.zeros(span)
         copy[:L] = self.copy[m].value ** np.arange(1, L + 1)  # r^k
-        best, score = (True, 0), -1.0
+        out = []
         for keep in (True, False) if tree.num_nodes else (False,):
             hk = h if keep else np.zeros(span)
             both = np.cumsum(1.0 - (1.0 - hk) * (1.0 - copy))  # [span] depths 1..k from either source
             alone = np.cumsum(hk[::-1])[::-1]  # [span] heads alone at depths >= k
-            lengths = np.arange(L + 1)
-            hit = np.concatenate([[0.0], both[:L]]) + np.append(alone, 0.0)[lengths]  # [L+1]
-            n = (tree.num_nodes if keep else 0) + lengths
-            cost = costs[n] - (self.draft_cost if not keep or not tree.num_nodes else 0.0)
-            cost[0] = costs[n[0]]  # no lookup: the inner tree's own cost (or a plain step)
-            value = (1.0 + hit) / cost
-            i = int(value.argmax())
-            if value[i] > score:
-                best, score = (keep, i), float(value[i])
-        return best
+            hit = np.concatenate([[0.0], both[:L]]) + np.append(alone, 0.0)[np.arange(L + 1)]  # [L+1]
+            base = tree.num_nodes if keep else 0
+            out += [(keep, length, base + length, 1.0 + float(hit[length])) for length in range(L + 1)]
+        return out
 
     def _hybrid(self, tree: Tree, length: int) -> Tree:
         if not length:

@@ -33,7 +33,7 @@ import torch
 
 from ..costs import LatencyModel
 from ..errors import EntMTPError
-from ..policy import Choice, Stateful
+from ..policy import Choice, Menu, Stateful
 from ..records import Step, StepContext
 from ..tree import Tree, subtree_index, union_tree
 from .signals import DEFAULT_WINDOW, SIGNALS, SignalTracker, root_stats
@@ -310,7 +310,21 @@ class CostPolicy(_CalibratedPolicy):
         if ctx.latency is not None:  # a batched step: the whole step's ms at this batch size
             inv_ms = 1.0 / torch.tensor([ctx.latency.ms_of(t) for t in self.trees], dtype=torch.float32)
         best = int((expected * inv_ms).argmax())
-        return Choice(self.trees[best], {"expected_tokens": float(expected[best]), **self._scale()})
+        signals = {"expected_tokens": float(expected[best]), **self._scale()}
+        return Choice(self.trees[best], signals, self._menu(expected))
+
+    def _menu(self, expected: torch.Tensor) -> Menu:
+        """Per node budget n, the bank tree of most expected tokens with at most n nodes (the root alone below
+        the smallest)."""
+        sizes = [t.num_nodes for t in self.trees]
+        best: list[tuple[float, Tree]] = []
+        top = (1.0, Tree.root_only())
+        for n in range(max(sizes) + 1):
+            for t, e in zip(self.trees, expected.tolist(), strict=True):
+                if t.num_nodes == n and e > top[0]:
+                    top = (e, t)
+            best.append(top)
+        return Menu(np.array([e for e, _ in best]), lambda n: best[min(n, len(best) - 1)][1])
 
 
 class DynamicPolicy(_CalibratedPolicy):
@@ -343,7 +357,9 @@ class DynamicPolicy(_CalibratedPolicy):
         picked = torch.cat([n.reshape(1), order]).tolist()
         n, ids = picked[0], tuple(sorted(picked[1 : 1 + picked[0]]))
         signals = {"expected_tokens": float(expected[n]), "nodes": float(n), **self._scale()}
-        return Choice(self._subtree(ids), signals)
+        ranked = picked[1:]  # master nodes by path probability: the best k-node subtree is the first k
+        menu = Menu(expected.numpy(), lambda k: self._subtree(tuple(sorted(ranked[:k]))))
+        return Choice(self._subtree(ids), signals, menu)
 
     def _subtree(self, ids: tuple[int, ...]) -> Tree:
         tree = self._subtrees.get(ids)
