@@ -11,7 +11,7 @@ import pytest
 
 from conftest import ByteTokenizer
 from entmtp.calibration.calibrate import fit_acceptance
-from entmtp.calibration.replay import oracle, replay
+from entmtp.calibration.replay import oracle, oracle_batch, replay, replay_batch
 from entmtp.calibration.search import simulate
 from entmtp.calibration.traces import trace_generation
 from entmtp.costs import CostCurve
@@ -21,6 +21,7 @@ from entmtp.lookup import Lookup
 from entmtp.policy import StaticPolicy
 from entmtp.scheduler.hybrid import HybridPolicy, hybrid
 from entmtp.scheduler.policies import BinaryPolicy, CostPolicy, DynamicPolicy, LadderPolicy, LatencyModel
+from entmtp.surface import CostSurface
 from entmtp.tree import load_tree
 from scheduler_helpers import fitted_setup, small_acceptance, synthetic_traces
 
@@ -107,3 +108,36 @@ def test_replay_policies_script_names_an_unknown_task_before_loading_anything(tm
     assert run.returncode != 0
     assert "unknown task(s) nosuch: use some of humaneval" in run.stderr
     assert not out.exists()  # nothing half-made
+
+
+# ---- batches -----------------------------------------------------------------------------------------------
+
+BUSY = CostSurface(
+    (1, 8), (0, 4, 16), ((10.0, 10.5, 11.0), (20.0, 60.0, 140.0))
+)  # nodes: free alone, dear at 8
+
+
+def test_a_batch_of_one_replays_as_the_single_row_replay():
+    traces, tree = synthetic_traces(), load_tree("tree_8")
+    one = replay_batch(StaticPolicy(tree), traces, BUSY, 1, aware=False)
+    alone = replay(StaticPolicy(tree), traces, BUSY.latency(1).ms_of)
+    assert (one.tokens, one.steps) == (alone.tokens, alone.steps)
+    assert one.ms == pytest.approx(alone.ms)
+
+
+def test_on_a_busy_batch_choosing_by_the_whole_step_beats_choosing_alone_and_the_step_oracle_leads():
+    traces = synthetic_traces() * 8  # eight rows of the same text: one batch
+    acc = fit_acceptance(traces[:1], probe_depth=3, num_heads=3)
+    policy = DynamicPolicy(load_tree("tree_16"), acc, BUSY.latency(1), online=False)
+    aware = replay_batch(policy, traces, BUSY, 8).tokens_per_second
+    alone = replay_batch(policy, traces, BUSY, 8, aware=False).tokens_per_second
+    plain = replay_batch(StaticPolicy(load_tree("chain_1").root_only()), traces, BUSY, 8).tokens_per_second
+    bank = [load_tree(n) for n in ("chain_1", "tree_4", "tree_8", "tree_16")]
+    hindsight = oracle_batch(bank, traces, BUSY, 8).tokens_per_second
+    assert alone < plain <= aware  # alone each row takes big trees that the busy batch pays for
+    assert hindsight >= aware
+    # with one row the same policy takes its big trees and they pay: above plain
+    assert (
+        replay_batch(policy, traces[:1], BUSY, 1).tokens_per_second
+        > replay_batch(StaticPolicy(bank[0].root_only()), traces[:1], BUSY, 1).tokens_per_second
+    )

@@ -5,6 +5,9 @@ steps a real greedy decode would take under the policy, and charges each step it
 tokens per second without running the model (decode steps only; the prefill is the same for every policy).
 The oracle is the best schedule over the bank in hindsight: a dynamic programme over positions,
 time(j) = min over trees of latency(tree) + time(j + accepted + 1), so no policy's replay can beat it.
+
+Batches (`replay_batch`, `oracle_batch`): several traces step together as rows of a continuous batch, each
+step charged once by the cost surface (surface.py) for its rows and its largest tree.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from ..engine import draft_tree, step_record
 from ..errors import EntMTPError
 from ..heads import Draft, Probe
 from ..lookup import NgramIndex
+from ..policy import StaticPolicy
 from ..records import Step, StepContext
 from ..scheduler.hybrid import HEADS_DRAFT_COST
+from ..scheduler.joint import joint_budget
 from ..tree import Tree
 from .search import accepted_length
 from .traces import MISS, TOPK, Trace
@@ -41,6 +46,10 @@ class Replay:
     @property
     def tokens_per_step(self) -> float:
         return metrics.mean_tokens_per_step(self.tokens, self.steps)
+
+    def add(self, step: Step, ms: float) -> None:
+        self.tokens, self.steps, self.ms = self.tokens + step.tokens, self.steps + 1, self.ms + ms
+        self.usage[step.tree] = self.usage.get(step.tree, 0) + 1
 
     def to_json(self) -> dict:
         return {
@@ -63,37 +72,68 @@ def replay(
     head draft, never accepted, is kept or dropped as the index answers for a stand-in branch)."""
     out = Replay()
     for tr in traces:
-        run = policy.fresh()
-        rows, raw = tr.ranks.tolist(), tr.raw.tolist()
-        masks = tr.passmask.tolist() if tr.passmask is not None else [None] * len(rows)
-        toks = tr.tokens.tolist() if tr.tokens is not None else None
-        index = _index(policy.lookup, tr, toks)
-        j, end, step_i = 0, len(rows), 0
-        while j < end - 1:
-            root, n_max = (
-                tr.prompt_len + j,
-                end - 1 - j,
-            )  # tokens[root] is the step's root; n_max: tokens left
-            probe = _probe(tr, j, toks)
-            ctx = StepContext(step_i, root, n_max, None, probe=probe, raw_signals=raw[j], lookup=index)
-            tree, signals = run.choose(ctx)[:2]
-            if tree.num_lookup:  # the tree the step verified: lookup nodes without a proposal dropped
-                tree, step = _hybrid_step(tree, rows[j], toks, root, index, probe, signals, n_max)
-            else:
-                accepted = accepted_length(tree.path_set, rows[j], masks[j])
-                n = min(accepted + 1, n_max)
-                new = toks[root + 1 : root + 1 + n] if toks is not None else []
-                step = Step(tree.name, tree.num_nodes, accepted, n, new, signals=signals)
-            run.observe(step)
+        row = TraceRow(policy, tr)
+        while not row.done:
+            choice = row.policy.choose(row.context())
+            step = row.take(choice.tree, choice.signals)
             if record is not None:
                 record.append(step)
-            out.tokens, out.steps = out.tokens + step.tokens, out.steps + 1
-            out.ms += ms_of(tree)
-            out.usage[tree.name] = out.usage.get(tree.name, 0) + 1
-            if index is not None:
-                index.extend(step.token_ids)
-            j, step_i = j + step.tokens, step_i + 1
+            out.add(step, ms_of(row.last_tree))
     return out
+
+
+class TraceRow:
+    """One trace replayed step by step under its own `policy.fresh()`: `context()` before a step, `take(tree,
+    signals)` to verify the chosen tree there (the policy observes the step), `done` at the trace's end."""
+
+    def __init__(self, policy, tr: Trace):
+        self.policy, self.trace = policy.fresh(), tr
+        self.rows, self.raw = tr.ranks.tolist(), tr.raw.tolist()
+        self.masks = tr.passmask.tolist() if tr.passmask is not None else [None] * len(self.rows)
+        self.toks = tr.tokens.tolist() if tr.tokens is not None else None
+        self.index = _index(self.policy.lookup, tr, self.toks)
+        self.j = self.steps = 0  # the step's root row; steps taken
+        self.last_tree: Tree | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.j >= len(self.rows) - 1
+
+    def context(self, latency=None) -> StepContext:
+        tr, j = self.trace, self.j
+        self._probe = _probe(tr, j, self.toks)
+        root, n_max = tr.prompt_len + j, len(self.rows) - 1 - j  # tokens[root]: the root; tokens left
+        return StepContext(
+            self.steps,
+            root,
+            n_max,
+            None,
+            self._probe,
+            raw_signals=self.raw[j],
+            lookup=self.index,
+            latency=latency,
+        )
+
+    def accepted(self, tree: Tree) -> int:
+        """Drafts `tree` would have accepted at this step (head trees: from the trace's ranks)."""
+        return accepted_length(tree.path_set, self.rows[self.j], self.masks[self.j])
+
+    def take(self, tree: Tree, signals: dict[str, float]) -> Step:
+        j, root, n_max = self.j, self.trace.prompt_len + self.j, len(self.rows) - 1 - self.j
+        if tree.num_lookup:  # the tree the step verified: lookup nodes without a proposal dropped
+            tree, step = _hybrid_step(
+                tree, self.rows[j], self.toks, root, self.index, self._probe, signals, n_max
+            )
+        else:
+            accepted = self.accepted(tree)
+            n = min(accepted + 1, n_max)
+            new = self.toks[root + 1 : root + 1 + n] if self.toks is not None else []
+            step = Step(tree.name, tree.num_nodes, accepted, n, new, signals=signals)
+        self.policy.observe(step)
+        if self.index is not None:
+            self.index.extend(step.token_ids)
+        self.j, self.steps, self.last_tree = j + step.tokens, self.steps + 1, tree
+        return step
 
 
 def _index(lookup, tr: Trace, toks: list[int] | None) -> NgramIndex | None:
@@ -190,4 +230,61 @@ def oracle(bank: Sequence[Tree], traces: Sequence[Trace], ms_of: Callable[[Tree]
             out.tokens, out.steps, out.ms = out.tokens + n, out.steps + 1, out.ms + costs[b]
             out.usage[bank[b].name] = out.usage.get(bank[b].name, 0) + 1
             j += n
+    return out
+
+
+def replay_batch(policy, traces: Sequence[Trace], surface, batch: int, *, aware: bool = True) -> Replay:
+    """Continuous batching replayed: up to `batch` traces step together (one joins as soon as one ends), each
+    under its own `policy.fresh()`, and each step is charged once, the surface's ms (surface.py) for its rows
+    and its largest tree. `aware`: every row chooses on the whole step's latency at this batch size and the
+    rows' trees are set within the joint budget (scheduler/joint.py), as `Batch.step` does; else each row
+    chooses alone on the policy's own single-row costs. Tokens per second of the whole batch; `steps` counts
+    rows' steps."""
+    out, waiting, rows = Replay(), list(traces)[::-1], []
+    while waiting or rows:
+        while waiting and len(rows) < batch:
+            rows.append(TraceRow(policy, waiting.pop()))
+        latency = surface.latency(len(rows))
+        choices = [r.policy.choose(r.context(latency if aware else None)) for r in rows]
+        trees = [c.tree for c in choices]
+        budget = (
+            joint_budget([c.menu for c in choices], [t.num_nodes for t in trees], latency) if aware else None
+        )
+        if budget is not None and len(rows) > 1:
+            trees = [
+                t if c.menu is None else c.menu.tree(min(budget, len(c.menu.expected) - 1))
+                for c, t in zip(choices, trees, strict=True)
+            ]
+        for r, t, c in zip(rows, trees, choices, strict=True):
+            out.add(r.take(t, c.signals), 0.0)
+        out.ms += float(latency(max(r.last_tree.num_nodes for r in rows)))
+        rows = [r for r in rows if not r.done]
+    return out
+
+
+def oracle_batch(bank: Sequence[Tree], traces: Sequence[Trace], surface, batch: int) -> Replay:
+    """Continuous batching with every step chosen in hindsight: the node budget, and each row's bank tree
+    within it, of most tokens actually emitted per ms of the whole step. Chosen step by step (what a per-step
+    scheduler could do knowing each tree's accepted length), not a schedule over the whole run like `oracle`."""
+    sizes = sorted({t.num_nodes for t in bank} | {0})
+    bank = [Tree.root_only(), *bank]
+    out, waiting, rows = Replay(), list(traces)[::-1], []
+    while waiting or rows:
+        while waiting and len(rows) < batch:
+            rows.append(TraceRow(StaticPolicy(Tree.root_only()), waiting.pop()))
+        latency = surface.latency(len(rows))
+        for r in rows:
+            r.context()
+        gains = [[min(r.accepted(t) + 1, len(r.rows) - 1 - r.j) for t in bank] for r in rows]  # [rows][bank]
+        best = None
+        for n in sizes:
+            fits = [i for i, t in enumerate(bank) if t.num_nodes <= n]
+            picks = [max(fits, key=lambda i, g=g: (g[i], -bank[i].num_nodes)) for g in gains]
+            value = sum(g[i] for g, i in zip(gains, picks, strict=True)) / float(latency(n))
+            if best is None or value > best[0]:
+                best = (value, picks)
+        for r, i in zip(rows, best[1], strict=True):
+            out.add(r.take(bank[i], {}), 0.0)
+        out.ms += float(latency(max(r.last_tree.num_nodes for r in rows)))
+        rows = [r for r in rows if not r.done]
     return out
