@@ -7,6 +7,7 @@ from transformers import LlamaConfig, LlamaModel
 from conftest import tiny_model
 from entmtp.errors import HeadsError
 from entmtp.heads import (
+    Drafter,
     HeadsConfig,
     HydraHeads,
     MedusaHeads,
@@ -16,7 +17,7 @@ from entmtp.heads import (
     save_hydra_official,
     save_medusa_official,
 )
-from entmtp.tree import Tree
+from entmtp.tree import Tree, load_tree
 
 H, V = 64, 256
 
@@ -444,3 +445,25 @@ def test_draft_vocabulary_errors(model):
         heads.set_draft_vocab(torch.tensor([0, V]))
     with pytest.raises(HeadsError, match="draft vocabulary"):
         heads.set_draft_vocab(torch.tensor([], dtype=torch.long))
+
+
+@pytest.mark.parametrize("kind,arch", [("medusa", "mlp"), ("hydra", "mlp"), ("hydra", "prefix-mlp")])
+def test_probing_rows_together_gives_each_row_its_own_probe(model, prompt, kind, arch):
+    """A batched step probes every row's master at once (Drafter.probe_rows): the same candidates and
+    probabilities, and for Hydra the same branch context, as each row's own probe."""
+    heads = make(model, kind, head_arch=arch)
+    master = load_tree("mc_sim_7b_63")
+    ids, hidden, _ = prompt
+    drafters = []
+    for t in (12, 7, 3):  # three rows: different prefixes of the prompt
+        d = heads.drafter()
+        d.extend(hidden[:t])
+        drafters.append(d)
+    roots = ids[[3, 5, 9]]
+    together = Drafter.probe_rows(drafters, master, roots)
+    for d, root, got in zip(drafters, roots, together, strict=True):
+        want = d.probe(master, root.reshape(1))
+        assert torch.equal(got.tokens, want.tokens)
+        torch.testing.assert_close(got.logprobs, want.logprobs, rtol=1e-5, atol=1e-5)
+        if want.context is not None:
+            torch.testing.assert_close(got.context, want.context)

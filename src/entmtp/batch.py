@@ -30,6 +30,7 @@ import torch
 from .cache import BatchKV
 from .engine import DecodeState, Engine, Pending, conclude, prefill, prepare, redraft, scratch
 from .errors import EntMTPError
+from .heads import Drafter, Probe
 from .records import Result, Step, TokenEvent
 from .scheduler.joint import joint_budget
 from .surface import CostSurface
@@ -126,7 +127,8 @@ class Batch:
         rows, engine = self.rows, self.engine
         latency = self.costs.latency(len(rows)) if self.costs is not None else None
         speculate = self.gate is None or self.gate.speculate(len(rows))
-        pending: list[Pending] = [self._prepare(r, latency, speculate) for r in rows]  # (1) choose (2) draft
+        probes = _probes(rows, speculate)  # every row's probe of its master, batched per master
+        pending: list[Pending] = [self._prepare(r, latency, speculate, probes.get(r.id)) for r in rows]
         if latency is not None and speculate and len(rows) > 1:
             pending = self._joint(rows, pending, latency)
         t1 = time.perf_counter()
@@ -165,12 +167,12 @@ class Batch:
             out.append(p)
         return out
 
-    def _prepare(self, row: Row, latency, speculate: bool) -> Pending:
+    def _prepare(self, row: Row, latency, speculate: bool, probe) -> Pending:
         """A greedy row weighs its trees by the whole batched step's cost and follows the gate (neither changes
         its tokens); a sampled row chooses on its own text alone, so its seeded output is what it is alone."""
         if not _gated(row):
-            return prepare(self.engine, row.state)
-        return prepare(self.engine, row.state, latency, speculate)
+            return prepare(self.engine, row.state, probe=probe)
+        return prepare(self.engine, row.state, latency, speculate, probe)
 
     def _finish(self, row: Row, event: TokenEvent, drop: bool = True) -> TokenEvent:
         """The event, with its result when it ends the row (which then leaves the batch, when `drop`)."""
@@ -187,6 +189,23 @@ class Batch:
         self._rows.pop(id(cache), None)
         if any(c is cache for c in self.kv.rows):
             self.kv.remove(cache)
+
+
+def _probes(rows: list[Row], speculate: bool) -> dict[int, Probe]:
+    """Row id -> its probe, for the rows whose policy probes a master tree this step, one batched call per
+    master (rows with the engine's policy share one)."""
+    groups: dict[int, list[Row]] = {}
+    for r in rows:
+        master = r.state.policy.master
+        if r.state.drafter is not None and master is not None and (speculate or not _gated(r)):
+            groups.setdefault(id(master), []).append(r)
+    out = {}
+    for group in groups.values():
+        master = group[0].state.policy.master
+        roots = torch.tensor([r.state.root for r in group], device=group[0].state.drafter.heads.device)
+        probes = Drafter.probe_rows([r.state.drafter for r in group], master, roots)
+        out.update({r.id: p for r, p in zip(group, probes, strict=True)})
+    return out
 
 
 def _gated(row: Row) -> bool:

@@ -20,7 +20,7 @@ from .accept import Sampling, accept
 from .cache import BaseModel
 from .costs import CostCorrector, CostCurve, LatencyModel
 from .errors import EntMTPError
-from .heads import Drafter
+from .heads import Drafter, Probe
 from .lookup import Lookup, NgramIndex, draft_lookup, source_depths
 from .model import check_request, context_window, encode_prompt, eos_token_ids
 from .packing import PackedLinear, pack_linears
@@ -314,17 +314,23 @@ class Pending:
 
 
 def prepare(
-    engine: Engine, state: DecodeState, latency: LatencyModel | None = None, speculate: bool = True
+    engine: Engine,
+    state: DecodeState,
+    latency: LatencyModel | None = None,
+    speculate: bool = True,
+    probe: Probe | None = None,
 ) -> Pending:
-    """Phases (1) and (2) of a step. `latency`: ms of this step by drafted nodes when it shares a batch;
-    `speculate` False: a plain step, the policy neither asked nor told (a batch's measured gate, batch.py)."""
+    """Phases (1) and (2) of a step. In a batch (batch.py): `latency`, ms of this step by drafted nodes;
+    `speculate` False, a plain step, the policy neither asked nor told; `probe`, this row's probe of the
+    policy's master, computed with the other rows' (`Drafter.probe_rows`)."""
     drafter, cache = state.drafter, state.cache
     clock, dev = _Clock(engine.base.device), engine.base.device
     # (1) choose a tree: the policy reads the base distribution at the root and, when it has a master
     #     tree, the heads' probe of it (what all its subtrees draft first); never past the context window
     root_t = torch.tensor([state.root], device=dev)
     master = state.policy.master if drafter is not None and speculate else None
-    probe = drafter.probe(master, root_t) if master is not None else None
+    if probe is None and master is not None:
+        probe = drafter.probe(master, root_t)
     times = {"probe": clock.lap()}
     pos, remaining = cache.length, state.max_new_tokens - len(state.out)
     choice = Choice(Tree.root_only(), {})

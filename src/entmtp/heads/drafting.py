@@ -234,11 +234,18 @@ class Heads(nn.Module):
     ) -> Draft:
         return self._draft_parallel(tree, feat, probe)
 
+    def probe_rows(self, master: Tree, feats: torch.Tensor, roots: torch.Tensor) -> list[Probe]:
+        """`probe_at` of B rows at once (a batched step): feats [B, H], roots [B]; one matmul per head for
+        every row instead of one per row (the projection's weights are read once)."""
+        ids, lp = self._topk_table(feats, master.depth, master.topk)  # [depth, B, k]
+        return [Probe(ids[:, b], lp[:, b]) for b in range(feats.shape[0])]
+
     def _topk_table(self, feat: torch.Tensor, depth: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every head reads the same feature: top-k token ids and log-probabilities [depth, k] of heads 1..depth."""
-        hs = torch.stack([self.heads[i].blocks(feat) for i in range(depth)])  # [depth, H]
-        logits = self._project_stack(hs)  # [depth, Vd]
-        top_lp, top = F.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)  # [depth, k]
+        """Every head reads the same feature [..., H]: top-k token ids and log-probabilities [depth, ..., k] of
+        heads 1..depth."""
+        hs = torch.stack([self.heads[i].blocks(feat) for i in range(depth)])  # [depth, ..., H]
+        logits = self._project_stack(hs)  # [depth, ..., Vd]
+        top_lp, top = F.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)  # [depth, ..., k]
         return self._draft_ids(top), top_lp
 
     def _draft_parallel(self, tree: Tree, feat: torch.Tensor, probe: Probe | None = None) -> Draft:
@@ -375,6 +382,16 @@ class Drafter:
             empty = torch.empty(0, device=feat.device)
             return Draft(tokens=empty.long(), logprobs=empty.float())
         return self.heads.draft_at(tree, feat, root_token, probe)
+
+    @staticmethod
+    @torch.inference_mode()
+    def probe_rows(drafters: list[Drafter], master: Tree, roots: torch.Tensor) -> list[Probe]:
+        """Each drafter's `probe(master, roots[b])`, computed for all rows at once (drafters over the same
+        heads: one generation each, a batched step's rows)."""
+        heads = drafters[0].heads
+        heads.check_tree(master)
+        feats = torch.stack([d._require_feature() for d in drafters])  # [B, H]
+        return heads.probe_rows(master, feats, roots)
 
     @torch.inference_mode()
     def probe(self, master: Tree, root_token: torch.Tensor) -> Probe:

@@ -119,6 +119,14 @@ class HydraHeads(Heads):
         k = self._plan(master, feat.device, level_plans)[0].k
         return Probe(*self._level_topk(1, ctx, k), context=ctx)
 
+    def probe_rows(self, master: Tree, feats: torch.Tensor, roots: torch.Tensor) -> list[Probe]:
+        if not self.grounded:
+            return super().probe_rows(master, feats, roots)
+        ctx = torch.cat([feats, self._embed(roots.to(feats.device))], dim=-1)  # [B, 2H]
+        k = self._plan(master, feats.device, level_plans)[0].k
+        ids, lp = self._level_topk(1, ctx, k)  # [B, k]
+        return [Probe(ids[b : b + 1], lp[b : b + 1], context=ctx[b : b + 1]) for b in range(feats.shape[0])]
+
     def draft_at(
         self, tree: Tree, feat: torch.Tensor, root_token: torch.Tensor, probe: Probe | None
     ) -> Draft:
