@@ -82,11 +82,14 @@ def engine_spec(args):
     )
 
 
-def _engine(args):
-    """The engine that `generate`, `chat` and `serve` share (build.py); `-v` prints the plan behind it."""
+def _engine(args, **overrides):
+    """The engine that `generate`, `chat` and `serve` share (build.py); `-v` prints the plan behind it.
+    `overrides`: `EngineSpec` fields the command sets itself."""
+    from dataclasses import replace
+
     from .build import build
 
-    built = build(engine_spec(args))
+    built = build(replace(engine_spec(args), **overrides))
     if getattr(args, "verbose", False):
         print(built.plan.describe(), file=sys.stderr)
     return built.engine
@@ -173,6 +176,8 @@ def cmd_chat(args) -> int:
 def cmd_serve(args) -> int:
     if args.max_queue < 0 or args.max_body < 1:
         raise EntMTPError("--max-queue must be >= 0 and --max-body >= 1")
+    if args.max_batch < 1:
+        raise EntMTPError(f"--max-batch must be >= 1 (1: one request at a time), got {args.max_batch}")
     if args.drain_timeout < 0 or args.header_timeout <= 0:
         raise EntMTPError("--drain-timeout must be >= 0 and --header-timeout > 0 (seconds)")
     try:
@@ -184,9 +189,18 @@ def cmd_serve(args) -> int:
         raise EntMTPError(
             f"`entmtp serve` needs the server extra ({e.name} is missing): pip install 'entmtp[server]'"
         ) from e
-    engine = _engine(args)
+    batched = args.max_batch > 1
+    engine = _engine(args, graphs=not args.no_graphs and not batched)  # a batch steps eagerly (batch.py)
     name = args.model_name or args.model or "smollm2-135m-instruct"
-    app = create_app(engine, name, max_queue=args.max_queue, max_body_bytes=args.max_body)
+    costs = _batch_costs(engine, args) if batched else None
+    app = create_app(
+        engine,
+        name,
+        max_queue=args.max_queue,
+        max_body_bytes=args.max_body,
+        max_batch=args.max_batch,
+        costs=costs,
+    )
     print(f"entmtp: serving {name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     serve(
         app,
@@ -197,6 +211,19 @@ def cmd_serve(args) -> int:
         verbose=args.verbose,
     )
     return 0
+
+
+def _batch_costs(engine, args):
+    """The cost surface (surface.py: ms of a batched step by rows and nodes per row, measured once per
+    machine and cached) that a batch's policies weigh their trees by; None with --no-probe, or when this
+    model cannot be batched (the server then says why and serves one request at a time)."""
+    from .costs import probing_disabled
+
+    if args.no_probe or probing_disabled() or not engine.base.preallocate:
+        return None
+    from .surface import surface_for
+
+    return surface_for(engine.model, engine.heads, max_batch=args.max_batch)
 
 
 def cmd_doctor(args) -> int:
@@ -376,7 +403,18 @@ def _add_serve(sub) -> None:
     sv.add_argument(
         "--model-name", default=None, help="the model id clients see (default: the --model value)"
     )
-    sv.add_argument("--max-queue", type=int, default=8, help="requests that may wait; more get 503")
+    sv.add_argument(
+        "--max-batch",
+        type=int,
+        default=8,
+        help="requests generating together as one continuous batch, every row's tree verified in one forward "
+        "(default 8); requests join and leave between steps. Above 1 the engine runs without CUDA graphs and "
+        "weighs trees by this machine's batched step costs (measured once, ~20-30 s; not with --no-probe). "
+        "1: one request at a time, as before",
+    )
+    sv.add_argument(
+        "--max-queue", type=int, default=8, help="requests that may wait past --max-batch; more get 503"
+    )
     sv.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes")
     sv.add_argument(
         "--drain-timeout",

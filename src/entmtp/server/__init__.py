@@ -5,7 +5,8 @@ routes.py     the routes: a request read, validated and prepared for the engine,
 responses.py  errors in OpenAI's shape, whole replies and server-sent event streams
 state.py      what the routes share: engine, worker, metrics, settings, draining
 schema.py     request validation and the OpenAI response shapes
-worker.py     the bounded queue and the one generation thread (one request at a time per device)
-metrics.py    the Prometheus counters and gauges
+worker.py     the bounded queue, the job protocol, and the generation thread of --max-batch 1 (one at a time)
+batching.py   the generation thread of --max-batch B > 1: up to B requests stepped together as one batch
+metrics.py    the Prometheus counters, gauges and histograms (the batched steps' too)
 run.py        binding, the header timeout and the draining shutdown
 """

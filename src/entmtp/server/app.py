@@ -25,6 +25,8 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import Engine
+from ..errors import EntMTPError
+from ..surface import CostSurface
 from . import routes
 from .metrics import Metrics
 from .state import ServerState
@@ -34,11 +36,23 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")  # echoed as given; anyt
 
 
 def create_app(
-    engine: Engine, model_name: str, *, max_queue: int = 8, max_body_bytes: int = 1 << 20
+    engine: Engine,
+    model_name: str,
+    *,
+    max_queue: int = 8,
+    max_body_bytes: int = 1 << 20,
+    max_batch: int = 1,
+    costs: CostSurface | None = None,
 ) -> FastAPI:
-    """The app serving `engine` as `model_name`: up to `max_queue` requests wait while one generates."""
+    """The app serving `engine` as `model_name`: up to `max_batch` requests generate together (one continuous
+    batch, weighing trees by the cost surface `costs` when given; 1: one at a time, CUDA graphs allowed) and
+    up to `max_queue` more wait."""
+    if max_batch < 1:
+        raise EntMTPError(f"max_batch must be >= 1 (1: one request at a time), got {max_batch}")
     app = FastAPI(title="entmtp", version="1", lifespan=_lifespan)
-    state = app.state.server = ServerState.start(engine, model_name, max_queue, max_body_bytes)
+    state = app.state.server = ServerState.start(
+        engine, model_name, max_queue, max_body_bytes, max_batch, costs
+    )
     app.add_exception_handler(StarletteHTTPException, routes.http_error)
     app.add_exception_handler(Exception, routes.internal_error)
     app.add_api_route("/v1/chat/completions", routes.chat_completions, methods=["POST"])

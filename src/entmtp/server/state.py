@@ -9,7 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..engine import Engine
+from ..surface import CostSurface
 from . import schema
+from .batching import start_worker
 from .metrics import Metrics
 from .worker import Worker
 
@@ -32,10 +34,20 @@ class ServerState:
     draining: bool = False  # set by `drain`: new requests get 503, /health answers "draining"
 
     @classmethod
-    def start(cls, engine: Engine, model_name: str, max_queue: int, max_body_bytes: int) -> ServerState:
-        """A state with its generation thread started."""
+    def start(
+        cls,
+        engine: Engine,
+        model_name: str,
+        max_queue: int,
+        max_body_bytes: int,
+        max_batch: int = 1,
+        costs: CostSurface | None = None,
+    ) -> ServerState:
+        """A state with its generation thread started (`max_batch` rows at once, batching.py)."""
         metrics = Metrics()
-        worker = Worker(engine, max_queue, on_finish=metrics.finished)
+        worker = start_worker(
+            engine, max_queue, max_batch, costs, on_finish=metrics.finished, on_step=metrics.stepped
+        )
         token_text = schema.TokenText(engine.tokenizer)
         return cls(engine, model_name, worker, metrics, max_body_bytes, token_text)
 

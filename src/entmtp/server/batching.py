@@ -1,0 +1,128 @@
+"""The generation thread of `serve --max-batch B` (B > 1): up to B jobs decode together as the rows of one
+continuous batch (batch.py), every row's tree verified in one forward per step.
+
+The loop, between two steps: admit waiting jobs into free rows (one prefill each; a job cancelled while it
+waited never starts), drop the rows whose client left or which the server cut, then step every row once and
+route each row's event to its job. Rows join and leave between steps, so nobody waits for the slowest; each
+row decodes what `Engine.stream` gives it alone (token for token in float32 greedy decoding). An error in
+one job's prefill ends that job only; an error in a step ends every row's job (they shared the forward) and
+the next jobs start on a fresh batch. The queue, the accounting and the job protocol are the `Worker`'s."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from ..batch import Batch, Row
+from ..engine import Engine
+from ..errors import EntMTPError
+from ..surface import CostSurface
+from .worker import Job, Worker
+
+log = logging.getLogger("entmtp.server")
+
+
+def start_worker(
+    engine: Engine,
+    max_queue: int,
+    max_batch: int,
+    costs: CostSurface | None = None,
+    on_finish=None,
+    on_step=None,
+) -> Worker:
+    """The generation thread: a `BatchWorker` of `max_batch` rows, or one job at a time when `max_batch` is 1
+    or the engine cannot step a batch (CUDA graphs, no preallocated cache: one log line says which)."""
+    if max_batch > 1:
+        try:
+            batch = Batch(engine, costs)
+        except EntMTPError as e:
+            log.warning("serving one request at a time, not %d together: %s", max_batch, e)
+        else:
+            return BatchWorker(batch, max_batch, max_queue, on_finish, on_step)
+    return Worker(engine, max_queue, on_finish)
+
+
+@dataclass(eq=False)
+class _Running:
+    """A job decoding in a row of the batch, since `t0`."""
+
+    job: Job
+    row: Row
+    t0: float
+
+
+class BatchWorker(Worker):
+    """Up to `slots` jobs generating together (see the module docstring). `on_step(record, tokens)` hears of
+    every step: its `BatchStep` and the tokens it emitted over all rows."""
+
+    def __init__(self, batch: Batch, slots: int, max_queue: int, on_finish=None, on_step=None):
+        # set before Worker.__init__, which starts the thread that reads them
+        self.batch, self.slots, self.on_step = batch, slots, on_step
+        self._rows: dict[int, _Running] = {}  # row id -> its job
+        super().__init__(batch.engine, max_queue, on_finish)
+
+    def _run(self) -> None:
+        while not self._closed or self._rows:  # after `close`, the rows still open run to their end
+            self._admit()
+            self._drop_cancelled()
+            if self._rows:
+                self._step()
+
+    def _admit(self) -> None:
+        """Start waiting jobs in the free rows, one prefill at a time; wait for one when no row runs."""
+        while len(self._rows) < self.slots and not self._closed:
+            job = self._next(block=not self._rows)
+            if job is None:
+                return
+            self._start(job)
+
+    def _start(self, job: Job) -> None:
+        """Prefill `job` into a new row and send its first token (a job already ended there ends now)."""
+        t0 = time.perf_counter()
+        if job.cancel.is_set():  # the client left, or the server cut it, while it waited: it never starts
+            self._end(job, None, True, t0)
+            return
+        try:
+            row, event = self.batch.add(job.prompt, **job.kwargs)
+        except Exception as e:  # noqa: BLE001 - this job's own failure (its prompt, its arguments)
+            self._end(job, None, False, t0, e)
+            return
+        self._emit(job, event)
+        if event.result is not None:  # its first token ended it (EOS, a stop string, max_tokens 1)
+            self._end(job, event.result, False, t0)
+        else:
+            self._rows[row.id] = _Running(job, row, t0)
+
+    def _drop_cancelled(self) -> None:
+        """Rows whose job was cancelled (its client left, or the server cut it) leave before the next step."""
+        for rid, running in list(self._rows.items()):
+            if running.job.cancel.is_set():
+                self.batch.cancel(running.row)
+                del self._rows[rid]
+                self._end(running.job, None, True, running.t0)
+
+    def _step(self) -> None:
+        """One step of every row: each event to its job; finished rows end their job."""
+        try:
+            out = self.batch.step()
+        except Exception as e:  # noqa: BLE001 - one forward for every row: each row's job gets the error
+            self._fail_all(e)
+            return
+        for row, event in out:
+            running = self._rows[row.id]
+            self._emit(running.job, event)
+            if event.result is not None:
+                del self._rows[row.id]
+                self._end(running.job, event.result, False, running.t0)
+        if self.on_step is not None and self.batch.last is not None:
+            self.on_step(self.batch.last, sum(len(event.token_ids) for _, event in out))
+
+    def _fail_all(self, error: Exception) -> None:
+        """End every row's job with `error` and start over on a fresh batch (the old one's state is unknown)."""
+        log.error("a batched step failed; ending its %d request(s): %r", len(self._rows), error)
+        for running in self._rows.values():
+            self._end(running.job, None, False, running.t0, error)
+        self._rows.clear()
+        old = self.batch
+        self.batch = Batch(old.engine, old.costs, gate=old.gate is not None)
