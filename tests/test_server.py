@@ -1,5 +1,7 @@
 """`entmtp serve` through a real server process: the official openai client, raw HTTP, streaming, the queue,
-disconnects, bad input, metrics. Greedy answers are checked against plain greedy decoding (float32)."""
+disconnects, bad input, metrics. Greedy answers are checked against plain greedy decoding (float32). The
+module's server batches (--max-batch 4); a second one serves one request at a time (--max-batch 1), the
+reference that batched answers must equal."""
 
 from __future__ import annotations
 
@@ -62,12 +64,22 @@ def _stop(proc) -> None:
         proc.kill()
 
 
+BATCH = 4  # the module's server steps up to 4 requests together (--max-batch); 2 more may wait
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    proc, url, log = _start_server(
-        tmp_path_factory.mktemp("serve"), "--max-queue", "2", "--header-timeout", "2"
-    )
+    extra = ("--max-batch", str(BATCH), "--max-queue", "2", "--header-timeout", "2")
+    proc, url, log = _start_server(tmp_path_factory.mktemp("serve"), *extra)
     yield url, log
+    _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time(tmp_path_factory):
+    """A second server on today's one-request-at-a-time path (--max-batch 1): the reference for the batch."""
+    proc, url, _ = _start_server(tmp_path_factory.mktemp("serve1"), "--max-batch", "1", "--max-queue", "2")
+    yield url
     _stop(proc)
 
 
@@ -156,32 +168,163 @@ def test_concurrent_requests_each_get_their_own_answer(client, plain):
     assert got == want
 
 
-def test_a_full_queue_answers_503_with_retry_after(server):
-    body = {"messages": CHAT, "max_tokens": 48, "temperature": 0}
-    results = []
+LONG = (
+    "A lighthouse keeper on a small island keeps a log of the ships that pass, the weather each morning and "
+    "the birds that rest on the gallery rail. One winter the supply boat is late by three weeks. "
+    "In two sentences, what does the keeper most likely write on the day the boat finally arrives?"
+)
+TOGETHER = {  # different prompt lengths, a stop string, one that ends after 3 tokens
+    "count": {"messages": [{"role": "user", "content": "Count from 1 to 10."}], "max_tokens": 40},
+    "long": {"messages": [{"role": "user", "content": LONG}], "max_tokens": 32},
+    "stop": {"messages": CHAT, "max_tokens": 40, "stop": ["\n"]},
+    "early": {"prompt": "The capital of France is", "max_tokens": 3},
+}
+LEAVES = [{"role": "user", "content": "Write a short story about a robot who learns to paint."}]
+
+
+def _ask(url: str, req: dict) -> tuple[str, str, int]:
+    """(text, finish reason, completion tokens) of one greedy non-streamed request."""
+    path = "/v1/chat/completions" if "messages" in req else "/v1/completions"
+    r = httpx.post(f"{url}{path}", json={**req, "temperature": 0}, timeout=120)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    text = choice["message"]["content"] if "messages" in req else choice["text"]
+    return text, choice["finish_reason"], r.json()["usage"]["completion_tokens"]
+
+
+def _multi_row_steps(server) -> float:
+    """Batched steps so far that verified more than one row."""
+    return _metric(server, "entmtp_batch_rows_count") - _metric(server, "entmtp_batch_rows_bucket", le="1.0")
+
+
+def _stream_then_leave(
+    url: str, pieces: list[str], after: int = 3, seed: int | None = None, hold=None
+) -> None:
+    """A streamed chat (greedy; sampled with `seed`) that disconnects after `after` pieces of text, kept in
+    `pieces`; `hold()`, when given, runs before it disconnects."""
+    body = {"messages": LEAVES, "max_tokens": 600, "temperature": 0, "stream": True}
+    if seed is not None:
+        body.update(temperature=0.9, seed=seed)
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                if delta.get("content"):
+                    pieces.append(delta["content"])
+            if len(pieces) == after:
+                if hold is not None:  # before the loop ends: leaving it closes the connection
+                    hold()
+                return
+
+
+def test_concurrent_batched_requests_each_get_what_they_get_alone(server, one_at_a_time, plain):
+    """Four requests and a stream that leaves mid-way, together in a batch of 4 rows (one waits for a row to
+    free): each answer is, to the token, what the same request gets alone from a --max-batch 1 server, and the
+    stream's text is the start of the greedy text of its prompt."""
+    alone = {name: _ask(one_at_a_time, req) for name, req in TOGETHER.items()}
+    assert alone["stop"][1] == "stop" and alone["early"][1:] == ("length", 3)
+    assert alone["count"][0] == plain.generate(TOGETHER["count"]["messages"], max_new_tokens=40).text
+    multi, cancelled = _multi_row_steps(server), _metric(server, "entmtp_cancelled_generations_total")
+    step_tokens = _metric(server, "entmtp_batch_step_tokens_sum")
+    got: dict[str, tuple] = {}
+    pieces: list[str] = []
+    threads = [threading.Thread(target=_stream_then_leave, args=(server, pieces))]
+    threads += [
+        threading.Thread(target=lambda n=name: got.update({n: _ask(server, TOGETHER[n])}))
+        for name in TOGETHER
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == alone
+    streamed, whole = "".join(pieces), plain.generate(LEAVES, max_new_tokens=60).text
+    assert len(pieces) == 3 and 0 < len(streamed) < len(whole) and whole.startswith(streamed)
+    assert _multi_row_steps(server) > multi  # they were batched: steps of 2 rows or more
+    deadline = time.time() + 20  # the stream's row left the batch
+    while _metric(server, "entmtp_cancelled_generations_total") <= cancelled and time.time() < deadline:
+        time.sleep(0.2)
+    assert _metric(server, "entmtp_cancelled_generations_total") == cancelled + 1
+    # every token but each request's first (its prefill's) came from a batched step
+    stepped = _metric(server, "entmtp_batch_step_tokens_sum") - step_tokens
+    assert stepped >= sum(tokens - 1 for _, _, tokens in got.values()) + len(pieces) - 1
+
+
+def test_clients_that_disconnect_free_their_rows(server, client):
+    """Every row taken by a stream of 600 tokens whose client leaves after its first text: all rows are free
+    within seconds (cancelled, not run to their end), and a request after them is answered."""
+    cancelled = _metric(server, "entmtp_cancelled_generations_total")
+    all_in, checked = threading.Barrier(BATCH + 1, timeout=60), threading.Event()
+
+    def hold():  # every stream has its first text (a row): the batch is full until /health was asked
+        all_in.wait()
+        checked.wait(60)
+
+    threads = [
+        threading.Thread(
+            target=_stream_then_leave, args=(server, []), kwargs=dict(after=1, hold=hold, seed=4)
+        )
+        for _ in range(BATCH)
+    ]
+    for t in threads:
+        t.start()
+    all_in.wait()
+    assert httpx.get(f"{server}/health").json()["running"] == BATCH
+    checked.set()
+    for t in threads:
+        t.join()
+    left = time.time()
+    while httpx.get(f"{server}/health").json()["running"] and time.time() - left < 10:
+        time.sleep(0.1)
+    assert httpx.get(f"{server}/health").json()["running"] == 0, "rows still generating for clients that left"
+    assert time.time() - left < 5
+    assert _metric(server, "entmtp_cancelled_generations_total") == cancelled + BATCH
+    r = client.chat.completions.create(model="m", messages=CHAT, max_tokens=4, temperature=0)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4
+
+
+def test_max_batch_below_one_is_refused_before_anything_loads():
+    r = subprocess.run(
+        [sys.executable, "-m", "entmtp.cli", "serve", "--max-batch", "0", "--port", str(_free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "--max-batch must be >= 1" in r.stderr and "got 0" in r.stderr
+
+
+@pytest.mark.parametrize("slots", [BATCH, 1])
+def test_a_full_queue_answers_503_with_retry_after(request, slots):
+    """--max-batch rows run and --max-queue (2) requests wait; three more are refused. /health, asked
+    meanwhile, sees every row running."""
+    server = request.getfixturevalue("server" if slots == BATCH else "one_at_a_time")
+    body = {"messages": CHAT, "max_tokens": 64, "temperature": 0}
+    results, seen = [], []
 
     def post():
         results.append(httpx.post(f"{server}/v1/chat/completions", json=body, timeout=120))
 
-    threads = [threading.Thread(target=post) for _ in range(6)]  # 1 running + 2 waiting fit; 3 do not
+    threads = [threading.Thread(target=post) for _ in range(slots + 2 + 3)]
     for t in threads:
         t.start()
         time.sleep(0.05)
-    for t in threads:
-        t.join()
+    while any(t.is_alive() for t in threads):
+        seen.append(httpx.get(f"{server}/health").json())
+        time.sleep(0.02)
     codes = sorted(r.status_code for r in results)
-    assert codes.count(200) >= 3 and 503 in codes
+    assert codes.count(200) >= slots + 2 and 503 in codes
+    assert max(h["running"] for h in seen) == slots and max(h["queue"] for h in seen) <= 2
     busy = next(r for r in results if r.status_code == 503)
     assert busy.json()["error"]["type"] == "server_busy"
     # from the measured queue (the formula: test_worker_retry_after_is_the_queue_times_the_recent_service_time)
     assert 1 <= int(busy.headers["retry-after"]) <= 600
 
 
-def _metric(server, name: str) -> float:
+def _metric(server, name: str, **labels: str) -> float:
     text = httpx.get(f"{server}/metrics").text
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == name:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return sample.value
     return 0.0
 
@@ -264,6 +407,13 @@ def test_metrics_parse_as_prometheus_text(server, client):
         "entmtp_queue_length",
     } <= names
     assert {"entmtp_tree_steps", "entmtp_tokens_per_second", "entmtp_running"} <= names
+    assert {
+        "entmtp_batch_size",
+        "entmtp_batch_steps",
+        "entmtp_batch_rows",
+        "entmtp_batch_step_tokens",
+        "entmtp_batch_padding_tokens",
+    } <= names
     assert _metric(server, "entmtp_generated_tokens_total") > 0
 
 

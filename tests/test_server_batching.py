@@ -1,0 +1,243 @@
+"""The server's batched generation thread (server/batching.py) on a tiny model, without HTTP: each job gets
+what it gets alone, token for token, while rows join and leave; cancelled and cut jobs leave between steps and
+free their row; an error reaches the jobs it concerns; engines that cannot be batched fall back to one job at
+a time. The HTTP side with the embedded model is in test_server.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+
+import pytest
+
+from conftest import ByteTokenizer, tiny_model
+from entmtp.batch import Batch, BatchStep
+from entmtp.engine import Engine
+from entmtp.errors import EntMTPError
+from entmtp.heads import HeadsConfig, random_heads
+from entmtp.lookup import Lookup
+from entmtp.scheduler.hybrid import hybrid
+from entmtp.server.batching import BatchWorker, start_worker
+from entmtp.server.worker import Cut, Job, QueueFull, Worker
+
+PROMPTS = [
+    list(range(100, 112)),
+    list(b"abcabcabcabcabc"),
+    list(range(30, 33)),
+    list(b"the cat sat on the mat; the cat sat on the"),
+]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """Random heads under a lookup hybrid: rows may draft trees of different sizes."""
+    cfg = HeadsConfig(kind="medusa", num_heads=4, hidden_size=64, vocab_size=256)
+    heads = random_heads(cfg, seed=0, init="random")
+    return Engine(tiny_model("llama", seed=4), ByteTokenizer(), heads=heads, tree=hybrid("tree_8", Lookup()))
+
+
+class _Finished:
+    """What `on_finish` and `on_step` heard."""
+
+    def __init__(self):
+        self.finished: list[tuple[object, bool]] = []
+        self.steps: list[tuple[BatchStep, int]] = []
+
+    def on_finish(self, result, stopped):
+        self.finished.append((result, stopped))
+
+    def on_step(self, step, tokens):
+        self.steps.append((step, tokens))
+
+
+def _worker(
+    engine, slots: int, heard: _Finished, max_queue: int = 8, batch: Batch | None = None
+) -> BatchWorker:
+    batch = batch if batch is not None else Batch(engine)
+    return BatchWorker(batch, slots, max_queue, heard.on_finish, heard.on_step)
+
+
+async def _read(job: Job, cancel_after: int | None = None) -> list:
+    """`job`'s events, then what ended it (None: done; else the exception); cancels it after `cancel_after`."""
+    events: list = []
+    try:
+        while (event := await job.next()) is not None:
+            events.append(event)
+            if cancel_after is not None and len(events) == cancel_after:
+                job.cancel.set()
+        return [*events, None]
+    except Exception as e:  # noqa: BLE001 - what ended the job is the test's subject
+        return [*events, e]
+
+
+def _run(worker: Worker, requests, cancel_after=None, cancelled=()) -> list[list]:
+    """Submit every (prompt, kwargs) at once (those at the indices in `cancelled` already cancelled) and read
+    them all concurrently."""
+    cancel_after = cancel_after or {}
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        jobs = [Job(prompt, kwargs, loop) for prompt, kwargs in requests]
+        for i, job in enumerate(jobs):
+            if i in cancelled:
+                job.cancel.set()
+            worker.submit(job)
+        return await asyncio.gather(*(_read(job, cancel_after.get(i)) for i, job in enumerate(jobs)))
+
+    return asyncio.run(main())
+
+
+def _tokens(events) -> list[int]:
+    return [t for e in events if e is not None and not isinstance(e, Exception) for t in e.token_ids]
+
+
+def _close(worker: Worker) -> None:
+    worker.close()
+    worker._thread.join(10)
+    assert not worker._thread.is_alive()
+
+
+def test_batched_jobs_each_get_exactly_what_they_get_alone(engine):
+    """Four jobs in two rows (two wait and join as rows leave): different prompt lengths, one ended by its
+    first token, one by a stop string; each job's tokens, text and finish reason are its own generation's."""
+    first = engine.generate(PROMPTS[3], max_new_tokens=30)
+    stop = first.text[8:10]  # ends that generation early, inside a later step
+    requests = [
+        (PROMPTS[0], dict(max_new_tokens=40)),
+        (PROMPTS[1], dict(max_new_tokens=1)),
+        (PROMPTS[2], dict(max_new_tokens=25)),
+        (PROMPTS[3], dict(max_new_tokens=30, stop=[stop])),
+    ]
+    heard = _Finished()
+    worker = _worker(engine, 2, heard)
+    got = _run(worker, requests)
+    _close(worker)
+    for (prompt, kwargs), events in zip(requests, got, strict=True):
+        want = engine.generate(prompt, **kwargs)
+        assert events[-1] is None, events[-1]
+        assert _tokens(events) == want.token_ids and events[-2].result.token_ids == want.token_ids
+        assert (
+            "".join(e.text for e in events[:-1]) == want.text
+            and events[-2].finish_reason == want.finish_reason
+        )
+    assert got[3][-2].finish_reason == "stop" and len(got[1]) == 2  # the first token, then done
+    assert max(step.rows for step, _ in heard.steps) == 2
+    assert sum(tokens for _, tokens in heard.steps) + len(requests) == sum(len(_tokens(e)) for e in got)
+    assert [stopped for _, stopped in heard.finished] == [False] * 4 and worker.running == worker.waiting == 0
+
+
+def test_cancelled_jobs_free_their_row_and_a_waiting_cancelled_job_never_starts(engine):
+    """One row: a job cancelled after its third event leaves between steps (no result), one cancelled while it
+    waited never starts, and the job after them runs to its end with its own tokens."""
+    heard = _Finished()
+    worker = _worker(engine, 1, heard)
+    requests = [
+        (PROMPTS[0], dict(max_new_tokens=200)),
+        (PROMPTS[1], {}),
+        (PROMPTS[2], dict(max_new_tokens=12)),
+    ]
+    got = _run(worker, requests, cancel_after={0: 3}, cancelled={1})
+    _close(worker)
+    # cancelled as its third event was read (the thread may have run a step more): it ends with no result
+    assert got[0][-1] is None and all(e.result is None for e in got[0][:-1]) and len(_tokens(got[0])) < 200
+    assert got[1] == [None]
+    assert _tokens(got[2]) == engine.generate(PROMPTS[2], max_new_tokens=12).token_ids
+    assert [(r is None, stopped) for r, stopped in heard.finished] == [
+        (True, True),
+        (True, True),
+        (False, False),
+    ]
+    assert all(step.rows == 1 for step, _ in heard.steps)
+
+
+def test_cut_all_ends_every_open_job_with_the_reason(engine):
+    heard = _Finished()
+    worker = _worker(engine, 2, heard)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        jobs = [Job(p, dict(max_new_tokens=400), loop) for p in PROMPTS[:3]]  # two rows, one waiting
+        for job in jobs:
+            worker.submit(job)
+        await jobs[0].next()
+        assert worker.cut_all("shutting down") == 3
+        return await asyncio.gather(*(_read(job) for job in jobs))
+
+    got = asyncio.run(main())
+    _close(worker)
+    assert all(isinstance(events[-1], Cut) and str(events[-1]) == "shutting down" for events in got)
+    assert worker.idle and worker.running == 0
+
+
+def test_a_failed_prefill_ends_its_job_only(engine):
+    heard = _Finished()
+    worker = _worker(engine, 2, heard)
+    requests = [(PROMPTS[0], dict(max_new_tokens=10)), (PROMPTS[1], dict(max_new_tokens=10**6))]
+    got = _run(worker, requests)
+    _close(worker)
+    assert _tokens(got[0]) == engine.generate(PROMPTS[0], max_new_tokens=10).token_ids
+    assert isinstance(got[1][-1], EntMTPError) and "context window" in str(got[1][-1]) and len(got[1]) == 1
+
+
+def test_a_failed_step_ends_every_row_and_the_next_jobs_run_on_a_fresh_batch(engine):
+    batch = Batch(engine)
+    step = batch.step
+
+    def fails_with_two_rows():  # once both jobs are rows
+        if len(batch) == 2:
+            raise RuntimeError("device lost")
+        return step()
+
+    batch.step = fails_with_two_rows
+    heard = _Finished()
+    worker = _worker(engine, 2, heard, batch=batch)
+    got = _run(worker, [(PROMPTS[0], dict(max_new_tokens=60)), (PROMPTS[1], dict(max_new_tokens=60))])
+    assert [str(events[-1]) for events in got] == ["device lost", "device lost"]
+    assert worker.batch is not batch and len(worker.batch) == 0 and worker.running == 0
+    again = _run(worker, [(PROMPTS[2], dict(max_new_tokens=15))])
+    _close(worker)
+    assert _tokens(again[0]) == engine.generate(PROMPTS[2], max_new_tokens=15).token_ids
+
+
+def test_engines_that_cannot_batch_are_served_one_job_at_a_time(engine, caplog):
+    dynamic = Engine(engine.model, ByteTokenizer(), kv="dynamic")  # no preallocated cache: Batch refuses it
+    with caplog.at_level(logging.WARNING, logger="entmtp.server"):
+        worker = start_worker(dynamic, max_queue=2, max_batch=4)
+    _close(worker)
+    assert type(worker) is Worker and worker.slots == 1
+    assert "one request at a time, not 4" in caplog.text and "preallocated" in caplog.text
+    one = start_worker(engine, max_queue=2, max_batch=1)
+    _close(one)
+    assert type(one) is Worker
+    batched = start_worker(engine, max_queue=2, max_batch=3)
+    _close(batched)
+    assert isinstance(batched, BatchWorker) and batched.slots == 3
+
+
+def test_the_queue_holds_max_batch_running_and_max_queue_waiting_and_retry_after_counts_the_slots(engine):
+    worker = _worker(engine, 4, _Finished(), max_queue=2)
+    _close(worker)  # the thread has ended: the counts stay as set
+    worker.waiting, worker.running = 2, 4
+    with pytest.raises(QueueFull):
+        worker.submit(Job([1, 2], {}, None))
+    worker.waiting = 1
+    worker.submit(Job([1, 2], {}, None))
+    assert worker.waiting == 2
+    assert worker.retry_after(default=2.0) == math.ceil(6 / 4 * 2.0)  # jobs ahead / slots x time per job
+    worker._service.extend([10.0, 20.0])
+    assert worker.retry_after() == math.ceil(6 / 4 * 15.0)
+
+
+def test_metrics_of_a_batched_step():
+    pytest.importorskip("prometheus_client")
+    from entmtp.server.metrics import Metrics
+
+    m = Metrics()
+    m.stepped(BatchStep(rows=3, nodes=(4, 0, 2), padded=5, seconds=0.1, verify_seconds=0.08), tokens=7)
+    m.stepped(BatchStep(rows=1, nodes=(3,), padded=4, seconds=0.05, verify_seconds=0.04), tokens=2)
+    value = m.registry.get_sample_value
+    assert value("entmtp_batch_size") == 1 and value("entmtp_batch_steps_total") == 2
+    assert value("entmtp_batch_rows_bucket", {"le": "1.0"}) == 1 and value("entmtp_batch_rows_count") == 2
+    assert value("entmtp_batch_rows_sum") == 4 and value("entmtp_batch_step_tokens_sum") == 9
+    assert value("entmtp_batch_padding_tokens_total") == 15 - (5 + 1 + 3)  # 3 rows of 5, trees of 5, 1, 3
