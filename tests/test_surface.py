@@ -15,7 +15,9 @@ from entmtp.tree import load_tree
 
 
 def test_a_measured_surface_covers_every_batch_and_size_and_grows_with_both():
-    surface = measure_surface(tiny_model("llama", seed=1), batches=(1, 2, 4), sizes=(0, 1, 4, 16), progress=False)
+    surface = measure_surface(
+        tiny_model("llama", seed=1), batches=(1, 2, 4), sizes=(0, 1, 4, 16), progress=False
+    )
     ms = np.asarray(surface.ms)
     assert ms.shape == (3, 4) and (ms > 0).all()
     assert ms[-1, -1] > ms[0, 0]  # four rows of 16 nodes cost more than one plain row
