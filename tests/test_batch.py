@@ -177,7 +177,9 @@ def test_the_gate_runs_the_faster_kind_of_step_and_tries_the_other_again_in_time
     gate.observe(4, False, tokens=4, seconds=0.02)  # 200 tokens/s: plain is faster here
     kinds = [gate.speculate(4) for _ in range(GATE_EXPLORE * 2)]
     assert kinds.count(True) == 2  # speculation is tried again once per GATE_EXPLORE steps
-    assert gate.speculate(8)  # each batch size is measured on its own
+    assert not gate.speculate(3)  # 3 rows read what 4 rows measured (one bucket) ...
+    assert gate.speculate(8)  # ... and each bucket of batch sizes is measured on its own
+    assert [Gate.bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 16)] == [0, 1, 2, 2, 3, 3, 4, 4]
 
 
 def test_a_gated_batch_still_gives_every_row_its_plain_decoding(engine):

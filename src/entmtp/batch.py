@@ -125,11 +125,12 @@ class Batch:
             return []
         t0 = time.perf_counter()
         rows, engine = self.rows, self.engine
-        latency = self.costs.latency(len(rows)) if self.costs is not None else None
+        # one row alone chooses on its policy's own cost curve, exactly as `Engine.stream` does
+        latency = self.costs.latency(len(rows)) if self.costs is not None and len(rows) > 1 else None
         speculate = self.gate is None or self.gate.speculate(len(rows))
         probes = _probes(rows, speculate)  # every row's probe of its master, batched per master
         pending: list[Pending] = [self._prepare(r, latency, speculate, probes.get(r.id)) for r in rows]
-        if latency is not None and speculate and len(rows) > 1:
+        if latency is not None and speculate:
             pending = self._joint(rows, pending, latency)
         t1 = time.perf_counter()
         fwds = engine.base.forward_batch([p.tokens for p in pending], [p.tree for p in pending], self.kv)
@@ -217,7 +218,7 @@ GATE_EXPLORE = 16  # every this many steps of a batch size, the kind that looks 
 
 
 class Gate:
-    """Whether a batched step speculates at all, by measurement: per batch size, the decayed tokens/s of the
+    """Whether a batched step speculates at all, by measurement: per batch size (`bucket`), the decayed tokens/s of the
     steps that speculated and of the plain ones (every row the root alone: no probe, no drafting, the policy
     not asked). The better kind runs; the other is tried again every `GATE_EXPLORE` steps, so a change (of
     the text, of the machine's load) is seen. Speculation goes first. This is what keeps batched speculation
@@ -225,18 +226,25 @@ class Gate:
     time) costs more than the drafts it brings: the cost surface prices verification, the gate the rest."""
 
     def __init__(self):
-        self.rates: dict[tuple[int, bool], float] = {}  # (rows, speculated) -> tokens/s
+        self.rates: dict[tuple[int, bool], float] = {}  # (rows bucket, speculated) -> tokens/s
         self.steps: dict[int, int] = {}
 
+    @staticmethod
+    def bucket(rows: int) -> int:
+        """Batch sizes measured together: 1, 2, 3-4, 5-8, 9-16, ... (rows leaving one by one at the end of a
+        burst would otherwise each start their measurement over)."""
+        return (rows - 1).bit_length()
+
     def speculate(self, rows: int) -> bool:
-        spec, plain = self.rates.get((rows, True)), self.rates.get((rows, False))
+        b = self.bucket(rows)
+        spec, plain = self.rates.get((b, True)), self.rates.get((b, False))
         if spec is None or plain is None:
             return spec is None
-        n = self.steps[rows] = self.steps.get(rows, 0) + 1
+        n = self.steps[b] = self.steps.get(b, 0) + 1
         return (spec >= plain) != (n % GATE_EXPLORE == 0)
 
     def observe(self, rows: int, speculated: bool, tokens: int, seconds: float) -> None:
-        key, rate = (rows, speculated), tokens / max(seconds, 1e-9)
+        key, rate = (self.bucket(rows), speculated), tokens / max(seconds, 1e-9)
         old = self.rates.get(key)
         self.rates[key] = rate if old is None else GATE_DECAY * old + (1 - GATE_DECAY) * rate
 

@@ -28,7 +28,7 @@ from .files import write_text_atomic
 
 FORMAT, VERSION = "entmtp-surface", 1
 BATCHES = (1, 2, 4, 8, 16)
-SIZES = (0, 1, 2, 4, 8, 16, 32)  # drafted nodes per row
+SIZES = (0, 1, 2, 4, 8, 16, 32, 64)  # drafted nodes per row (the policies' largest master trees: 63 nodes)
 CONTEXT = 256  # committed tokens per row before the timed steps
 BUDGET_S = 30.0
 REPS = 3  # timed steps per point, after one warm-up
@@ -128,7 +128,7 @@ def measure_surface(
                 y + s * (b - hi) if hi > lo else y * b / hi for y, s in zip(rows[hi], step, strict=True)
             ]
     seconds = time.perf_counter() - t0
-    key = {**cost_key(model, heads), "surface": list(batches)}
+    key = {**cost_key(model, heads), "surface": list(batches), "sizes": list(sizes)}
     surface = CostSurface(
         tuple(batches), tuple(sizes), tuple(tuple(rows[b]) for b in batches), key, "probe", seconds
     )
@@ -199,7 +199,7 @@ def surface_for(
 ) -> CostSurface:
     """This machine's cost surface for (model, heads) up to `max_batch` rows: cached, or measured now."""
     batches = tuple(b for b in BATCHES if b < max_batch) + (max_batch,)
-    key = {**cost_key(model, heads), "surface": list(batches)}
+    key = {**cost_key(model, heads), "surface": list(batches), "sizes": list(SIZES)}
     path = cost_path(key)
     if path.exists() and not refresh:
         try:
