@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import ByteTokenizer, tiny_model
-from entmtp.batch import GATE_EXPLORE, Batch, Gate
+from entmtp.batch import GATE_EXPLORE, GATE_WINDOW, Batch, Gate
 from entmtp.cache import BaseModel, BatchKV
 from entmtp.costs import LatencyModel
 from entmtp.engine import Engine
@@ -180,6 +180,11 @@ def test_the_gate_runs_the_faster_kind_of_step_and_tries_the_other_again_in_time
     assert not gate.speculate(3)  # 3 rows read what 4 rows measured (one bucket) ...
     assert gate.speculate(8)  # ... and each bucket of batch sizes is measured on its own
     assert [Gate.bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 16)] == [0, 1, 2, 2, 3, 3, 4, 4]
+    for _ in range(GATE_WINDOW):  # speculation got faster: its recent steps outweigh the old ones
+        gate.observe(4, True, tokens=12, seconds=0.04)  # 300 tokens/s
+    assert gate.rate(4, True) == pytest.approx(300.0) and gate.speculate(4)
+    gate.observe(1, False, tokens=1, seconds=0.001)
+    assert gate.speculate(1)  # a row alone is its policy's business, as in Engine.stream
 
 
 def test_a_gated_batch_still_gives_every_row_its_plain_decoding(engine):

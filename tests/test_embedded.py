@@ -80,3 +80,24 @@ def test_two_interleaved_streams_on_one_engine_each_take_the_steps_they_take_alo
         assert b.token_ids == a.token_ids
         assert [(s.tree, s.token_ids) for s in b.steps] == [(s.tree, s.token_ids) for s in a.steps]
     assert any(s.accepted for s in alone[0].steps)  # the heads draft right at times: the check has teeth
+
+
+def test_a_continuous_batch_of_the_default_engine_gives_every_prompt_its_plain_decoding(engines):
+    """The scheduled default (dynamic with a lookup branch, shipped Hydra heads) decoding six prompts of the
+    four sets as one continuous batch of at most three rows, trees set by the joint budget on a cost surface
+    and steps by the gate: each prompt's tokens are its plain greedy decoding."""
+    from entmtp.surface import CostSurface
+
+    model, tok, plain, _ = engines
+    heads = heads_for("hydra", model)
+    profile = resolve_profile("mixed", "hydra")
+    engine = Engine(model, tok, heads=heads, tree=hybrid(profile.policy("dynamic"), Lookup()))
+    surface = CostSurface(
+        (1, 2, 3), (0, 8, 64), ((30.0, 36.0, 70.0), (34.0, 50.0, 120.0), (40.0, 66.0, 170.0))
+    )
+    prompts = [p for _, p in PROMPTS[::4]][:6]
+    results = engine.generate_batch(prompts, max_new_tokens=N_NEW, max_batch=3, costs=surface)
+    for prompt, result in zip(prompts, results, strict=True):
+        assert result.token_ids == plain.generate(prompt, max_new_tokens=N_NEW).token_ids
+    assert any(s.accepted for r in results for s in r.steps)  # drafts were accepted: the check has teeth
+    assert any("budget" in s.signals for r in results for s in r.steps)  # the joint choice ran

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -213,20 +214,22 @@ def _gated(row: Row) -> bool:
     return row.state.sampling.rule == "greedy"
 
 
-GATE_DECAY = 0.85  # per observed step of a kind: older steps' weight in its tokens/s
-GATE_EXPLORE = 16  # every this many steps of a batch size, the kind that looks worse runs once more
+GATE_WINDOW = 8  # recent steps of each kind whose tokens over seconds measure it
+GATE_EXPLORE = 8  # every this many steps of a bucket, the kind that looks worse runs once more
 
 
 class Gate:
-    """Whether a batched step speculates at all, by measurement: per batch size (`bucket`), the decayed tokens/s of the
-    steps that speculated and of the plain ones (every row the root alone: no probe, no drafting, the policy
-    not asked). The better kind runs; the other is tried again every `GATE_EXPLORE` steps, so a change (of
-    the text, of the machine's load) is seen. Speculation goes first. This is what keeps batched speculation
-    from running below plain batched decoding where the per-row work of choosing and drafting (one row at a
-    time) costs more than the drafts it brings: the cost surface prices verification, the gate the rest."""
+    """Whether a batched step of several rows speculates at all, by measurement: per bucket of batch sizes,
+    the tokens per second of the recent steps that speculated and of the recent plain ones (every row the
+    root alone: no probe, no drafting, the policy not asked), each the sum of tokens over the sum of seconds
+    of its last `GATE_WINDOW` steps. The better kind runs; the other is tried again every `GATE_EXPLORE`
+    steps, so a change (of the text, of the machine's load) is seen. Speculation goes first. This keeps
+    batched speculation from running below plain batched decoding where the per-row work of choosing and
+    drafting costs more than the drafts bring: the cost surface prices verification, the gate the rest. A
+    row alone is left to its policy's own cost curve, as `Engine.stream` leaves it."""
 
     def __init__(self):
-        self.rates: dict[tuple[int, bool], float] = {}  # (rows bucket, speculated) -> tokens/s
+        self.recent: dict[tuple[int, bool], deque[tuple[int, float]]] = {}  # (bucket, speculated) -> steps
         self.steps: dict[int, int] = {}
 
     @staticmethod
@@ -235,18 +238,25 @@ class Gate:
         burst would otherwise each start their measurement over)."""
         return (rows - 1).bit_length()
 
+    def rate(self, rows: int, speculated: bool) -> float | None:
+        """Tokens per second of the bucket's recent steps of that kind (None: none yet)."""
+        recent = self.recent.get((self.bucket(rows), speculated))
+        return sum(t for t, _ in recent) / max(sum(s for _, s in recent), 1e-9) if recent else None
+
     def speculate(self, rows: int) -> bool:
-        b = self.bucket(rows)
-        spec, plain = self.rates.get((b, True)), self.rates.get((b, False))
+        if rows == 1:
+            return True
+        spec, plain = self.rate(rows, True), self.rate(rows, False)
         if spec is None or plain is None:
             return spec is None
+        b = self.bucket(rows)
         n = self.steps[b] = self.steps.get(b, 0) + 1
         return (spec >= plain) != (n % GATE_EXPLORE == 0)
 
     def observe(self, rows: int, speculated: bool, tokens: int, seconds: float) -> None:
-        key, rate = (self.bucket(rows), speculated), tokens / max(seconds, 1e-9)
-        old = self.rates.get(key)
-        self.rates[key] = rate if old is None else GATE_DECAY * old + (1 - GATE_DECAY) * rate
+        if rows > 1:
+            key = (self.bucket(rows), speculated)
+            self.recent.setdefault(key, deque(maxlen=GATE_WINDOW)).append((tokens, seconds))
 
 
 def stream_batch(
