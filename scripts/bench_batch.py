@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import subprocess
 import sys
 import time
 
@@ -101,8 +102,13 @@ def main() -> int:
         exact = all(r["token_ids"] == ref for r in rows)
         print(f"\nevery row of every run equals plain decoding token for token: {exact}")
     if args.out:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        dirty = bool(
+            subprocess.run(["git", "status", "--porcelain", "src"], capture_output=True, text=True).stdout
+        )
         doc = {
             "command": " ".join(sys.argv),
+            "commit": commit + (" (src modified)" if dirty else ""),
             "machine": {
                 "hardware": hardware(engine.model),
                 "platform": platform.platform(),
