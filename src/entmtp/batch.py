@@ -134,7 +134,10 @@ class Batch:
         if latency is not None and speculate:
             pending = self._joint(rows, pending, latency)
         t1 = time.perf_counter()
-        fwds = engine.base.forward_batch([p.tokens for p in pending], [p.tree for p in pending], self.kv)
+        if len(rows) == 1:  # a row alone verifies as `engine.decode` does (no padding or batch masks to build)
+            fwds = [engine.base.forward(pending[0].tokens, pending[0].tree, rows[0].state.cache)]
+        else:
+            fwds = engine.base.forward_batch([p.tokens for p in pending], [p.tree for p in pending], self.kv)
         verify = time.perf_counter() - t1  # (3) verify every row's tree in ONE forward
         out = []
         for row, p, fwd in zip(rows, pending, fwds, strict=True):
