@@ -121,8 +121,8 @@ class BatchWorker(Worker):
     def _fail_all(self, error: Exception) -> None:
         """End every row's job with `error` and start over on a fresh batch (the old one's state is unknown)."""
         log.error("a batched step failed; ending its %d request(s): %r", len(self._rows), error)
-        for running in self._rows.values():
-            self._end(running.job, None, False, running.t0, error)
+        old, failed = self.batch, list(self._rows.values())
+        self.batch = Batch(old.engine, old.costs, gate=old.gate is not None)  # before any job hears of it
         self._rows.clear()
-        old = self.batch
-        self.batch = Batch(old.engine, old.costs, gate=old.gate is not None)
+        for running in failed:
+            self._end(running.job, None, False, running.t0, error)
