@@ -119,14 +119,15 @@ class Worker:
         return job
 
     def _end(self, job: Job, result, stopped: bool, t0: float, error: BaseException | None = None) -> None:
-        """`job` is over: its last item (the error; Cut when the server cut it; else _DONE), its slot freed,
-        its time recorded when it ran to its end (`result`), and `on_finish` told."""
-        self._emit(job, error if error is not None else Cut(job.cut) if stopped and job.cut else _DONE)
+        """`job` is over: its slot freed, its time recorded when it ran to its end (`result`), then its last
+        item sent (the error; Cut when the server cut it; else _DONE: a client that hears it finds the server's
+        counts already without it), and `on_finish` told."""
         with self._lock:
             self.running -= 1
             self._open.discard(job)
             if result is not None:  # only whole generations measure the time a job takes
                 self._service.append(time.perf_counter() - t0)
+        self._emit(job, error if error is not None else Cut(job.cut) if stopped and job.cut else _DONE)
         if self.on_finish is not None:
             self.on_finish(result, stopped)
 
