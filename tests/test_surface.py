@@ -54,3 +54,16 @@ def test_the_dynamic_policy_picks_smaller_trees_when_the_whole_batched_step_cost
         ctx = StepContext(0, 10, 100, torch.zeros(8), None, latency=flat.latency(batch))
         nodes.append(policy.choose(ctx).tree.num_nodes)
     assert nodes[0] > 8 and nodes[1] < nodes[0]
+
+
+def test_sizes_not_measured_in_time_take_the_shape_measured_elsewhere():
+    from entmtp.surface import _complete
+
+    measured = {1: {0: 10.0, 4: 12.0, 8: 14.0}, 2: {0: 20.0, 4: 26.0}, 4: {0: 30.0}, 8: {}}
+    rows = _complete(measured, (1, 2, 4, 8), (0, 4, 8))
+    assert rows[1] == [10.0, 12.0, 14.0]
+    assert rows[2] == [20.0, 26.0, 32.0]  # linear from its two measured sizes
+    assert rows[4] == pytest.approx(
+        [30.0, 39.0, 48.0]
+    )  # the previous batch's shape, scaled to its plain step
+    assert rows[8] == pytest.approx([50.0, 65.0, 80.0])  # linear in rows from batches 2 and 4

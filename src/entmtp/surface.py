@@ -100,33 +100,22 @@ def measure_surface(
     budget_s: float = BUDGET_S,
     progress: bool = True,
 ) -> CostSurface:
-    """Time batched steps of each (batch, size), smallest first; past the budget a batch's larger sizes are
-    extrapolated from its measured ones and larger batches from the two largest measured."""
+    """Time batched steps of each (batch, size): every batch's plain step, then size by size over every batch
+    until the budget is spent; the sizes not measured in time are filled in by `_complete`."""
     t0 = time.perf_counter()
     probe = _BatchProbe(model, heads, max(batches))
     line = _Line("measuring this machine's batched step costs (once)", len(batches) * len(sizes), progress)
-    rows: dict[int, list[float]] = {}
-    try:
-        for b in batches:
-            if rows and time.perf_counter() - t0 > budget_s:
-                break
-            measured: dict[int, float] = {}
-            for n in sizes:
-                if measured and time.perf_counter() - t0 > budget_s:
-                    break
-                measured[n] = probe.time(b, n)
+    measured: dict[int, dict[int, float]] = {b: {} for b in batches}
+    try:  # size by size over every batch: the small trees that batches use are measured first everywhere
+        for n in sizes:
+            for b in batches:
+                if n != sizes[0] and time.perf_counter() - t0 > budget_s:
+                    break  # every batch's plain step is measured whatever the budget
+                measured[b][n] = probe.time(b, n)
                 line.advance()
-            rows[b] = _extrapolate(measured, sizes)
     finally:
         line.stop()
-    done = sorted(rows)
-    for b in batches:  # not measured in time: linear in rows from the two largest measured batches
-        if b not in rows:
-            lo, hi = (done[-2], done[-1]) if len(done) > 1 else (done[-1], done[-1])
-            step = [(y - x) / max(1, hi - lo) for x, y in zip(rows[lo], rows[hi], strict=True)]
-            rows[b] = [
-                y + s * (b - hi) if hi > lo else y * b / hi for y, s in zip(rows[hi], step, strict=True)
-            ]
+    rows = _complete(measured, batches, sizes)
     seconds = time.perf_counter() - t0
     key = {**cost_key(model, heads), "surface": list(batches), "sizes": list(sizes)}
     surface = CostSurface(
@@ -134,6 +123,29 @@ def measure_surface(
     )
     line.say(f"batched step costs measured in {seconds:.1f} s:\n{surface.summary()}")
     return surface
+
+
+def _complete(measured: dict[int, dict[int, float]], batches: Sequence[int], sizes: Sequence[int]):
+    """Every (batch, size): measured; a batch's larger sizes linear from its two largest measured (costs.py's
+    `_extrapolate`), or, with only its plain step measured, the previous batch's shape scaled to it; a batch
+    not measured at all linear in rows from the two largest measured batches."""
+    rows: dict[int, list[float]] = {}
+    for b in batches:
+        got = measured.get(b, {})
+        if len(got) >= 2 or (got and not rows):
+            rows[b] = _extrapolate(got, sizes)
+        elif got:
+            prev = rows[max(rows)]
+            rows[b] = [got.get(n, prev[j] * got[sizes[0]] / prev[0]) for j, n in enumerate(sizes)]
+    done = sorted(rows)
+    for b in batches:
+        if b not in rows:
+            lo, hi = (done[-2], done[-1]) if len(done) > 1 else (done[-1], done[-1])
+            step = [(y - x) / max(1, hi - lo) for x, y in zip(rows[lo], rows[hi], strict=True)]
+            rows[b] = [
+                y + s * (b - hi) if hi > lo else y * b / hi for y, s in zip(rows[hi], step, strict=True)
+            ]
+    return rows
 
 
 class _BatchProbe:
