@@ -171,10 +171,13 @@ def test_prefix_extend_in_chunks_equals_one_chunk_and_features(model, prompt):
     one = heads.drafter()
     one.extend(hidden)
     whole = one.feature.clone()
-    chunks = heads.drafter()
+    chunks, lazy = heads.drafter(), heads.drafter()
     for chunk in (hidden[:5], hidden[5:9], hidden[9:]):
         chunks.extend(chunk)
+        chunks.feature  # noqa: B018 - reading the feature advances the heads over this chunk alone
+        lazy.extend(chunk)  # advanced over all three chunks at once, when read
     torch.testing.assert_close(chunks.feature, whole)
+    torch.testing.assert_close(lazy.feature, whole)
     with torch.no_grad():
         prefix_out, _ = heads._run_prefix(hidden[None], 0, None)  # what features() runs first
     torch.testing.assert_close(prefix_out[0, -1], whole)

@@ -67,3 +67,10 @@ def test_sizes_not_measured_in_time_take_the_shape_measured_elsewhere():
         [30.0, 39.0, 48.0]
     )  # the previous batch's shape, scaled to its plain step
     assert rows[8] == pytest.approx([50.0, 65.0, 80.0])  # linear in rows from batches 2 and 4
+
+
+def test_a_timing_outlier_is_pooled_with_its_neighbours_not_carried_to_every_larger_size():
+    from entmtp.surface import _monotone
+
+    assert _monotone([10.0, 12.0, 14.0]) == [10.0, 12.0, 14.0]
+    assert _monotone([10.0, 30.0, 20.0, 25.0, 40.0]) == [10.0, 25.0, 25.0, 25.0, 40.0]

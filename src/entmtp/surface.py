@@ -115,7 +115,7 @@ def measure_surface(
                 line.advance()
     finally:
         line.stop()
-    rows = _complete(measured, batches, sizes)
+    rows = {b: _monotone(r) for b, r in _complete(measured, batches, sizes).items()}
     seconds = time.perf_counter() - t0
     key = {**cost_key(model, heads), "surface": list(batches), "sizes": list(sizes)}
     surface = CostSurface(
@@ -123,6 +123,20 @@ def measure_surface(
     )
     line.say(f"batched step costs measured in {seconds:.1f} s:\n{surface.summary()}")
     return surface
+
+
+def _monotone(ms: list[float]) -> list[float]:
+    """The closest non-decreasing sequence (least squares: pool adjacent violators). A step of more nodes never
+    costs less; a timing outlier is averaged with its neighbours instead of raising every larger size, as a
+    running maximum would."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for m in ms:
+        blocks.append([m, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(int(count))]
 
 
 def _complete(measured: dict[int, dict[int, float]], batches: Sequence[int], sizes: Sequence[int]):

@@ -353,24 +353,39 @@ class Drafter:
 
     def __init__(self, heads: Heads):
         self.heads = heads
-        self.feature: torch.Tensor | None = None  # [H]
+        self._feature: torch.Tensor | None = None  # [H]
         self.kv: tuple[torch.Tensor, torch.Tensor] | None = None  # prefix-mlp: [1, nkv, S, hd] x2
+        self.pending: list[torch.Tensor] = []  # committed hidden states [T, H] not yet advanced over
+
+    @property
+    @torch.inference_mode()
+    def feature(self) -> torch.Tensor | None:
+        """[H] the feature after every committed position (None before any): the heads advance over the
+        pending positions first."""
+        if self.pending:
+            hidden = torch.cat(self.pending) if len(self.pending) > 1 else self.pending[0]
+            self.pending = []
+            self._feature, self.kv = self.heads.advance(hidden, self.kv)
+        return self._feature
 
     @torch.inference_mode()
     def extend(self, hidden: torch.Tensor) -> None:
-        """Take the base hidden states of newly committed positions: ``hidden`` [T, H]."""
+        """Take the base hidden states of newly committed positions: ``hidden`` [T, H]. The heads advance over
+        them when the next probe or draft needs the feature, all pending positions at once: steps that draft
+        nothing (a batch's plain steps, batch.Gate) cost the heads nothing."""
         size = self.heads.config.hidden_size
         if hidden.ndim != 2 or hidden.shape[1] != size:
             raise HeadsError(f"extend() takes hidden states [T, {size}], got {tuple(hidden.shape)}")
         if hidden.shape[0]:
-            self.feature, self.kv = self.heads.advance(hidden, self.kv)
+            self.pending.append(hidden)
 
     def _require_feature(self) -> torch.Tensor:
-        if self.feature is None:
+        feature = self.feature
+        if feature is None:
             raise HeadsError(
                 "no committed position yet: call extend(prompt hidden states) before draft() or probe()"
             )
-        return self.feature
+        return feature
 
     @torch.inference_mode()
     def draft(self, tree: Tree, root_token: torch.Tensor, probe: Probe | None = None) -> Draft:
