@@ -134,7 +134,7 @@ class Batch:
         if latency is not None and speculate:
             pending = self._joint(rows, pending, latency)
         t1 = time.perf_counter()
-        if len(rows) == 1:  # a row alone verifies as `engine.decode` does (no padding or batch masks to build)
+        if len(rows) == 1:  # a row alone verifies as engine.decode does: no padding, no batch masks
             fwds = [engine.base.forward(pending[0].tokens, pending[0].tree, rows[0].state.cache)]
         else:
             fwds = engine.base.forward_batch([p.tokens for p in pending], [p.tree for p in pending], self.kv)
