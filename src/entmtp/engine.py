@@ -3,7 +3,9 @@
 Everything else plugs into `decode`: heads draft (heads.py), prompt lookup drafts (lookup.py), trees are
 data (tree.py), acceptance rules (accept.py), the KV cache and the verification forward (cache.py), the tree
 policy (policy.py; lookup branches: scheduler/hybrid.py). With no heads and no lookup the same loop is plain
-decoding: the root-only tree, one token per step.
+decoding: the root-only tree, one token per step. A step's phases are `prepare` (1-2), the forward (3) and
+`conclude` (4-6), so a continuous batch (batch.py) runs each row through the very same code, with one
+forward for all its rows.
 """
 
 from __future__ import annotations
