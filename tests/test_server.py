@@ -296,7 +296,8 @@ def test_max_batch_below_one_is_refused_before_anything_loads():
 @pytest.mark.parametrize("slots", [BATCH, 1])
 def test_a_full_queue_answers_503_with_retry_after(request, slots):
     """--max-batch rows run and --max-queue (2) requests wait; three more are refused. /health, asked
-    meanwhile, sees every row running."""
+    meanwhile, sees every row running and never more accepted than rows plus queue (a request accepted in the
+    moment between a row ending and the next job's admission counts as waiting)."""
     server = request.getfixturevalue("server" if slots == BATCH else "one_at_a_time")
     body = {"messages": CHAT, "max_tokens": 64, "temperature": 0}
     results, seen = [], []
@@ -313,7 +314,8 @@ def test_a_full_queue_answers_503_with_retry_after(request, slots):
         time.sleep(0.02)
     codes = sorted(r.status_code for r in results)
     assert codes.count(200) >= slots + 2 and 503 in codes
-    assert max(h["running"] for h in seen) == slots and max(h["queue"] for h in seen) <= 2
+    assert max(h["running"] for h in seen) == slots
+    assert all(h["running"] <= slots and h["running"] + h["queue"] <= slots + 2 for h in seen)
     busy = next(r for r in results if r.status_code == 503)
     assert busy.json()["error"]["type"] == "server_busy"
     # from the measured queue (the formula: test_worker_retry_after_is_the_queue_times_the_recent_service_time)

@@ -50,8 +50,8 @@ async def models(request: Request):  # no return annotation: FastAPI would take 
 
 async def health(request: Request):
     state = _state(request)
-    worker = state.worker
-    body = {"status": "ok", "model": state.model_name, "queue": worker.waiting, "running": worker.running}
+    waiting, running = state.worker.counts()
+    body = {"status": "ok", "model": state.model_name, "queue": waiting, "running": running}
     if state.draining:  # a load balancer sends no more requests here
         return JSONResponse({**body, "status": "draining"}, status_code=503)
     return body
@@ -59,8 +59,9 @@ async def health(request: Request):
 
 async def prometheus(request: Request) -> Response:
     state = _state(request)
-    state.metrics.queue.set(state.worker.waiting)
-    state.metrics.running.set(state.worker.running)
+    waiting, running = state.worker.counts()
+    state.metrics.queue.set(waiting)
+    state.metrics.running.set(running)
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 

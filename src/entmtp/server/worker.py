@@ -75,6 +75,11 @@ class Worker:
             self._open.add(job)
         self._jobs.put(job)
 
+    def counts(self) -> tuple[int, int]:
+        """(waiting, running), read together: never a job counted in both or in neither."""
+        with self._lock:
+            return self.waiting, self.running
+
     def retry_after(self, default: float = 2.0) -> int:
         """Seconds until the jobs accepted now are likely done: (waiting + running) / slots x the recent mean
         time per job (`default` per job before any finished), at least 1 s and at most 10 minutes."""
