@@ -112,7 +112,10 @@ class Batch:
             self._drop(cache)
             raise
         row.prefill_seconds = time.perf_counter() - t0
-        return row, self._finish(row, event)
+        event = self._finish(row, event)
+        if event.result is not None:
+            self._drop(cache)
+        return row, event
 
     def cancel(self, row: Row) -> None:
         """Drop `row` between steps (a client that left); its result is never built."""
@@ -145,7 +148,7 @@ class Batch:
             p.clock.lap()  # the forward is charged once per row as `verify`, not to the next phase
             event = conclude(engine, row.state, p, fwd)  # (4) accept (5) commit (6) finish
             row.steps.append(event.step)
-            out.append((row, self._finish(row, event, drop=False)))
+            out.append((row, self._finish(row, event)))
         for row, event in out:  # rows leave after every row committed (a leaving row moves another's slots)
             if event.finish_reason is not None:
                 self._drop(row.state.cache)
@@ -179,12 +182,10 @@ class Batch:
             return prepare(self.engine, row.state, probe=probe)
         return prepare(self.engine, row.state, latency, speculate, probe)
 
-    def _finish(self, row: Row, event: TokenEvent, drop: bool = True) -> TokenEvent:
-        """The event, with its result when it ends the row (which then leaves the batch, when `drop`)."""
+    def _finish(self, row: Row, event: TokenEvent) -> TokenEvent:
+        """The event, with its result when it ends the row (the caller then drops the row)."""
         if event.finish_reason is None:
             return event
-        if drop:
-            self._drop(row.state.cache)
         seconds = time.perf_counter() - row.t0
         return replace(
             event, result=row.state.result(row.steps, seconds, row.prefill_seconds, event.finish_reason)

@@ -336,12 +336,14 @@ class BaseModel:
             mask[b, pad, past + pad] = True  # a padding token sees itself: no empty softmax row
         positions = (lengths[:, None] + depths).to(self.device)
         out = self._decode(ids, positions, mask.to(self.device), batch)
-        hidden = out.hidden_states[-1 - self.hidden_state_offset] if self.hidden_state_offset else None
+        offset, last = self.hidden_state_offset, out.last_hidden_state  # [B, n, H]
+        hidden = out.hidden_states[-1 - offset] if offset > 0 else last  # what the heads read
         sizes = [t.numel() for t in tokens]
-        last = torch.cat([out.last_hidden_state[b, :k] for b, k in enumerate(sizes)])  # [sum n_b, H]
-        logits = self.lm_head(last).split(sizes)
-        hid = [(hidden if hidden is not None else out.last_hidden_state)[b, :k] for b, k in enumerate(sizes)]
-        return [Forward(logits=lg, hidden=h) for lg, h in zip(logits, hid, strict=True)]
+        logits = self.lm_head(torch.cat([last[b, :k] for b, k in enumerate(sizes)])).split(sizes)
+        return [
+            Forward(logits=lg, hidden=hidden[b, :k])
+            for b, (lg, k) in enumerate(zip(logits, sizes, strict=True))
+        ]
 
     def _decode(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache):
         """The decoder over `ids` [B, n] at `positions` [B, n], `mask` [B, n, kv_len] bool (True = attend) or

@@ -12,7 +12,7 @@ step charged once by the cost surface (surface.py) for its rows and its largest 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -240,12 +240,11 @@ def replay_batch(policy, traces: Sequence[Trace], surface, batch: int, *, aware:
     rows' trees are set within the joint budget (scheduler/joint.py), as `Batch.step` does; else each row
     chooses alone on the policy's own single-row costs. Tokens per second of the whole batch; `steps` counts
     rows' steps."""
-    out, waiting, rows = Replay(), list(traces)[::-1], []
-    while waiting or rows:
-        while waiting and len(rows) < batch:
-            rows.append(TraceRow(policy, waiting.pop()))
+    out = Replay()
+    for rows in _continuous(policy, traces, batch):
         latency = surface.latency(len(rows))
-        choices = [r.policy.choose(r.context(latency if aware else None)) for r in rows]
+        # a row alone chooses on its policy's own costs, as `Batch.step` lets it
+        choices = [r.policy.choose(r.context(latency if aware and len(rows) > 1 else None)) for r in rows]
         trees = [c.tree for c in choices]
         budget = (
             joint_budget([c.menu for c in choices], [t.num_nodes for t in trees], latency) if aware else None
@@ -258,8 +257,18 @@ def replay_batch(policy, traces: Sequence[Trace], surface, batch: int, *, aware:
         for r, t, c in zip(rows, trees, choices, strict=True):
             out.add(r.take(t, c.signals), 0.0)
         out.ms += float(latency(max(r.last_tree.num_nodes for r in rows)))
-        rows = [r for r in rows if not r.done]
     return out
+
+
+def _continuous(policy, traces: Sequence[Trace], batch: int) -> Iterator[list[TraceRow]]:
+    """The rows of each step of a continuous batch over `traces` (a trace joins as soon as one ends); the
+    caller steps every row before asking for the next step's."""
+    waiting, rows = list(traces)[::-1], []
+    while waiting or rows:
+        while waiting and len(rows) < batch:
+            rows.append(TraceRow(policy, waiting.pop()))
+        yield rows
+        rows = [r for r in rows if not r.done]
 
 
 def oracle_batch(bank: Sequence[Tree], traces: Sequence[Trace], surface, batch: int) -> Replay:
@@ -268,10 +277,8 @@ def oracle_batch(bank: Sequence[Tree], traces: Sequence[Trace], surface, batch: 
     scheduler could do knowing each tree's accepted length), not a schedule over the whole run like `oracle`."""
     sizes = sorted({t.num_nodes for t in bank} | {0})
     bank = [Tree.root_only(), *bank]
-    out, waiting, rows = Replay(), list(traces)[::-1], []
-    while waiting or rows:
-        while waiting and len(rows) < batch:
-            rows.append(TraceRow(StaticPolicy(Tree.root_only()), waiting.pop()))
+    out = Replay()
+    for rows in _continuous(StaticPolicy(Tree.root_only()), traces, batch):
         latency = surface.latency(len(rows))
         for r in rows:
             r.context()
@@ -286,5 +293,4 @@ def oracle_batch(bank: Sequence[Tree], traces: Sequence[Trace], surface, batch: 
         for r, i in zip(rows, best[1], strict=True):
             out.add(r.take(bank[i], {}), 0.0)
         out.ms += float(latency(max(r.last_tree.num_nodes for r in rows)))
-        rows = [r for r in rows if not r.done]
     return out
