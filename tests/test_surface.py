@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -74,3 +76,15 @@ def test_a_timing_outlier_is_pooled_with_its_neighbours_not_carried_to_every_lar
 
     assert _monotone([10.0, 12.0, 14.0]) == [10.0, 12.0, 14.0]
     assert _monotone([10.0, 30.0, 20.0, 25.0, 40.0]) == [10.0, 25.0, 25.0, 25.0, 40.0]
+
+
+def test_an_unreadable_cached_surface_is_named_and_measured_again(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
+    model = tiny_model("llama", seed=1)
+    first = surface_for(model, max_batch=2, progress=False)
+    (path,) = tmp_path.glob("costs/*.json")
+    path.write_text("{not json", encoding="utf-8")
+    again = surface_for(model, max_batch=2, progress=False)
+    err = capsys.readouterr().err
+    assert f"cost surface {path} is unreadable" in err and "measuring again" in err
+    assert again.batches == first.batches and CostSurface.from_json(json.loads(path.read_text())) == again
