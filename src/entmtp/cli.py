@@ -189,10 +189,14 @@ def cmd_serve(args) -> int:
         raise EntMTPError(
             f"`entmtp serve` needs the server extra ({e.name} is missing): pip install 'entmtp[server]'"
         ) from e
+    from .server.thread import TorchThread
+
     batched = args.max_batch > 1
-    engine = _engine(args, graphs=not args.no_graphs and not batched)  # a batch steps eagerly (batch.py)
+    thread = TorchThread()  # every torch call of the server on one thread (server/thread.py says why)
+    # a batch steps eagerly (batch.py)
+    engine = thread.call(_engine, args, graphs=not args.no_graphs and not batched)
     name = args.model_name or args.model or "smollm2-135m-instruct"
-    costs = _batch_costs(engine, args) if batched else None
+    costs = thread.call(_batch_costs, engine, args) if batched else None
     app = create_app(
         engine,
         name,
@@ -200,6 +204,7 @@ def cmd_serve(args) -> int:
         max_body_bytes=args.max_body,
         max_batch=args.max_batch,
         costs=costs,
+        thread=thread,
     )
     print(f"entmtp: serving {name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     serve(

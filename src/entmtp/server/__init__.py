@@ -7,6 +7,7 @@ state.py      what the routes share: engine, worker, metrics, settings, draining
 schema.py     request validation and the OpenAI response shapes
 worker.py     the bounded queue, the job protocol, and the generation thread of --max-batch 1 (one at a time)
 batching.py   the generation thread of --max-batch B > 1: up to B requests stepped together as one batch
+thread.py     the one thread that builds the engine and runs the generation loop (torch is slower on two)
 metrics.py    the Prometheus counters, gauges and histograms (the batched steps' too)
 run.py        binding, the header timeout and the draining shutdown
 """

@@ -30,6 +30,7 @@ from ..surface import CostSurface
 from . import routes
 from .metrics import Metrics
 from .state import ServerState
+from .thread import TorchThread
 
 log = logging.getLogger("entmtp.server")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")  # echoed as given; anything else gets a new id
@@ -43,15 +44,17 @@ def create_app(
     max_body_bytes: int = 1 << 20,
     max_batch: int = 1,
     costs: CostSurface | None = None,
+    thread: TorchThread | None = None,
 ) -> FastAPI:
     """The app serving `engine` as `model_name`: up to `max_batch` requests generate together (one continuous
     batch, weighing trees by the cost surface `costs` when given; 1: one at a time, CUDA graphs allowed) and
-    up to `max_queue` more wait."""
+    up to `max_queue` more wait. Give the `thread` that built the engine (thread.py: on a CPU, torch runs
+    ~1.7x slower on a second thread); without one, generation runs on a new thread."""
     if max_batch < 1:
         raise EntMTPError(f"max_batch must be >= 1 (1: one request at a time), got {max_batch}")
     app = FastAPI(title="entmtp", version="1", lifespan=_lifespan)
     state = app.state.server = ServerState.start(
-        engine, model_name, max_queue, max_body_bytes, max_batch, costs
+        engine, model_name, max_queue, max_body_bytes, max_batch, costs, thread
     )
     app.add_exception_handler(StarletteHTTPException, routes.http_error)
     app.add_exception_handler(Exception, routes.internal_error)

@@ -18,6 +18,7 @@ from ..batch import Batch, Row
 from ..engine import Engine
 from ..errors import EntMTPError
 from ..surface import CostSurface
+from .thread import TorchThread
 from .worker import Job, Worker
 
 log = logging.getLogger("entmtp.server")
@@ -30,17 +31,19 @@ def start_worker(
     costs: CostSurface | None = None,
     on_finish=None,
     on_step=None,
+    thread: TorchThread | None = None,
 ) -> Worker:
     """The generation thread: a `BatchWorker` of `max_batch` rows, or one job at a time when `max_batch` is 1
-    or the engine cannot step a batch (CUDA graphs, no preallocated cache: one log line says which)."""
+    or the engine cannot step a batch (CUDA graphs, no preallocated cache: one log line says which). With
+    `thread` (the one that built the engine: thread.py says why), the batch is built and the loop runs there."""
     if max_batch > 1:
         try:
-            batch = Batch(engine, costs)
+            batch = thread.call(Batch, engine, costs) if thread else Batch(engine, costs)
         except EntMTPError as e:
             log.warning("serving one request at a time, not %d together: %s", max_batch, e)
         else:
-            return BatchWorker(batch, max_batch, max_queue, on_finish, on_step)
-    return Worker(engine, max_queue, on_finish)
+            return BatchWorker(batch, max_batch, max_queue, on_finish, on_step, thread)
+    return Worker(engine, max_queue, on_finish, thread)
 
 
 @dataclass(eq=False)
@@ -56,11 +59,19 @@ class BatchWorker(Worker):
     """Up to `slots` jobs generating together (see the module docstring). `on_step(record, tokens)` hears of
     every step: its `BatchStep` and the tokens it emitted over all rows."""
 
-    def __init__(self, batch: Batch, slots: int, max_queue: int, on_finish=None, on_step=None):
-        # set before Worker.__init__, which starts the thread that reads them
+    def __init__(
+        self,
+        batch: Batch,
+        slots: int,
+        max_queue: int,
+        on_finish=None,
+        on_step=None,
+        thread: TorchThread | None = None,
+    ):
+        # set before Worker.__init__, which starts the loop that reads them
         self.batch, self.slots, self.on_step = batch, slots, on_step
         self._rows: dict[int, _Running] = {}  # row id -> its job
-        super().__init__(batch.engine, max_queue, on_finish)
+        super().__init__(batch.engine, max_queue, on_finish, thread)
 
     def _run(self) -> None:
         while not self._closed or self._rows:  # after `close`, the rows still open run to their end

@@ -13,6 +13,7 @@ from ..surface import CostSurface
 from . import schema
 from .batching import start_worker
 from .metrics import Metrics
+from .thread import TorchThread
 from .worker import Worker
 
 log = logging.getLogger("entmtp.server")
@@ -42,11 +43,19 @@ class ServerState:
         max_body_bytes: int,
         max_batch: int = 1,
         costs: CostSurface | None = None,
+        thread: TorchThread | None = None,
     ) -> ServerState:
-        """A state with its generation thread started (`max_batch` rows at once, batching.py)."""
+        """A state with its generation loop started (`max_batch` rows at once, batching.py) on `thread`, the
+        one that built the engine (thread.py says why), or on a new thread."""
         metrics = Metrics()
         worker = start_worker(
-            engine, max_queue, max_batch, costs, on_finish=metrics.finished, on_step=metrics.stepped
+            engine,
+            max_queue,
+            max_batch,
+            costs,
+            on_finish=metrics.finished,
+            on_step=metrics.stepped,
+            thread=thread,
         )
         token_text = schema.TokenText(engine.tokenizer)
         return cls(engine, model_name, worker, metrics, max_body_bytes, token_text)

@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..engine import Engine
+from .thread import TorchThread
 
 
 class QueueFull(Exception):
@@ -49,11 +50,12 @@ class Job:
 
 class Worker:
     """`submit` a job (QueueFull past `slots` running and `max_queue` waiting); the thread streams its events
-    back to its loop. This one runs one job at a time (`slots` = 1)."""
+        back to its loop. This one runs one job at a time (`slots` = 1). The loop runs on `thread` (the one that
+    built the engine) when given, else on a new one."""
 
     slots = 1  # jobs generating at once
 
-    def __init__(self, engine: Engine, max_queue: int, on_finish=None):
+    def __init__(self, engine: Engine, max_queue: int, on_finish=None, thread: TorchThread | None = None):
         self.engine, self.max_queue, self.on_finish = engine, max_queue, on_finish
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
@@ -62,8 +64,9 @@ class Worker:
         self._closed = False  # the thread took `close`'s marker: it admits no more jobs
         self.waiting = 0  # accepted jobs not yet started
         self.running = 0  # jobs started and not ended (0..slots)
-        self._thread = threading.Thread(target=self._run, name="entmtp-generate", daemon=True)
-        self._thread.start()
+        thread = thread or TorchThread()  # the server's: the one that built the engine (thread.py says why)
+        self._thread = thread.thread
+        thread.finish(self._run)
 
     def submit(self, job: Job) -> None:
         with self._lock:
