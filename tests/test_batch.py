@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import ByteTokenizer, tiny_model
-from entmtp.batch import GATE_EXPLORE, GATE_WINDOW, Batch, Gate
+from entmtp.batch import GATE_EXPLORE, GATE_EXPLORE_MAX, GATE_WINDOW, Batch, Gate
 from entmtp.cache import BaseModel, BatchKV
 from entmtp.costs import LatencyModel
 from entmtp.engine import Engine
@@ -175,14 +175,18 @@ def test_the_gate_runs_the_faster_kind_of_step_and_tries_the_other_again_in_time
     gate.observe(4, True, tokens=8, seconds=0.1)  # 80 tokens/s
     assert not gate.speculate(4)  # then a plain step, to measure it
     gate.observe(4, False, tokens=4, seconds=0.02)  # 200 tokens/s: plain is faster here
-    kinds = [gate.speculate(4) for _ in range(GATE_EXPLORE * 2)]
-    assert kinds.count(True) == 2  # speculation is tried again once per GATE_EXPLORE steps
+    kinds = [gate.speculate(4) for _ in range(GATE_EXPLORE * 16)]
+    tried = [i for i, k in enumerate(kinds) if k]  # tried again, ever less often while it loses
+    assert np.diff(tried).tolist() == [GATE_EXPLORE * 2, GATE_EXPLORE * 4, GATE_EXPLORE * 8]
+    assert tried[0] == GATE_EXPLORE and GATE_EXPLORE * 8 == GATE_EXPLORE_MAX
     assert not gate.speculate(3)  # 3 rows read what 4 rows measured (one bucket) ...
     assert gate.speculate(8)  # ... and each bucket of batch sizes is measured on its own
     assert [Gate.bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 16)] == [0, 1, 2, 2, 3, 3, 4, 4]
     for _ in range(GATE_WINDOW):  # speculation got faster: its recent steps outweigh the old ones
         gate.observe(4, True, tokens=12, seconds=0.04)  # 300 tokens/s
     assert gate.rate(4, True) == pytest.approx(300.0) and gate.speculate(4)
+    kinds = [gate.speculate(4) for _ in range(GATE_EXPLORE)]
+    assert kinds == [True] * (GATE_EXPLORE - 1) + [False]  # a new lead: the other kind is tried soon again
     gate.observe(1, False, tokens=1, seconds=0.001)
     assert gate.speculate(1)  # a row alone is its policy's business, as in Engine.stream
 

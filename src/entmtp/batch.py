@@ -219,15 +219,18 @@ def _gated(row: Row) -> bool:
 
 
 GATE_WINDOW = 8  # recent steps of each kind whose tokens over seconds measure it
-GATE_EXPLORE = 8  # every this many steps of a bucket, the kind that looks worse runs once more
+GATE_EXPLORE = 8  # steps of a bucket before the kind that looks worse runs once more ...
+GATE_EXPLORE_MAX = 64  # ... and the wait doubles, up to this, while the same kind stays ahead
 
 
 class Gate:
     """Whether a batched step of several rows speculates at all, by measurement: per bucket of batch sizes,
     the tokens per second of the recent steps that speculated and of the recent plain ones (every row the
     root alone: no probe, no drafting, the policy not asked), each the sum of tokens over the sum of seconds
-    of its last `GATE_WINDOW` steps. The better kind runs; the other is tried again every `GATE_EXPLORE`
-    steps, so a change (of the text, of the machine's load) is seen. Speculation goes first. This keeps
+    of its last `GATE_WINDOW` steps. The better kind runs; the other is tried again after `GATE_EXPLORE`
+    steps, so a change (of the text, of the machine's load) is seen, then after twice as many each time the
+    same kind stays ahead (up to `GATE_EXPLORE_MAX`: exploring a losing kind costs little once it has lost
+    for long), and again after `GATE_EXPLORE` when the lead changes. Speculation goes first. This keeps
     batched speculation from running below plain batched decoding where the per-row work of choosing and
     drafting costs more than the drafts bring: the cost surface prices verification, the gate the rest. A
     row alone is left to its policy's own cost curve, as `Engine.stream` leaves it."""
@@ -235,6 +238,8 @@ class Gate:
     def __init__(self):
         self.recent: dict[tuple[int, bool], deque[tuple[int, float]]] = {}  # (bucket, speculated) -> steps
         self.steps: dict[int, int] = {}
+        # bucket -> (the kind ahead, the wait, the step at which the other kind runs again)
+        self.explore: dict[int, tuple[bool, int, int]] = {}
 
     @staticmethod
     def bucket(rows: int) -> int:
@@ -253,9 +258,17 @@ class Gate:
         spec, plain = self.rate(rows, True), self.rate(rows, False)
         if spec is None or plain is None:
             return spec is None
-        b = self.bucket(rows)
+        b, ahead = self.bucket(rows), spec >= plain
         n = self.steps[b] = self.steps.get(b, 0) + 1
-        return (spec >= plain) != (n % GATE_EXPLORE == 0)
+        kind, wait, at = self.explore.get(b, (None, 0, 0))
+        if kind != ahead:  # the lead changed (or the bucket is new): try the other kind soon
+            wait, at = GATE_EXPLORE, n + GATE_EXPLORE
+        if n < at:
+            self.explore[b] = (ahead, wait, at)
+            return ahead
+        wait = min(2 * wait, GATE_EXPLORE_MAX)
+        self.explore[b] = (ahead, wait, n + wait)
+        return not ahead
 
     def observe(self, rows: int, speculated: bool, tokens: int, seconds: float) -> None:
         if rows > 1:
