@@ -101,18 +101,24 @@ def measure_surface(
     progress: bool = True,
 ) -> CostSurface:
     """Time batched steps of each (batch, size): every batch's plain step, then size by size over every batch
-    until the budget is spent; the sizes not measured in time are filled in by `_complete`."""
+    until the budget is spent, then every batch's plain step once more (the lower of the two is kept: a slow
+    start must not make plain steps look dear, which makes every tree look free); the sizes not measured in
+    time are filled in by `_complete`."""
     t0 = time.perf_counter()
     probe = _BatchProbe(model, heads, max(batches))
     line = _Line("measuring this machine's batched step costs (once)", len(batches) * len(sizes), progress)
     measured: dict[int, dict[int, float]] = {b: {} for b in batches}
-    try:  # size by size over every batch: the small trees that batches use are measured first everywhere
-        for n in sizes:
+    try:
+        for b in batches:  # untimed: the first step of a batch shape pays for its kernels and buffers
+            probe.time(b, sizes[0])
+        for n in sizes:  # size by size over every batch: the small trees batches use come first everywhere
             for b in batches:
                 if n != sizes[0] and time.perf_counter() - t0 > budget_s:
                     break  # every batch's plain step is measured whatever the budget
                 measured[b][n] = probe.time(b, n)
                 line.advance()
+        for b in batches:
+            measured[b][sizes[0]] = min(measured[b][sizes[0]], probe.time(b, sizes[0]))
     finally:
         line.stop()
     rows = {b: _monotone(r) for b, r in _complete(measured, batches, sizes).items()}
