@@ -196,6 +196,12 @@ def cmd_serve(args) -> int:
     # a batch steps eagerly (batch.py)
     engine = thread.call(_engine, args, graphs=not args.no_graphs and not batched)
     name = args.model_name or args.model or "smollm2-135m-instruct"
+    if batched and not args.no_graphs and engine.base.device.type == "cuda":
+        print(
+            f"entmtp: --max-batch {args.max_batch}: batched steps run without CUDA graphs, so a request "
+            "alone decodes slower than with them; --max-batch 1 serves one request at a time with graphs",
+            file=sys.stderr,
+        )
     costs = thread.call(_batch_costs, engine, args) if batched else None
     app = create_app(
         engine,
