@@ -43,7 +43,7 @@ from .config import (
     WEIGHTS_FILE,
     HeadsConfig,
 )
-from .drafting import Draft, Drafter, Heads, LazyProbe, MedusaHeads, Probe, frequent_tokens, taken
+from .drafting import Draft, Drafter, Heads, MedusaHeads, Probe, frequent_tokens
 from .formats import load_heads, save_heads, save_hydra_official, save_medusa_official
 from .hydra import HydraHeads, random_heads
 
@@ -64,7 +64,6 @@ __all__ = [
     "Heads",
     "HeadsConfig",
     "HydraHeads",
-    "LazyProbe",
     "MedusaHeads",
     "Probe",
     "frequent_tokens",
@@ -73,5 +72,4 @@ __all__ = [
     "save_heads",
     "save_hydra_official",
     "save_medusa_official",
-    "taken",
 ]

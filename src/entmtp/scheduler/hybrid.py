@@ -21,14 +21,6 @@ before the choice) against the emitted tokens still says exactly whether it woul
 depths the probe holds (`counterfactual_depth`: depth 1 for Hydra, every depth for Medusa); deeper evidence
 not verified for a while ages towards its prior.
 
-Heads that keep losing are probed ever more rarely: when a probed step drops the heads and no heads' tree could
-pay at their current rates (`_heads_lose`: the best option without them beats the cheapest tree of every
-depth with them), the next `SKIP_FIRST` steps, then twice as many after each such probed step (up to
-`SKIP_MAX`), are chosen without asking the inner policy as long as that still holds, so the engine's lazy
-probe (heads.LazyProbe) is never computed: on copy-heavy text most steps then cost what prompt lookup alone
-costs. A skipped step judges no head and leaves their evidence as it was (no ageing: the next probed step
-refreshes it). A skip picks what the full weighing would pick (`tests/test_hybrid.py`).
-
 Cost, in one-token steps: the measured step latency of n drafted tokens relative to a plain step (`latency`:
 this machine's cost curve, costs.py, or a profile's stored latencies; else `CPU_COST`, measured on one 2-core
 CPU), less the heads' drafting (`draft_cost`: the curve's measured share, else `HEADS_DRAFT_COST`) on steps
@@ -45,7 +37,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..costs import CostCurve, LatencyModel
-from ..heads import taken
 from ..lookup import Lookup
 from ..policy import Choice, Menu, Stateful, StaticPolicy, TreePolicy
 from ..records import Step, StepContext
@@ -66,7 +57,6 @@ HEADS_DRAFT_COST = 0.11
 HEADS_PRIOR = 0.6  # c_d prior, so H_k starts at 0.6^k
 LOOKUP_PRIOR = {0: 0.0, 1: 0.25, 2: 0.45, 3: 0.6}  # r_m prior by match length (3 = 3 or more)
 MAX_MATCH = max(LOOKUP_PRIOR)
-SKIP_FIRST, SKIP_MAX = 4, 32  # steps without probing heads that lose: the first wait, doubled up to this
 
 
 class _Rate:
@@ -100,7 +90,6 @@ class HybridPolicy(Stateful):
         self.trees = list(inner.trees)
         self.master = inner.master
         self._hybrids: dict[tuple[int, int], tuple[Tree, Tree]] = {}
-        self._chains: dict[int, Tree] = {}  # depth -> the chain of that depth (`_heads_lose`)
         n = np.arange(max(t.num_nodes for t in self.trees) + lookup.tokens + 1)  # [n] drafted nodes
         if lookup.node_cost is not None:
             self.cost, self.draft_cost = 1.0 + lookup.node_cost * n, 0.0
@@ -116,11 +105,10 @@ class HybridPolicy(Stateful):
         self.copy = {m: _Rate(p) for m, p in LOOKUP_PRIOR.items()}
         self._chosen: tuple[int, int] = (0, 0)  # (match bucket, heads depth) of the running step
         self._unverified: tuple[Tree, object] | None = None  # (inner tree, probe) when the heads were dropped
-        self._steps = 0  # steps chosen so far
-        self._skip_wait, self._skip_until = 0, 0  # steps without probing the heads: how many, until which
-        self._skipped = False  # the running step was chosen without the heads
 
     def choose(self, ctx: StepContext) -> Choice:
+        tree, signals = self.inner.choose(ctx)[:2]
+        signals = dict(signals)
         index = ctx.lookup
         match = 0
         if index is not None:
@@ -128,53 +116,19 @@ class HybridPolicy(Stateful):
             if not cands:
                 match = 0
         m = min(match, MAX_MATCH)
-        costs = self._cost(ctx)
-        self._steps += 1
-        lazy = self.lookup.adaptive and self.master is not None
-        self._skipped = lazy and self._steps <= self._skip_until and self._heads_lose(m, costs)
-        if self._skipped:
-            # the heads lost lately and no heads' tree can pay now: choose among the others without asking
-            # the inner policy, so the heads' probe is never computed (ctx.probe is lazy)
-            tree, signals, probe = Tree.root_only(), {"match": float(match), "probed": 0.0}, None
-        else:
-            tree, signals = self.inner.choose(ctx)[:2]
-            signals = dict(signals, match=float(match))
-            probe = taken(ctx.probe)  # read by the inner policy (or None: it had no master)
+        signals["match"] = float(match)
         if not self.lookup.adaptive:
             option = (True, self.lookup.tokens if match else 0)
-            return Choice(self._take(tree, m, option, probe, signals), signals)
+            return Choice(self._take(tree, m, option, ctx.probe, signals), signals)
         options = self._options(tree, m)
+        costs = self._cost(ctx)
         value = [e / self._option_cost(tree, keep, n, costs) for keep, _, n, e in options]
         keep, length, _, _ = options[int(np.argmax(value))]
-        if lazy and not self._skipped:  # probed: while the heads keep losing, probe them ever more rarely
-            if not keep and tree.num_nodes and self._heads_lose(m, costs):
-                self._skip_wait = min(2 * self._skip_wait, SKIP_MAX) if self._skip_wait else SKIP_FIRST
-                self._skip_until = self._steps + self._skip_wait
-            else:
-                self._skip_wait = 0
         return Choice(
-            self._take(tree, m, (keep, length), probe, signals),
+            self._take(tree, m, (keep, length), ctx.probe, signals),
             signals,
-            self._menu(tree, m, options, probe, signals),
+            self._menu(tree, m, options, ctx.probe, signals),
         )
-
-    def _heads_lose(self, m: int, costs: np.ndarray) -> bool:
-        """Whether, at the heads' current rates, the best option without them beats every option with them.
-        Each heads' tree is taken as the cheapest of its depth (a chain: an option's expected tokens depend on
-        the tree's depth only, `_options`), up to the master's depth, so this never drops a tree the full
-        choice would keep."""
-        best = {True: 0.0, False: 0.0}
-        for depth in range(1, self.master.depth + 1):
-            chain = self._chain(depth)
-            for keep, _, n, e in self._options(chain, m):
-                best[keep] = max(best[keep], e / self._option_cost(chain, keep, n, costs))
-        return best[False] > best[True]
-
-    def _chain(self, depth: int) -> Tree:
-        chain = self._chains.get(depth)
-        if chain is None:
-            chain = self._chains[depth] = Tree(f"chain{depth}", tuple((0,) * d for d in range(1, depth + 1)))
-        return chain
 
     def _take(self, tree: Tree, m: int, option: tuple[bool, int], probe, signals: dict) -> Tree:
         """The step's tree for `option` (keep the heads' tree?, lookup tokens), noted as the step's choice."""
@@ -258,8 +212,8 @@ class HybridPolicy(Stateful):
         for k, rate in enumerate(self.heads, start=1):
             if k <= heads_depth and depth >= k - 1:  # a trial of c_k: right to depth k - 1, depth k judged
                 rate.add(float(depth >= k), 1.0, decay)
-            elif not self._skipped:  # not judged: the evidence ages, so a dropped tree is tried again in time
-                rate.add(0.0, 0.0, decay)  # (a step that skipped the heads leaves it as it was)
+            else:  # not judged this step: the evidence ages, so a dropped tree is tried again in time
+                rate.add(0.0, 0.0, decay)
 
 
 def hybrid(
