@@ -146,23 +146,3 @@ def test_free_verification_copies_the_whole_branch():
     policy = HybridPolicy(StaticPolicy(load_tree("tree_8")), Lookup(tokens=6, node_cost=0.0))
     tree = policy.choose(_ctx(NgramIndex([1, 2, 3, 1, 2], max_ngram=2))).tree
     assert tree.num_lookup == 6 and tree.heads_tree.num_nodes == 8
-
-
-def test_heads_right_only_where_the_lookup_chain_is_right_are_not_worth_their_nodes():
-    """On copy text the heads are often right on the same tokens as the chain: what they add is where the chain
-    is wrong, so their rate there (not their rate overall) decides whether their tree rides along."""
-    base, index = load_tree("chain_2"), NgramIndex([1, 2, 3, 4, 5, 6, 1, 2, 3], max_ngram=3)
-
-    def last_tree(heads_right_alone: bool) -> Tree:
-        policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), COSTLY)
-        tree = policy.choose(_ctx(index)).tree
-        for i in range(40):  # every other step the chain is right to depth 3, else wrong at once
-            run = min(3, tree.num_lookup) if i % 2 else 0
-            kept = tree.heads_tree.num_nodes > 0
-            heads = 0 if not kept else (1 if heads_right_alone else min(run, 2))  # depth the heads reach
-            policy.observe(_step(tree, heads, run, tree.num_lookup))
-            tree = policy.choose(_ctx(index)).tree
-        return tree
-
-    assert last_tree(heads_right_alone=False).heads_tree.num_nodes == 0  # nothing beyond the chain: dropped
-    assert last_tree(heads_right_alone=True).heads_tree is base  # right where the chain is wrong: kept

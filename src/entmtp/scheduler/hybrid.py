@@ -102,7 +102,6 @@ class HybridPolicy(Stateful):
     def reset(self) -> None:
         self.inner = self.inner.fresh()
         self.heads = [_Rate(HEADS_PRIOR) for _ in range(64)]  # c_d, d = 1..64
-        self.heads_past = [_Rate(HEADS_PRIOR) for _ in range(64)]  # c_d where the lookup chain was wrong by d
         self.copy = {m: _Rate(p) for m, p in LOOKUP_PRIOR.items()}
         self._chosen: tuple[int, int] = (0, 0)  # (match bucket, heads depth) of the running step
         self._unverified: tuple[Tree, object] | None = None  # (inner tree, probe) when the heads were dropped
@@ -174,15 +173,12 @@ class HybridPolicy(Stateful):
         span = max(L, tree.depth)
         h = np.zeros(span)
         h[: tree.depth] = np.cumprod([self.heads[k].value for k in range(tree.depth)])  # H_1..H_D
-        g = np.zeros(span)  # G_1..G_D: the same where the lookup chain is wrong by that depth
-        g[: tree.depth] = np.cumprod([self.heads_past[k].value for k in range(tree.depth)])
         copy = np.zeros(span)
         copy[:L] = self.copy[m].value ** np.arange(1, L + 1)  # r^k
         out = []
         for keep in (True, False) if tree.num_nodes else (False,):
-            hk, gk = (h, g) if keep else (np.zeros(span), np.zeros(span))
-            # [span] depth k from either source: the chain, or else the heads where the chain is wrong
-            both = np.cumsum(1.0 - (1.0 - gk) * (1.0 - copy))
+            hk = h if keep else np.zeros(span)
+            both = np.cumsum(1.0 - (1.0 - hk) * (1.0 - copy))  # [span] depths 1..k from either source
             alone = np.cumsum(hk[::-1])[::-1]  # [span] heads alone at depths >= k
             hit = np.concatenate([[0.0], both[:L]]) + np.append(alone, 0.0)[np.arange(L + 1)]  # [L+1]
             base = tree.num_nodes if keep else 0
@@ -213,15 +209,11 @@ class HybridPolicy(Stateful):
             depth = step.accepted
         if self._unverified is not None:  # the heads were dropped: what their probe says they would have done
             depth, heads_depth = counterfactual_depth(*self._unverified, step.token_ids)
-        run = step.sources.get("lookup", 0) if step.lookup_nodes else 0  # the chain was right to `run`
-        for k, (rate, past) in enumerate(zip(self.heads, self.heads_past, strict=True), start=1):
+        for k, rate in enumerate(self.heads, start=1):
             if k <= heads_depth and depth >= k - 1:  # a trial of c_k: right to depth k - 1, depth k judged
                 rate.add(float(depth >= k), 1.0, decay)
-                wrong = run < k  # a trial of the heads where the chain was wrong by depth k
-                past.add(float(wrong and depth >= k), float(wrong), decay)
             else:  # not judged this step: the evidence ages, so a dropped tree is tried again in time
                 rate.add(0.0, 0.0, decay)
-                past.add(0.0, 0.0, decay)
 
 
 def hybrid(
