@@ -24,8 +24,11 @@ def test_calls_run_one_after_another_on_the_same_thread_and_return_or_raise_what
 
 
 def test_the_last_call_ends_the_thread_and_later_calls_are_refused():
-    thread, finished = TorchThread(), threading.Event()
-    thread.finish(finished.set)
+    thread, finished, release = TorchThread(), threading.Event(), threading.Event()
+    thread.finish(lambda: release.wait(5) and finished.set())
+    with pytest.raises(RuntimeError, match="has finished"):  # at once, not queued behind the last call
+        thread.call(lambda: None)
+    release.set()
     thread.thread.join(5)
     assert finished.is_set() and not thread.thread.is_alive()
     with pytest.raises(RuntimeError, match="has finished"):

@@ -196,9 +196,8 @@ class _BatchProbe:
                 d.extend(fwd.hidden)
                 self.drafters.append(d)
         self.full = list(self.kv.rows)
-        self.trees: dict[
-            int, object
-        ] = {}  # size -> its synthetic tree, built once (the heads cache plans per tree)
+        # size -> its synthetic tree, built once (the heads cache plans per tree)
+        self.trees: dict[int, object] = {}
 
     def time(self, b: int, n: int) -> float:
         """Median ms of a batched step of `b` rows each verifying a size-`n` tree (after one warm-up)."""

@@ -18,16 +18,17 @@ from concurrent.futures import Future
 
 class TorchThread:
     """A daemon thread that runs the calls handed to it, one after another: `call` waits for a result;
-    `finish` hands it its last call (the worker's loop), after which the thread ends."""
+    `finish` hands it its last call (the worker's loop), after which the thread ends and takes no more."""
 
     def __init__(self, name: str = "entmtp-generate"):
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._finished = False  # `finish` was called: a later call would wait behind the last one forever
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
     def call(self, fn, /, *args, **kwargs):
         """Run `fn(*args, **kwargs)` on the thread; what it returns, or raise what it raised."""
-        if not self.thread.is_alive():
+        if self._finished:
             raise RuntimeError(f"the thread {self.thread.name} has finished; it runs no more calls")
         future: Future = Future()
         self._calls.put((fn, args, kwargs, future))
@@ -35,6 +36,7 @@ class TorchThread:
 
     def finish(self, fn) -> None:
         """Hand the thread its last call `fn()` (not waited for); the thread ends when it returns."""
+        self._finished = True
         self._calls.put((fn, (), {}, None))
 
     def _loop(self) -> None:

@@ -50,7 +50,7 @@ class Job:
 
 class Worker:
     """`submit` a job (QueueFull past `slots` running and `max_queue` waiting); the thread streams its events
-        back to its loop. This one runs one job at a time (`slots` = 1). The loop runs on `thread` (the one that
+    back to its loop. This one runs one job at a time (`slots` = 1). The loop runs on `thread` (the one that
     built the engine) when given, else on a new one."""
 
     slots = 1  # jobs generating at once
