@@ -5,8 +5,8 @@ Why one thread: torch's CPU builds for Linux parallelize with GNU OpenMP (libgom
 starts a parallel region gets its own team of worker threads. Once two threads have done so (the model
 loaded on the main thread, decoding on another), libgomp manages more threads than there are CPUs and its
 idle workers stop spinning (GOMP's throttled spin count): every parallel region then waits for its workers
-to wake. On a 2-core machine that made the server's one-token step ~1.7x slower than the same step on the
-thread that loaded the model (50 ms against 30 ms in bf16, `docs/results/server-batching/`). The event loop
+to wake. On a 2-core Xeon (avx512_bf16, amx) the same bf16 step took ~1.7x as long on a second thread
+(`scripts/torch_thread_check.py`, `docs/results/server-batching/thread-check.txt`). The event loop
 thread never runs a parallel torch operation (tokenization is the tokenizer's own Rust code)."""
 
 from __future__ import annotations
