@@ -6,7 +6,7 @@ does not depend on the heads), and `mixed` reuses the first 5 traces of each tas
 those). Resumable: a profile that exists is skipped. Usage:
 
     .venv/bin/python scripts/calibrate_shipped.py [--threads 2] [--only hydra/gsm8k ...]   # greedy + latency
-    .venv/bin/python scripts/calibrate_shipped.py --typical     # then the T=0.7 typical sections
+    .venv/bin/python scripts/calibrate_shipped.py --sampled     # then the T=0.7 sections (sample, typical)
     .venv/bin/python scripts/calibrate_shipped.py --retune      # re-derive all from stored traces
 """
 
@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 from rich.progress import Progress
 
-from entmtp.calibration.calibrate import CalibrationSettings, add_typical, build_profile, retune
+from entmtp.calibration.calibrate import CalibrationSettings, add_sampled, build_profile, retune
 from entmtp.calibration.command import calibration_prompts, print_profile
 from entmtp.calibration.plots import plot_profile
-from entmtp.calibration.traces import TYPICAL, generate_traces, load_traces, save_traces
+from entmtp.calibration.traces import SAMPLED, generate_traces, load_traces, save_traces
 from entmtp.engine import Engine
 from entmtp.model import encode_prompt, load_model
 from entmtp.prompts import CALIB, FOUR_TASKS
@@ -45,11 +45,12 @@ def main() -> None:
         help="only make (and cache) the greedy generations; no timing, so it may share the machine",
     )
     ap.add_argument(
-        "--typical",
+        "--sampled",
         action="store_true",
-        help="add the T=0.7 typical-acceptance section to the existing profiles (sampled generations, no timing)",
+        help="add the T=0.7 sections (lossless sampling, typical acceptance) the existing profiles lack "
+        "(sampled generations, no timing)",
     )
-    ap.add_argument("--typical-prompts", type=int, default=12, help="sampled calibration prompts per task")
+    ap.add_argument("--sampled-prompts", type=int, default=12, help="sampled calibration prompts per task")
     ap.add_argument(
         "--retune", action="store_true", help="re-derive existing profiles from their traces (no decoding)"
     )
@@ -73,8 +74,8 @@ def main() -> None:
                 profile = retune(profile, heads[kind], settings, log=progress.console.print).save(path)
                 plot_profile(profile, path.with_suffix(".png"))
             return
-        if args.typical:
-            _add_typical(args, model, tokenizer, heads, settings, wanted, progress)
+        if args.sampled:
+            _add_sampled(args, model, tokenizer, heads, settings, wanted, progress)
             return
         if args.outputs_only:
             for task in FOUR_TASKS:
@@ -117,30 +118,37 @@ def main() -> None:
             progress.console.print(f"wrote {out} ({time.perf_counter() - t0:.0f} s)")
 
 
-def _add_typical(args, model, tokenizer, heads, settings, wanted, progress) -> None:
-    """Sampled (T=0.7, typical) generations of the first --typical-prompts calibration prompts of each task,
-    made once with Hydra heads and tree_8 and traced through both head sets; `mixed` takes an equal share."""
-    n = args.typical_prompts
+def _add_sampled(args, model, tokenizer, heads, settings, wanted, progress) -> None:
+    """Sampled (T=0.7, one generation per rule: lossless and typical) generations of the first
+    --sampled-prompts calibration prompts of each task, made once per rule with Hydra heads and tree_8 and
+    traced through both head sets; `mixed` takes an equal share of each task's."""
+    n = args.sampled_prompts
     share = max(1, n // len(FOUR_TASKS))
     gen = Engine(model, tokenizer, heads=heads["hydra"], tree="tree_8")
-    outs: dict[str, list[list[int]]] = {}
+    outs: dict[tuple[str, str], list[list[int]]] = {}
     for kind, task in wanted:
         path = shipped_profiles_dir(kind) / f"{task}.json"
         profile = load_profile(path)
-        if "typical" in profile.modes:
-            progress.console.print(f"{path} has a typical section: skipped")
-            continue
-        t0 = time.perf_counter()
-        typical = []
-        for t in FOUR_TASKS if task == "mixed" else (task,):
-            ids = [encode_prompt(tokenizer, p) for p in calibration_prompts(t, CALIB)][:n]
-            tr, outs[t] = generate_traces(
-                gen, heads[kind], ids, settings.max_new_tokens, progress, outs.get(t), TYPICAL
+        sampled = {m: load_traces(profile, m) for m in profile.modes if m != "greedy"}
+        for sampling in SAMPLED:
+            rule = sampling.rule
+            if rule in profile.modes:
+                progress.console.print(f"{path} has a {rule} section: kept")
+                continue
+            t0 = time.perf_counter()
+            traces = []
+            for t in FOUR_TASKS if task == "mixed" else (task,):
+                ids = [encode_prompt(tokenizer, p) for p in calibration_prompts(t, CALIB)][:n]
+                tr, outs[(rule, t)] = generate_traces(
+                    gen, heads[kind], ids, settings.max_new_tokens, progress, outs.get((rule, t)), sampling
+                )
+                traces += tr[:share] if task == "mixed" else tr
+            profile = add_sampled(
+                profile, heads[kind], traces, sampling, settings, log=progress.console.print
             )
-            typical += tr[:share] if task == "mixed" else tr
-        with_typical = add_typical(profile, heads[kind], typical, settings, log=progress.console.print)
-        save_traces(with_typical, path, load_traces(profile), typical).save(path)
-        progress.console.print(f"typical section of {path} ({time.perf_counter() - t0:.0f} s)")
+            sampled[rule] = traces
+            progress.console.print(f"{rule} section of {path} ({time.perf_counter() - t0:.0f} s)")
+        save_traces(profile, path, load_traces(load_profile(path)), sampled).save(path)
 
 
 def _trace_task(kind, task, model, tokenizer, heads, settings, outputs, traces, progress):

@@ -4,17 +4,19 @@ sidecar, --latency-only and the typical section."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
 from conftest import ByteTokenizer
 from entmtp.calibration.calibrate import build_profile, fit_acceptance
-from entmtp.calibration.traces import load_traces, save_traces
+from entmtp.calibration.traces import TOPK, load_traces, save_traces
 from entmtp.engine import Engine
+from entmtp.errors import EntMTPError
 from entmtp.scheduler.policies import AcceptanceModel
 from entmtp.scheduler.profiles import ProfileError, load_profile
-from scheduler_helpers import TINY, copy_profile, fitted_setup, synthetic_traces, tiny_profile_setup
+from scheduler_helpers import RANK_P, TINY, copy_profile, fitted_setup, synthetic_traces, tiny_profile_setup
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +43,30 @@ def test_fitted_acceptance_is_monotone():
     # the synthetic probe carries no information: every context is the overall rate RANK_P[0]
     assert acc.rank_rates[0][0][0] == pytest.approx(0.5, abs=0.01)
     assert AcceptanceModel.from_json(json.loads(json.dumps(acc.to_json()))) == acc
+
+
+def test_acceptance_check_compares_predicted_and_measured_depths_on_held_out_traces():
+    from types import SimpleNamespace
+
+    from entmtp.calibration.calibrate import check_acceptance
+    from entmtp.tree import load_tree
+
+    heads = SimpleNamespace(config=SimpleNamespace(num_heads=3), grounded=True)  # a probe of depth 1
+    master = load_tree("tree_8")  # depth 3: paths (0,), (1,), (0, 0), ... drawn from RANK_P
+    # head d's probability of its rank-r candidate is the rate that candidate is right (RANK_P; 0.01 below):
+    # a calibrated probe, so the fitted model is exact, and two folds with the same rank frequencies
+    (tr,) = synthetic_traces()
+    q = torch.tensor([*RANK_P, *[0.01] * (TOPK - len(RANK_P))])
+    tr = replace(tr, probe=q.log().expand_as(tr.probe).clone())
+    both = [tr, tr]
+    check = check_acceptance(both, heads, "greedy", master)
+    assert [c.depth for c in check] == [1, 2, 3]
+    assert [c.positions for c in check] == [2 * len(both[0].ranks)] * 3
+    for c in check:
+        assert c.predicted == pytest.approx(c.measured, abs=0.02), c
+    measured = [c.measured for c in check]
+    assert measured == sorted(measured, reverse=True) and measured[0] > 0.5
+    assert check_acceptance(both[:1], heads, "greedy", master) == ()  # one trace: nothing held out
 
 
 # ---- the traces sidecar and saving -------------------------------------------------------------------------
@@ -98,29 +124,59 @@ def test_latency_only_keeps_the_traces(tiny_profile, fitted):
     assert new.latency.trees.keys() == old.latency.trees.keys()
 
 
-def test_typical_section_from_sampled_generations(tiny_profile, fitted, tmp_path):
-    from entmtp.calibration.calibrate import add_typical
+def test_sampled_sections_from_sampled_generations(tiny_profile, fitted, tmp_path):
+    from entmtp.calibration.calibrate import add_sampled
+    from entmtp.calibration.traces import SAMPLE, TYPICAL, generate_traces
+
+    model, heads, path, greedy = tiny_profile
+    _, ids, _, _ = fitted
+    engine = Engine(model, ByteTokenizer(), heads=heads["hydra"], tree="tree_8")
+    prompts = [ids, list(range(30, 44))]
+    sampled = {
+        s.rule: generate_traces(engine, heads["hydra"], prompts, 24, sampling=s)[0] for s in (SAMPLE, TYPICAL)
+    }
+    assert all(t.passmask is not None for t in sampled["typical"])
+    assert all(t.passmask is None for t in sampled["sample"])  # rank vectors replay the lossless rule exactly
+    with pytest.raises(EntMTPError, match="needs traces of typical"):
+        add_sampled(load_profile(path), heads["hydra"], sampled["sample"], TYPICAL, TINY, log=lambda *a: None)
+    profile = load_profile(path)
+    for s in (SAMPLE, TYPICAL):
+        profile = add_sampled(profile, heads["hydra"], sampled[s.rule], s, TINY, log=lambda *a: None)
+    out = tmp_path / "sampled.json"
+    save_traces(profile, out, greedy, sampled).save(out)
+    loaded = load_profile(out)
+    assert loaded.mode_for(0.7) == "sample" and loaded.mode_for(0.0) == "greedy"  # auto: lossless at T > 0
+    assert loaded.mode_for(0.7, "typical") == "typical" and loaded.mode_for(1.0, "sample") == "sample"
+    assert {m: loaded.acceptance(m).rule for m in loaded.modes} == {
+        r: r for r in ("greedy", "sample", "typical")
+    }
+    back = load_traces(loaded, "typical")
+    assert all(torch.equal(a.passmask, b.passmask) for a, b in zip(back, sampled["typical"], strict=True))
+    assert [t.ranks.tolist() for t in load_traces(loaded, "sample")] == [
+        t.ranks.tolist() for t in sampled["sample"]
+    ]
+    loaded.check(model, heads["hydra"], warn_hardware=False)
+    for mode, rule in (("sample", "sample"), ("typical", "typical")):
+        bank = {t.name for t in loaded.bank(mode)} | {"master"}
+        for name in ("static", "cost", "dynamic"):
+            policy = loaded.policy(name, mode)
+            r = Engine(model, ByteTokenizer(), heads=heads["hydra"], tree=policy).generate(
+                ids, max_new_tokens=24, temperature=0.7, acceptance=rule, seed=3
+            )
+            assert len(r.token_ids) == 24
+            if name != "dynamic":
+                assert {s.tree for s in r.steps} <= bank
+
+
+def test_a_profile_without_a_rules_section_lends_the_other_one(tiny_profile, fitted, tmp_path):
+    """Older profiles hold a typical section only: lossless sampling uses it rather than the greedy one."""
+    from entmtp.calibration.calibrate import add_sampled
     from entmtp.calibration.traces import TYPICAL, generate_traces
 
     model, heads, path, greedy = tiny_profile
     _, ids, _, _ = fitted
     engine = Engine(model, ByteTokenizer(), heads=heads["hydra"], tree="tree_8")
-    typical, outs = generate_traces(engine, heads["hydra"], [ids, list(range(30, 44))], 24, sampling=TYPICAL)
-    assert all(t.passmask is not None for t in typical)
-    profile = add_typical(load_profile(path), heads["hydra"], typical, TINY, log=lambda *a: None)
-    out = tmp_path / "typ.json"
-    save_traces(profile, out, greedy, typical).save(out)
-    loaded = load_profile(out)
-    assert loaded.mode_for(0.7) == "typical" and loaded.mode_for(0.0) == "greedy"
-    back = load_traces(loaded, "typical")
-    assert all(torch.equal(a.passmask, b.passmask) for a, b in zip(back, typical, strict=True))
-    loaded.check(model, heads["hydra"], warn_hardware=False)
-    bank = {t.name for t in loaded.bank("typical")} | {"master"}
-    for name in ("static", "cost", "dynamic"):
-        policy = loaded.policy(name, "typical")
-        r = Engine(model, ByteTokenizer(), heads=heads["hydra"], tree=policy).generate(
-            ids, max_new_tokens=24, temperature=0.7, acceptance="typical", seed=3
-        )
-        assert len(r.token_ids) == 24
-        if name != "dynamic":
-            assert {s.tree for s in r.steps} <= bank
+    typical, _ = generate_traces(engine, heads["hydra"], [ids], 16, sampling=TYPICAL)
+    profile = add_sampled(load_profile(path), heads["hydra"], typical, TYPICAL, TINY, log=lambda *a: None)
+    assert profile.mode_for(0.7) == "typical" and profile.mode_for(0.7, "sample") == "typical"
+    assert load_profile(path).mode_for(0.7) == "greedy"  # no T > 0 section at all

@@ -170,3 +170,70 @@ def test_online_calibration_keeps_depth_one_a_probability_and_needs_probe_tokens
     cal.predict(p, Probe(torch.empty(0, dtype=torch.long), torch.zeros(1, 3)))  # a replay without tokens
     cal.observe(Step("t", 8, 0, 1, [999]))
     assert cal.scale == before
+
+
+# ---- expected accepted drafts per acceptance rule ----------------------------------------------------------
+
+
+def _enumerated_typical(tree, rates: list[float]) -> float:
+    """E[deepest passing chain from the root] with every node passing independently given its parent: all
+    2^N pass patterns."""
+    import itertools
+
+    n = tree.num_nodes
+    total = 0.0
+    for passes in itertools.product((False, True), repeat=n):
+        weight = 1.0
+        for i, ok in enumerate(passes, start=1):
+            weight *= rates[i] if ok else 1 - rates[i]
+        alive = [True] + [False] * n  # a node counts when it and every ancestor pass
+        for i in range(1, n + 1):
+            alive[i] = passes[i - 1] and alive[int(tree.parents[i])]
+        total += weight * max(int(tree.depths[i]) for i in range(n + 1) if alive[i])
+    return total
+
+
+def test_expected_accepted_follows_each_rule():
+    from entmtp.scheduler.policies import ExpectedAccepted
+    from entmtp.tree import Tree
+
+    tree = Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (1, 0, 0)])
+    g = torch.Generator().manual_seed(0)
+    rates = torch.rand(tree.size, generator=g) * 0.6 + 0.2
+    rates[0] = 1.0
+    subsets = [list(range(1, n + 1)) for n in (1, 3, 5, 8)]  # prefix-closed: nodes are in canonical order
+    member = torch.zeros(len(subsets), tree.size)
+    for s, nodes in enumerate(subsets):
+        member[s, nodes] = 1.0
+    path = torch.ones(tree.size)  # the product of rates along each node's path
+    for i in range(1, tree.size):
+        path[i] = rates[i] * path[int(tree.parents[i])]
+    for rule in ("greedy", "sample"):  # exclusive children: the sum of path probabilities
+        got = ExpectedAccepted(tree, rule)(rates, member)
+        assert got.tolist() == pytest.approx([float(path[nodes].sum()) for nodes in subsets], rel=1e-5)
+    typical = ExpectedAccepted(tree, "typical")(rates, member)
+    for s, nodes in enumerate(subsets):
+        sub = Tree.from_paths([tree.paths[i - 1] for i in nodes])
+        sub_rates = [1.0] + [float(rates[i]) for i in nodes]
+        assert float(typical[s]) == pytest.approx(_enumerated_typical(sub, sub_rates), rel=1e-5)
+    # siblings that can both pass count a depth once: below the exclusive sum once a node has two children
+    assert float(typical[-1]) < float(path[subsets[-1]].sum())
+
+
+def test_typical_dynamic_policy_stops_adding_siblings_that_only_overlap():
+    """Two depth-1 candidates each right 45% of the time: exclusive (greedy, sample) they add up to 0.9 drafts;
+    under typical acceptance both may pass, so the second adds 0.45 * 0.55 only and is not worth its cost."""
+    from dataclasses import replace
+
+    lat = LatencyModel([0, 63], [10.0, 10.0 + 63 * 3.0])  # 3 ms per node on a 10 ms step
+    rank_rates = tuple(((0.45, 0.45) + (0.01,) * (TOPK - 2),) * 2 for _ in range(4))
+    acc = replace(small_acceptance(), rank_rates=rank_rates)
+    ctx = StepContext(0, 10, 100, None, probe=None)
+    picks = {
+        rule: DynamicPolicy(load_tree("tree_8"), replace(acc, rule=rule), lat, online=False).choose(ctx)
+        for rule in ("greedy", "typical")
+    }
+    assert picks["greedy"].tree.paths == ((0,), (1,))
+    assert picks["greedy"].signals["expected_tokens"] == pytest.approx(1.9)
+    assert picks["typical"].tree.paths == ((0,),)
+    assert picks["typical"].signals["expected_tokens"] == pytest.approx(1.45)

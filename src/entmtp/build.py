@@ -59,7 +59,8 @@ class EngineSpec:
     policy: str | None = None  # static | binary | ladder | cost | dynamic; None: the profile's recommended
     profile: str | None = None  # a task name (shipped profile) or a profile file; None: `mixed`
     lookup: Lookup | None = None  # prompt-lookup drafts in every step's tree
-    temperature: float = 0.0  # picks the profile's section: greedy, or typical for T > 0
+    temperature: float = 0.0  # with `acceptance`, picks the profile's section (Profile.mode_for)
+    acceptance: str = "auto"  # auto | greedy | sample | typical (accept.Sampling)
     probe: bool = True  # measure this machine's step costs (cached); False: the profile's stored latencies
     pack: bool = True  # prepack bf16 linears on a CPU (packing.py)
     graphs: bool = True  # CUDA graphs per tree size on a GPU
@@ -214,7 +215,7 @@ def _policy(spec: EngineSpec, heads_spec: str, model, heads, costs: CostCurve | 
         return "tree_8", "tree tree_8", "no shipped profile", _tree_speed("tree_8", costs)
     profile = resolve_profile(spec.profile, heads_spec)
     profile.check(model, heads, warn_hardware=costs is None)
-    mode = profile.mode_for(spec.temperature)
+    mode = profile.mode_for(spec.temperature, spec.acceptance)
     name = spec.policy or profile.recommended_policy(mode)
     if costs is None:
         return profile.policy(name, mode), name, "the profile's stored latencies (no probe)", 0.0

@@ -76,6 +76,7 @@ def engine_spec(args):
         profile=args.profile,
         lookup=_lookup(args),  # bad lookup settings fail before any model loads
         temperature=getattr(args, "temperature", 0.0),
+        acceptance=getattr(args, "acceptance", "auto"),
         probe=not args.no_probe,
         pack=not args.no_pack,
         graphs=not args.no_graphs,

@@ -58,13 +58,13 @@ class Methods:
     def for_task(self, task: str) -> dict[str, object]:
         """The static methods, then every heads' policies built from the task's profile."""
         engines = dict(self.static)
-        temperature = self.plan.args.temperature
+        mode_args = (self.plan.args.temperature, self.plan.args.acceptance)
         for kind, heads in self.heads.items():
             profile, costs = self.profiles.get((kind, task)), self.costs[kind]
             for item in self.policies(kind):
                 name, lookup = self.plan.split_lookup(item)
                 latency = costs.latency() if costs is not None else None
-                policy = profile.policy(name, profile.mode_for(temperature), latency=latency)
+                policy = profile.policy(name, profile.mode_for(*mode_args), latency=latency)
                 engines[f"{self.labels[kind]}/{item}"] = self.engine(
                     heads=heads, tree=policy, lookup=lookup, costs=costs
                 )

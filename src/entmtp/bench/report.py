@@ -72,7 +72,9 @@ def write(out: Path, methods: Methods, measured: Measurements, summary: dict) ->
     used = {(kind, p.path): p for (kind, _), p in methods.profiles.items()}  # each heads' profile, once
     for (kind, path), profile in used.items():
         name = f"frontier-{Path(kind).name}-{Path(path).stem}.png"
-        plot_profile(profile, out / name, profile.mode_for(methods.plan.args.temperature))
+        plot_profile(
+            profile, out / name, profile.mode_for(methods.plan.args.temperature, methods.plan.args.acceptance)
+        )
         images.append((f"acceptance and throughput frontiers of {path}", name))
     if log := measured.step_log:
         step_log_plot(log, out / "steps.png")

@@ -13,8 +13,9 @@
               the traces (replay.py); every policy and the oracle replayed; the best recommended
 Trade against the paper (union rollouts per growth round): one generation per prompt replaces ~90 rounds of
 union-tree decodes, and greedy scores are exact own-tree numbers rather than union-biased ones. What it gives
-up: typical acceptance at T > 0 (`add_typical`) is traced on sampled generations whose off-trajectory paths
-are known one level deep only, so its section is an approximation (see traces.trace_generation).
+up: typical acceptance at T > 0 (`add_sampled`) is traced on sampled generations whose off-trajectory paths
+are known one level deep only, so its section is an approximation; the lossless rule's section is exact in
+distribution (traces.py).
 """
 
 from __future__ import annotations
@@ -30,15 +31,25 @@ import torch
 from rich.progress import Progress
 
 from .. import __version__, metrics
+from ..accept import Sampling
 from ..costs import LatencyModel
 from ..engine import Engine
 from ..errors import EntMTPError
 from ..machine import hardware, heads_checksum, model_fingerprint
 from ..policy import StaticPolicy
-from ..scheduler.policies import AcceptanceModel, BinaryPolicy, CostPolicy, DynamicPolicy, LadderPolicy
+from ..scheduler.policies import (
+    AcceptanceModel,
+    BinaryPolicy,
+    CostPolicy,
+    DynamicPolicy,
+    ExpectedAccepted,
+    LadderPolicy,
+    PathProbabilities,
+)
 from ..scheduler.profiles import (
     BinaryThresholds,
     CalibrationRun,
+    DepthCheck,
     FrontierEntry,
     Hardware,
     HeadsInfo,
@@ -59,8 +70,8 @@ from ..scheduler.profiles import (
 from ..scheduler.signals import SIGNALS
 from ..tree import Tree, load_tree, union_tree
 from .replay import Replay, oracle, replay
-from .search import FrontierTree, Scores, acceptance_frontier, grow, simulate
-from .traces import MISS, TOPK, TYPICAL, Trace, generate_traces, load_traces, probe_depth
+from .search import FrontierTree, Scores, acceptance_frontier, accepted_length, grow, simulate
+from .traces import MISS, TOPK, Trace, generate_traces, load_traces, probe_depth
 
 GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 90)  # frontier sizes whose latency is measured
 EDGES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.97, 1.0)  # probability bins
@@ -147,11 +158,16 @@ def _timed_generation(engine, ids, settings, ms: list[float], tokens: list[int])
     return time.perf_counter() - t0
 
 
-def fit_acceptance(traces: Sequence[Trace], probe_depth: int, num_heads: int) -> AcceptanceModel:
+def fit_acceptance(
+    traces: Sequence[Trace], probe_depth: int, num_heads: int, rule: str = "greedy"
+) -> AcceptanceModel:
     """P(node right | parent path right) per depth and step context (head 1's top-1 probability, binned at
     CTX_EDGES): by the head's probability of the node's token (binned at EDGES, made non-decreasing) where the
     probe covers the depth, by rank (made non-increasing) everywhere. Thin cells shrink toward the rate over
-    all contexts. "Right" is the acceptance rule's: the base token (greedy) or passing the typical test."""
+    all contexts. "Right" is the acceptance `rule`'s: the next token of the trajectory (greedy: the base
+    argmax; sample: the sampled token) or passing the typical test (typical: traces with pass masks)."""
+    if (rule == "typical") != (traces[0].passmask is not None):
+        raise EntMTPError(f"fit_acceptance({rule!r}) got traces of another rule (pass masks are typical's)")
     ranks = torch.cat([t.ranks for t in traces])  # [N, D]
     probe = torch.cat([t.probe for t in traces])  # [N, Dp, K]
     masks = torch.cat([t.passmask for t in traces]) if traces[0].passmask is not None else None  # [N, D]
@@ -189,7 +205,27 @@ def fit_acceptance(traces: Sequence[Trace], probe_depth: int, num_heads: int) ->
                 rate = (hits + SHRINK * prior) / (tot + SHRINK)
                 per_q.append(tuple(float(x) for x in np.maximum.accumulate(rate.numpy())))
             rates.append(tuple(per_q))
-    return AcceptanceModel(EDGES, CTX_EDGES, tuple(rates), tuple(rank_rates))
+    return AcceptanceModel(EDGES, CTX_EDGES, tuple(rates), tuple(rank_rates), rule)
+
+
+def check_acceptance(traces: Sequence[Trace], heads, rule: str, master: Tree) -> tuple[DepthCheck, ...]:
+    """The acceptance model against measured acceptance on held-out positions, per depth k: the mean of its
+    predicted P(the master tree accepts >= k drafts) against the share of positions where it did. Two folds:
+    fitted on the even-numbered traces and checked on the odd ones, and the reverse. Empty with one trace."""
+    if len(traces) < 2:
+        return ()
+    depth, paths, whole = master.depth, master.path_set, torch.ones(1, master.size)
+    predicted, measured, n = np.zeros(depth), np.zeros(depth), 0
+    for fit_on, held in ((traces[0::2], traces[1::2]), (traces[1::2], traces[0::2])):
+        model = fit_acceptance(fit_on, probe_depth(heads), heads.config.num_heads, rule)
+        rates, expected = PathProbabilities(master, model), ExpectedAccepted(master, rule)
+        for tr in held:
+            masks = tr.passmask.tolist() if tr.passmask is not None else [None] * len(tr.ranks)
+            for j, row in enumerate(tr.ranks.tolist()):
+                predicted += expected.reach(rates.rates(tr.probe[j]), whole)[0].numpy()
+                measured[: accepted_length(paths, row, masks[j])] += 1
+                n += 1
+    return tuple(DepthCheck(k + 1, predicted[k] / n, measured[k] / n, n) for k in range(depth))
 
 
 def _signal_values(traces: Sequence[Trace]) -> dict[str, np.ndarray]:
@@ -307,9 +343,15 @@ def _grid(frontier) -> list[int]:
 
 
 def build_section(
-    traces: Sequence[Trace], grown, frontier, measured: Mapping[str, MeasuredTree], heads, window: int
+    traces: Sequence[Trace],
+    grown,
+    frontier,
+    measured: Mapping[str, MeasuredTree],
+    heads,
+    window: int,
+    rule: str = "greedy",
 ) -> ModeProfile:
-    """One acceptance mode's part of a profile: frontiers, bank, EntMTP*, acceptance model, tuned policies.
+    """One acceptance rule's part of a profile: frontiers, bank, EntMTP*, acceptance model, tuned policies.
     `measured` holds the step latencies measured on this hardware (by tree name; others are interpolated)."""
     by_nodes = {ft.tree.num_nodes: ft for ft in frontier}
     grid = _grid(frontier)
@@ -321,7 +363,7 @@ def build_section(
     bank = [Tree.root_only()] + [by_nodes[n].tree for n in grid]  # root-only: do not draft when hopeless
     master_n = max(n for n in by_nodes if n <= MASTER_MAX)
     master = union_tree([*bank, by_nodes[master_n].tree], "master")
-    acceptance = fit_acceptance(traces, probe_depth(heads), heads.config.num_heads)
+    acceptance = fit_acceptance(traces, probe_depth(heads), heads.config.num_heads, rule)
     thresholds, replays = tune(bank, best, traces, latency, window, acceptance, master)
     candidates = {k: r.tokens_per_second for k, r in replays.items() if k != "oracle"}
     return ModeProfile(
@@ -339,6 +381,7 @@ def build_section(
         recommended_policy=max(candidates, key=candidates.get),
         plain_tokens_per_second=metrics.replay_tokens_per_second(1, measured["none"].ms_per_step),
         positions=sum(len(t.ranks) for t in traces),
+        acceptance_check=check_acceptance(traces, heads, rule, master),
     )
 
 
@@ -386,7 +429,7 @@ def build_profile(
     log=print,
 ) -> tuple[Profile, list[Trace]]:
     """The greedy calibration and the hardware side (see the module docstring). `traces` given: the
-    hardware side only (`--latency-only`). `add_typical` adds the T > 0 section."""
+    hardware side only (`--latency-only`). `add_sampled` adds the T > 0 sections."""
     t0 = time.perf_counter()
     if traces is None:
         engine = generation_engine(model, tokenizer, heads)
@@ -444,23 +487,32 @@ def generation_engine(model, tokenizer, heads) -> Engine:
     return Engine(model, tokenizer, heads=heads, tree="tree_8" if heads.config.num_heads >= 3 else "chain_1")
 
 
-def add_typical(
+def add_sampled(
     profile: Profile,
     heads,
     traces: list[Trace],
+    sampling: Sampling,
     settings: CalibrationSettings = CalibrationSettings(),
     log=print,
 ) -> Profile:
-    """`profile` with the T > 0 section (typical acceptance) from `traces` made by `generate_traces(...,
-    sampling=...)`; step latencies come from the profile's greedy-side measurements (a tree's step costs the
-    same whatever the acceptance rule), so nothing is timed again."""
-    if not traces or traces[0].passmask is None:
-        raise EntMTPError("add_typical needs traces of typical-acceptance generations (with pass masks)")
+    """`profile` with the T > 0 section of `sampling`'s rule ("sample" or "typical") from `traces` made by
+    `generate_traces(..., sampling=sampling)`; step latencies come from the profile's greedy-side measurements
+    (a tree's step costs the same whatever the acceptance rule), so nothing is timed again."""
+    rule = sampling.rule
+    if rule == "greedy":
+        raise EntMTPError("add_sampled needs a sampling rule (sample or typical); greedy is the main section")
+    if not traces or any((t.passmask is not None) != (rule == "typical") for t in traces):
+        raise EntMTPError(
+            f"add_sampled({rule!r}) needs traces of {rule}-acceptance generations "
+            f"(generate_traces(..., sampling=...) with that rule){' with pass masks' if rule == 'typical' else ''}"
+        )
     _, grown, frontier = search(traces, heads.config.num_heads)
-    section = build_section(traces, grown, frontier, profile.latency.trees, heads, settings.window)
-    section = replace(section, sampling=TYPICAL)
-    log(f"typical section for {profile.heads.name}/{profile.task}: EntMTP* = {section.best}")
-    return replace(profile, modes={**profile.modes, "typical": section})
+    section = build_section(traces, grown, frontier, profile.latency.trees, heads, settings.window, rule)
+    section = replace(section, sampling=sampling)
+    log(
+        f"{rule} section (T={sampling.temperature}) for {profile.heads.name}/{profile.task}: EntMTP* = {section.best}"
+    )
+    return replace(profile, modes={**profile.modes, rule: section})
 
 
 def retune(
@@ -472,7 +524,7 @@ def retune(
     for mode, old in profile.modes.items():
         traces = load_traces(profile, mode)
         _, grown, frontier = search(traces, heads.config.num_heads)
-        section = build_section(traces, grown, frontier, profile.latency.trees, heads, settings.window)
+        section = build_section(traces, grown, frontier, profile.latency.trees, heads, settings.window, mode)
         modes[mode] = replace(section, sampling=old.sampling, traces=old.traces)
         log(f"retuned {profile.heads.name}/{profile.task} ({mode}): EntMTP* = {section.best}")
     return replace(profile, modes=modes)

@@ -56,7 +56,8 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--greedy-only",
         action="store_true",
-        help="skip the T=0.7 typical-acceptance section (its sampled generations double the decoding time)",
+        help="skip the T=0.7 sections, lossless sampling and typical acceptance (their sampled generations "
+        "triple the decoding time)",
     )
     p.add_argument("--no-progress", action="store_true")
 
@@ -97,11 +98,11 @@ def run_calibrate(args) -> int:
         _write(retune(old, heads, settings).save(old.path))
         return 0
     with Progress(disable=args.no_progress) as progress:
-        profile, greedy, typical = _calibrate(args, model, tokenizer, heads, settings, old, texts, progress)
+        profile, greedy, sampled = _calibrate(args, model, tokenizer, heads, settings, old, texts, progress)
     out = Path(
         args.out or (old.path if old else f"runs/profiles/{Path(args.heads).name}-{profile.task}.json")
     )
-    _write(save_traces(profile, out, greedy, typical).save(out), traces=True)
+    _write(save_traces(profile, out, greedy, sampled).save(out), traces=True)
     return 0
 
 
@@ -135,22 +136,24 @@ def _settings(args):
 
 
 def _calibrate(args, model, tokenizer, heads, settings, old, texts, progress):
-    """(profile, greedy traces, typical traces or None): a new calibration of `texts`, or with `old` (for
+    """(profile, greedy traces, {rule: sampled traces}): a new calibration of `texts`, or with `old` (for
     --latency-only) its traces re-measured on this machine."""
     from ..model import encode_prompt
-    from .calibrate import add_typical, build_profile, generation_engine
-    from .traces import TYPICAL, generate_traces, load_traces
+    from .calibrate import add_sampled, build_profile, generation_engine
+    from .traces import SAMPLED, generate_traces, load_traces
 
     log = progress.console.print
+    settings_of = {s.rule: s for s in SAMPLED}
     if old is not None:
         old.check(model, heads, warn_hardware=False)
         ids, task, name = old.calibration.latency_prompt_ids, old.task, old.heads.name
         greedy = load_traces(old)
-        typical = load_traces(old, "typical") if "typical" in old.modes else None
+        sampled = {m: load_traces(old, m) for m in old.modes if m != "greedy"}
+        settings_of.update({m: old.mode(m).sampling for m in sampled})
     else:
         task = args.task if args.task in PROFILE_TASKS else Path(args.task).stem
         ids, name = [encode_prompt(tokenizer, t) for t in texts], Path(args.heads).name
-        greedy = typical = None
+        greedy, sampled = None, {}
     profile, greedy = build_profile(
         model,
         tokenizer,
@@ -172,10 +175,13 @@ def _calibrate(args, model, tokenizer, heads, settings, old, texts, progress):
         profile = replace(profile, calibration=run)
     elif not args.greedy_only:
         engine = generation_engine(model, tokenizer, heads)
-        typical, _ = generate_traces(engine, heads, ids, settings.max_new_tokens, progress, sampling=TYPICAL)
-    if typical:
-        profile = add_typical(profile, heads, typical, settings, log=log)
-    return profile, greedy, typical
+        for sampling in SAMPLED:
+            sampled[sampling.rule], _ = generate_traces(
+                engine, heads, ids, settings.max_new_tokens, progress, sampling=sampling
+            )
+    for rule, traces in sampled.items():
+        profile = add_sampled(profile, heads, traces, settings_of[rule], settings, log=log)
+    return profile, greedy, sampled
 
 
 def _write(profile: Profile, traces: bool = False) -> None:
@@ -207,6 +213,13 @@ def print_profile(profile: Profile) -> None:
     console.print(_frontier_table(profile))
     for mode, section in profile.modes.items():
         console.print(_replay_table(mode, section))
+        if section.acceptance_check:
+            check = ", ".join(
+                f"{c.depth}: {c.predicted:.3f} vs {c.measured:.3f}" for c in section.acceptance_check
+            )
+            console.print(
+                f"{mode}: P(accepted >= depth) on held-out positions, predicted vs measured: {check}"
+            )
         console.print(f"{mode}: recommended policy {section.recommended_policy}")
 
 

@@ -215,15 +215,22 @@ def accepted_length(
 
 def simulate(tree: Tree, traces: Sequence[Trace]) -> Simulated:
     """Decoding of every trace with `tree`, step by step: exact tokens per step for greedy traces (up to bf16
-    rounding); for typical traces, as if every step had emitted the sampled trajectory's tokens."""
+    rounding) and for lossless sampling's (for the sampled outcome: traces.py); for typical traces, as if every
+    step had emitted the sampled trajectory's tokens."""
+    steps = [n for tr in traces for n in step_tokens(tree, tr)]
+    return Simulated(sum(steps), len(steps))
+
+
+def step_tokens(tree: Tree, trace: Trace) -> list[int]:
+    """Tokens of each step of `trace`'s generation decoded with `tree` (accepted drafts + the bonus, the last
+    step cut at the generation's end)."""
     paths = tree.path_set
-    tokens = steps = 0
-    for tr in traces:
-        rows = tr.ranks.tolist()
-        masks = tr.passmask.tolist() if tr.passmask is not None else [None] * len(rows)
-        j, end = 0, len(rows)  # row j = root prompt_len + j; the last root is the last token
-        while j < end - 1:
-            a = accepted_length(paths, rows[j], masks[j])
-            step = min(a + 1, end - 1 - j)
-            tokens, steps, j = tokens + step, steps + 1, j + step
-    return Simulated(tokens, steps)
+    rows = trace.ranks.tolist()
+    masks = trace.passmask.tolist() if trace.passmask is not None else [None] * len(rows)
+    out = []
+    j, end = 0, len(rows)  # row j = root prompt_len + j; the last root is the last token
+    while j < end - 1:
+        step = min(accepted_length(paths, rows[j], masks[j]) + 1, end - 1 - j)
+        out.append(step)
+        j += step
+    return out

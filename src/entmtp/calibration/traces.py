@@ -9,16 +9,32 @@ lookup, simulating a whole decode with any tree or policy is exact, and no union
 optimistic bias, and one decode per search round) is needed. Positions are indexed by the step's root:
 position j is a step whose root is tokens[j] (the base model's token drawn from the logits at j - 1).
 
+At T > 0 the two sampling rules (accept.py) differ in what a trace of one sampled generation can tell:
+
+  sample   lossless tree rejection sampling with deterministic drafts is exactly "sample the next token x from
+           the base model; if x is a child of the current node, move there, else x is the bonus": a child c is
+           accepted with probability p'(c) under the residual p' that excludes the siblings rejected before
+           it, which is p(c) overall, and the bonus never equals a rejected child. So at every step the
+           accepted path is the longest tree path that matches the emitted tokens, whatever the tree, and the
+           emitted tokens are a sample of the base model at T whatever the tree. A trace of one sampled
+           generation (its rank vectors, as for greedy) therefore replays any tree or policy exactly, step by
+           step, for that random outcome, and a set of them in distribution (tests/test_sampling_replay.py).
+  typical  keeps the longest path whose drafts pass the typical test; several siblings may pass and the output
+           depends on the tree. The pass masks record, for the heads' candidates below the trajectory's own
+           prefix, which pass: paths off the sampled trajectory are known one level deep only, and a replay
+           advances as if each step had emitted the trajectory's tokens (an approximation).
+
 A profile keeps its traces beside its JSON, in `<profile>.traces.safetensors` (`save_traces`, `load_traces`):
 tensors `{i}.ranks`, `{i}.probe`, `{i}.raw` (and `{i}.passmask`, `{i}.tokens` when the trace has them) for the
-greedy traces, the same under `typical.{i}.` for the typical section's; the JSON records each trace's
-prompt_len and length and the file's sha256, so a changed or truncated sidecar is refused.
+greedy traces, the same under `{rule}.{i}.` for a sampled section's (`sample.`, `typical.`); the JSON records
+each trace's prompt_len and length and the file's sha256, so a changed or truncated sidecar is refused.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -36,9 +52,9 @@ from ..scheduler.signals import raw_signals, root_stats
 
 TOPK = 10  # candidates per head recorded; ranks >= TOPK count as misses (no tree here drafts that wide)
 MISS = TOPK  # rank recorded for a token outside the heads' top TOPK (or past the end)
-TYPICAL = Sampling(
-    temperature=0.7, acceptance="typical"
-)  # the paper's sampling setting (eps 0.09, alpha 0.3)
+TYPICAL = Sampling(temperature=0.7, acceptance="typical")  # the paper's setting (eps 0.09, alpha 0.3)
+SAMPLE = Sampling(temperature=0.7, acceptance="sample")  # lossless, at the paper's temperature
+SAMPLED = (SAMPLE, TYPICAL)  # the T > 0 sections `entmtp calibrate` makes
 
 
 @dataclass
@@ -70,10 +86,10 @@ def probe_depth(heads) -> int:
 def trace_generation(
     base: BaseModel, heads, tokens: list[int], prompt_len: int, sampling: Sampling | None = None
 ) -> Trace:
-    """Teacher-force `heads` over one finished generation `tokens` (prompt + output). Greedy by default; with
-    typical `sampling` (the output sampled with it), also the pass masks of typical acceptance, which for
-    paths off the sampled trajectory are known one level deep only (their base distributions were never
-    computed): a decode is simulated as if each step had emitted the trajectory's tokens."""
+    """Teacher-force `heads` over one finished generation `tokens` (prompt + output). Greedy or lossless
+    `sampling` (the output sampled with it): the rank vectors are all a replay needs (module docstring). Typical
+    `sampling`: also the pass masks of typical acceptance, which for paths off the sampled trajectory are known
+    one level deep only (their base distributions were never computed)."""
     if len(tokens) <= prompt_len + 1:
         raise EntMTPError("a calibration generation needs at least two output tokens")
     dev = base.device
@@ -166,15 +182,20 @@ def save_traces(
     profile: Profile,
     path: str | os.PathLike[str],
     traces: list[Trace],
-    typical: list[Trace] | None = None,
+    sampled: Mapping[str, list[Trace]] | None = None,
 ) -> Profile:
-    """Write the sidecar of the profile to be saved at `path` atomically (greedy traces, and the typical
-    section's when it has one), and return `profile` recording what it holds and its sha256. Save the profile's JSON
-    after it (`save_traces(...).save(path)`), so a reader never finds a JSON whose sidecar is not there yet."""
+    """Write the sidecar of the profile to be saved at `path` atomically (greedy traces, and each sampled
+    section's, by rule: {"sample": [...], "typical": [...]}), and return `profile` recording what it holds and
+    its sha256. Save the profile's JSON after it (`save_traces(...).save(path)`), so a reader never finds a
+    JSON whose sidecar is not there yet."""
+    sampled = dict(sampled or {})
+    for rule in sampled:
+        if rule not in profile.modes or rule == "greedy":
+            raise ProfileError(f"traces of a {rule!r} section that the profile does not have")
     side = sidecar_path(path)
     side.parent.mkdir(parents=True, exist_ok=True)
     tensors = {}
-    for prefix, trs in (("", traces), ("typical.", typical or [])):
+    for prefix, trs in (("", traces), *((f"{rule}.", trs) for rule, trs in sampled.items())):
         for i, tr in enumerate(trs):
             tensors[f"{prefix}{i}.ranks"] = tr.ranks.to(torch.int16)
             tensors[f"{prefix}{i}.probe"] = tr.probe.to(torch.float16)
@@ -185,8 +206,8 @@ def save_traces(
                 tensors[f"{prefix}{i}.tokens"] = tr.tokens.to(torch.int32)
     save_tensors_atomic(side, tensors)
     modes = dict(profile.modes)
-    if typical:
-        modes["typical"] = replace(profile.mode("typical"), traces=_metas(typical))
+    for rule, trs in sampled.items():
+        modes[rule] = replace(profile.mode(rule), traces=_metas(trs))
     return replace(profile, modes=modes, traces=_metas(traces), traces_sha256=_sha256(side))
 
 

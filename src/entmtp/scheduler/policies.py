@@ -4,11 +4,20 @@
   binary   a small and a large tree with hysteresis: switch up when the signal reaches tau_on, back down when
            it falls below tau_off (tau_off <= tau_on), so a signal oscillating inside the band never flips it
   ladder   K-1 increasing thresholds over a signal onto K trees sorted by size
-  cost     per step, for every bank tree: expected tokens = 1 + sum over its nodes of the calibrated
-           probability that the node's path is accepted (from the heads' probabilities in this step's probe),
-           divided by the tree's measured step latency; take the best
-  dynamic  the same rule over every subtree of a master tree: the best subtree of n nodes holds the n nodes of
-           highest path probability, so the choice is one sort, a cumsum and an argmax over n
+  cost     per step, for every bank tree: expected tokens = 1 + its expected accepted drafts under the
+           acceptance rule (`ExpectedAccepted`, from the calibrated per-node rates and the heads' probabilities
+           in this step's probe), divided by the tree's measured step latency; take the best
+  dynamic  the same rule over subtrees of a master tree: the master's nodes sorted by path probability, and
+           the best prefix of that order (exact for greedy and lossless sampling, where the best n-node
+           subtree holds the n nodes of highest path probability: one sort, a cumsum and an argmax over n)
+
+The acceptance rule decides how node rates combine into a tree's expected accepted drafts:
+  greedy, sample  at most one child of an accepted node is accepted (the base model's token, or the sampled
+                  token: accept.py), so P(accepted >= k) is the sum of the depth-k nodes' path probabilities
+                  and a tree's expectation is the sum of its nodes' path probabilities
+  typical         several siblings may pass; with passes independent given the parent,
+                  R_k(v) = 1 - prod over v's children c of (1 - f_c R_{k-1}(c)), R_0 = 1, is the probability
+                  that a passing chain of k more nodes hangs below v, and the expectation is sum_k R_k(root)
 
 In a batched step (batch.py) `cost` and `dynamic` weigh trees by `StepContext.latency`, the ms of the whole
 step at that batch size (surface.py), instead of the single-row latency they were built with.
@@ -31,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..accept import ACCEPTANCE
 from ..costs import LatencyModel
 from ..errors import EntMTPError
 from ..policy import Choice, Menu, Stateful
@@ -59,6 +69,13 @@ class AcceptanceModel:
     ctx_edges: tuple[float, ...]  # [C + 1] bin edges over head 1's top-1 probability
     rates: tuple[tuple[tuple[float, ...], ...], ...]  # [Dq, C, nb]
     rank_rates: tuple[tuple[tuple[float, ...], ...], ...]  # [D, C, K]
+    rule: str = "greedy"  # the acceptance rule it was fitted under (accept.ACCEPTANCE): how rates combine
+
+    def __post_init__(self):
+        if self.rule not in ACCEPTANCE:
+            raise EntMTPError(
+                f"unknown acceptance rule {self.rule!r} in an acceptance model: use {ACCEPTANCE}"
+            )
 
     def to_json(self) -> dict:
         def lists(x):
@@ -69,6 +86,7 @@ class AcceptanceModel:
             "ctx_edges": list(self.ctx_edges),
             "rates": lists(self.rates),
             "rank_rates": lists(self.rank_rates),
+            "rule": self.rule,
         }
 
     @classmethod
@@ -76,11 +94,18 @@ class AcceptanceModel:
         def nested(x):
             return tuple(nested(v) for v in x) if isinstance(x, list) else float(x)
 
-        return cls(tuple(d["edges"]), tuple(d["ctx_edges"]), nested(d["rates"]), nested(d["rank_rates"]))
+        return cls(
+            tuple(d["edges"]),
+            tuple(d["ctx_edges"]),
+            nested(d["rates"]),
+            nested(d["rank_rates"]),
+            d.get("rule", "greedy"),
+        )
 
 
 class PathProbabilities:
-    """P(path of node n accepted) for every node of a master tree, from a step's probe: [M+1], root 1."""
+    """Per node of a master tree, from a step's probe: `rates` P(node accepted | parent accepted) and
+    (calling it) P(node's path accepted), both [M+1] with the root's 1."""
 
     def __init__(self, master: Tree, acceptance: AcceptanceModel):
         self.depth = master.depths[1:] - 1  # [M] row in the per-depth tables
@@ -88,7 +113,7 @@ class PathProbabilities:
         self.ancestors = master.mask.float()  # [M+1, M+1]: row i sums log-rates over i's path
         self.edges = torch.tensor(acceptance.edges[1:-1])  # inner edges for bucketize
         self.ctx_edges = torch.tensor(acceptance.ctx_edges[1:-1])
-        self.rates = torch.tensor(acceptance.rates).reshape(
+        self.q_rates = torch.tensor(acceptance.rates).reshape(
             -1, len(acceptance.ctx_edges) - 1, len(acceptance.edges) - 1
         )
         ranks = torch.tensor(acceptance.rank_rates)  # [D, C, K]
@@ -101,20 +126,57 @@ class PathProbabilities:
         self._known: dict[int, torch.Tensor] = {}
 
     def __call__(self, probe_logprobs: torch.Tensor | None) -> torch.Tensor:
+        return self.along_paths(self.rates(probe_logprobs))
+
+    def along_paths(self, rates: torch.Tensor) -> torch.Tensor:
+        """[M+1] path probabilities: the product of `rates` [M+1] over each node's path."""
+        return (self.ancestors @ rates.clamp_min(1e-9).log()).exp()
+
+    def rates(self, probe_logprobs: torch.Tensor | None) -> torch.Tensor:
         if probe_logprobs is None:  # no context: the average over contexts
             f = self.by_rank.mean(dim=1)
         else:
             lp = probe_logprobs.float().cpu()  # [Dp, k]
             c = int(torch.bucketize(lp[0, 0].exp(), self.ctx_edges))
             f = self.by_rank[:, c].clone()  # [M]
-            dp = min(lp.shape[0], self.rates.shape[0])
+            dp = min(lp.shape[0], self.q_rates.shape[0])
             known = self._known.get(dp)
             if known is None:
                 known = self._known[dp] = (self.depth < dp).nonzero().flatten()
             d, r = self.depth[known], self.rank[known]
-            f[known] = self.rates[d, c, torch.bucketize(lp[d, r].exp(), self.edges)]
-        logf = torch.cat([torch.zeros(1), f.clamp_min(1e-9).log()])  # [M+1]
-        return (self.ancestors @ logf).exp()
+            f[known] = self.q_rates[d, c, torch.bucketize(lp[d, r].exp(), self.edges)]
+        return torch.cat([torch.ones(1), f])  # [M+1]
+
+
+class ExpectedAccepted:
+    """Expected accepted drafts of subtrees of a master tree under an acceptance rule (module docstring):
+    call with per-node rates [M+1] (root 1) and memberships [S, M+1] (1 where the subtree holds the node; the
+    root column is ignored) for [S] expectations; `reach` gives P(accepted >= k) per depth k, [S, D]."""
+
+    def __init__(self, master: Tree, rule: str):
+        self.rule, self.depth = rule, master.depth
+        self.ancestors = master.mask.float()  # [M+1, M+1]
+        self.to_parent = torch.zeros(master.size, master.size)  # [M+1, M+1]: child row -> parent column
+        kids = (master.parents >= 0).nonzero().flatten()
+        self.to_parent[kids, master.parents[kids]] = 1.0
+        self.at_depth = (master.depths[:, None] == torch.arange(1, master.depth + 1)).float()  # [M+1, D]
+
+    def __call__(self, rates: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
+        return self.reach(rates, member).sum(dim=1)
+
+    def reach(self, rates: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
+        member = member.clone()
+        member[:, 0] = 0.0
+        if self.rule != "typical":  # exclusive children: the depth-k nodes' path probabilities add up
+            path = (self.ancestors @ rates.clamp_min(1e-9).log()).exp()  # [M+1]
+            return member @ (path[:, None] * self.at_depth)
+        out = torch.zeros(member.shape[0], self.depth)
+        chain = torch.ones_like(member)  # R_{k-1} per subtree and node
+        for k in range(self.depth):
+            miss = torch.log1p(-(rates * chain).clamp(max=1 - 1e-6)) * member  # [S, M+1]: log(1 - f_c R(c))
+            chain = 1.0 - (miss @ self.to_parent).exp()  # R_k of every node: over its children in the subtree
+            out[:, k] = chain[:, 0]
+        return out
 
 
 CALIBRATION_WINDOW = 32  # steps; older hits and predictions decay by (1 - 1/CALIBRATION_WINDOW) per step
@@ -125,11 +187,13 @@ class OnlineCalibration(Stateful):
     """Scale for a calibrated acceptance model on the text at hand: decayed sums of head 1's observed hits
     over its predicted hit probability, (hits + w) / (predicted + w), starting at 1.
 
-    `predict(p, probe)` takes the master tree's path probabilities [M+1] from the acceptance model and the
+    `predict(rates, probe)` takes the master tree's per-node rates [M+1] from the acceptance model and the
     step's probe, notes head 1's predicted hit probability (the depth-1 nodes' sum: they are exclusive), and
-    returns them scaled, capped so that the depth-1 nodes never sum above 1. `observe(step)` then checks the
-    probe's depth-1 candidates against the step's first emitted token. Without probe token ids (replays of
-    traces without tokens) nothing is observed and the scale stays 1.
+    returns the rates with the depth-1 ones scaled (so every path probability is: each path passes through
+    depth 1), capped so that they never sum above 1. `observe(step)` then checks the probe's depth-1
+    candidates against the step's first emitted token. Without probe token ids (replays of traces without
+    tokens) nothing is observed and the scale stays 1. For the exclusive rules only (greedy, sample): under
+    typical acceptance the first emitted token is not "head 1's candidate was right".
     """
 
     def __init__(self, master: Tree, window: int = CALIBRATION_WINDOW, weight: float = CALIBRATION_PRIOR):
@@ -146,14 +210,14 @@ class OnlineCalibration(Stateful):
     def scale(self) -> float:
         return (self.hits + self.weight) / (self.predicted + self.weight)
 
-    def predict(self, p: torch.Tensor, probe) -> torch.Tensor:
-        total = float(p[self.first].sum())
+    def predict(self, rates: torch.Tensor, probe) -> torch.Tensor:
+        total = float(rates[self.first].sum())
         self._pending = None
         if probe is not None and probe.tokens.numel():
             self._pending = (min(total, 1.0), probe.tokens[0].tolist())
         scale = min(self.scale, 1.0 / total) if total > 0 else 1.0
-        out = p * scale
-        out[0] = 1.0  # the root is always accepted
+        out = rates.clone()
+        out[self.first] *= scale
         return out
 
     def observe(self, step: Step) -> None:
@@ -257,10 +321,18 @@ class LadderPolicy(_SignalPolicy):
 
 
 class _CalibratedPolicy(_SignalPolicy):
-    """Shared by `cost` and `dynamic`: path probabilities from the acceptance model, recalibrated online."""
+    """Shared by `cost` and `dynamic`: node rates from the acceptance model, recalibrated online (exclusive
+    rules), and the rule's expected accepted drafts."""
 
     paths: PathProbabilities
+    expected: ExpectedAccepted
     calibration: OnlineCalibration | None = None
+
+    def _model(self, acceptance: AcceptanceModel, online: bool) -> None:
+        self.paths = PathProbabilities(self.master, acceptance)
+        self.expected = ExpectedAccepted(self.master, acceptance.rule)
+        online = online and acceptance.rule != "typical"
+        self.calibration = OnlineCalibration(self.master) if online else None
 
     def reset(self) -> None:
         super().reset()
@@ -272,10 +344,10 @@ class _CalibratedPolicy(_SignalPolicy):
         if self.calibration is not None:
             self.calibration.observe(step)
 
-    def _path_probabilities(self, ctx: StepContext) -> torch.Tensor:
-        """[M+1] P(each master node's path is accepted) this step."""
-        p = self.paths(None if ctx.probe is None else ctx.probe.logprobs)
-        return p if self.calibration is None else self.calibration.predict(p, ctx.probe)
+    def _rates(self, ctx: StepContext) -> torch.Tensor:
+        """[M+1] P(each master node accepted | its parent accepted) this step."""
+        f = self.paths.rates(None if ctx.probe is None else ctx.probe.logprobs)
+        return f if self.calibration is None else self.calibration.predict(f, ctx.probe)
 
     def _scale(self) -> dict[str, float]:
         return {} if self.calibration is None else {"calibration": self.calibration.scale}
@@ -295,17 +367,15 @@ class CostPolicy(_CalibratedPolicy):
             raise EntMTPError("the cost policy needs one positive step latency per bank tree")
         super().__init__(trees, DEFAULT_WINDOW)
         self.master = union_tree(self.trees, "cost-master")
-        self.paths = PathProbabilities(self.master, acceptance)
+        self._model(acceptance, online)
         member = torch.zeros(len(self.trees), self.master.size)  # [B, M+1]
         for b, tree in enumerate(self.trees):
             member[b, subtree_index(tree, self.master)[1:]] = 1.0
         self.member = member
         self.inv_ms = 1.0 / torch.tensor(ms_per_step, dtype=torch.float32)  # [B]
-        self.calibration = OnlineCalibration(self.master) if online else None
 
     def choose(self, ctx: StepContext) -> Choice:
-        p = self._path_probabilities(ctx)  # [M+1]
-        expected = 1.0 + self.member @ p  # [B] tokens per step
+        expected = 1.0 + self.expected(self._rates(ctx), self.member)  # [B] tokens per step
         inv_ms = self.inv_ms
         if ctx.latency is not None:  # a batched step: the whole step's ms at this batch size
             inv_ms = 1.0 / torch.tensor([ctx.latency.ms_of(t) for t in self.trees], dtype=torch.float32)
@@ -340,16 +410,24 @@ class DynamicPolicy(_CalibratedPolicy):
     ):
         super().__init__([master], DEFAULT_WINDOW)
         self.master = master
-        self.paths = PathProbabilities(master, acceptance)
-        self.calibration = OnlineCalibration(master) if online else None
+        self._model(acceptance, online)
+        self.prefixes = torch.ones(master.size, master.size).tril()  # row n: the first n nodes of an order
         self.inv_ms = torch.tensor(1.0 / latency(np.arange(master.size)), dtype=torch.float32)  # [M+1]
         self.require_contiguous = require_contiguous
         self._subtrees: dict[tuple[int, ...], Tree] = {(): Tree.root_only()}
 
     def choose(self, ctx: StepContext) -> Choice:
-        p = self._path_probabilities(ctx)[1:]  # [M]
+        rates = self._rates(ctx)  # [M+1]
+        p = self.paths.along_paths(rates)[1:]  # [M]
         order = torch.sort(p, descending=True, stable=True).indices  # parents before children on ties
-        expected = torch.cat([torch.ones(1), 1.0 + p[order].cumsum(0)])  # [M+1]: best n-node subtree
+        if (
+            self.expected.rule != "typical"
+        ):  # the best n-node subtree: the n nodes of highest path probability
+            expected = torch.cat([torch.ones(1), 1.0 + p[order].cumsum(0)])  # [M+1]
+        else:  # the first n nodes of that order, each prefix scored as a whole (siblings overlap)
+            member = torch.zeros(self.master.size, self.master.size)  # [M+1 prefixes, M+1 nodes]
+            member[:, 1 + order] = self.prefixes[:, 1:]
+            expected = 1.0 + self.expected(rates, member)  # [M+1]
         inv_ms = self.inv_ms
         if ctx.latency is not None:  # a batched step: the whole step's ms at this batch size
             inv_ms = torch.tensor(1.0 / ctx.latency(np.arange(self.master.size)), dtype=torch.float32)

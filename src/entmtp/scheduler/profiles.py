@@ -25,7 +25,8 @@ THE FILE FORMAT (`"format": "entmtp-profile"`, `"version": 1`), one JSON object 
   latency           nodes and ms_per_step (one per measured tree, in `trees` order), plain_ms_per_step, and
                     trees: name -> {nodes, ms_per_step, measured_tokens_per_second, measured_tokens_per_step,
                     timed_steps (optional)}; "none" is plain decoding
-  modes             "greedy" and, optionally, "typical" (T=0.7 typical acceptance), each a section:
+  modes             "greedy" and, optionally, the T > 0 sections by acceptance rule: "sample" (lossless
+                    rejection sampling) and "typical" (typical acceptance), each calibrated at T=0.7:
     growth                max depth ("1".."D") -> the greedy growth's rank paths, in the order they were added
     acceptance_frontier   [{name, nodes, depth, paths, mean_accepted_all_positions, tokens_per_step_simulated,
                           and, for trees measured here, ms_per_step, measured_tokens_per_second,
@@ -37,15 +38,18 @@ THE FILE FORMAT (`"format": "entmtp-profile"`, `"version": 1`), one JSON object 
     master                {name, paths}: the union tree the dynamic policy takes subtrees of
     reference             name -> {nodes, tokens_per_step_simulated, ms_per_step, tokens_per_second}: the
                           published default tree, for comparison ({} when it was not measured)
-    acceptance_model      {edges, ctx_edges, rates, rank_rates} (policies.AcceptanceModel)
+    acceptance_model      {edges, ctx_edges, rates, rank_rates, rule (optional: the section's rule when
+                          absent)} (policies.AcceptanceModel)
     signals               name -> {mean, std, quantiles, corr_with_chain_accepted}
     thresholds            binary: {small, large, signal, tau_off, tau_on, window}; ladder: {trees, signal,
                           thresholds, window} (each optional; window 8 when absent)
     replay                policy (and "oracle") -> {tokens_per_second, tokens_per_step, steps, usage}
     recommended_policy    the replayed policy of most tokens/s ("static" when absent)
     plain_tokens_per_second, positions
-    sampling              typical only: {temperature, acceptance, typical_eps, typical_alpha}
-    traces                typical only: [{prompt_len, length}] of the section's traces in the sidecar
+    sampling              T > 0 sections only: {temperature, acceptance, typical_eps, typical_alpha}
+    traces                T > 0 sections only: [{prompt_len, length}] of the section's traces in the sidecar
+    acceptance_check      optional: [{depth, predicted, measured, positions}], the acceptance model against
+                          held-out positions (calibration.calibrate.check_acceptance)
   traces            [{prompt_len, length}] of the greedy traces in the sidecar (absent until it is written)
   traces_sha256     the sidecar's sha256 (absent likewise)
 
@@ -419,6 +423,18 @@ class ReplayResult:
 
 
 @dataclass(frozen=True)
+class DepthCheck(_Record):
+    """The acceptance model against held-out calibration positions at one depth: the mean predicted and the
+    measured share of positions where the master tree accepts at least `depth` drafts (two folds: fitted on
+    half the traces, checked on the other half, and the reverse)."""
+
+    depth: int
+    predicted: float
+    measured: float
+    positions: int
+
+
+@dataclass(frozen=True)
 class TraceMeta(_Record):
     """One calibration trace in the sidecar: its prompt length and its whole length (prompt + output)."""
 
@@ -448,8 +464,9 @@ class ModeProfile:
     recommended_policy: str
     plain_tokens_per_second: float
     positions: int
-    sampling: Sampling | None = None  # typical only
-    traces: tuple[TraceMeta, ...] | None = None  # typical only: this section's traces in the sidecar
+    sampling: Sampling | None = None  # T > 0 sections only
+    traces: tuple[TraceMeta, ...] | None = None  # T > 0 sections only: this section's traces in the sidecar
+    acceptance_check: tuple[DepthCheck, ...] = ()  # the acceptance model on held-out positions, per depth
 
     def to_json(self) -> dict:
         out = {
@@ -472,10 +489,14 @@ class ModeProfile:
             out["sampling"] = dataclasses.asdict(self.sampling)
         if self.traces is not None:
             out["traces"] = [t.to_json() for t in self.traces]
+        if self.acceptance_check:
+            out["acceptance_check"] = [c.to_json() for c in self.acceptance_check]
         return out
 
     @classmethod
     def from_json(cls, d: Mapping) -> ModeProfile:
+        sampling = Sampling(**d["sampling"]) if "sampling" in d else None
+        rule = "greedy" if sampling is None else sampling.rule
         return cls(
             growth={int(k): _paths(order) for k, order in d["growth"].items()},
             acceptance_frontier=tuple(FrontierEntry.from_json(e) for e in d["acceptance_frontier"]),
@@ -484,15 +505,16 @@ class ModeProfile:
             best=d["best"],
             master=NamedPaths.from_json(d["master"]),
             reference={name: ReferenceTree.from_json(r) for name, r in d.get("reference", {}).items()},
-            acceptance_model=AcceptanceModel.from_json(d["acceptance_model"]),
+            acceptance_model=AcceptanceModel.from_json({"rule": rule, **d["acceptance_model"]}),
             signals={name: SignalStats.from_json(s) for name, s in d["signals"].items()},
             thresholds=Thresholds.from_json(d["thresholds"]),
             replay={name: ReplayResult.from_json(r) for name, r in d["replay"].items()},
             recommended_policy=d.get("recommended_policy", "static"),
             plain_tokens_per_second=d["plain_tokens_per_second"],
             positions=d["positions"],
-            sampling=Sampling(**d["sampling"]) if "sampling" in d else None,
+            sampling=sampling,
             traces=_trace_metas(d.get("traces")),
+            acceptance_check=tuple(DepthCheck.from_json(c) for c in d.get("acceptance_check", ())),
         )
 
     def trees(self) -> dict[str, Tree]:
@@ -516,7 +538,7 @@ class Profile:
     versions: Versions
     calibration: CalibrationRun
     latency: Latency
-    modes: Mapping[str, ModeProfile]  # "greedy", and "typical" when calibrated at T > 0
+    modes: Mapping[str, ModeProfile]  # "greedy", and "sample" / "typical" when calibrated at T > 0
     traces: tuple[TraceMeta, ...] | None = None  # the greedy traces in the sidecar (None: not written yet)
     traces_sha256: str | None = None
     path: Path | None = field(default=None, compare=False)  # the file it was read from or saved to
@@ -598,9 +620,15 @@ class Profile:
     def acceptance(self, mode: str = "greedy") -> AcceptanceModel:
         return self.mode(mode).acceptance_model
 
-    def mode_for(self, temperature: float) -> str:
-        """The section a run uses: `typical` (calibrated at T=0.7) for any T > 0 when the profile has it."""
-        return "typical" if temperature > 0 and "typical" in self.modes else "greedy"
+    def mode_for(self, temperature: float, acceptance: str = "auto") -> str:
+        """The section a run at `temperature` with `acceptance` (accept.Sampling) uses: its rule's (the T > 0
+        sections were calibrated at T=0.7); a profile without it (older files hold "typical" only) lends the
+        other T > 0 section, else the greedy one."""
+        rule = Sampling(temperature, acceptance).rule
+        for mode in (rule, *(m for m in ("sample", "typical") if m != rule and rule != "greedy")):
+            if mode in self.modes:
+                return mode
+        return "greedy"
 
     def recommended_policy(self, mode: str = "greedy") -> str:
         return self.mode(mode).recommended_policy
