@@ -21,7 +21,13 @@ from pathlib import Path
 import torch
 from rich.progress import Progress
 
-from entmtp.calibration.calibrate import CalibrationSettings, add_sampled, build_profile, retune
+from entmtp.calibration.calibrate import (
+    CalibrationSettings,
+    add_sampled,
+    build_profile,
+    retune,
+    typical_union,
+)
 from entmtp.calibration.command import calibration_prompts, print_profile
 from entmtp.calibration.plots import plot_profile
 from entmtp.calibration.traces import SAMPLED, generate_traces, load_traces, save_traces
@@ -121,7 +127,8 @@ def main() -> None:
 def _add_sampled(args, model, tokenizer, heads, settings, wanted, progress) -> None:
     """Sampled (T=0.7, one generation per rule: lossless and typical) generations of the first
     --sampled-prompts calibration prompts of each task, made once per rule with Hydra heads and tree_8 and
-    traced through both head sets; `mixed` takes an equal share of each task's."""
+    traced through both head sets (typical: verified on each profile's union tree); `mixed` takes an equal
+    share of each task's. A typical section of an older entmtp (no union tree) is made again."""
     n = args.sampled_prompts
     share = max(1, n // len(FOUR_TASKS))
     gen = Engine(model, tokenizer, heads=heads["hydra"], tree="tree_8")
@@ -129,18 +136,30 @@ def _add_sampled(args, model, tokenizer, heads, settings, wanted, progress) -> N
     for kind, task in wanted:
         path = shipped_profiles_dir(kind) / f"{task}.json"
         profile = load_profile(path)
-        sampled = {m: load_traces(profile, m) for m in profile.modes if m != "greedy"}
+        current = {m for m in profile.modes if m != "greedy"}
+        if "typical" in current and profile.mode("typical").trace_tree is None:
+            current.discard("typical")
+            profile = replace(profile, modes={m: s for m, s in profile.modes.items() if m != "typical"})
+        sampled = {m: load_traces(load_profile(path), m) for m in current}
         for sampling in SAMPLED:
             rule = sampling.rule
-            if rule in profile.modes:
+            if rule in current:
                 progress.console.print(f"{path} has a {rule} section: kept")
                 continue
             t0 = time.perf_counter()
+            union = typical_union(profile, heads[kind]) if rule == "typical" else None
             traces = []
             for t in FOUR_TASKS if task == "mixed" else (task,):
                 ids = [encode_prompt(tokenizer, p) for p in calibration_prompts(t, CALIB)][:n]
                 tr, outs[(rule, t)] = generate_traces(
-                    gen, heads[kind], ids, settings.max_new_tokens, progress, outs.get((rule, t)), sampling
+                    gen,
+                    heads[kind],
+                    ids,
+                    settings.max_new_tokens,
+                    progress,
+                    outs.get((rule, t)),
+                    sampling,
+                    union,
                 )
                 traces += tr[:share] if task == "mixed" else tr
             profile = add_sampled(

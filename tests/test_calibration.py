@@ -125,18 +125,20 @@ def test_latency_only_keeps_the_traces(tiny_profile, fitted):
 
 
 def test_sampled_sections_from_sampled_generations(tiny_profile, fitted, tmp_path):
-    from entmtp.calibration.calibrate import add_sampled
+    from entmtp.calibration.calibrate import add_sampled, typical_union
     from entmtp.calibration.traces import SAMPLE, TYPICAL, generate_traces
 
     model, heads, path, greedy = tiny_profile
     _, ids, _, _ = fitted
     engine = Engine(model, ByteTokenizer(), heads=heads["hydra"], tree="tree_8")
     prompts = [ids, list(range(30, 44))]
+    union = typical_union(load_profile(path), heads["hydra"])
     sampled = {
-        s.rule: generate_traces(engine, heads["hydra"], prompts, 24, sampling=s)[0] for s in (SAMPLE, TYPICAL)
+        s.rule: generate_traces(engine, heads["hydra"], prompts, 24, sampling=s, union=union)[0]
+        for s in (SAMPLE, TYPICAL)
     }
-    assert all(t.passmask is not None for t in sampled["typical"])
-    assert all(t.passmask is None for t in sampled["sample"])  # rank vectors replay the lossless rule exactly
+    assert all(t.passes.shape == (len(t.ranks), union.num_nodes) for t in sampled["typical"])
+    assert all(t.passes is None for t in sampled["sample"])  # rank vectors replay the lossless rule exactly
     with pytest.raises(EntMTPError, match="needs traces of typical"):
         add_sampled(load_profile(path), heads["hydra"], sampled["sample"], TYPICAL, TINY, log=lambda *a: None)
     profile = load_profile(path)
@@ -151,7 +153,11 @@ def test_sampled_sections_from_sampled_generations(tiny_profile, fitted, tmp_pat
         r: r for r in ("greedy", "sample", "typical")
     }
     back = load_traces(loaded, "typical")
-    assert all(torch.equal(a.passmask, b.passmask) for a, b in zip(back, sampled["typical"], strict=True))
+    assert all(torch.equal(a.passes, b.passes) for a, b in zip(back, sampled["typical"], strict=True))
+    assert all(a.union.paths == union.paths for a in back)
+    assert {t.name for t in loaded.bank("typical")} and all(
+        set(t.paths) <= set(union.paths) for t in loaded.bank("typical")
+    )  # the typical search grows subtrees of the union tree
     assert [t.ranks.tolist() for t in load_traces(loaded, "sample")] == [
         t.ranks.tolist() for t in sampled["sample"]
     ]
@@ -170,13 +176,14 @@ def test_sampled_sections_from_sampled_generations(tiny_profile, fitted, tmp_pat
 
 def test_a_profile_without_a_rules_section_lends_the_other_one(tiny_profile, fitted, tmp_path):
     """Older profiles hold a typical section only: lossless sampling uses it rather than the greedy one."""
-    from entmtp.calibration.calibrate import add_sampled
+    from entmtp.calibration.calibrate import add_sampled, typical_union
     from entmtp.calibration.traces import TYPICAL, generate_traces
 
     model, heads, path, greedy = tiny_profile
     _, ids, _, _ = fitted
     engine = Engine(model, ByteTokenizer(), heads=heads["hydra"], tree="tree_8")
-    typical, _ = generate_traces(engine, heads["hydra"], [ids], 16, sampling=TYPICAL)
+    union = typical_union(load_profile(path), heads["hydra"])
+    typical, _ = generate_traces(engine, heads["hydra"], [ids], 16, sampling=TYPICAL, union=union)
     profile = add_sampled(load_profile(path), heads["hydra"], typical, TYPICAL, TINY, log=lambda *a: None)
     assert profile.mode_for(0.7) == "typical" and profile.mode_for(0.7, "sample") == "typical"
     assert load_profile(path).mode_for(0.7) == "greedy"  # no T > 0 section at all

@@ -92,7 +92,7 @@ def test_replay_of_scheduled_hybrids_is_the_real_decode_step_for_step(fitted, ki
 
 def test_a_lookup_replay_needs_the_traces_tokens():
     tr = synthetic_traces()[0]
-    with pytest.raises(EntMTPError, match="greedy traces with their tokens"):
+    with pytest.raises(EntMTPError, match="lossless sampled generations with their tokens"):
         replay(HybridPolicy(StaticPolicy(load_tree("tree_4")), Lookup()), [tr], lambda t: 10.0)
 
 

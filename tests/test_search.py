@@ -1,5 +1,5 @@
 """Offline tree search on traces (calibration/search.py): greedy growth on known acceptance, the acceptance
-frontier, exact simulation of real decodes, and typical acceptance through pass masks."""
+frontier, exact simulation of real decodes, and typical acceptance through a union tree's passes."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import torch
 
 from conftest import ByteTokenizer
 from entmtp.calibration.search import (
-    PassScores,
     PathCounts,
+    TraceAcceptance,
+    UnionPasses,
     acceptance_frontier,
-    accepted_length,
     grow,
     simulate,
 )
@@ -84,56 +84,56 @@ def test_simulation_reproduces_real_decodes_step_for_step(fitted, kind):
     assert accepted_somewhere  # the fitted heads make multi-draft steps: the comparison has teeth
 
 
-# ---- typical acceptance (T > 0): pass masks ----------------------------------------------------------------
+# ---- typical acceptance (T > 0): passes of a union tree ---------------------------------------------------
+
+UNION = Tree("u", ((0,), (1,), (2,), (0, 0), (1, 0), (2, 0), (0, 0, 0)))  # canonical order: parents first
 
 
-def typical_trace(rows, masks) -> Trace:
-    n = len(rows)
+def typical_trace(passes) -> Trace:
+    """A typical trace whose rows pass the given UNION nodes (by path) at each root."""
+    n = len(passes)
+    table = torch.tensor([[p in row for p in UNION.paths] for row in passes])
     return Trace(
         1,
         n + 1,
-        torch.tensor(rows),
-        torch.zeros(n, len(rows[0]), TOPK),
+        torch.full((n, 3), MISS),
+        torch.zeros(n, 1, TOPK),
         torch.zeros(n, 4),
-        torch.tensor(masks),
+        passes=table,
+        union=UNION,
     )
 
 
-def test_typical_acceptance_takes_the_deepest_passing_node_below_the_trajectory():
-
-    tree = frozenset(load_tree("mc_sim_7b_63").paths)
-    # depth 1: ranks 0 and 2 pass, the trajectory went through rank 2; depth 2 below it: rank 0 passes
-    assert accepted_length(tree, [2, 0, 5], [0b101, 0b1, 0]) == 2  # (2,) and (2, 0) are in the tree
-    assert (
-        accepted_length(frozenset({(0,), (1,)}), [2, 0, 5], [0b101, 0b1, 0]) == 1
-    )  # (0,) passes; (2,) absent
-    assert accepted_length(tree, [2, 0, 5], [0b001, 0b1, 0]) == 1  # the trajectory's rank 2 did not pass
-    assert (
-        accepted_length(tree, [MISS, 0, 0], [0b010, 0b1, 0b1]) == 1
-    )  # off-trajectory passes count one level
-    assert accepted_length(tree, [0, 0, 0], [0, 0b1, 0b1]) == 0
+def test_typical_acceptance_takes_the_deepest_node_whose_whole_path_passes():
+    tr = typical_trace([{(0,), (2,), (2, 0), (0, 0, 0)}])  # (0, 0, 0) passes but its parent (0, 0) does not
+    accepted = TraceAcceptance(tr)
+    assert accepted(0, load_tree("mc_sim_7b_63").path_set) == 2  # (2,) then (2, 0): off rank 0 entirely
+    assert accepted(0, frozenset({(0,), (1,)})) == 1
+    assert accepted(0, frozenset({(1,), (1, 0)})) == 0
+    assert accepted(0, frozenset({(0,), (0, 0), (0, 0, 0)})) == 1
+    assert accepted(0, frozenset({(0,), (3,), (0, 5)})) == 1  # paths the union never verified never pass
 
 
 def test_typical_growth_counts_a_depth_once_however_many_siblings_pass():
-
-    # every position: ranks 0 and 1 pass at depth 1 (trajectory rank 0); rank 0 passes at depth 2
-    tr = typical_trace([[0, 0]] * 10, [[0b11, 0b1]] * 10)
-    scores = PassScores([tr])
+    # every position: (0,) and (1,) pass at depth 1, (0, 0) at depth 2
+    tr = typical_trace([{(0,), (1,), (0, 0)}] * 10)
+    scores = UnionPasses([tr])
     g = grow(scores, max_depth=2, max_nodes=5)
     assert g.order == ((0,), (0, 0))  # (1,) would add nothing: depth 1 is already accepted everywhere
     assert scores.mean_accepted(g.order) == 2.0
     assert simulate(Tree("t", g.order), [tr]).tokens_per_step == pytest.approx(9 / 3)  # 3 steps of 3, 3, 3
 
 
-def test_greedy_traces_score_the_same_through_pass_masks():
-    """A greedy trace is a typical trace whose only passing rank is the trajectory's: both scorers agree."""
-
+def test_greedy_traces_score_the_same_as_union_passes_of_their_own_path():
+    """A greedy trace is a typical trace where exactly the trajectory's own nodes pass: both scorers agree."""
     greedy = synthetic_traces(depth=2, scale=200)[0]
-    bits = torch.where(
-        greedy.ranks < MISS, 1 << greedy.ranks.clamp(max=TOPK - 1), torch.zeros_like(greedy.ranks)
+    union = Tree("u", tuple((a,) for a in range(3)) + tuple((a, b) for a in range(3) for b in range(3)))
+    rows = greedy.ranks.tolist()
+    passes = torch.tensor([[p == tuple(r[: len(p)]) for p in union.paths] for r in rows])
+    as_typical = Trace(
+        greedy.prompt_len, greedy.length, greedy.ranks, greedy.probe, greedy.raw, passes=passes, union=union
     )
-    as_typical = Trace(greedy.prompt_len, greedy.length, greedy.ranks, greedy.probe, greedy.raw, bits)
-    a, b = grow(PathCounts([greedy]), 2, 12), grow(PassScores([as_typical]), 2, 12)
+    a, b = grow(PathCounts([greedy]), 2, 12), grow(UnionPasses([as_typical]), 2, 12)
     assert a.order == b.order
     tree = Tree("t", a.order)
     assert simulate(tree, [greedy]) == simulate(tree, [as_typical])

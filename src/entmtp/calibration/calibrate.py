@@ -70,7 +70,7 @@ from ..scheduler.profiles import (
 from ..scheduler.signals import SIGNALS
 from ..tree import Tree, load_tree, union_tree
 from .replay import Replay, oracle, replay
-from .search import FrontierTree, Scores, acceptance_frontier, accepted_length, grow, simulate
+from .search import FrontierTree, Scores, TraceAcceptance, acceptance_frontier, grow, reachable, simulate
 from .traces import MISS, TOPK, Trace, generate_traces, load_traces, probe_depth
 
 GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 90)  # frontier sizes whose latency is measured
@@ -165,47 +165,72 @@ def fit_acceptance(
     CTX_EDGES): by the head's probability of the node's token (binned at EDGES, made non-decreasing) where the
     probe covers the depth, by rank (made non-increasing) everywhere. Thin cells shrink toward the rate over
     all contexts. "Right" is the acceptance `rule`'s: the next token of the trajectory (greedy: the base
-    argmax; sample: the sampled token) or passing the typical test (typical: traces with pass masks)."""
-    if (rule == "typical") != (traces[0].passmask is not None):
-        raise EntMTPError(f"fit_acceptance({rule!r}) got traces of another rule (pass masks are typical's)")
-    ranks = torch.cat([t.ranks for t in traces])  # [N, D]
-    probe = torch.cat([t.probe for t in traces])  # [N, Dp, K]
-    masks = torch.cat([t.passmask for t in traces]) if traces[0].passmask is not None else None  # [N, D]
-    bit = torch.arange(TOPK)
-    right_all = (
-        ranks[:, :, None] == bit if masks is None else (masks[:, :, None] >> bit) & 1 == 1
-    )  # [N, D, K]
-    on_path = right_all.gather(2, ranks.clamp(max=TOPK - 1)[:, :, None])[:, :, 0] & (ranks < MISS)  # [N, D]
-    ctx = torch.bucketize(probe[:, 0, 0].exp(), torch.tensor(CTX_EDGES[1:-1]))  # [N]
+    argmax; sample: the sampled token), seen for every candidate below the trajectory's own prefix; or
+    passing the typical test (typical), seen for every union-tree node whose parent was accepted."""
+    if (rule == "typical") != (traces[0].passes is not None):
+        raise EntMTPError(f"fit_acceptance({rule!r}) got traces of another rule (union passes are typical's)")
+    probe = torch.cat([t.probe for t in traces])  # [P, Dp, K]
+    ctx_all = torch.bucketize(probe[:, 0, 0].exp(), torch.tensor(CTX_EDGES[1:-1]))  # [P]
     n_ctx, nb = len(CTX_EDGES) - 1, len(EDGES) - 1
     centers = torch.tensor([(a + b) / 2 for a, b in zip(EDGES[:-1], EDGES[1:], strict=True)])
     rates, rank_rates = [], []
     for d in range(num_heads):
-        ok = on_path[:, :d].all(dim=1)  # the parent path (the trajectory's) was right
-        right, c = right_all[ok, d].float(), ctx[ok]  # [n, K], [n]
-        overall = (right.sum(dim=0) + 0.5) / (len(right) + 1.0)  # [K]
+        right, rank, pos = _observations(traces, d)  # [n] float, [n] rank, [n] position index
+        c = ctx_all[pos]
+        count = torch.bincount(rank, minlength=TOPK).float()
+        overall = (torch.bincount(rank, weights=right, minlength=TOPK) + 0.5) / (count + 1.0)  # [K]
         per_rank = []
         for k in range(n_ctx):
-            sub = right[c == k]
-            r = (sub.sum(dim=0) + SHRINK * overall) / (len(sub) + SHRINK)
+            sub = c == k
+            hits = torch.bincount(rank[sub], weights=right[sub], minlength=TOPK)
+            r = (hits + SHRINK * overall) / (torch.bincount(rank[sub], minlength=TOPK) + SHRINK)
             per_rank.append(tuple(float(x) for x in np.minimum.accumulate(r.numpy())))
         rank_rates.append(tuple(per_rank))
         if d < probe_depth:
-            bins = torch.bucketize(probe[ok, d].exp(), torch.tensor(EDGES[1:-1]))  # [n, K]
-            hits_all = torch.bincount(bins.flatten(), weights=right.flatten(), minlength=nb)
-            tot_all = torch.bincount(bins.flatten(), minlength=nb).float()
+            bins = torch.bucketize(probe[pos, d, rank].exp(), torch.tensor(EDGES[1:-1]))  # [n]
+            hits_all = torch.bincount(bins, weights=right, minlength=nb)
+            tot_all = torch.bincount(bins, minlength=nb).float()
             prior = (hits_all + 2 * centers) / (
                 tot_all + 2
             )  # a weak prior at the bin's centre where data is thin
             per_q = []
             for k in range(n_ctx):
-                b, w = bins[c == k].flatten(), right[c == k].flatten()
+                b, w = bins[c == k], right[c == k]
                 hits = torch.bincount(b, weights=w, minlength=nb)
                 tot = torch.bincount(b, minlength=nb).float()
                 rate = (hits + SHRINK * prior) / (tot + SHRINK)
                 per_q.append(tuple(float(x) for x in np.maximum.accumulate(rate.numpy())))
             rates.append(tuple(per_q))
     return AcceptanceModel(EDGES, CTX_EDGES, tuple(rates), tuple(rank_rates), rule)
+
+
+def _observations(traces: Sequence[Trace], d: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every depth-(d+1) node seen with its parent accepted: (right [n] float, its rank [n], the position
+    [n] it was seen at, numbered over all traces)."""
+    if traces[0].passes is None:  # rank vectors: all K candidates below the trajectory's own prefix
+        ranks = torch.cat([t.ranks for t in traces])  # [P, D]
+        seen = ((ranks[:, :d] < MISS).all(dim=1)).nonzero().flatten()  # the parent path was right
+        right = (ranks[seen, d, None] == torch.arange(TOPK)).flatten().float()  # [n * K]
+        return right, torch.arange(TOPK).repeat(len(seen)), seen.repeat_interleave(TOPK)
+    union = traces[0].union
+    nodes = [i for i, p in enumerate(union.paths) if len(p) == d + 1]
+    if not nodes:
+        empty = torch.empty(0, dtype=torch.long)
+        return empty.float(), empty, empty
+    passes = torch.cat([t.passes for t in traces])  # [P, N]
+    alive = torch.from_numpy(np.concatenate([reachable(t.passes, union) for t in traces]))  # [P, N]
+    parents = union.parents[1:].tolist()
+    parent_ok = torch.stack(
+        [
+            alive[:, parents[i] - 1] if parents[i] > 0 else torch.ones(len(alive), dtype=torch.bool)
+            for i in nodes
+        ],
+        dim=1,
+    )  # [P, n_d]
+    pos, k = parent_ok.nonzero(as_tuple=True)
+    node = torch.tensor(nodes)[k]
+    rank = torch.tensor([union.paths[i][-1] for i in range(len(union.paths))])[node]
+    return passes[pos, node].float(), rank, pos
 
 
 def check_acceptance(traces: Sequence[Trace], heads, rule: str, master: Tree) -> tuple[DepthCheck, ...]:
@@ -220,10 +245,10 @@ def check_acceptance(traces: Sequence[Trace], heads, rule: str, master: Tree) ->
         model = fit_acceptance(fit_on, probe_depth(heads), heads.config.num_heads, rule)
         rates, expected = PathProbabilities(master, model), ExpectedAccepted(master, rule)
         for tr in held:
-            masks = tr.passmask.tolist() if tr.passmask is not None else [None] * len(tr.ranks)
-            for j, row in enumerate(tr.ranks.tolist()):
+            accepted = TraceAcceptance(tr)
+            for j in range(len(tr.ranks)):
                 predicted += expected.reach(rates.rates(tr.probe[j]), whole)[0].numpy()
-                measured[: accepted_length(paths, row, masks[j])] += 1
+                measured[: accepted(j, paths)] += 1
                 n += 1
     return tuple(DepthCheck(k + 1, predicted[k] / n, measured[k] / n, n) for k in range(depth))
 
@@ -487,6 +512,16 @@ def generation_engine(model, tokenizer, heads) -> Engine:
     return Engine(model, tokenizer, heads=heads, tree="tree_8" if heads.config.num_heads >= 3 else "chain_1")
 
 
+def typical_union(profile: Profile, heads) -> Tree:
+    """The tree typical traces verify at every root: the greedy section's master (the trees that pay here)
+    and the published default, as deep as the heads reach. The typical search grows subtrees of it."""
+    trees = [profile.mode("greedy").master.tree()]
+    reference = load_tree(DEFAULT_TREE)
+    if reference.depth <= heads.config.num_heads:
+        trees.append(reference)
+    return union_tree(trees, "typical-union")
+
+
 def add_sampled(
     profile: Profile,
     heads,
@@ -501,17 +536,18 @@ def add_sampled(
     rule = sampling.rule
     if rule == "greedy":
         raise EntMTPError("add_sampled needs a sampling rule (sample or typical); greedy is the main section")
-    if not traces or any((t.passmask is not None) != (rule == "typical") for t in traces):
+    if not traces or any((t.passes is not None) != (rule == "typical") for t in traces):
         raise EntMTPError(
             f"add_sampled({rule!r}) needs traces of {rule}-acceptance generations "
-            f"(generate_traces(..., sampling=...) with that rule){' with pass masks' if rule == 'typical' else ''}"
+            f"(generate_traces(..., sampling=...) with that rule){', verified on a union tree' if rule == 'typical' else ''}"
         )
     _, grown, frontier = search(traces, heads.config.num_heads)
     section = build_section(traces, grown, frontier, profile.latency.trees, heads, settings.window, rule)
-    section = replace(section, sampling=sampling)
-    log(
-        f"{rule} section (T={sampling.temperature}) for {profile.heads.name}/{profile.task}: EntMTP* = {section.best}"
-    )
+    union = traces[0].union
+    trace_tree = None if union is None else NamedPaths(union.name, union.paths)
+    section = replace(section, sampling=sampling, trace_tree=trace_tree)
+    where = f"{profile.heads.name}/{profile.task}"
+    log(f"{rule} section (T={sampling.temperature}) for {where}: EntMTP* = {section.best}")
     return replace(profile, modes={**profile.modes, rule: section})
 
 
@@ -525,7 +561,7 @@ def retune(
         traces = load_traces(profile, mode)
         _, grown, frontier = search(traces, heads.config.num_heads)
         section = build_section(traces, grown, frontier, profile.latency.trees, heads, settings.window, mode)
-        modes[mode] = replace(section, sampling=old.sampling, traces=old.traces)
+        modes[mode] = replace(section, sampling=old.sampling, traces=old.traces, trace_tree=old.trace_tree)
         log(f"retuned {profile.heads.name}/{profile.task} ({mode}): EntMTP* = {section.best}")
     return replace(profile, modes=modes)
 

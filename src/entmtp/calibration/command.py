@@ -139,7 +139,7 @@ def _calibrate(args, model, tokenizer, heads, settings, old, texts, progress):
     """(profile, greedy traces, {rule: sampled traces}): a new calibration of `texts`, or with `old` (for
     --latency-only) its traces re-measured on this machine."""
     from ..model import encode_prompt
-    from .calibrate import add_sampled, build_profile, generation_engine
+    from .calibrate import add_sampled, build_profile, generation_engine, typical_union
     from .traces import SAMPLED, generate_traces, load_traces
 
     log = progress.console.print
@@ -175,9 +175,10 @@ def _calibrate(args, model, tokenizer, heads, settings, old, texts, progress):
         profile = replace(profile, calibration=run)
     elif not args.greedy_only:
         engine = generation_engine(model, tokenizer, heads)
+        union = typical_union(profile, heads)
         for sampling in SAMPLED:
             sampled[sampling.rule], _ = generate_traces(
-                engine, heads, ids, settings.max_new_tokens, progress, sampling=sampling
+                engine, heads, ids, settings.max_new_tokens, progress, sampling=sampling, union=union
             )
     for rule, traces in sampled.items():
         profile = add_sampled(profile, heads, traces, settings_of[rule], settings, log=log)

@@ -28,7 +28,7 @@ from ..records import Step, StepContext
 from ..scheduler.hybrid import HEADS_DRAFT_COST
 from ..scheduler.joint import joint_budget
 from ..tree import Tree
-from .search import accepted_length
+from .search import TraceAcceptance
 from .traces import MISS, TOPK, Trace
 
 
@@ -89,7 +89,7 @@ class TraceRow:
     def __init__(self, policy, tr: Trace):
         self.policy, self.trace = policy.fresh(), tr
         self.rows, self.raw = tr.ranks.tolist(), tr.raw.tolist()
-        self.masks = tr.passmask.tolist() if tr.passmask is not None else [None] * len(self.rows)
+        self.acceptance = TraceAcceptance(tr)
         self.toks = tr.tokens.tolist() if tr.tokens is not None else None
         self.index = _index(self.policy.lookup, tr, self.toks)
         self.j = self.steps = 0  # the step's root row; steps taken
@@ -116,7 +116,7 @@ class TraceRow:
 
     def accepted(self, tree: Tree) -> int:
         """Drafts `tree` would have accepted at this step (head trees: from the trace's ranks)."""
-        return accepted_length(tree.path_set, self.rows[self.j], self.masks[self.j])
+        return self.acceptance(self.j, tree.path_set)
 
     def take(self, tree: Tree, signals: dict[str, float]) -> Step:
         j, root, n_max = self.j, self.trace.prompt_len + self.j, len(self.rows) - 1 - self.j
@@ -140,8 +140,11 @@ def _index(lookup, tr: Trace, toks: list[int] | None) -> NgramIndex | None:
     """The n-gram index of the trace's prompt and root, for a policy with lookup branches."""
     if lookup is None:
         return None
-    if toks is None or tr.passmask is not None:
-        raise EntMTPError("a replay with prompt-lookup drafts needs greedy traces with their tokens")
+    if toks is None or tr.passes is not None:
+        raise EntMTPError(
+            "a replay with prompt-lookup drafts needs traces of greedy or lossless sampled generations with "
+            "their tokens (typical acceptance's accepted paths leave the recorded trajectory)"
+        )
     return NgramIndex(toks[: tr.prompt_len + 1], lookup.max_ngram)
 
 
@@ -210,15 +213,14 @@ def oracle(bank: Sequence[Tree], traces: Sequence[Trace], ms_of: Callable[[Tree]
     sets = [t.path_set for t in bank]
     costs = [ms_of(t) for t in bank]
     for tr in traces:
-        rows = tr.ranks.tolist()
-        masks = tr.passmask.tolist() if tr.passmask is not None else [None] * len(rows)
-        end = len(rows)
+        accepted = TraceAcceptance(tr)
+        end = len(tr.ranks)
         time = [0.0] * end  # time[j]: least ms to emit every token after root j
         pick = [0] * end
         for j in range(end - 2, -1, -1):
             best = None
             for b, paths in enumerate(sets):
-                n = min(accepted_length(paths, rows[j], masks[j]) + 1, end - 1 - j)
+                n = min(accepted(j, paths) + 1, end - 1 - j)
                 t = costs[b] + time[j + n]
                 if best is None or t < best:
                     best, pick[j] = t, b
@@ -226,7 +228,7 @@ def oracle(bank: Sequence[Tree], traces: Sequence[Trace], ms_of: Callable[[Tree]
         j = 0
         while j < end - 1:
             b = pick[j]
-            n = min(accepted_length(sets[b], rows[j], masks[j]) + 1, end - 1 - j)
+            n = min(accepted(j, sets[b]) + 1, end - 1 - j)
             out.tokens, out.steps, out.ms = out.tokens + n, out.steps + 1, out.ms + costs[b]
             out.usage[bank[b].name] = out.usage.get(bank[b].name, 0) + 1
             j += n

@@ -7,8 +7,9 @@ paper's per-round union rollouts are not needed. `simulate` replays whole decode
 tree really takes, each starting where the previous one ended): the debiased, own-tree number.
 
 Typical acceptance (T > 0) accepts the longest path whose every draft passes the typical test, so several
-siblings may pass and values no longer add up: `PassScores` keeps every position's current accepted length
-and scores a candidate by how much it raises them (the same growth, the same tie rules).
+siblings may pass and values no longer add up: `UnionPasses` keeps every position's current accepted length
+and scores a candidate by how much it raises them (the same growth, the same tie rules), over the union tree
+the typical traces verified at every root.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from .. import metrics
 from ..tree import RankPath, Tree
@@ -56,37 +58,35 @@ class PathCounts:
         pass
 
 
-class PassScores:
-    """Typical acceptance on traces with pass masks: node (prefix, r) at depth d is accepted at a position
-    when `prefix` is the trajectory's own prefix (each of its drafts passing) and rank r passes there."""
+def reachable(passes: torch.Tensor, union: Tree) -> np.ndarray:
+    """[R, N] bool: node i + 1 of `union` is accepted at root j under typical acceptance, given the whole union
+    tree: it passes and so does every ancestor."""
+    alive = passes.numpy().copy()
+    for i, parent in enumerate(union.parents[1:].tolist()):  # parents before children (canonical order)
+        if parent > 0:
+            alive[:, i] &= alive[:, parent - 1]
+    return alive
+
+
+class UnionPasses:
+    """Typical acceptance on traces verified on a union tree: a node is accepted at a position when it and its
+    ancestors pass there (`reachable`); a tree accepts its deepest such node. Values do not add up (siblings
+    may both pass), so it keeps every position's current accepted length and scores a candidate by how much
+    it raises them; a path outside the union tree was never verified and scores nothing."""
 
     def __init__(self, traces: Sequence[Trace]):
-        ranks = np.concatenate([t.ranks.numpy() for t in traces])  # [N, D]
-        masks = np.concatenate([t.passmask.numpy() for t in traces])  # [N, D]
-        n, depth = ranks.shape
-        self.positions = n
-        self.masks = masks
-        traj_ok = (ranks < MISS) & (
-            ((masks >> np.minimum(ranks, TOPK - 1)) & 1) == 1
-        )  # trajectory draft passes
-        self.valid = np.concatenate([np.ones((n, 1), bool), np.cumprod(traj_ok, axis=1).astype(bool)], axis=1)
-        self.codes = np.zeros((n, depth + 1), dtype=np.int64)  # [N, D+1]: code of the trajectory's d-prefix
-        for d in range(depth):
-            self.codes[:, d + 1] = self.codes[:, d] * (TOPK + 1) + ranks[:, d] + 1
-        self.acc = np.zeros(n)
-
-    @staticmethod
-    def _code(path: RankPath) -> int:
-        code = 0
-        for r in path:
-            code = code * (TOPK + 1) + r + 1
-        return code
+        union = traces[0].union
+        if any(t.union is None or t.union.paths != union.paths for t in traces):
+            raise ValueError("typical traces verified on different union trees cannot be scored together")
+        self.alive = np.concatenate([reachable(t.passes, union) for t in traces])  # [P, N]
+        self.col = {p: i for i, p in enumerate(union.paths)}
+        self.positions = len(self.alive)
+        self.acc = np.zeros(self.positions)
 
     def fires(self, path: RankPath) -> np.ndarray:
-        """[N] bool: positions where the node is accepted (given its ancestors are in the tree)."""
-        d = len(path)
-        prefix = (self.codes[:, d - 1] == self._code(path[:-1])) & self.valid[:, d - 1]
-        return prefix & (((self.masks[:, d - 1] >> path[-1]) & 1) == 1)
+        """[P] bool: positions where the node is accepted (given its ancestors are in the tree)."""
+        col = self.col.get(path)
+        return np.zeros(self.positions, bool) if col is None else self.alive[:, col]
 
     def value(self, path: RankPath) -> float:
         gain = np.maximum(self.acc, len(path) * self.fires(path)) - self.acc
@@ -105,11 +105,27 @@ class PassScores:
         return float(acc.mean())
 
 
+class TraceAcceptance:
+    """Drafts any tree accepts at each root of one trace, under the trace's rule: from its rank vectors
+    (greedy, sample) or its union tree's passes (typical)."""
+
+    def __init__(self, trace: Trace):
+        self.rows = trace.ranks.tolist()
+        self.alive = None if trace.passes is None else reachable(trace.passes, trace.union)
+        self.col = {} if trace.union is None else {p: i for i, p in enumerate(trace.union.paths)}
+
+    def __call__(self, j: int, paths: frozenset[RankPath]) -> int:
+        if self.alive is None:
+            return accepted_length(paths, self.rows[j])
+        row = self.alive[j]
+        return max((len(p) for p in paths if p in self.col and row[self.col[p]]), default=0)
+
+
 class Scores:
     @staticmethod
-    def for_traces(traces: Sequence[Trace]) -> PathCounts | PassScores:
-        """The scorer for the traces' acceptance rule: greedy (rank vectors) or typical (pass masks)."""
-        return PassScores(traces) if traces and traces[0].passmask is not None else PathCounts(traces)
+    def for_traces(traces: Sequence[Trace]) -> PathCounts | UnionPasses:
+        """The scorer for the traces' acceptance rule: rank vectors (greedy, sample) or union passes (typical)."""
+        return UnionPasses(traces) if traces and traces[0].passes is not None else PathCounts(traces)
 
 
 @dataclass(frozen=True)
@@ -124,7 +140,7 @@ class Grown:
 
 
 def grow(
-    counts: PathCounts | PassScores, max_depth: int, max_nodes: int = MAX_NODES, max_rank: int = TOPK
+    counts: PathCounts | UnionPasses, max_depth: int, max_nodes: int = MAX_NODES, max_rank: int = TOPK
 ) -> Grown:
     """EntMTP's greedy growth from the one-node tree {(0,)}: each round, every node (root included) may take
     its next child (rank = its current number of children); add the candidate of highest value; ties go to
@@ -189,27 +205,16 @@ class Simulated:
         return metrics.mean_tokens_per_step(self.tokens, self.steps)
 
 
-def accepted_length(
-    paths: frozenset[RankPath], ranks: Sequence[int], masks: Sequence[int] | None = None
-) -> int:
-    """Drafts a tree (its path set) accepts at a step with rank vector `ranks`; with pass `masks` (typical
-    acceptance), the deepest passing node below the trajectory's own passing prefix."""
+def accepted_length(paths: frozenset[RankPath], ranks: Sequence[int]) -> int:
+    """Drafts a tree (its path set) accepts at a step with rank vector `ranks`: the longest prefix of it that is
+    one of its paths."""
     n = 0
     path: tuple[int, ...] = ()
-    if masks is None:
-        for r in ranks:
-            path = (*path, r)
-            if path not in paths:
-                break
-            n += 1
-        return n
-    for d, (r, bits) in enumerate(zip(ranks, masks, strict=True), start=1):
-        if not any(bits >> k & 1 and (*path, k) in paths for k in range(TOPK)):
-            break
-        n = d
-        if r >= MISS or not bits >> r & 1 or (*path, r) not in paths:
-            break
+    for r in ranks:
         path = (*path, r)
+        if path not in paths:
+            break
+        n += 1
     return n
 
 
@@ -224,13 +229,11 @@ def simulate(tree: Tree, traces: Sequence[Trace]) -> Simulated:
 def step_tokens(tree: Tree, trace: Trace) -> list[int]:
     """Tokens of each step of `trace`'s generation decoded with `tree` (accepted drafts + the bonus, the last
     step cut at the generation's end)."""
-    paths = tree.path_set
-    rows = trace.ranks.tolist()
-    masks = trace.passmask.tolist() if trace.passmask is not None else [None] * len(rows)
+    paths, accepted = tree.path_set, TraceAcceptance(trace)
     out = []
-    j, end = 0, len(rows)  # row j = root prompt_len + j; the last root is the last token
+    j, end = 0, len(trace.ranks)  # row j = root prompt_len + j; the last root is the last token
     while j < end - 1:
-        step = min(accepted_length(paths, rows[j], masks[j]) + 1, end - 1 - j)
+        step = min(accepted(j, paths) + 1, end - 1 - j)
         out.append(step)
         j += step
     return out

@@ -20,14 +20,18 @@ At T > 0 the two sampling rules (accept.py) differ in what a trace of one sample
            generation (its rank vectors, as for greedy) therefore replays any tree or policy exactly, step by
            step, for that random outcome, and a set of them in distribution (tests/test_sampling_replay.py).
   typical  keeps the longest path whose drafts pass the typical test; several siblings may pass and the output
-           depends on the tree. The pass masks record, for the heads' candidates below the trajectory's own
-           prefix, which pass: paths off the sampled trajectory are known one level deep only, and a replay
-           advances as if each step had emitted the trajectory's tokens (an approximation).
+           depends on the tree. At every root of the sampled trajectory the heads draft a whole union tree
+           (`union_passes`: every tree the search may grow is a subtree of it) and the base model verifies it
+           there, as a decode's step would: `passes` records which of its drafts pass at their parent's
+           distribution, so any subtree's accepted length at that root is exact. What is approximate: the
+           replay then advances along the trajectory, whose tokens a decode with another tree need not have
+           emitted (typical acceptance is not lossless: its output depends on the tree).
 
 A profile keeps its traces beside its JSON, in `<profile>.traces.safetensors` (`save_traces`, `load_traces`):
 tensors `{i}.ranks`, `{i}.probe`, `{i}.raw` (and `{i}.passmask`, `{i}.tokens` when the trace has them) for the
-greedy traces, the same under `{rule}.{i}.` for a sampled section's (`sample.`, `typical.`); the JSON records
-each trace's prompt_len and length and the file's sha256, so a changed or truncated sidecar is refused.
+greedy traces, the same under `{rule}.{i}.` for a sampled section's (`sample.`, `typical.`, which also has
+`{i}.passes`; its union tree is the section's `trace_tree`); the JSON records each trace's prompt_len and
+length and the file's sha256, so a changed or truncated sidecar is refused.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from ..errors import EntMTPError
 from ..files import save_tensors_atomic
 from ..scheduler.profiles import Profile, ProfileError, TraceMeta
 from ..scheduler.signals import raw_signals, root_stats
+from ..tree import Tree
 
 TOPK = 10  # candidates per head recorded; ranks >= TOPK count as misses (no tree here drafts that wide)
 MISS = TOPK  # rank recorded for a token outside the heads' top TOPK (or past the end)
@@ -66,11 +71,12 @@ class Trace:
     ranks: torch.Tensor  # [R, D] int64: rank of tokens[j + d] under head d at root j; MISS if not in top-k
     probe: torch.Tensor  # [R, Dp, TOPK] float32: top-k log-probabilities the online probe would see
     raw: torch.Tensor  # [R, 4] float32: raw signals (entropy, p0, chain sum, max g_d) at root j
-    # typical acceptance only: bit r of [j, d - 1] is set when head d's rank-r candidate below the trajectory's
-    # own depth-(d-1) prefix passes the typical test (see search.accepted_length)
-    passmask: torch.Tensor | None = None  # [R, D] int64
     # the generation itself (prompt + output): what replays of prompt-lookup drafts copy from
     tokens: torch.Tensor | None = None  # [length] int64
+    # typical acceptance only: [j, i] is True when node i + 1 of `union`, drafted at root j, passes the typical
+    # test at its parent's base distribution there (its ancestors' passes aside)
+    passes: torch.Tensor | None = None  # [R, union.num_nodes] bool
+    union: Tree | None = None
 
     @property
     def output_tokens(self) -> int:
@@ -84,12 +90,16 @@ def probe_depth(heads) -> int:
 
 @torch.inference_mode()
 def trace_generation(
-    base: BaseModel, heads, tokens: list[int], prompt_len: int, sampling: Sampling | None = None
+    base: BaseModel,
+    heads,
+    tokens: list[int],
+    prompt_len: int,
+    sampling: Sampling | None = None,
+    union: Tree | None = None,
 ) -> Trace:
     """Teacher-force `heads` over one finished generation `tokens` (prompt + output). Greedy or lossless
     `sampling` (the output sampled with it): the rank vectors are all a replay needs (module docstring). Typical
-    `sampling`: also the pass masks of typical acceptance, which for paths off the sampled trajectory are known
-    one level deep only (their base distributions were never computed)."""
+    `sampling` needs `union`, the tree drafted and verified at every root (`union_passes`)."""
     if len(tokens) <= prompt_len + 1:
         raise EntMTPError("a calibration generation needs at least two output tokens")
     dev = base.device
@@ -102,12 +112,8 @@ def trace_generation(
     ranks = torch.full((len(roots), D), MISS, dtype=torch.int64)
     probe = torch.zeros(len(roots), dp, TOPK)
     typical = sampling is not None and sampling.rule == "typical"
-    passmask = torch.zeros(len(roots), D, dtype=torch.int64) if typical else None
-    if typical:  # which tokens pass after each position: p(x) > min(eps, alpha * exp(-H(p))) at temperature T
-        off = prompt_len  # only positions after the prompt are ever a draft's parent
-        probs = torch.softmax(fwd.logits[off:].float() / sampling.temperature, dim=-1)  # [L - off, V]
-        passing = _typical_ok(probs, sampling.typical_eps, sampling.typical_alpha)  # [L - off, V]
-        bits = 2 ** torch.arange(TOPK, device=dev)  # [K]
+    if typical and union is None:
+        raise EntMTPError("a trace of typical acceptance needs the union tree to verify at every root")
     col_of = torch.arange(base.lm_head.weight.shape[0], device=dev)  # token id -> column in the draft logits
     if heads.draft_vocab is not None:  # -1: not draftable
         col_of = torch.full_like(col_of, -1)
@@ -125,13 +131,72 @@ def trace_generation(
         top_lp, top = lp.topk(TOPK, dim=-1)  # [R, K]
         if d < dp:
             probe[:, d] = top_lp.cpu()
-        if typical:  # head d+1's candidates below the trajectory prefix, judged after position t + d + 1
-            ids_k = heads.draft_vocab.to(dev)[top] if heads.draft_vocab is not None else top  # [R, K]
-            parent = (t + d + 1).clamp(max=L - 1) - off  # t + d + 1 >= prompt_len
-            ok = passing[parent[:, None], ids_k] & (t + d + 1 < L)[:, None]  # [R, K]
-            passmask[:, d] = (ok.long() * bits).sum(dim=1).cpu()
     raw = raw_signals(root_stats(fwd.logits[t]).cpu(), probe)  # [R, 4]
-    return Trace(prompt_len, L, ranks, probe, raw, passmask, ids.cpu())
+    trace = Trace(prompt_len, L, ranks, probe, raw, ids.cpu())
+    if typical:
+        trace.passes, trace.union = (
+            union_passes(base, heads, ids, prompt_len, fwd.hidden, union, sampling),
+            union,
+        )
+    return trace
+
+
+UNION_CHUNK = 8  # roots whose union trees one forward verifies
+
+
+@torch.inference_mode()
+def union_passes(
+    base: BaseModel,
+    heads,
+    ids: torch.Tensor,  # [L] prompt + output
+    prompt_len: int,
+    hidden: torch.Tensor,  # [L, H] the base model's hidden states over `ids` (what the heads read)
+    union: Tree,
+    sampling: Sampling,
+) -> torch.Tensor:
+    """[R, N] bool: at every root j of the generation, the heads draft `union` as a decode's step would (their
+    feature after positions < j, the root token ids[j]) and the base model verifies it at positions j + depth,
+    attending to ids[:j] and each node's ancestors; node i passes when its token passes the typical test at
+    its parent's distribution. UNION_CHUNK roots per forward, over a cache of the prefix they share."""
+    L, N, size = len(ids), union.num_nodes, union.size
+    drafter = heads.drafter()
+    drafter.extend(hidden[:prompt_len])
+    drafts = []
+    for j in range(prompt_len, L):
+        if j > prompt_len:
+            drafter.extend(hidden[j - 1 : j])
+        drafts.append(drafter.draft(union, ids[j : j + 1]).tokens.to(ids.device))  # [N]
+    parents = union.parents[1:].to(ids.device)  # [N] node i + 1's parent (0: the root)
+    out = torch.zeros(L - prompt_len, N, dtype=torch.bool)
+    for start in range(0, L - prompt_len, UNION_CHUNK):
+        rows = range(start, min(start + UNION_CHUNK, L - prompt_len))
+        past = prompt_len + rows[0]  # every root of the chunk sees ids[:past]; later ones also a few more
+        cache = base.new_cache(prompt_len + rows[-1] + len(rows) * size)
+        base.forward(ids[:past], None, cache, logits_to_keep=1)
+        base.commit(cache, list(range(past)))
+        extra = rows[-1] - rows[0]  # ids[past : past + extra] go in front of the trees: roots after the first
+        tokens = torch.cat(
+            [ids[past : past + extra], *(torch.cat([ids[prompt_len + r][None], drafts[r]]) for r in rows)]
+        )
+        n = len(tokens)
+        positions = torch.cat(
+            [torch.arange(past, past + extra), *(prompt_len + r + union.depths for r in rows)]
+        ).to(ids.device)
+        mask = torch.zeros(n, past + n, dtype=torch.bool)
+        mask[:, :past] = True
+        mask[:extra, past : past + extra] = torch.ones(extra, extra, dtype=torch.bool).tril()
+        for i, r in enumerate(rows):
+            block = slice(extra + i * size, extra + (i + 1) * size)
+            mask[block, past : past + r - rows[0]] = True  # the chain tokens before this root
+            mask[block, past + block.start : past + block.stop] = union.mask
+        cache.begin(n)
+        fwd = base.run(tokens, positions, mask.to(ids.device), cache)
+        for i, r in enumerate(rows):
+            logits = fwd.logits[extra + i * size : extra + (i + 1) * size]  # [size, V]
+            probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
+            passing = _typical_ok(probs, sampling.typical_eps, sampling.typical_alpha)  # [size, V]
+            out[r] = passing[parents, drafts[r]].cpu()
+    return out
 
 
 def generate_traces(
@@ -142,10 +207,11 @@ def generate_traces(
     progress: Progress | None = None,
     outputs: list[list[int]] | None = None,
     sampling: Sampling | None = None,
+    union: Tree | None = None,
 ) -> tuple[list[Trace], list[list[int]]]:
     """Generations of `prompts` (token ids) with `engine` (greedy, whose output does not depend on the tree;
-    or `sampling`, seeded by prompt index), then a teacher-forced trace of each through `heads`. `outputs`
-    reuses earlier generations."""
+    or `sampling`, seeded by prompt index), then a teacher-forced trace of each through `heads` (typical
+    `sampling`: verified on `union` at every root). `outputs` reuses earlier generations."""
     task = progress.add_task("calibration traces", total=len(prompts)) if progress else None
     traces, outs = [], []
     for i, ids in enumerate(prompts):
@@ -163,7 +229,9 @@ def generate_traces(
             ).token_ids
         outs.append(out)
         if len(out) >= 2:
-            traces.append(trace_generation(engine.base, heads, list(ids) + list(out), len(ids), sampling))
+            traces.append(
+                trace_generation(engine.base, heads, list(ids) + list(out), len(ids), sampling, union)
+            )
         if progress:
             progress.advance(task)
     return traces, outs
@@ -200,13 +268,16 @@ def save_traces(
             tensors[f"{prefix}{i}.ranks"] = tr.ranks.to(torch.int16)
             tensors[f"{prefix}{i}.probe"] = tr.probe.to(torch.float16)
             tensors[f"{prefix}{i}.raw"] = tr.raw.float()
-            if tr.passmask is not None:
-                tensors[f"{prefix}{i}.passmask"] = tr.passmask.to(torch.int16)
+            if tr.passes is not None:
+                tensors[f"{prefix}{i}.passes"] = tr.passes.to(torch.uint8)
             if tr.tokens is not None:
                 tensors[f"{prefix}{i}.tokens"] = tr.tokens.to(torch.int32)
     save_tensors_atomic(side, tensors)
     modes = dict(profile.modes)
     for rule, trs in sampled.items():
+        union = profile.mode(rule).trace_tree
+        if any(tr.union is not None and (union is None or tr.union.paths != union.paths) for tr in trs):
+            raise ProfileError(f"the {rule} traces were verified on another union tree than the section's")
         modes[rule] = replace(profile.mode(rule), traces=_metas(trs))
     return replace(profile, modes=modes, traces=_metas(traces), traces_sha256=_sha256(side))
 
@@ -224,10 +295,18 @@ def load_traces(profile: Profile, mode: str = "greedy") -> list[Trace]:
         )
     t = load_file(str(side))
     prefix = "" if mode == "greedy" else f"{mode}."
+    union = (
+        None if mode == "greedy" or profile.mode(mode).trace_tree is None else profile.mode(mode).trace_tree
+    )
+    if mode == "typical" and (union is None or f"{prefix}0.passmask" in t):
+        raise ProfileError(
+            f"the typical traces of {profile.where} were made by an older entmtp (they know paths off the "
+            "sampled trajectory one level deep only): calibrate again"
+        )
     out = []
     for i, meta in enumerate(profile.trace_metas(mode)):
         key = f"{prefix}{i}"
-        mask, toks = t.get(f"{key}.passmask"), t.get(f"{key}.tokens")
+        passes, toks = t.get(f"{key}.passes"), t.get(f"{key}.tokens")
         out.append(
             Trace(
                 meta.prompt_len,
@@ -235,8 +314,9 @@ def load_traces(profile: Profile, mode: str = "greedy") -> list[Trace]:
                 t[f"{key}.ranks"].long(),
                 t[f"{key}.probe"].float(),
                 t[f"{key}.raw"].float(),
-                None if mask is None else mask.long(),
                 None if toks is None else toks.long(),
+                None if passes is None else passes.bool(),
+                None if passes is None else union.tree(),
             )
         )
     return out

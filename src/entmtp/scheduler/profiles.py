@@ -50,6 +50,8 @@ THE FILE FORMAT (`"format": "entmtp-profile"`, `"version": 1`), one JSON object 
     traces                T > 0 sections only: [{prompt_len, length}] of the section's traces in the sidecar
     acceptance_check      optional: [{depth, predicted, measured, positions}], the acceptance model against
                           held-out positions (calibration.calibrate.check_acceptance)
+    trace_tree            typical only: {name, paths}, the union tree its traces verified at every root (a
+                          typical section without it comes from an older entmtp: its traces are not read)
   traces            [{prompt_len, length}] of the greedy traces in the sidecar (absent until it is written)
   traces_sha256     the sidecar's sha256 (absent likewise)
 
@@ -467,6 +469,7 @@ class ModeProfile:
     sampling: Sampling | None = None  # T > 0 sections only
     traces: tuple[TraceMeta, ...] | None = None  # T > 0 sections only: this section's traces in the sidecar
     acceptance_check: tuple[DepthCheck, ...] = ()  # the acceptance model on held-out positions, per depth
+    trace_tree: NamedPaths | None = None  # typical only: the union tree its traces verified at every root
 
     def to_json(self) -> dict:
         out = {
@@ -491,6 +494,8 @@ class ModeProfile:
             out["traces"] = [t.to_json() for t in self.traces]
         if self.acceptance_check:
             out["acceptance_check"] = [c.to_json() for c in self.acceptance_check]
+        if self.trace_tree is not None:
+            out["trace_tree"] = self.trace_tree.to_json()
         return out
 
     @classmethod
@@ -515,6 +520,7 @@ class ModeProfile:
             sampling=sampling,
             traces=_trace_metas(d.get("traces")),
             acceptance_check=tuple(DepthCheck.from_json(c) for c in d.get("acceptance_check", ())),
+            trace_tree=NamedPaths.from_json(d["trace_tree"]) if "trace_tree" in d else None,
         )
 
     def trees(self) -> dict[str, Tree]:
