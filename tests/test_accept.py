@@ -55,14 +55,16 @@ def test_sampling_is_lossless_first_token_and_conditional_second_token(drafts):
     g = torch.Generator().manual_seed(123)
     n = 20000
     first = torch.zeros(V)
-    second_given = torch.zeros(V)  # second token when the first is node 1's token and node 1 was accepted
+    second_given = torch.zeros(
+        V
+    )  # second token when node 1's token was accepted (node 2's too if it repeats it)
     n_given = 0
     sampling = Sampling(temperature=1.0)
     for _ in range(n):
         acc = accept(TREE, tokens, logits, sampling, g)
         emitted = tokens[acc.path[1:]].tolist() + [acc.bonus]
         first[emitted[0]] += 1
-        if len(acc.path) > 1 and acc.path[1] == 1:
+        if len(acc.path) > 1 and emitted[0] == top:
             n_given += 1
             second_given[emitted[1]] += 1
     tv = 0.5 * (first / n - probs[0]).abs().sum()
@@ -70,6 +72,16 @@ def test_sampling_is_lossless_first_token_and_conditional_second_token(drafts):
     tv2 = 0.5 * (second_given / n_given - probs[1]).abs().sum()
     tol = 1.5 * math.sqrt(V / n_given)  # ~3x the expected TV of n_given multinomial draws
     assert n_given > 2000 and tv2 < tol, f"second-token distribution off by TV {tv2:.3f} ({n_given} draws)"
+
+
+def test_sampling_follows_every_sibling_that_drafted_the_accepted_token():
+    """A hybrid tree's lookup branch may repeat a head's draft: once that token is accepted, the walk goes on
+    below both nodes, so the deeper copy's continuation is not lost (node 1 and node 2 both draft 3; only node
+    2 has the right child)."""
+    tokens = torch.tensor([0, 3, 3, 1, 5, 2])  # root, (0,)=3, (1,)=3, (0,0)=1, (1,0)=5, (1,1)=2
+    logits = onehot_logits([3, 5, 5, 0, 0, 0])  # after the root: 3, surely; after a 3: 5, surely
+    acc = accept(TREE, tokens, logits, Sampling(temperature=1.0), torch.Generator().manual_seed(0))
+    assert acc.path == [0, 2, 4] and acc.bonus == 0
 
 
 def test_typical_acceptance_threshold():

@@ -113,29 +113,41 @@ def _children(tree: Tree) -> list[list[int]]:
 def accept_sample(
     tree: Tree, tokens: torch.Tensor, probs: torch.Tensor, generator: torch.Generator | None
 ) -> Accepted:
-    kids = _children(tree)
-    node, path = 0, [0]
+    """Recursive rejection sampling over the tree. Siblings that draft the same token (a hybrid tree's lookup
+    branch can repeat a head's draft) are one candidate: once the token is accepted, the walk goes on below
+    every node that drafted it, so a draft is never lost to a duplicate beside it; the path kept is the first
+    of the deepest nodes reached (all have the same tokens, hence the same distributions, up to rounding)."""
+    kids, tok = _children(tree), tokens.tolist()
+    nodes = [0]  # every node whose branch drafted exactly the tokens accepted so far
     while True:
-        residual = probs[node].clone()  # [V]
+        below = [c for n in nodes for c in kids[n]]
+        if not below:
+            return Accepted(
+                _path(tree, nodes[0]), int(torch.multinomial(probs[nodes[0]], 1, generator=generator))
+            )
+        residual = probs[nodes[0]].clone()  # [V]
         nxt = None
-        for child in kids[node]:
-            tok = int(tokens[child])
-            p = float(residual[tok])
+        for t in dict.fromkeys(tok[c] for c in sorted(below, key=lambda c: int(tree.ranks[c]))):
+            p = float(residual[t])
             if p > 0 and float(torch.rand((), generator=generator)) < p:
-                nxt = child
+                nxt = t
                 break
-            residual[tok] = 0.0  # rejected: remove it and renormalise
+            residual[t] = 0.0  # rejected: remove it and renormalise
             total = residual.sum()
             if total <= 0:
                 break
             residual /= total
         if nxt is None:
             bonus = int(torch.multinomial(residual, 1, generator=generator))
-            return Accepted(path, bonus)
-        node = nxt
-        path.append(node)
-        if not kids[node]:
-            return Accepted(path, int(torch.multinomial(probs[node], 1, generator=generator)))
+            return Accepted(_path(tree, nodes[0]), bonus)
+        nodes = [c for c in below if tok[c] == nxt]
+
+
+def _path(tree: Tree, node: int) -> list[int]:
+    path = [node]
+    while path[-1] != 0:
+        path.append(int(tree.parents[path[-1]]))
+    return path[::-1]
 
 
 def _typical_ok(probs: torch.Tensor, eps: float, alpha: float) -> torch.Tensor:
