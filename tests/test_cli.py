@@ -145,6 +145,7 @@ def test_calibrate_then_generate_with_every_policy_then_latency_only(tmp_path, c
     assert main([*args, *small, "--dtype", "float32", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "EntMTP*" in printed and "oracle" in printed and "typical: recommended policy" in printed
+    assert "sample: P(accepted >= depth) on held-out positions" in printed
     assert out.exists() and out.with_suffix(".png").exists() and (tmp_path / "p.traces.safetensors").exists()
     plain = ["generate", "What is 7 * 6?", "--max-new-tokens", "16", "--json", "--dtype", "float32"]
     assert main([*plain, "--heads", "none"]) == 0
@@ -157,7 +158,10 @@ def test_calibrate_then_generate_with_every_policy_then_latency_only(tmp_path, c
     sampled = [*plain, "--heads", "medusa", "--profile", str(out), "--policy", "cost", "--no-lookup"]
     assert main([*sampled, "--temperature", "0.7", "--acceptance", "typical", "--seed", "1"]) == 0
     typical_bank = set(json.loads(out.read_text())["modes"]["typical"]["bank"])
-    assert set(json.loads(capsys.readouterr().out)["trees"]) <= typical_bank  # T > 0 uses the typical section
+    assert set(json.loads(capsys.readouterr().out)["trees"]) <= typical_bank  # its rule's section at T > 0
+    assert main([*sampled, "--temperature", "0.7", "--seed", "1"]) == 0  # auto: lossless sampling
+    sample_bank = set(json.loads(out.read_text())["modes"]["sample"]["bank"])
+    assert set(json.loads(capsys.readouterr().out)["trees"]) <= sample_bank
     bench = tmp_path / "bench"
     args = [
         "bench",
@@ -217,7 +221,7 @@ def test_calibrate_then_generate_with_every_policy_then_latency_only(tmp_path, c
     after = json.loads(out.read_text())
     assert after["modes"]["greedy"]["growth"] == before["modes"]["greedy"]["growth"]
     assert after["traces_sha256"] == before["traces_sha256"]
-    assert set(after["modes"]) == {"greedy", "typical"}  # the T=0.7 section is kept and re-derived
+    assert set(after["modes"]) == {"greedy", "sample", "typical"}  # the T=0.7 sections: kept, re-derived
     assert (
         main(["calibrate", "--heads", "medusa", "--retune", "--profile", str(out), "--dtype", "float32"]) == 0
     )
