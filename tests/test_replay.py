@@ -96,8 +96,9 @@ def test_a_lookup_replay_needs_the_traces_tokens():
         replay(HybridPolicy(StaticPolicy(load_tree("tree_4")), Lookup()), [tr], lambda t: 10.0)
 
 
-def test_replay_policies_script_names_an_unknown_task_before_loading_anything(tmp_path):
-    script = Path(__file__).resolve().parents[1] / "scripts" / "replay_policies.py"
+@pytest.mark.parametrize("name", ["replay_policies.py", "replay_sampling.py"])
+def test_replay_scripts_name_an_unknown_task_before_loading_anything(tmp_path, name):
+    script = Path(__file__).resolve().parents[1] / "scripts" / name
     out = tmp_path / "out"
     run = subprocess.run(
         [sys.executable, str(script), "--tasks", "gsm8k,nosuch", "--out", str(out)],
