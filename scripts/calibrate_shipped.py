@@ -150,18 +150,22 @@ def _add_sampled(args, model, tokenizer, heads, settings, wanted, progress) -> N
             union = typical_union(profile, heads[kind]) if rule == "typical" else None
             traces = []
             for t in FOUR_TASKS if task == "mixed" else (task,):
-                ids = [encode_prompt(tokenizer, p) for p in calibration_prompts(t, CALIB)][:n]
-                tr, outs[(rule, t)] = generate_traces(
+                k = share if task == "mixed" else n  # mixed: the first prompts of each task (seeds 0..)
+                ids = [encode_prompt(tokenizer, p) for p in calibration_prompts(t, CALIB)][:k]
+                cached = outs.get((rule, t))
+                tr, made = generate_traces(
                     gen,
                     heads[kind],
                     ids,
                     settings.max_new_tokens,
                     progress,
-                    outs.get((rule, t)),
+                    None if cached is None or len(cached) < k else cached[:k],
                     sampling,
                     union,
                 )
-                traces += tr[:share] if task == "mixed" else tr
+                if cached is None or len(cached) < k:
+                    outs[(rule, t)] = made
+                traces += tr
             profile = add_sampled(
                 profile, heads[kind], traces, sampling, settings, log=progress.console.print
             )

@@ -48,10 +48,12 @@ def test_shipped_profiles_cover_every_task_and_both_head_kinds():
     for path in SHIPPED:
         profile = load_profile(path)
         assert profile.heads.kind == path.parent.name and profile.task == path.stem
-        assert (
-            set(profile.modes) == {"greedy", "typical"}
-            and profile.mode("typical").sampling.temperature == 0.7
-        )
+        assert set(profile.modes) == {"greedy", "sample", "typical"}
+        for rule in ("sample", "typical"):  # each T=0.7 section: its rule's model, checked on held-out traces
+            section = profile.mode(rule)
+            assert section.sampling.temperature == 0.7 and section.sampling.rule == rule
+            assert profile.acceptance(rule).rule == rule and section.acceptance_check
+        assert profile.mode("typical").trace_tree is not None
         assert profile.best_tree().name == profile.mode().best
         assert [t.name for t in profile.bank()] == list(profile.mode().bank)
 
