@@ -41,7 +41,7 @@ from entmtp.engine import Engine
 from entmtp.lookup import Lookup
 from entmtp.model import encode_prompt, load_model
 from entmtp.policy import StaticPolicy
-from entmtp.prompts import TASKS, load_prompts
+from entmtp.prompts import FOUR_TASKS, TASKS, load_prompts
 from entmtp.scheduler.hybrid import HybridPolicy
 from entmtp.scheduler.profiles import PROFILE_TASKS, resolve_profile
 from entmtp.shipped import resolve_heads
@@ -54,7 +54,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rules", default="sample,typical")
     ap.add_argument("--heads", default="hydra,medusa")
-    ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--tasks", default=",".join(FOUR_TASKS))
     ap.add_argument("--num-prompts", type=int, default=10)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--temperature", type=float, default=0.7)
