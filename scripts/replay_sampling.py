@@ -61,6 +61,11 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("docs/results/sampling"))
+    ap.add_argument(
+        "--perplexity-only",
+        action="store_true",
+        help="only the perplexities (OUT/perplexity.json), no replays",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     tasks = [t for t in args.tasks.split(",") if t]
@@ -84,7 +89,7 @@ def main() -> None:
         outputs = _outputs(model, tokenizer, tasks, args, sampling)
         result["perplexity"][rule] = {t: _perplexity(model, outputs[t], plain[t]) for t in tasks}
         result["replays"][rule] = {}
-        for kind in [k for k in args.heads.split(",") if k]:
+        for kind in [k for k in args.heads.split(",") if k and not args.perplexity_only]:
             heads = resolve_heads(kind, model)
             engine = Engine(model, tokenizer, heads=heads)
             rows: dict[str, dict] = {}
@@ -112,7 +117,7 @@ def main() -> None:
                     }
                     bar.advance(job)
             result["replays"][rule][kind] = rows
-            for curve in rows[tasks[0]]:
+            for curve in rows[tasks[0]] if rows else ():
                 table = Table(
                     title=f"T={args.temperature} {rule}, {kind} heads, {curve} costs: replayed speed-up over "
                     "plain (tokens/step)"
@@ -128,12 +133,13 @@ def main() -> None:
                     table.add_row(task, *cells)
                 console.print(table)
         ppl = Table(title=f"T={args.temperature} {rule}: base model's perplexity of the continuations")
-        for col in ("task", f"{rule} (tree_8)", "plain sampling", "tokens"):
+        for col in ("task", f"{rule} (tree_8)", "plain sampling", "NLL/token (+- s.e.)", "tokens"):
             ppl.add_column(col, justify="left" if col == "task" else "right")
         for task, p in result["perplexity"][rule].items():
-            ppl.add_row(task, f"{p['speculative']:.2f}", f"{p['plain']:.2f}", f"{p['tokens']}")
+            se = f"{p['nll']:.3f} +- {p['nll_se']:.3f} vs {p['plain_nll']:.3f} +- {p['plain_nll_se']:.3f}"
+            ppl.add_row(task, f"{p['speculative']:.2f}", f"{p['plain']:.2f}", se, f"{p['tokens']}")
         console.print(ppl)
-    path = args.out / "replay-sampling.json"
+    path = args.out / ("perplexity.json" if args.perplexity_only else "replay-sampling.json")
     path.write_text(json.dumps(result, indent=1))
     console.print(f"wrote {path}")
 
@@ -162,22 +168,35 @@ def _replay_methods(profile, mode: str, traces, curve: CostCurve, rule: str) -> 
 @torch.inference_mode()
 def _perplexity(model, pairs, plain_pairs) -> dict:
     """exp(mean negative log-likelihood per continuation token) under the base model at temperature 1, of
-    the speculative generations and of plain sampling's."""
+    the speculative generations and of plain sampling's, each with the standard error of its mean NLL over
+    generations (whole generations are the independent samples)."""
 
-    def ppl(ps) -> tuple[float, int]:
-        nll, n = 0.0, 0
+    def nll(ps) -> tuple[float, float, int]:
+        per, n = [], 0
         for ids, out in ps:
             if not out:
                 continue
             x = torch.tensor([ids + out])
             logits = model(input_ids=x).logits[0, len(ids) - 1 : -1].float()  # [len(out), V]
             lp = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(out)[:, None])
-            nll, n = nll - float(lp.sum()), n + len(out)
-        return math.exp(nll / max(1, n)), n
+            per.append((-float(lp.sum()), len(out)))
+            n += len(out)
+        mean = sum(a for a, _ in per) / max(1, n)
+        rates = [a / b for a, b in per]
+        var = sum((r - sum(rates) / len(rates)) ** 2 for r in rates) / max(1, len(rates) - 1)
+        return mean, math.sqrt(var / max(1, len(rates))), n
 
-    spec, n = ppl(pairs)
-    base, _ = ppl(plain_pairs)
-    return {"speculative": spec, "plain": base, "tokens": n}
+    spec, spec_se, n = nll(pairs)
+    base, base_se, _ = nll(plain_pairs)
+    return {
+        "speculative": math.exp(spec),
+        "plain": math.exp(base),
+        "nll": spec,
+        "nll_se": spec_se,
+        "plain_nll": base,
+        "plain_nll_se": base_se,
+        "tokens": n,
+    }
 
 
 def _outputs(model, tokenizer, tasks, args, sampling: Sampling | None) -> dict[str, list]:
