@@ -174,8 +174,7 @@ def fit_acceptance(
     n_ctx, nb = len(CTX_EDGES) - 1, len(EDGES) - 1
     centers = torch.tensor([(a + b) / 2 for a, b in zip(EDGES[:-1], EDGES[1:], strict=True)])
     rates, rank_rates = [], []
-    for d in range(num_heads):
-        right, rank, pos = _observations(traces, d)  # [n] float, [n] rank, [n] position index
+    for d, (right, rank, pos) in enumerate(_observations(traces, num_heads)):  # [n] each
         c = ctx_all[pos]
         count = torch.bincount(rank, minlength=TOPK).float()
         overall = (torch.bincount(rank, weights=right, minlength=TOPK) + 0.5) / (count + 1.0)  # [K]
@@ -204,33 +203,27 @@ def fit_acceptance(
     return AcceptanceModel(EDGES, CTX_EDGES, tuple(rates), tuple(rank_rates), rule)
 
 
-def _observations(traces: Sequence[Trace], d: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every depth-(d+1) node seen with its parent accepted: (right [n] float, its rank [n], the position
-    [n] it was seen at, numbered over all traces)."""
+def _observations(traces: Sequence[Trace], num_heads: int) -> list[tuple[torch.Tensor, ...]]:
+    """Per depth d + 1 = 1..num_heads, every node seen with its parent accepted: (right [n] float, its rank
+    [n], the position [n] it was seen at, numbered over all traces)."""
+    out = []
     if traces[0].passes is None:  # rank vectors: all K candidates below the trajectory's own prefix
         ranks = torch.cat([t.ranks for t in traces])  # [P, D]
-        seen = ((ranks[:, :d] < MISS).all(dim=1)).nonzero().flatten()  # the parent path was right
-        right = (ranks[seen, d, None] == torch.arange(TOPK)).flatten().float()  # [n * K]
-        return right, torch.arange(TOPK).repeat(len(seen)), seen.repeat_interleave(TOPK)
+        for d in range(num_heads):
+            seen = ((ranks[:, :d] < MISS).all(dim=1)).nonzero().flatten()  # the parent path was right
+            right = (ranks[seen, d, None] == torch.arange(TOPK)).flatten().float()  # [n * K]
+            out.append((right, torch.arange(TOPK).repeat(len(seen)), seen.repeat_interleave(TOPK)))
+        return out
     union = traces[0].union
-    nodes = [i for i, p in enumerate(union.paths) if len(p) == d + 1]
-    if not nodes:
-        empty = torch.empty(0, dtype=torch.long)
-        return empty.float(), empty, empty
     passes = torch.cat([t.passes for t in traces])  # [P, N]
     alive = torch.from_numpy(np.concatenate([reachable(t.passes, union) for t in traces]))  # [P, N]
-    parents = union.parents[1:].tolist()
-    parent_ok = torch.stack(
-        [
-            alive[:, parents[i] - 1] if parents[i] > 0 else torch.ones(len(alive), dtype=torch.bool)
-            for i in nodes
-        ],
-        dim=1,
-    )  # [P, n_d]
-    pos, k = parent_ok.nonzero(as_tuple=True)
-    node = torch.tensor(nodes)[k]
-    rank = torch.tensor([union.paths[i][-1] for i in range(len(union.paths))])[node]
-    return passes[pos, node].float(), rank, pos
+    accepted = torch.cat([torch.ones(len(alive), 1, dtype=torch.bool), alive], dim=1)  # [P, N+1]: root first
+    for d in range(num_heads):
+        nodes = (union.depths[1:] == d + 1).nonzero().flatten()  # [n_d] node ids - 1
+        pos, k = accepted[:, union.parents[1 + nodes]].nonzero(as_tuple=True)  # the parent was accepted
+        node = nodes[k]
+        out.append((passes[pos, node].float(), union.ranks[1 + node], pos))
+    return out
 
 
 def check_acceptance(traces: Sequence[Trace], heads, rule: str, master: Tree) -> tuple[DepthCheck, ...]:
