@@ -130,7 +130,7 @@ class PathProbabilities:
 
     def along_paths(self, rates: torch.Tensor) -> torch.Tensor:
         """[M+1] path probabilities: the product of `rates` [M+1] over each node's path."""
-        return (self.ancestors @ rates.clamp_min(1e-9).log()).exp()
+        return path_products(self.ancestors, rates)
 
     def rates(self, probe_logprobs: torch.Tensor | None) -> torch.Tensor:
         if probe_logprobs is None:  # no context: the average over contexts
@@ -146,6 +146,11 @@ class PathProbabilities:
             d, r = self.depth[known], self.rank[known]
             f[known] = self.q_rates[d, c, torch.bucketize(lp[d, r].exp(), self.edges)]
         return torch.cat([torch.ones(1), f])  # [M+1]
+
+
+def path_products(ancestors: torch.Tensor, rates: torch.Tensor) -> torch.Tensor:
+    """[M+1] the product of `rates` [M+1] over each node's path (`ancestors`: the tree's [M+1, M+1] mask)."""
+    return (ancestors @ rates.clamp_min(1e-9).log()).exp()
 
 
 class ExpectedAccepted:
@@ -168,8 +173,7 @@ class ExpectedAccepted:
         member = member.clone()
         member[:, 0] = 0.0
         if self.rule != "typical":  # exclusive children: the depth-k nodes' path probabilities add up
-            path = (self.ancestors @ rates.clamp_min(1e-9).log()).exp()  # [M+1]
-            return member @ (path[:, None] * self.at_depth)
+            return member @ (path_products(self.ancestors, rates)[:, None] * self.at_depth)
         out = torch.zeros(member.shape[0], self.depth)
         chain = torch.ones_like(member)  # R_{k-1} per subtree and node
         for k in range(self.depth):
