@@ -295,9 +295,8 @@ def load_traces(profile: Profile, mode: str = "greedy") -> list[Trace]:
         )
     t = load_file(str(side))
     prefix = "" if mode == "greedy" else f"{mode}."
-    union = (
-        None if mode == "greedy" or profile.mode(mode).trace_tree is None else profile.mode(mode).trace_tree
-    )
+    named = None if mode == "greedy" else profile.mode(mode).trace_tree
+    union = None if named is None else named.tree()  # one Tree for every trace of the section
     if mode == "typical" and (union is None or f"{prefix}0.passmask" in t):
         raise ProfileError(
             f"the typical traces of {profile.where} were made by an older entmtp (they know paths off the "
@@ -316,7 +315,7 @@ def load_traces(profile: Profile, mode: str = "greedy") -> list[Trace]:
                 t[f"{key}.raw"].float(),
                 None if toks is None else toks.long(),
                 None if passes is None else passes.bool(),
-                None if passes is None else union.tree(),
+                None if passes is None else union,
             )
         )
     return out
