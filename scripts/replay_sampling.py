@@ -24,11 +24,11 @@ import argparse
 import datetime
 import json
 import math
-import subprocess
 from pathlib import Path
 
 import torch
 from machine_curves import shared_curves
+from replay_policies import _commit
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -254,15 +254,6 @@ def _argv(args) -> list[str]:
         f"--threads {args.threads}",
         f"--out {args.out}",
     ]
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 if __name__ == "__main__":
