@@ -69,6 +69,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     tasks = [t for t in args.tasks.split(",") if t]
+    rules = [r for r in args.rules.split(",") if r]
+    if not rules or any(r not in ("sample", "typical") for r in rules):
+        raise SystemExit(f"--rules {args.rules}: use sample, typical or both (comma list)")
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
         raise SystemExit(f"unknown task(s) {', '.join(unknown)}: use some of {', '.join(TASKS)}")
@@ -84,7 +87,7 @@ def main() -> None:
         "perplexity": {},
     }
     plain = _outputs(model, tokenizer, tasks, args, None)
-    for rule in [r for r in args.rules.split(",") if r]:
+    for rule in rules:
         sampling = Sampling(args.temperature, rule)
         outputs = _outputs(model, tokenizer, tasks, args, sampling)
         result["perplexity"][rule] = {t: _perplexity(model, outputs[t], plain[t]) for t in tasks}

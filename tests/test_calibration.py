@@ -174,6 +174,28 @@ def test_sampled_sections_from_sampled_generations(tiny_profile, fitted, tmp_pat
                 assert {s.tree for s in r.steps} <= bank
 
 
+def test_typical_traces_of_an_older_entmtp_are_refused(tiny_profile, fitted, tmp_path):
+    """A typical section without its union tree comes from an older entmtp (pass masks one level off the
+    trajectory): its traces are not read, and the error says to calibrate again."""
+    from entmtp.calibration.calibrate import add_sampled, typical_union
+    from entmtp.calibration.traces import TYPICAL, generate_traces
+
+    model, heads, path, greedy = tiny_profile
+    _, ids, _, _ = fitted
+    engine = Engine(model, ByteTokenizer(), heads=heads["hydra"], tree="tree_8")
+    union = typical_union(load_profile(path), heads["hydra"])
+    typical, _ = generate_traces(engine, heads["hydra"], [ids], 16, sampling=TYPICAL, union=union)
+    profile = add_sampled(load_profile(path), heads["hydra"], typical, TYPICAL, TINY, log=lambda *a: None)
+    out = tmp_path / "t.json"
+    save_traces(profile, out, greedy, {"typical": typical}).save(out)
+    assert load_traces(load_profile(out), "typical")[0].union.paths == union.paths
+    data = json.loads(out.read_text())
+    del data["modes"]["typical"]["trace_tree"]
+    out.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="made by an older entmtp .* calibrate again"):
+        load_traces(load_profile(out), "typical")
+
+
 def test_a_profile_without_a_rules_section_lends_the_other_one(tiny_profile, fitted, tmp_path):
     """Older profiles hold a typical section only: lossless sampling uses it rather than the greedy one."""
     from entmtp.calibration.calibrate import add_sampled, typical_union

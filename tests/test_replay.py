@@ -111,6 +111,20 @@ def test_replay_scripts_name_an_unknown_task_before_loading_anything(tmp_path, n
     assert not out.exists()  # nothing half-made
 
 
+def test_replay_sampling_names_an_unknown_rule_before_loading_anything(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "scripts" / "replay_sampling.py"
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, str(script), "--rules", "sample,greedy", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode != 0
+    assert "--rules sample,greedy: use sample, typical or both" in run.stderr
+    assert not out.exists()
+
+
 # ---- batches -----------------------------------------------------------------------------------------------
 
 BUSY = CostSurface(
