@@ -124,7 +124,9 @@ def test_latency_only_keeps_the_traces(tiny_profile, fitted):
     assert new.latency.trees.keys() == old.latency.trees.keys()
 
 
-def test_sampled_sections_from_sampled_generations(tiny_profile, fitted, tmp_path):
+@pytest.fixture(scope="module")
+def sampled_profile(tiny_profile, fitted, tmp_path_factory):
+    """(profile path, the union tree, {rule: traces}): the tiny profile with its sample and typical sections."""
     from entmtp.calibration.calibrate import add_sampled, typical_union
     from entmtp.calibration.traces import SAMPLE, TYPICAL, generate_traces
 
@@ -137,15 +139,25 @@ def test_sampled_sections_from_sampled_generations(tiny_profile, fitted, tmp_pat
         s.rule: generate_traces(engine, heads["hydra"], prompts, 24, sampling=s, union=union)[0]
         for s in (SAMPLE, TYPICAL)
     }
+    profile = load_profile(path)
+    for s in (SAMPLE, TYPICAL):
+        profile = add_sampled(profile, heads["hydra"], sampled[s.rule], s, TINY, log=lambda *a: None)
+    out = tmp_path_factory.mktemp("sampled") / "sampled.json"
+    save_traces(profile, out, greedy, sampled).save(out)
+    return out, union, sampled
+
+
+def test_sampled_sections_from_sampled_generations(tiny_profile, sampled_profile, fitted):
+    from entmtp.calibration.calibrate import add_sampled
+    from entmtp.calibration.traces import TYPICAL
+
+    model, heads, path, greedy = tiny_profile
+    _, ids, _, _ = fitted
+    out, union, sampled = sampled_profile
     assert all(t.passes.shape == (len(t.ranks), union.num_nodes) for t in sampled["typical"])
     assert all(t.passes is None for t in sampled["sample"])  # rank vectors replay the lossless rule exactly
     with pytest.raises(EntMTPError, match="needs traces of typical"):
         add_sampled(load_profile(path), heads["hydra"], sampled["sample"], TYPICAL, TINY, log=lambda *a: None)
-    profile = load_profile(path)
-    for s in (SAMPLE, TYPICAL):
-        profile = add_sampled(profile, heads["hydra"], sampled[s.rule], s, TINY, log=lambda *a: None)
-    out = tmp_path / "sampled.json"
-    save_traces(profile, out, greedy, sampled).save(out)
     loaded = load_profile(out)
     assert loaded.mode_for(0.7) == "sample" and loaded.mode_for(0.0) == "greedy"  # auto: lossless at T > 0
     assert loaded.mode_for(0.7, "typical") == "typical" and loaded.mode_for(1.0, "sample") == "sample"
@@ -172,6 +184,44 @@ def test_sampled_sections_from_sampled_generations(tiny_profile, fitted, tmp_pat
             assert len(r.token_ids) == 24
             if name != "dynamic":
                 assert {s.tree for s in r.steps} <= bank
+
+
+def test_a_built_engine_gives_each_acceptance_rule_its_sections_policy(
+    tiny_profile, sampled_profile, monkeypatch, tmp_path
+):
+    """`build` (every face: generate, chat, serve) makes one policy per rule from the profile's section for
+    it, so a server's T=0 and T=0.7 requests each run the policy calibrated for their rule."""
+    import entmtp.model
+    import entmtp.shipped
+    from entmtp.accept import Sampling
+    from entmtp.build import EngineSpec, build
+    from entmtp.engine import _trees
+
+    model, heads, _, _ = tiny_profile
+    out, _, _ = sampled_profile
+    monkeypatch.setattr(entmtp.model, "load_model", lambda *a, **k: (model, ByteTokenizer()))
+    monkeypatch.setattr(entmtp.shipped, "resolve_heads", lambda *a: heads["hydra"])
+    spec = EngineSpec(model="tiny", heads="tiny-hydra", profile=str(out), dtype="float32", probe=False)
+    built = build(spec, log=lambda m: None)
+    loaded = load_profile(out)
+    assert set(built.plan.other_rules) == {"sample", "typical"}
+    assert "other acceptance rules, each from its profile section: sample: " in built.plan.describe()
+
+    def same(a, b):
+        return type(a) is type(b) and [t.paths for t in _trees(a)] == [t.paths for t in _trees(b)]
+
+    sections = {}
+    for temperature, rule in ((0.0, "greedy"), (0.7, "sample"), (0.7, "typical")):
+        sections[rule] = loaded.policy(loaded.recommended_policy(rule), rule)
+        assert same(built.engine.policy_for(Sampling(temperature, rule)), sections[rule])
+    assert not same(sections["greedy"], sections["typical"])  # the sections differ: the check above can fail
+    # a forced policy one section cannot build: that rule runs the asked rule's policy, and the log says so
+    no_ladder = copy_profile(out, tmp_path, lambda d: d["modes"]["typical"]["thresholds"].update(ladder=None))
+    said = []
+    forced = build(replace(spec, profile=str(no_ladder), policy="ladder"), log=said.append)
+    assert forced.plan.other_rules == {"sample": "ladder"}
+    assert said == [f"typical acceptance runs the greedy policy: profile {no_ladder} has no tuned ladder "
+                    "thresholds: calibrate again"]  # fmt: skip
 
 
 def test_typical_traces_of_an_older_entmtp_are_refused(tiny_profile, fitted, tmp_path):

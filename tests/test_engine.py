@@ -159,6 +159,29 @@ def test_sampling_is_seeded_and_repeatable():
     assert a == b and a != c
 
 
+def test_each_acceptance_rule_runs_its_own_policy():
+    """A server's requests differ in temperature: `policies` gives a rule its own tree (a profile's section
+    for it); a rule without one runs the engine's `tree`. A batch row picks the same way."""
+    from entmtp.batch import Batch
+
+    model = tiny_model("llama", seed=7)
+    cfg = HeadsConfig(kind="medusa", num_heads=3, hidden_size=64, vocab_size=256)
+    heads = random_heads(cfg, seed=0, init="random")
+    engine = Engine(model, ByteTokenizer(), heads=heads, tree="tree_8", policies={"sample": "chain_3"})
+    ids = list(range(9))
+
+    def trees(**kwargs):
+        return {s.tree for s in engine.generate(ids, max_new_tokens=12, seed=1, **kwargs).steps}
+
+    assert trees() == {"tree_8"}
+    assert trees(temperature=0.7) == {"chain_3"}  # auto at T > 0: lossless sampling
+    assert trees(temperature=0.7, acceptance="typical") == {"tree_8"}
+    row, _ = Batch(engine).add(ids, max_new_tokens=12, temperature=0.7, seed=1)
+    assert row.state.policy.trees[0].name == "chain_3"
+    with pytest.raises(EntMTPError, match=r"keyed by acceptance rule \(greedy, sample, typical\), got 'hot'"):
+        Engine(model, ByteTokenizer(), heads=heads, tree="tree_8", policies={"hot": "chain_3"})
+
+
 def test_bad_lengths_are_rejected_with_clear_messages():
     model = tiny_model("llama")
     engine = Engine(model, ByteTokenizer())

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from .accept import Sampling
 from .cache import BatchKV
 from .engine import DecodeState, Engine, Pending, conclude, prefill, prepare, redraft, scratch
 from .errors import EntMTPError
@@ -96,10 +97,11 @@ class Batch:
     def add(self, prompt, *, chat: bool = True, tree=None, **kwargs) -> tuple[Row, TokenEvent]:
         """Prefill a new row and return it with its first event; a row whose first token already ends it (EOS,
         a stop string, max_new_tokens=1) comes back finished and is not kept. `tree`: this row's own tree or
-        policy (a name, a `Tree`, a `TreePolicy`; None: the engine's), so one batch mixes plain, static and
-        scheduled rows; `kwargs`: `Engine.stream`'s."""
+        policy (a name, a `Tree`, a `TreePolicy`; None: the engine's for the row's sampling rule), so one batch
+        mixes plain, static and scheduled rows; `kwargs`: `Engine.stream`'s."""
         engine = self.engine
-        policy = engine.as_policy(tree) if tree is not None else engine.policy
+        sampling = Sampling(kwargs.get("temperature", 0.0), kwargs.get("acceptance", "auto"))
+        policy = engine.as_policy(tree) if tree is not None else engine.policy_for(sampling)
         max_new = kwargs.get("max_new_tokens", 256)
         ids = engine.encode(prompt, max_new, chat=chat, logprobs=kwargs.get("logprobs"))
         t0 = time.perf_counter()

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from . import metrics
+from .accept import ACCEPTANCE, Sampling
 from .costs import CostCurve, costs_dir, costs_for, probing_disabled
 from .engine import Engine, default_tree
 from .errors import EntMTPError
@@ -77,12 +78,16 @@ class Plan:
     policy_reason: str
     costs: CostCurve | None
     expected_tokens_per_second: dict[str, float] = field(default_factory=dict)  # per dtype candidate
+    other_rules: dict[str, str] = field(default_factory=dict)  # acceptance rule -> its own policy's name
 
     def describe(self) -> str:
         lines = [
             f"dtype: {self.dtype} ({self.dtype_reason})",
             f"policy: {self.policy} ({self.policy_reason})",
         ]
+        if self.other_rules:
+            rules = ", ".join(f"{rule}: {name}" for rule, name in self.other_rules.items())
+            lines.append(f"other acceptance rules, each from its profile section: {rules}")
         if self.costs is not None:
             lines.append(f"step costs ({self.costs.source}): {self.costs.summary()}")
         return "\n".join(lines)
@@ -131,19 +136,25 @@ def build(spec: EngineSpec = EngineSpec(), *, log=None) -> Built:
     else:
         reason = "CUDA" if spec.device.startswith("cuda") else "the only candidate"
     option = loaded[dtype]
-    policy, heads = option.policy, option.heads if option.uses_heads else None
-    if spec.lookup is not None:  # a prompt-lookup branch sized per step on this machine's costs
-        policy = hybrid(policy if policy is not None else default_tree(heads), spec.lookup, option.costs)
+    heads = option.heads if option.uses_heads else None
+
+    def with_lookup(policy):  # a prompt-lookup branch sized per step on this machine's costs
+        if spec.lookup is None:
+            return policy
+        return hybrid(policy if policy is not None else default_tree(heads), spec.lookup, option.costs)
+
     engine = Engine(
         option.model,
         option.tokenizer,
         heads=heads,
-        tree=policy,
+        tree=with_lookup(option.policy),
+        policies={rule: with_lookup(p) for rule, (p, _) in option.others.items()},
         kv=spec.kv,
         graphs=spec.graphs,
         costs=option.costs,
     )
-    plan = Plan(dtype, reason, option.policy_name, option.policy_reason, option.costs, speeds)
+    others = {rule: name for rule, (_, name) in option.others.items()}
+    plan = Plan(dtype, reason, option.policy_name, option.policy_reason, option.costs, speeds, others)
     return Built(engine, plan)
 
 
@@ -175,6 +186,7 @@ class _Option:
     costs: CostCurve | None
     expected: float  # tokens/s
     uses_heads: bool = True
+    others: dict = field(default_factory=dict)  # other acceptance rules: rule -> (policy, its name)
 
 
 def _load(spec: EngineSpec, heads_spec: str, dtype: str, probe: bool, budget: float | None, log) -> _Option:
@@ -185,22 +197,27 @@ def _load(spec: EngineSpec, heads_spec: str, dtype: str, probe: bool, budget: fl
     heads = resolve_heads(heads_spec, model)  # bound: heads made for another model fail here
     kwargs = {} if budget is None else {"budget_s": budget}
     costs = costs_for(model, heads, graphs=spec.graphs, **kwargs) if probe else None
-    policy, name, reason, expected = _policy(spec, heads_spec, model, heads, costs, log)
-    uses_heads = heads is not None and not (isinstance(policy, Tree) and policy.heads_tree.num_nodes == 0)
-    return _Option(model, tokenizer, heads, policy, name, reason, costs, expected, uses_heads)
+    policy, name, reason, expected, others = _policy(spec, heads_spec, model, heads, costs, log)
+    uses_heads = heads is not None and any(
+        not (isinstance(p, Tree) and p.heads_tree.num_nodes == 0)
+        for p in (policy, *(p for p, _ in others.values()))
+    )
+    return _Option(model, tokenizer, heads, policy, name, reason, costs, expected, uses_heads, others)
 
 
 def _policy(spec: EngineSpec, heads_spec: str, model, heads, costs: CostCurve | None, log):
-    """(tree or policy, its name, why, expected tokens/s) for one loaded candidate."""
+    """(tree or policy, its name, why, expected tokens/s, {other acceptance rule: (policy, name)}) for one
+    loaded candidate. A policy from a profile has one per rule, each from the profile's section for it (a
+    server's requests differ in temperature); a tree is the same under every rule."""
     plain_speed = metrics.replay_tokens_per_second(1, costs.plain_ms) if costs is not None else 0.0
     if heads is None:
         name = (
             "lookup" if spec.lookup is not None else ("plain" if spec.tree is None else f"tree {spec.tree}")
         )
-        return spec.tree, name, "no heads", plain_speed
+        return spec.tree, name, "no heads", plain_speed, {}
     if spec.tree is not None and spec.policy in (None, "static"):
-        return spec.tree, f"tree {spec.tree}", "as asked", _tree_speed(spec.tree, costs)
-    from .scheduler.profiles import resolve_profile, shipped_profiles_dir
+        return spec.tree, f"tree {spec.tree}", "as asked", _tree_speed(spec.tree, costs), {}
+    from .scheduler.profiles import ProfileError, resolve_profile, shipped_profiles_dir
 
     if spec.profile is None and heads_spec not in HEAD_KINDS:
         if spec.policy is not None:
@@ -209,13 +226,31 @@ def _policy(spec: EngineSpec, heads_spec: str, model, heads, costs: CostCurve | 
                 f"--heads {heads_spec} --task TASK --out P.json` and pass --profile P.json"
             )
         log("no --profile for these heads: using the static tree tree_8")
-        return "tree_8", "tree tree_8", "no profile for these heads", _tree_speed("tree_8", costs)
+        return "tree_8", "tree tree_8", "no profile for these heads", _tree_speed("tree_8", costs), {}
     if spec.profile is None and not (shipped_profiles_dir(heads_spec) / "mixed.json").exists():
         log(f"no shipped scheduler profile for {heads_spec} heads: using the static tree tree_8")
-        return "tree_8", "tree tree_8", "no shipped profile", _tree_speed("tree_8", costs)
+        return "tree_8", "tree tree_8", "no shipped profile", _tree_speed("tree_8", costs), {}
     profile = resolve_profile(spec.profile, heads_spec)
     profile.check(model, heads, warn_hardware=costs is None)
-    mode = profile.mode_for(spec.temperature, spec.acceptance)
+    rule = Sampling(spec.temperature, spec.acceptance).rule
+    mode = profile.mode_for_rule(rule)
+    policy, name, reason, expected = _section_policy(spec, profile, mode, costs)
+    others = {}
+    for other in ACCEPTANCE:
+        other_mode = profile.mode_for_rule(other)
+        if other == rule or other_mode == mode:
+            continue
+        try:
+            p, n, _, _ = _section_policy(spec, profile, other_mode, costs)
+        except ProfileError as e:  # a forced --policy this section cannot build: the rule runs `policy`
+            log(f"{other} acceptance runs the {rule} policy: {e}")
+            continue
+        others[other] = (p, n)
+    return policy, name, reason, expected, others
+
+
+def _section_policy(spec: EngineSpec, profile, mode: str, costs: CostCurve | None):
+    """(policy, its name, why, expected tokens/s) from `profile`'s section `mode`."""
     name = spec.policy or profile.recommended_policy(mode)
     if costs is None:
         return profile.policy(name, mode), name, "the profile's stored latencies (no probe)", 0.0

@@ -441,7 +441,8 @@ def _add_serve(sub) -> None:
         help="close a connection that sends no complete request headers within this many seconds",
     )
     sv.add_argument("--no-access-log", action="store_true", help="no log line per request on stderr")
-    sv.set_defaults(func=cmd_serve, temperature=0.0)  # the profile's greedy section picks the policy
+    # the profile's greedy section picks the engine's policy; requests at T > 0 run its sample section's (build.py)
+    sv.set_defaults(func=cmd_serve, temperature=0.0)
 
 
 def _add_doctor(sub) -> None:

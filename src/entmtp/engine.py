@@ -13,12 +13,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
 
-from .accept import Sampling, accept
+from .accept import ACCEPTANCE, Sampling, accept
 from .cache import BaseModel
 from .costs import CostCorrector, CostCurve, LatencyModel
 from .errors import EntMTPError
@@ -40,6 +40,10 @@ class Engine:
     step). `heads=None` with the root-only tree is plain decoding (one token per step), the baseline for speed
     and equality; `heads=None` with `hybrid(None, Lookup())` is prompt lookup decoding.
 
+    `policies`: other acceptance rules' own trees or policies (`{"sample": ..., "typical": ...}`, a profile's
+    sections: build.py fills it), so a server's requests at T=0 and T > 0 each get the policy calibrated for
+    their rule; a generation under a rule not in it runs `tree`.
+
     `kv="auto"` keeps keys and values in a preallocated cache where the model allows it (cache.py);
     `kv="dynamic"` uses transformers' DynamicCache. On CUDA, `graphs=True` replays one captured graph per
     tree size for verification (graphs.py). `costs`: this machine's cost curve (costs.py) that the policy was
@@ -54,6 +58,7 @@ class Engine:
         heads=None,
         tree: str | Tree | TreePolicy | None = None,
         *,
+        policies: Mapping[str, str | Tree | TreePolicy] | None = None,
         kv: str = "auto",
         graphs: bool = True,
         costs: CostCurve | None = None,
@@ -67,12 +72,13 @@ class Engine:
                 pack_linears(heads)  # the heads follow the model (packing.py): same drafts, faster
         policy = self.as_policy(default_tree(heads) if tree is None else tree)
         self.policy = policy  # each generation runs its own `policy.fresh()`
+        self.policies = {rule: self.as_policy(p) for rule, p in _check_rules(policies or {}).items()}
         self.costs = costs  # the machine's cost curve the policy was built on (costs.py), if any
         self._corrector = CostCorrector.for_curve(costs) if costs is not None else None
         offset = heads.config.hidden_state_offset if heads is not None else 0
         self.base = BaseModel(model, hidden_state_offset=offset, kv=kv)
         self.window = context_window(model)
-        self.scratch = scratch(policy)
+        self.scratch = max(scratch(p) for p in (policy, *self.policies.values()))
         self.graphs = None
         if graphs and self.base.preallocate and self.base.device.type == "cuda":
             from .graphs import VerifyGraphs
@@ -96,6 +102,10 @@ class Engine:
             if heads is not None:
                 t.check_fits(heads.config.num_heads, require_contiguous=heads.config.kind == "hydra")
         return policy
+
+    def policy_for(self, sampling: Sampling) -> TreePolicy:
+        """The policy a generation under `sampling` runs: its acceptance rule's own, else the engine's."""
+        return self.policies.get(sampling.rule, self.policy)
 
     # -- public API --------------------------------------------------------------------------------------
 
@@ -181,8 +191,10 @@ class Engine:
         policy: TreePolicy | None = None,
     ) -> DecodeState:
         """A generation's fresh state over `cache` (room for the prompt `ids`, the output and `scratch(policy)`).
-        `policy`: this generation's own (`as_policy`; a batch's rows may differ), else the engine's."""
-        policy = self.policy if policy is None else policy
+        `policy`: this generation's own (`as_policy`; a batch's rows may differ), else `policy_for` its
+        sampling."""
+        sampling = Sampling(temperature=temperature, acceptance=acceptance)
+        policy = self.policy_for(sampling) if policy is None else policy
         lookup = policy.lookup
         uses_lookup = lookup is not None or any(t.num_lookup for t in _trees(policy))
         max_ngram = lookup.max_ngram if lookup is not None else Lookup.max_ngram
@@ -190,7 +202,7 @@ class Engine:
         return DecodeState(
             prompt=ids,
             max_new_tokens=max_new_tokens,
-            sampling=Sampling(temperature=temperature, acceptance=acceptance),
+            sampling=sampling,
             generator=torch.Generator().manual_seed(seed) if seed is not None else None,
             cache=cache,
             graphs=graphs,
@@ -200,6 +212,15 @@ class Engine:
             text=Detokenizer(self.tokenizer, stop or []),
             logprobs=logprobs,
         )
+
+
+def _check_rules(policies: Mapping) -> Mapping:
+    unknown = sorted(set(policies) - set(ACCEPTANCE))
+    if unknown:
+        raise EntMTPError(
+            f"policies are keyed by acceptance rule ({', '.join(ACCEPTANCE)}), got {', '.join(map(repr, unknown))}"
+        )
+    return policies
 
 
 def _trees(policy: TreePolicy) -> list[Tree]:

@@ -630,7 +630,10 @@ class Profile:
         """The section a run at `temperature` with `acceptance` (accept.Sampling) uses: its rule's (the T > 0
         sections were calibrated at T=0.7); a profile without it (older files hold "typical" only) lends the
         other T > 0 section, else the greedy one."""
-        rule = Sampling(temperature, acceptance).rule
+        return self.mode_for_rule(Sampling(temperature, acceptance).rule)
+
+    def mode_for_rule(self, rule: str) -> str:
+        """The section an acceptance `rule` (greedy | sample | typical) uses (see `mode_for`)."""
         for mode in (rule, *(m for m in ("sample", "typical") if m != rule and rule != "greedy")):
             if mode in self.modes:
                 return mode
