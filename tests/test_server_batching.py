@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 
 import pytest
 
@@ -241,3 +242,43 @@ def test_metrics_of_a_batched_step():
     assert value("entmtp_batch_rows_bucket", {"le": "1.0"}) == 1 and value("entmtp_batch_rows_count") == 2
     assert value("entmtp_batch_rows_sum") == 4 and value("entmtp_batch_step_tokens_sum") == 9
     assert value("entmtp_batch_padding_tokens_total") == 15 - (5 + 1 + 3)  # 3 rows of 5, trees of 5, 1, 3
+
+
+@pytest.mark.parametrize("max_batch", [1, 2])
+def test_requests_at_t_above_zero_run_the_servers_rule_and_its_policy(max_batch):
+    """`serve --acceptance typical`: requests at T > 0 use typical acceptance, and so the engine's typical
+    policy (its profile section's); requests at T=0 stay greedy, on the engine's own policy."""
+    testclient = pytest.importorskip("fastapi.testclient")
+    from entmtp.server.app import create_app
+
+    cfg = HeadsConfig(kind="medusa", num_heads=3, hidden_size=64, vocab_size=256)
+    heads = random_heads(cfg, seed=0, init="random")
+    engine = Engine(
+        tiny_model("llama", seed=4),
+        ByteTokenizer(),
+        heads=heads,
+        tree="tree_8",
+        policies={"typical": "chain_3"},
+    )
+    app = create_app(engine, "tiny", max_batch=max_batch, acceptance="typical")
+    with testclient.TestClient(app) as client:
+        for temperature in (0.0, 0.7):
+            body = {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": temperature, "seed": 1}
+            assert client.post("/v1/completions", json=body).status_code == 200
+        deadline = time.monotonic() + 10  # the worker counts a job's steps as it ends, maybe after the reply
+        while not (steps := _tree_steps(client.get("/metrics").text)).keys() >= {"tree_8", "chain_3"}:
+            assert time.monotonic() < deadline, steps
+            time.sleep(0.05)
+    with pytest.raises(
+        EntMTPError, match="acceptance 'greedy' for requests at T > 0: use one of auto, sample"
+    ):
+        create_app(engine, "tiny", acceptance="greedy")
+
+
+def _tree_steps(metrics: str) -> dict[str, float]:
+    """Decode steps per tree from the Prometheus text."""
+    return {
+        line.split('"')[1]: float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("entmtp_tree_steps_total{")
+    }

@@ -29,6 +29,7 @@ from .errors import EntMTPError
 from .tree import Tree
 
 ACCEPTANCE = ("greedy", "sample", "typical")
+SAMPLED = ("sample", "typical")  # the rules at temperature > 0
 
 
 @dataclass(frozen=True)

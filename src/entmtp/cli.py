@@ -212,6 +212,7 @@ def cmd_serve(args) -> int:
         max_batch=args.max_batch,
         costs=costs,
         thread=thread,
+        acceptance=args.request_acceptance,
     )
     print(f"entmtp: serving {name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     serve(
@@ -441,7 +442,18 @@ def _add_serve(sub) -> None:
         help="close a connection that sends no complete request headers within this many seconds",
     )
     sv.add_argument("--no-access-log", action="store_true", help="no log line per request on stderr")
-    # the profile's greedy section picks the engine's policy; requests at T > 0 run its sample section's (build.py)
+    from .accept import SAMPLED
+
+    sv.add_argument(
+        "--acceptance",
+        dest="request_acceptance",
+        default="auto",
+        choices=["auto", *SAMPLED],
+        help="the acceptance rule of requests at temperature > 0 (default auto: lossless tree rejection "
+        "sampling, the output distribution of plain sampling; typical: Medusa's typical acceptance, which "
+        "accepts more drafts but is not lossless); each rule runs its profile section's policy",
+    )
+    # the profile's greedy section picks the engine's policy; requests at T > 0 run their rule's section's
     sv.set_defaults(func=cmd_serve, temperature=0.0)
 
 

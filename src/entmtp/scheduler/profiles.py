@@ -77,7 +77,7 @@ from importlib import resources
 from pathlib import Path
 
 from .. import metrics
-from ..accept import Sampling
+from ..accept import SAMPLED, Sampling
 from ..errors import EntMTPError
 from ..files import write_text_atomic
 from ..machine import hardware, heads_checksum, model_fingerprint
@@ -634,7 +634,7 @@ class Profile:
 
     def mode_for_rule(self, rule: str) -> str:
         """The section an acceptance `rule` (greedy | sample | typical) uses (see `mode_for`)."""
-        for mode in (rule, *(m for m in ("sample", "typical") if m != rule and rule != "greedy")):
+        for mode in (rule, *(m for m in SAMPLED if m != rule and rule != "greedy")):
             if mode in self.modes:
                 return mode
         return "greedy"

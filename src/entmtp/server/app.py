@@ -24,6 +24,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..accept import SAMPLED
 from ..engine import Engine
 from ..errors import EntMTPError
 from ..surface import CostSurface
@@ -33,6 +34,7 @@ from .state import ServerState
 from .thread import TorchThread
 
 log = logging.getLogger("entmtp.server")
+REQUEST_ACCEPTANCE = ("auto", *SAMPLED)  # rules a server may apply to requests at T > 0
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")  # echoed as given; anything else gets a new id
 
 
@@ -45,16 +47,22 @@ def create_app(
     max_batch: int = 1,
     costs: CostSurface | None = None,
     thread: TorchThread | None = None,
+    acceptance: str = "auto",
 ) -> FastAPI:
     """The app serving `engine` as `model_name`: up to `max_batch` requests generate together (one continuous
     batch, weighing trees by the cost surface `costs` when given; 1: one at a time, CUDA graphs allowed) and
     up to `max_queue` more wait. Give the `thread` that built the engine (thread.py: on a CPU, torch runs
-    ~1.7x slower on a second thread); without one, generation runs on a new thread."""
+    ~1.7x slower on a second thread); without one, generation runs on a new thread. `acceptance`: the rule of
+    requests at temperature > 0 (auto: lossless sampling; sample; typical: not lossless)."""
     if max_batch < 1:
         raise EntMTPError(f"max_batch must be >= 1 (1: one request at a time), got {max_batch}")
+    if acceptance not in REQUEST_ACCEPTANCE:
+        raise EntMTPError(
+            f"acceptance {acceptance!r} for requests at T > 0: use one of {', '.join(REQUEST_ACCEPTANCE)}"
+        )
     app = FastAPI(title="entmtp", version="1", lifespan=_lifespan)
     state = app.state.server = ServerState.start(
-        engine, model_name, max_queue, max_body_bytes, max_batch, costs, thread
+        engine, model_name, max_queue, max_body_bytes, max_batch, costs, thread, acceptance
     )
     app.add_exception_handler(StarletteHTTPException, routes.http_error)
     app.add_exception_handler(Exception, routes.internal_error)

@@ -88,7 +88,9 @@ async def _complete(request: Request, chat: bool) -> Response:
     prompt = [{"role": m.role, "content": m.text()} for m in req.messages] if chat else req.prompt
     loop = asyncio.get_running_loop()
     try:  # a 10k-message chat template takes most of a second: not on the event loop
-        ids, kwargs = await loop.run_in_executor(state.tokenize, prepare, state.engine, req, prompt, chat)
+        ids, kwargs = await loop.run_in_executor(
+            state.tokenize, prepare, state.engine, req, prompt, chat, state.acceptance
+        )
     except EntMTPError as e:
         return error(400, str(e), "messages" if chat else "prompt")
     job = Job(ids, kwargs, loop)
@@ -139,8 +141,11 @@ async def _read_body(request: Request, max_body_bytes: int) -> bytes | Response:
     return body
 
 
-def prepare(engine: Engine, req: schema._Params, prompt, chat: bool) -> tuple[list[int], dict]:
-    """(prompt ids, Engine.stream kwargs) or raise EntMTPError naming the problem."""
+def prepare(
+    engine: Engine, req: schema._Params, prompt, chat: bool, acceptance: str = "auto"
+) -> tuple[list[int], dict]:
+    """(prompt ids, Engine.stream kwargs) or raise EntMTPError naming the problem. `acceptance`: the server's
+    rule for requests at temperature > 0."""
     ids = list(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], int) else None
     if ids is None:
         ids = encode_prompt(engine.tokenizer, prompt, chat=chat)
@@ -150,7 +155,10 @@ def prepare(engine: Engine, req: schema._Params, prompt, chat: bool) -> tuple[li
     window = engine.window
     limit = req.limit if req.limit is not None else min(schema.DEFAULT_MAX_TOKENS, window - len(ids))
     check_request(len(ids), limit, window, name="max_tokens")  # a PromptError: a 400 in _complete
-    kwargs = dict(max_new_tokens=limit, temperature=req.temperature or 0.0, seed=req.seed, stop=req.stop)
+    temperature = req.temperature or 0.0
+    kwargs = dict(max_new_tokens=limit, temperature=temperature, seed=req.seed, stop=req.stop)
+    if temperature > 0:
+        kwargs["acceptance"] = acceptance
     if req.top_k is not None:
         kwargs["logprobs"] = req.top_k
     return ids, kwargs

@@ -29,6 +29,7 @@ class ServerState:
     metrics: Metrics
     max_body_bytes: int
     token_text: schema.TokenText
+    acceptance: str = "auto"  # the acceptance rule of requests at temperature > 0 (accept.Sampling)
     tokenize: ThreadPoolExecutor = field(  # a 10k-message chat template takes most of a second: off the loop
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="entmtp-tokenize")
     )
@@ -44,6 +45,7 @@ class ServerState:
         max_batch: int = 1,
         costs: CostSurface | None = None,
         thread: TorchThread | None = None,
+        acceptance: str = "auto",
     ) -> ServerState:
         """A state with its generation loop started (`max_batch` rows at once, batching.py) on `thread`, the
         one that built the engine (thread.py says why), or on a new thread."""
@@ -58,7 +60,7 @@ class ServerState:
             thread=thread,
         )
         token_text = schema.TokenText(engine.tokenizer)
-        return cls(engine, model_name, worker, metrics, max_body_bytes, token_text)
+        return cls(engine, model_name, worker, metrics, max_body_bytes, token_text, acceptance=acceptance)
 
     async def drain(self, timeout: float) -> None:
         """Stop taking requests; let open generations finish for up to `timeout` s; cut the rest."""
