@@ -296,8 +296,11 @@ def test_bench_on_a_tiny_model_runs_every_task_and_writes_json_markdown_and_plot
         assert set(data["replays"][task]["heads"]) >= {"static", "cost", "dynamic+lookup", "oracle"}
     assert data["mismatches"] == []
     assert data["meta"]["command"].startswith("entmtp bench") and data["meta"]["commit"]
+    hw = data["meta"]["hardware"]  # every figure names its machine: the CPU model and the flags that matter
+    assert data["meta"]["machine"] == f"{hw['name']} ({hw['cpu_count']} cores; {', '.join(hw['cpu_flags'])})"
 
     report = (out / "report.md").read_text()
+    assert data["meta"]["machine"] in report
     images = ["speedup.png", "steps.png", "frontier-heads-profile.png"]
     for name in images:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

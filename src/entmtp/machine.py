@@ -50,6 +50,15 @@ def hardware(model) -> dict:
     }
 
 
+def describe(hw: dict) -> str:
+    """One line naming a `hardware` record for reports: the GPU, or the CPU model with its cores and the
+    flags that decide its kernels (two CPUs of one name can differ by 2x)."""
+    if hw["device"] == "cuda":
+        return hw["name"]
+    flags = ", ".join(hw["cpu_flags"]) or "none of " + ", ".join(CPU_FLAGS)
+    return f"{hw['name']} ({hw['cpu_count']} cores; {flags})"
+
+
 def model_fingerprint(model) -> dict:
     cfg = model.config
     emb = model.get_input_embeddings().weight

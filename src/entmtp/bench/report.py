@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import platform
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from rich.table import Table
 
 from .. import metrics
 from ..files import write_text_atomic
+from ..machine import describe, hardware
 from ..prompts import TASKS
 from .engines import Methods
 from .plots import speedup_plot, step_log_plot
@@ -35,7 +35,8 @@ def meta(methods: Methods, interrupted: bool) -> dict:
         "dtype": args.dtype,
         "device": args.device,
         "threads": torch.get_num_threads(),
-        "machine": platform.processor() or platform.machine(),
+        "machine": describe(hardware(methods.model)),
+        "hardware": hardware(methods.model),
         "commit": _commit(),
         "versions": _versions(),
         "max_new_tokens": args.max_new_tokens,
