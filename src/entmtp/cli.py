@@ -451,7 +451,8 @@ def _add_serve(sub) -> None:
         choices=["auto", *SAMPLED],
         help="the acceptance rule of requests at temperature > 0 (default auto: lossless tree rejection "
         "sampling, the output distribution of plain sampling; typical: Medusa's typical acceptance, which "
-        "accepts more drafts but is not lossless); each rule runs its profile section's policy",
+        "accepts more drafts but is not lossless: its text repeats itself more, see docs/results/sampling); "
+        "each rule runs its profile section's policy",
     )
     # the profile's greedy section picks the engine's policy; requests at T > 0 run their rule's section's
     sv.set_defaults(func=cmd_serve, temperature=0.0)
