@@ -24,6 +24,7 @@ from entmtp.calibration.traces import load_traces
 from entmtp.cli import main
 from entmtp.costs import CostCorrector, CostCurve, CostsError, costs_for, measure, synthetic_tree
 from entmtp.errors import EntMTPError
+from entmtp.machine import describe
 from entmtp.policy import StaticPolicy
 from entmtp.records import Step
 from entmtp.scheduler.profiles import resolve_profile
@@ -63,6 +64,14 @@ def test_a_curve_round_trips_through_json_and_reads_step_cost_tables():
     assert CostCurve.from_json(json.loads(json.dumps(c.to_json()))) == c
     with pytest.raises(CostsError, match="plain step"):
         CostCurve.from_latency([1, 4], [30.0, 40.0], "no plain row")
+
+
+def test_a_machine_is_named_by_its_gpu_or_by_cpu_model_cores_and_kernel_flags():
+    """Two CPUs called "AMD EPYC" differed 2x in what a tree costs: reports name the flags that decide it."""
+    cpu = {"device": "cpu", "name": "AMD EPYC", "cpu_flags": ["avx2", "fma"], "cpu_count": 2}
+    assert describe(cpu) == "AMD EPYC (2 cores; avx2, fma)"
+    assert describe({**cpu, "cpu_flags": []}).startswith("AMD EPYC (2 cores; none of avx2, fma, avx512f,")
+    assert describe({**cpu, "device": "cuda", "name": "NVIDIA H200"}) == "NVIDIA H200"
 
 
 def test_synthetic_trees_are_valid_trees_of_the_asked_size_and_depth():
