@@ -176,6 +176,10 @@ def test_each_acceptance_rule_runs_its_own_policy():
     assert trees() == {"tree_8"}
     assert trees(temperature=0.7) == {"chain_3"}  # auto at T > 0: lossless sampling
     assert trees(temperature=0.7, acceptance="typical") == {"tree_8"}
+    rules = [
+        engine.generate(ids, max_new_tokens=4, seed=1, **kw).acceptance for kw in ({}, {"temperature": 0.7})
+    ]
+    assert rules == ["greedy", "sample"]  # each result says which rule accepted its drafts
     row, _ = Batch(engine).add(ids, max_new_tokens=12, temperature=0.7, seed=1)
     assert row.state.policy.trees[0].name == "chain_3"
     with pytest.raises(EntMTPError, match=r"keyed by acceptance rule \(greedy, sample, typical\), got 'hot'"):

@@ -247,7 +247,8 @@ def test_metrics_of_a_batched_step():
 @pytest.mark.parametrize("max_batch", [1, 2])
 def test_requests_at_t_above_zero_run_the_servers_rule_and_its_policy(max_batch):
     """`serve --acceptance typical`: requests at T > 0 use typical acceptance, and so the engine's typical
-    policy (its profile section's); requests at T=0 stay greedy, on the engine's own policy."""
+    policy (its profile section's); requests at T=0 stay greedy, on the engine's own policy. Each reply's
+    usage says which rule accepted its drafts."""
     testclient = pytest.importorskip("fastapi.testclient")
     from entmtp.server.app import create_app
 
@@ -262,9 +263,13 @@ def test_requests_at_t_above_zero_run_the_servers_rule_and_its_policy(max_batch)
     )
     app = create_app(engine, "tiny", max_batch=max_batch, acceptance="typical")
     with testclient.TestClient(app) as client:
-        for temperature in (0.0, 0.7):
+        for temperature, rule in ((0.0, "greedy"), (0.7, "typical")):
             body = {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": temperature, "seed": 1}
-            assert client.post("/v1/completions", json=body).status_code == 200
+            reply = client.post("/v1/completions", json=body)
+            assert reply.status_code == 200
+            assert (
+                reply.json()["usage"]["entmtp"]["acceptance"] == rule
+            )  # the client sees which rule wrote it
         deadline = time.monotonic() + 10  # the worker counts a job's steps as it ends, maybe after the reply
         while not (steps := _tree_steps(client.get("/metrics").text)).keys() >= {"tree_8", "chain_3"}:
             assert time.monotonic() < deadline, steps

@@ -286,6 +286,7 @@ class DecodeState:
             prefill_seconds,
             reason,
             self.all_logprobs if self.logprobs is not None else None,
+            self.sampling.rule,
         )
 
 

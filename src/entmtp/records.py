@@ -61,6 +61,9 @@ class Result:
     prefill_seconds: float
     finish_reason: str  # "eos", "stop", "length"
     logprobs: list[TokenLogprob] | None = None  # per token of `token_ids`, when asked for
+    acceptance: str = (
+        "greedy"  # the rule that accepted its drafts (accept.Sampling.rule): typical is not lossless
+    )
 
     @property
     def num_steps(self) -> int:
@@ -89,6 +92,7 @@ class Result:
             "trees": [s.tree for s in self.steps],
             "accepted": [s.accepted for s in self.steps],
             "finish_reason": self.finish_reason,
+            "acceptance": self.acceptance,
             "seconds": self.seconds,
             "prefill_seconds": self.prefill_seconds,
             "tokens_per_second": self.tokens_per_second,

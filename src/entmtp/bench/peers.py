@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
+from ..accept import Sampling
 from ..errors import EntMTPError
 from ..model import check_request, context_window, embedded_gguf, eos_token_ids
 from ..records import Result
@@ -175,7 +176,8 @@ class HFGenerate:
             )
         new, finish = _cut(out[0, len(ids) :].tolist(), eos, max_new_tokens)
         text = self.tokenizer.decode(new, skip_special_tokens=True)
-        return Result(text, new, len(ids), [], time.perf_counter() - t0, 0.0, finish)
+        rule = Sampling(temperature).rule  # plain decoding's draws: the reference distribution
+        return Result(text, new, len(ids), [], time.perf_counter() - t0, 0.0, finish, acceptance=rule)
 
 
 def _check_request(ids: list[int], max_new_tokens: int, temperature: float, window: int) -> None:
@@ -256,4 +258,5 @@ class LlamaCppPlain:
         text = self.llm.detokenize([t for t in new if t not in self.eos_ids]).decode(
             "utf-8", errors="replace"
         )
-        return Result(text, new, len(ids), [], time.perf_counter() - t0, 0.0, finish)
+        rule = Sampling(temperature).rule  # plain decoding's draws: the reference distribution
+        return Result(text, new, len(ids), [], time.perf_counter() - t0, 0.0, finish, acceptance=rule)
