@@ -197,6 +197,28 @@ def test_doctor_reports_the_installation(capsys):
     assert "model_cache:" in out and "extras:" in out
 
 
+def test_doctor_names_each_cached_cost_file_for_what_it_is(capsys, tmp_path, monkeypatch):
+    """The cost cache holds curves (costs.py) and batched surfaces (surface.py): each is summarised as what it
+    is, and only a file that cannot be read is called unreadable (with the fix)."""
+    from entmtp.costs import CostCurve, costs_dir, save_curve
+    from entmtp.surface import CostSurface
+
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
+    hw = {"hardware": {"dtype": "bfloat16", "threads": 2}, "heads": {"kind": "hydra"}}
+    save_curve(CostCurve((0, 1, 4), (30.0, 33.0, 36.0), (0.0, 1.5, 2.0), key=hw), costs_dir() / "curve.json")
+    surface = CostSurface((1, 8), (0, 4), ((30.0, 36.0), (80.0, 120.0)), key=hw)
+    (costs_dir() / "surface.json").write_text(json.dumps(surface.to_json()))
+    (costs_dir() / "broken.json").write_text("{")
+    code, out, _ = _run(capsys, ["doctor", "--json"])
+    costs = json.loads(out)["step_costs"]
+    assert code == 0 and costs["curve.json"].startswith("bfloat16, 2 threads, heads hydra: plain 30.0 ms")
+    assert costs["surface.json"].startswith(
+        "bfloat16, 2 threads, heads hydra: batched steps of 1-8 rows: plain 30.0 ms at 1, 10.0 ms a row at 8"
+    )
+    assert "broken.json is unreadable (JSONDecodeError" in costs["broken.json"]
+    assert costs["broken.json"].endswith("delete it to measure again")
+
+
 def test_more_bad_options_are_named_before_loading(capsys, tmp_path):
     code, _, err = _run(capsys, ["generate", "hi", "--system", "Be brief.", "--no-chat", "--heads", "none"])
     assert code == 2 and "--system needs the chat template: drop --no-chat" in err

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import platform
 import sys
+from pathlib import Path
 
 import torch
 
@@ -76,22 +78,45 @@ def report() -> dict:
 
 
 def _cached_costs() -> dict:
-    """The cost curves measured on this machine so far (costs.py), one line each."""
-    from .costs import CostsError, costs_dir, load_curve
+    """The cost curves (costs.py) and batched cost surfaces (surface.py) measured on this machine so far,
+    one line each."""
+    from .costs import CostsError, costs_dir
 
     out = {}
     for path in sorted(costs_dir().glob("*.json")) if costs_dir().is_dir() else []:
         if path.name == "dtype-choices.json":
             continue
         try:
-            c = load_curve(path)
+            c, summary = _read_cached(path)
         except CostsError as e:
             out[path.name] = str(e)
             continue
         hw, heads = c.key.get("hardware", {}), c.key.get("heads") or {}
         what = f"{hw.get('dtype')}, {hw.get('threads')} threads, heads {heads.get('kind', 'none')}"
-        out[path.name] = f"{what}: {c.summary()} ({c.source}, {c.seconds:.0f} s)"
+        out[path.name] = f"{what}: {summary} ({c.source}, {c.seconds:.0f} s)"
     return out or {"none yet": "the first `entmtp generate` measures them (or `entmtp doctor --probe`)"}
+
+
+def _read_cached(path: Path):
+    """(a cached cost curve or surface, its one-line summary); CostsError naming the file when unreadable."""
+    from .costs import CostsError, load_curve
+    from .surface import FORMAT, CostSurface
+
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(d, dict) and d.get("format") == FORMAT:
+            s = CostSurface.from_json(d)
+            b, plain = s.batches, [row[0] for row in s.ms]
+            return s, (
+                f"batched steps of {b[0]}-{b[-1]} rows: plain {plain[0]:.1f} ms at {b[0]}, "
+                f"{plain[-1] / b[-1]:.1f} ms a row at {b[-1]}"
+            )
+    except (OSError, ValueError, KeyError, TypeError, CostsError) as e:
+        raise CostsError(
+            f"cost cache file {path} is unreadable ({type(e).__name__}: {e}): delete it to measure again"
+        ) from e
+    curve = load_curve(path)
+    return curve, curve.summary()
 
 
 def probe_report() -> str:
