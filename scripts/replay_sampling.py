@@ -169,28 +169,30 @@ def _replay_methods(profile, mode: str, traces, curve: CostCurve, rule: str) -> 
 
 
 @torch.inference_mode()
+def continuation_nll(model, pairs) -> tuple[float, float, int]:
+    """(mean negative log-likelihood per continuation token under the base model at temperature 1, its
+    standard error over generations (whole generations are the independent samples), tokens) of the
+    (prompt ids, continuation ids) `pairs`."""
+    per, n = [], 0
+    for ids, out in pairs:
+        if not out:
+            continue
+        x = torch.tensor([ids + out])
+        logits = model(input_ids=x).logits[0, len(ids) - 1 : -1].float()  # [len(out), V]
+        lp = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(out)[:, None])
+        per.append((-float(lp.sum()), len(out)))
+        n += len(out)
+    mean = sum(a for a, _ in per) / max(1, n)
+    rates = [a / b for a, b in per]
+    var = sum((r - sum(rates) / len(rates)) ** 2 for r in rates) / max(1, len(rates) - 1)
+    return mean, math.sqrt(var / max(1, len(rates))), n
+
+
 def _perplexity(model, pairs, plain_pairs) -> dict:
-    """exp(mean negative log-likelihood per continuation token) under the base model at temperature 1, of
-    the speculative generations and of plain sampling's, each with the standard error of its mean NLL over
-    generations (whole generations are the independent samples)."""
-
-    def nll(ps) -> tuple[float, float, int]:
-        per, n = [], 0
-        for ids, out in ps:
-            if not out:
-                continue
-            x = torch.tensor([ids + out])
-            logits = model(input_ids=x).logits[0, len(ids) - 1 : -1].float()  # [len(out), V]
-            lp = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(out)[:, None])
-            per.append((-float(lp.sum()), len(out)))
-            n += len(out)
-        mean = sum(a for a, _ in per) / max(1, n)
-        rates = [a / b for a, b in per]
-        var = sum((r - sum(rates) / len(rates)) ** 2 for r in rates) / max(1, len(rates) - 1)
-        return mean, math.sqrt(var / max(1, len(rates))), n
-
-    spec, spec_se, n = nll(pairs)
-    base, base_se, _ = nll(plain_pairs)
+    """exp(mean NLL per continuation token) of the speculative generations and of plain sampling's, with
+    the NLLs and their standard errors (`continuation_nll`)."""
+    spec, spec_se, n = continuation_nll(model, pairs)
+    base, base_se, _ = continuation_nll(model, plain_pairs)
     return {
         "speculative": math.exp(spec),
         "plain": math.exp(base),

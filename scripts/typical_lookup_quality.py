@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 import torch
 from replay_policies import _commit
+from replay_sampling import continuation_nll
 from rich.console import Console
 from rich.table import Table
 
@@ -45,22 +45,6 @@ def repeated_share(out: list[int], n: int = 4) -> float:
         again += g in seen
         seen.add(g)
     return again / len(grams) if grams else 0.0
-
-
-def nll_stats(model, pairs) -> tuple[float, float]:
-    """(mean NLL per token, its standard error over generations) under the base model at temperature 1."""
-    per, tokens = [], 0
-    with torch.inference_mode():
-        for ids, out in pairs:
-            x = torch.tensor([ids + out])
-            logits = model(input_ids=x).logits[0, len(ids) - 1 : -1].float()
-            lp = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(out)[:, None])
-            per.append((-float(lp.sum()), len(out)))
-            tokens += len(out)
-    rates = [a / b for a, b in per]
-    mean_rate = sum(rates) / len(rates)
-    var = sum((r - mean_rate) ** 2 for r in rates) / max(1, len(rates) - 1)
-    return sum(a for a, _ in per) / tokens, math.sqrt(var / len(rates))
 
 
 def main() -> None:
@@ -111,7 +95,7 @@ def main() -> None:
                 "tokens_per_step": emitted / max(1, steps),
             }
         for name, pairs in methods.items():
-            nll, se = nll_stats(model, pairs)
+            nll, se, _ = continuation_nll(model, pairs)
             rep = sum(repeated_share(out) for _, out in pairs) / len(pairs)
             rows[task][name] = {"nll": nll, "nll_se": se, "repeated_4grams": rep, **lookup.get(name, {})}
         console.print(f"{task} done")
