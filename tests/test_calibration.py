@@ -224,18 +224,26 @@ def test_a_built_engine_gives_each_acceptance_rule_its_sections_policy(
                     "thresholds: calibrate again"]  # fmt: skip
 
 
-def test_typical_traces_of_an_older_entmtp_are_refused(tiny_profile, fitted, tmp_path):
-    """A typical section without its union tree comes from an older entmtp (pass masks one level off the
-    trajectory): its traces are not read, and the error says to calibrate again."""
+@pytest.fixture(scope="module")
+def typical_only(tiny_profile, fitted):
+    """(the tiny profile with a typical section only, its traces, the union tree they verified)."""
     from entmtp.calibration.calibrate import add_sampled, typical_union
     from entmtp.calibration.traces import TYPICAL, generate_traces
 
-    model, heads, path, greedy = tiny_profile
+    model, heads, path, _ = tiny_profile
     _, ids, _, _ = fitted
     engine = Engine(model, ByteTokenizer(), heads=heads["hydra"], tree="tree_8")
     union = typical_union(load_profile(path), heads["hydra"])
     typical, _ = generate_traces(engine, heads["hydra"], [ids], 16, sampling=TYPICAL, union=union)
     profile = add_sampled(load_profile(path), heads["hydra"], typical, TYPICAL, TINY, log=lambda *a: None)
+    return profile, typical, union
+
+
+def test_typical_traces_of_an_older_entmtp_are_refused(tiny_profile, typical_only, tmp_path):
+    """A typical section without its union tree comes from an older entmtp (pass masks one level off the
+    trajectory): its traces are not read, and the error says to calibrate again."""
+    _, _, _, greedy = tiny_profile
+    profile, typical, union = typical_only
     out = tmp_path / "t.json"
     save_traces(profile, out, greedy, {"typical": typical}).save(out)
     assert load_traces(load_profile(out), "typical")[0].union.paths == union.paths
@@ -246,16 +254,8 @@ def test_typical_traces_of_an_older_entmtp_are_refused(tiny_profile, fitted, tmp
         load_traces(load_profile(out), "typical")
 
 
-def test_a_profile_without_a_rules_section_lends_the_other_one(tiny_profile, fitted, tmp_path):
+def test_a_profile_without_a_rules_section_lends_the_other_one(tiny_profile, typical_only):
     """Older profiles hold a typical section only: lossless sampling uses it rather than the greedy one."""
-    from entmtp.calibration.calibrate import add_sampled, typical_union
-    from entmtp.calibration.traces import TYPICAL, generate_traces
-
-    model, heads, path, greedy = tiny_profile
-    _, ids, _, _ = fitted
-    engine = Engine(model, ByteTokenizer(), heads=heads["hydra"], tree="tree_8")
-    union = typical_union(load_profile(path), heads["hydra"])
-    typical, _ = generate_traces(engine, heads["hydra"], [ids], 16, sampling=TYPICAL, union=union)
-    profile = add_sampled(load_profile(path), heads["hydra"], typical, TYPICAL, TINY, log=lambda *a: None)
+    profile, _, _ = typical_only
     assert profile.mode_for(0.7) == "typical" and profile.mode_for(0.7, "sample") == "typical"
-    assert load_profile(path).mode_for(0.7) == "greedy"  # no T > 0 section at all
+    assert load_profile(tiny_profile[2]).mode_for(0.7) == "greedy"  # no T > 0 section at all
