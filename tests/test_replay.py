@@ -96,30 +96,23 @@ def test_a_lookup_replay_needs_the_traces_tokens():
         replay(HybridPolicy(StaticPolicy(load_tree("tree_4")), Lookup()), [tr], lambda t: 10.0)
 
 
+def _run_script(name: str, *args: str) -> subprocess.CompletedProcess:
+    script = Path(__file__).resolve().parents[1] / "scripts" / name
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
+
+
 @pytest.mark.parametrize("name", ["replay_policies.py", "replay_sampling.py"])
 def test_replay_scripts_name_an_unknown_task_before_loading_anything(tmp_path, name):
-    script = Path(__file__).resolve().parents[1] / "scripts" / name
     out = tmp_path / "out"
-    run = subprocess.run(
-        [sys.executable, str(script), "--tasks", "gsm8k,nosuch", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = _run_script(name, "--tasks", "gsm8k,nosuch", "--out", str(out))
     assert run.returncode != 0
     assert "unknown task(s) nosuch: use some of humaneval" in run.stderr
     assert not out.exists()  # nothing half-made
 
 
 def test_replay_sampling_names_an_unknown_rule_before_loading_anything(tmp_path):
-    script = Path(__file__).resolve().parents[1] / "scripts" / "replay_sampling.py"
     out = tmp_path / "out"
-    run = subprocess.run(
-        [sys.executable, str(script), "--rules", "sample,greedy", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = _run_script("replay_sampling.py", "--rules", "sample,greedy", "--out", str(out))
     assert run.returncode != 0
     assert "--rules sample,greedy: use sample, typical or both" in run.stderr
     assert not out.exists()
