@@ -1,13 +1,17 @@
 """The hybrid policy (scheduler/hybrid.py): a prompt-lookup branch sized per step over any tree policy, from the
-match and the evidence so far; dropped heads judged by their probe."""
+match and the evidence so far; dropped heads judged by their probe, and not probed at all where no heads' tree
+could pay."""
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
 
-from entmtp.heads import Probe
+from entmtp.heads import LazyProbe, Probe
 from entmtp.lookup import Lookup, NgramIndex
-from entmtp.policy import StaticPolicy
+from entmtp.policy import Choice, StaticPolicy
 from entmtp.records import Step, StepContext
 from entmtp.scheduler.hybrid import HybridPolicy, counterfactual_depth
 from entmtp.scheduler.policies import LatencyModel
@@ -127,6 +131,92 @@ def test_dropped_heads_are_judged_by_their_probe_instead_of_retried_blindly():
     run(policy, 16, token=0)
     _, kept = run(policy, 12, token=8)  # rank 1 of head 1: tree_8 would have been right
     assert kept >= 6  # back within a few steps, and kept
+
+
+class _ReadsProbe:
+    """An inner policy with a master tree that reads the heads' probe to choose, as the calibrated ones do."""
+
+    lookup = None
+
+    def __init__(self, tree: Tree):
+        self.master, self.trees = tree, [tree]
+
+    def fresh(self):
+        return self
+
+    def choose(self, ctx: StepContext) -> Choice:
+        ctx.probe.logprobs  # noqa: B018 - reading it is the point
+        return Choice(self.master, {})
+
+    def observe(self, step: Step) -> None:
+        pass
+
+
+def _lazy(computed: list, first=(7, 8, 9)):
+    """A lazy probe (as the engine offers it) of head 1's candidates `first`, counting its computations in
+    `computed` (`_step`'s steps emit token 0 first)."""
+    probe = Probe(torch.tensor([first]), torch.zeros(1, 3))
+    return LazyProbe(lambda: computed.append(1) or probe)
+
+
+def test_a_step_no_heads_tree_can_pay_for_never_computes_their_probe():
+    """When copying beats anything the heads could add at their current rates, the hybrid chooses without its
+    inner policy and the engine's lazy probe is never computed; heads that are right are probed every step."""
+    base, index = load_tree("tree_8"), NgramIndex([1, 2, 3, 4, 5, 6, 1, 2, 3], max_ngram=3)
+    policy = HybridPolicy(_ReadsProbe(base), Lookup(tokens=8), COSTLY)
+    computed: list = []
+    for _ in range(12):  # the heads miss, the lookup branch is right
+        tree = policy.choose(StepContext(0, 9, 100, None, probe=_lazy(computed), lookup=index)).tree
+        policy.observe(_step(tree, 0, tree.num_lookup, tree.num_lookup))
+    computed.clear()
+    choice = policy.choose(StepContext(0, 9, 100, None, probe=_lazy(computed), lookup=index))
+    assert not computed and choice.signals["probed"] == 0.0
+    assert choice.tree.heads_tree.num_nodes == 0 and choice.tree.num_lookup == 8
+    fresh = HybridPolicy(_ReadsProbe(base), Lookup(tokens=8), COSTLY)
+    for step in range(12):  # the heads are right, the lookup wrong: the heads' tree, probed every step
+        if step == 6:
+            computed.clear()
+        choice = fresh.choose(StepContext(0, 9, 100, None, probe=_lazy(computed, (0, 8, 9)), lookup=index))
+        fresh.observe(_step(choice.tree, 3, 0, choice.tree.num_lookup))
+    assert len(computed) == 6 and choice.tree.heads_tree is base
+
+
+def test_without_a_match_the_heads_are_probed_even_when_a_plain_step_wins():
+    """Nothing to copy: the choice is the heads' tree or a plain step, and a plain step still judges the heads by
+    their probe (so they come back when right), so the probe is computed every step."""
+    base, nothing = load_tree("tree_8"), NgramIndex([1, 2, 3, 4])
+    policy = HybridPolicy(_ReadsProbe(base), Lookup(tokens=8), COSTLY)
+    computed: list = []
+    for _ in range(16):  # the heads miss: plain steps
+        tree = policy.choose(StepContext(0, 4, 100, None, probe=_lazy(computed), lookup=nothing)).tree
+        policy.observe(_step(tree, 0, 0, 0))
+    assert tree.num_nodes == 0 and len(computed) == 16
+
+
+@pytest.mark.parametrize("inner", ["chain_1", "chain_3", "mc_sim_7b_63"])
+def test_choosing_without_the_probe_never_changes_the_choice(inner):
+    """Wherever the hybrid skips the heads, the full choice (the inner policy asked, every option weighed) picks
+    the same tree: the skip only saves the probe. (With a one-node chain the skip's bound is exact, so a
+    skip where the full choice would keep the heads fails here.)"""
+    base = Tree("chain_1", ((0,),)) if inner == "chain_1" else load_tree(inner)
+    gen = torch.Generator().manual_seed(0)
+    skipped = 0
+    for trial in range(40):
+        policy = HybridPolicy(_ReadsProbe(base), Lookup(tokens=10), COSTLY)
+        index = NgramIndex([1, 2, 3, 4, 5, 6, 1, 2, 3][: 4 + trial % 6], max_ngram=3)  # matches 0..3
+        for _ in range(int(torch.randint(0, 20, (1,), generator=gen))):
+            tree = policy.choose(StepContext(0, 9, 100, None, probe=_lazy([]), lookup=index)).tree
+            heads, run = (int(x) for x in torch.randint(0, 4, (2,), generator=gen))
+            policy.observe(
+                _step(tree, min(heads, tree.heads_tree.depth), min(run, tree.num_lookup), tree.num_lookup)
+            )
+        full = copy.deepcopy(policy)
+        full._heads_lose = lambda m, costs: False
+        ctx = StepContext(0, 9, 100, None, probe=_lazy([]), lookup=index)
+        chosen = policy.choose(ctx)
+        skipped += chosen.signals.get("probed") == 0.0
+        assert chosen.tree.name == full.choose(ctx).tree.name
+    assert 0 < skipped < 40  # both kinds of step were compared
 
 
 def test_counterfactual_depth_reads_every_depth_a_probe_holds():

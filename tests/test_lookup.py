@@ -12,8 +12,13 @@ from entmtp.engine import Engine
 from entmtp.errors import EntMTPError, TreeError
 from entmtp.heads import HeadsConfig, random_heads
 from entmtp.lookup import Lookup, NgramIndex, draft_lookup, source_depths
-from entmtp.scheduler.hybrid import hybrid
+from entmtp.policy import Choice
+from entmtp.scheduler.hybrid import HybridPolicy, hybrid
+from entmtp.scheduler.policies import LatencyModel
 from entmtp.tree import Tree, load_tree, prune, with_lookup
+
+# step latency (ms) by drafted nodes where nodes are dear (a 2-core CPU in float32): heads that miss cannot pay
+COSTLY = LatencyModel([0, 1, 2, 4, 8, 16, 64], [36.8, 44.5, 49.5, 56.6, 67.0, 85.4, 187.1])
 
 # ---- the n-gram index -------------------------------------------------------------------------------------
 
@@ -227,6 +232,43 @@ def test_hybrid_with_oracle_heads_side_branches_and_lookup_equals_plain_greedy()
         ids, max_new_tokens=64
     )
     assert result.token_ids == ref
+
+
+class _ProbedTree:
+    """An inner policy with a master tree that reads the heads' probe before choosing it (as dynamic does)."""
+
+    lookup = None
+
+    def __init__(self, tree):
+        self.master = tree
+        self.trees = [tree]
+
+    def fresh(self):
+        return self
+
+    def choose(self, ctx):
+        ctx.probe.tokens  # noqa: B018 - reading it is the point
+        return Choice(self.master, {})
+
+    def observe(self, step):
+        pass
+
+
+def test_steps_that_skip_the_heads_never_compute_their_probe_and_stay_lossless():
+    """Random heads miss, the text repeats: on steps with a match the hybrid drops heads that cannot pay
+    without asking its inner policy, so the engine's lazy probe is never computed (no probe time); the output
+    is plain greedy decoding all the same."""
+    model = tiny_model("llama", seed=4)
+    n = 48
+    heads = random_heads(HeadsConfig.for_model(model, "hydra", num_heads=3), seed=0)
+    policy = HybridPolicy(_ProbedTree(load_tree("tree_8")), Lookup(), COSTLY)
+    result = Engine(model, ByteTokenizer(), heads=heads, tree=policy).generate(REPEATING, max_new_tokens=n)
+    assert result.token_ids == plain_greedy(model, REPEATING, n)
+    skipped = [s for s in result.steps if s.signals.get("probed") == 0.0]
+    probed = [s for s in result.steps if "probed" not in s.signals]
+    assert skipped and probed  # both kinds of step ran
+    assert all(s.seconds["probe"] < 1e-4 and s.tree_nodes == s.lookup_nodes for s in skipped)
+    assert min(s.seconds["probe"] for s in probed) > max(s.seconds["probe"] for s in skipped)
 
 
 @pytest.mark.parametrize("acceptance", ["sample", "typical"])

@@ -22,7 +22,7 @@ from .accept import ACCEPTANCE, Sampling, accept
 from .cache import BaseModel
 from .costs import CostCorrector, CostCurve, LatencyModel
 from .errors import EntMTPError
-from .heads import Drafter, Probe
+from .heads import Drafter, LazyProbe, Probe, taken
 from .lookup import Lookup, NgramIndex, draft_lookup, source_depths
 from .model import check_request, context_window, encode_prompt, eos_token_ids
 from .packing import PackedLinear, pack_linears
@@ -350,21 +350,26 @@ def prepare(
     drafter, cache = state.drafter, state.cache
     clock, dev = _Clock(engine.base.device), engine.base.device
     # (1) choose a tree: the policy reads the base distribution at the root and, when it has a master
-    #     tree, the heads' probe of it (what all its subtrees draft first); never past the context window
+    #     tree, the heads' probe of it (what all its subtrees draft first; computed when first read, so a
+    #     choice made without the heads costs none of their work); never past the context window
     root_t = torch.tensor([state.root], device=dev)
     master = state.policy.master if drafter is not None and speculate else None
-    if probe is None and master is not None:
-        probe = drafter.probe(master, root_t)
+    offered = (
+        probe if probe is not None or master is None else LazyProbe(lambda: drafter.probe(master, root_t))
+    )
     times = {"probe": clock.lap()}
     pos, remaining = cache.length, state.max_new_tokens - len(state.out)
     choice = Choice(Tree.root_only(), {})
     if speculate:
         ctx = StepContext(
-            state.steps, pos, remaining, state.root_logits, probe, lookup=state.index, latency=latency
+            state.steps, pos, remaining, state.root_logits, offered, lookup=state.index, latency=latency
         )
         choice = state.policy.choose(ctx)
-    tree = _fit(engine, state, choice.tree)
+    tree, probe = _fit(engine, state, choice.tree), taken(offered)
     times["choose"] = clock.lap()
+    if isinstance(offered, LazyProbe):  # the probe's time is its own phase, wherever the policy read it
+        times["probe"] += offered.seconds
+        times["choose"] -= offered.seconds
     # (2) draft: one token per tree node from the heads (the probed ones are reused) and the lookup
     #     index; lookup nodes the context has no continuation for are dropped from the tree
     tree, tokens = draft_tree(drafter, tree, root_t, probe, state.index)  # tokens [N+1]

@@ -13,7 +13,7 @@ from . import metrics
 
 if TYPE_CHECKING:
     from .costs import LatencyModel
-    from .heads import Probe
+    from .heads import LazyProbe, Probe
     from .lookup import NgramIndex
 
 
@@ -120,7 +120,7 @@ class StepContext:
     position: int  # tokens in the KV cache
     remaining: int  # tokens still allowed before max_new_tokens
     root_logits: torch.Tensor | None  # [V] base logits the root token was drawn from (None in replays)
-    probe: Probe | None = None  # the heads' probe of the policy's master tree, when it has one
+    probe: Probe | LazyProbe | None = None  # the heads' probe of its master (the engine's: read lazily)
     raw_signals: list[float] | None = None  # replays: recorded (entropy, p0, chain sum, max g_d) instead
     lookup: NgramIndex | None = None  # the n-gram index of prompt + output, when the engine drafts lookups
     latency: LatencyModel | None = None  # ms of this step by drafted nodes when it shares a batch (batch.py)

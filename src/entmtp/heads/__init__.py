@@ -43,7 +43,7 @@ from .config import (
     WEIGHTS_FILE,
     HeadsConfig,
 )
-from .drafting import Draft, Drafter, Heads, MedusaHeads, Probe, frequent_tokens
+from .drafting import Draft, Drafter, Heads, LazyProbe, MedusaHeads, Probe, frequent_tokens, taken
 from .formats import load_heads, save_heads, save_hydra_official, save_medusa_official
 from .hydra import HydraHeads, random_heads
 
@@ -64,6 +64,7 @@ __all__ = [
     "Heads",
     "HeadsConfig",
     "HydraHeads",
+    "LazyProbe",
     "MedusaHeads",
     "Probe",
     "frequent_tokens",
@@ -72,4 +73,5 @@ __all__ = [
     "save_heads",
     "save_hydra_official",
     "save_medusa_official",
+    "taken",
 ]

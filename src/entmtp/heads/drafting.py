@@ -5,6 +5,7 @@ Hydra's branch-by-branch drafting and fresh heads live in `hydra.py`, files in `
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -52,6 +53,42 @@ class Probe:
     @property
     def topk(self) -> int:
         return self.tokens.shape[1]
+
+
+class LazyProbe:
+    """A `Probe` computed when a policy first reads it (`tokens`, `logprobs`, `context`): the engine offers the
+    master's probe this way, so a policy that decides without the heads (the hybrid taking a lookup chain
+    alone, scheduler/hybrid.py) costs no heads' work. `taken(probe)` is the probe if it was read, else None;
+    `seconds` the time its computation took (0 if it was never read)."""
+
+    def __init__(self, compute: Callable[[], Probe]):
+        self._compute = compute
+        self.probe: Probe | None = None
+        self.seconds = 0.0
+
+    def _get(self) -> Probe:
+        if self.probe is None:
+            t0 = time.perf_counter()
+            self.probe = self._compute()
+            self.seconds = time.perf_counter() - t0
+        return self.probe
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self._get().tokens
+
+    @property
+    def logprobs(self) -> torch.Tensor:
+        return self._get().logprobs
+
+    @property
+    def context(self) -> torch.Tensor | None:
+        return self._get().context
+
+
+def taken(probe: Probe | LazyProbe | None) -> Probe | None:
+    """The probe a step has: `probe` itself, or a lazy one's if a policy read it (None if none did)."""
+    return probe.probe if isinstance(probe, LazyProbe) else probe
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,14 @@ before the choice) against the emitted tokens still says exactly whether it woul
 depths the probe holds (`counterfactual_depth`: depth 1 for Hydra, every depth for Medusa); deeper evidence
 not verified for a while ages towards its prior.
 
+When there is a match and no heads' tree could pay at the heads' current rates (`_heads_lose`: the best option
+without them beats the cheapest tree of every depth with them), the step is chosen without asking the inner
+policy, so the engine's lazy probe (heads.LazyProbe) is never computed: on copy-heavy text many steps then cost
+what prompt lookup alone costs. Such a step judges no head, so the heads' evidence ages towards the prior until
+they are worth probing again; the inner policy still observes it. The choice is the one the full weighing
+would make (`tests/test_hybrid.py`). Without a match the heads are always probed: a step that drops them for a
+plain step still learns from their probe (counterfactual_depth).
+
 Cost, in one-token steps: the measured step latency of n drafted tokens relative to a plain step (`latency`:
 this machine's cost curve, costs.py, or a profile's stored latencies; else `CPU_COST`, measured on one 2-core
 CPU), less the heads' drafting (`draft_cost`: the curve's measured share, else `HEADS_DRAFT_COST`) on steps
@@ -34,9 +42,12 @@ decoding's rule) and the heads' tree is always kept.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..costs import CostCurve, LatencyModel
+from ..heads import taken
 from ..lookup import Lookup
 from ..policy import Choice, Menu, Stateful, StaticPolicy, TreePolicy
 from ..records import Step, StepContext
@@ -107,8 +118,6 @@ class HybridPolicy(Stateful):
         self._unverified: tuple[Tree, object] | None = None  # (inner tree, probe) when the heads were dropped
 
     def choose(self, ctx: StepContext) -> Choice:
-        tree, signals = self.inner.choose(ctx)[:2]
-        signals = dict(signals)
         index = ctx.lookup
         match = 0
         if index is not None:
@@ -116,19 +125,38 @@ class HybridPolicy(Stateful):
             if not cands:
                 match = 0
         m = min(match, MAX_MATCH)
-        signals["match"] = float(match)
+        costs = self._cost(ctx)
+        if self.lookup.adaptive and m and self.master is not None and self._heads_lose(m, costs):
+            # no heads' tree can pay: choose among the others without asking the inner policy, so the
+            # heads' probe is never computed (ctx.probe is lazy) and their evidence ages towards the prior
+            tree, signals, probe = Tree.root_only(), {"match": float(match), "probed": 0.0}, None
+        else:
+            tree, signals = self.inner.choose(ctx)[:2]
+            signals = dict(signals, match=float(match))
+            probe = taken(ctx.probe)  # read by the inner policy (or None: it had no master)
         if not self.lookup.adaptive:
             option = (True, self.lookup.tokens if match else 0)
-            return Choice(self._take(tree, m, option, ctx.probe, signals), signals)
+            return Choice(self._take(tree, m, option, probe, signals), signals)
         options = self._options(tree, m)
-        costs = self._cost(ctx)
         value = [e / self._option_cost(tree, keep, n, costs) for keep, _, n, e in options]
         keep, length, _, _ = options[int(np.argmax(value))]
         return Choice(
-            self._take(tree, m, (keep, length), ctx.probe, signals),
+            self._take(tree, m, (keep, length), probe, signals),
             signals,
-            self._menu(tree, m, options, ctx.probe, signals),
+            self._menu(tree, m, options, probe, signals),
         )
+
+    def _heads_lose(self, m: int, costs: np.ndarray) -> bool:
+        """Whether, at the heads' current rates, the best option without them beats every option with them.
+        Each heads' tree is taken as the cheapest of its depth (a chain: an option's expected tokens depend on
+        the tree's depth only, `_options`), up to the master's depth, so this never drops a tree the full
+        choice would keep."""
+        best = {True: 0.0, False: 0.0}
+        for depth in range(1, self.master.depth + 1):
+            chain = _chain(depth)
+            for keep, _, n, e in self._options(chain, m):
+                best[keep] = max(best[keep], e / self._option_cost(chain, keep, n, costs))
+        return best[False] > best[True]
 
     def _take(self, tree: Tree, m: int, option: tuple[bool, int], probe, signals: dict) -> Tree:
         """The step's tree for `option` (keep the heads' tree?, lookup tokens), noted as the step's choice."""
@@ -229,6 +257,12 @@ def hybrid(
     policy = StaticPolicy(inner) if isinstance(inner, Tree) else inner
     latency, share = (costs.latency(), costs.draft_share) if costs is not None else (None, None)
     return HybridPolicy(policy, lookup or Lookup(), latency, draft_cost=share)
+
+
+@functools.cache
+def _chain(depth: int) -> Tree:
+    """A chain of `depth` nodes (each its depth's top candidate): the cheapest heads' tree of that depth."""
+    return Tree(f"chain{depth}", tuple((0,) * d for d in range(1, depth + 1)))
 
 
 def counterfactual_depth(tree: Tree, probe, emitted: list[int]) -> tuple[int, int]:
