@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     default = build_engine(EngineSpec(lookup=Lookup(), dtype=args.dtype, threads=args.threads))
     if not isinstance(default.policy, HybridPolicy):
         raise SystemExit(
