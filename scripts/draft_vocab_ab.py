@@ -21,6 +21,8 @@ import json
 from pathlib import Path
 
 import torch
+from build_draft_vocab import corpus_texts
+from interleave import interleaved
 from rich.console import Console
 from rich.table import Table
 
@@ -37,11 +39,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def corpus_counts(tokenizer, data_dir: Path) -> torch.Tensor:
-    import sys
-
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from build_draft_vocab import corpus_texts
-
     counts = torch.zeros(len(tokenizer), dtype=torch.long)
     texts = corpus_texts(data_dir)
     for i in range(0, len(texts), 2048):
@@ -83,23 +80,7 @@ def main() -> None:
         table.add_column(col, justify="left" if col == "task" else "right")
     for task in args.tasks.split(","):
         prompts = load_prompts(task, "test", args.num_prompts)
-        for e in engines.values():
-            e.generate(prompts[0], max_new_tokens=8)  # warm-up (builds each sliced projection)
-        tally = {name: {"tokens": 0, "steps": 0, "seconds": 0.0, "probe": 0.0} for name in engines}
-        same = True
-        for rep in range(2):
-            for i, prompt in enumerate(prompts):
-                order = list(engines) if (i + rep) % 2 == 0 else list(engines)[::-1]
-                outs = set()
-                for name in order:
-                    r = engines[name].generate(prompt, max_new_tokens=args.max_new_tokens)
-                    outs.add(tuple(r.token_ids))
-                    t = tally[name]
-                    t["tokens"] += sum(s.tokens for s in r.steps)
-                    t["steps"] += len(r.steps)
-                    t["seconds"] += sum(s.seconds["total"] for s in r.steps)
-                    t["probe"] += sum(s.seconds.get("probe", 0.0) for s in r.steps)
-                same &= len(outs) == 1
+        tally, same = interleaved(engines, prompts, args.max_new_tokens)
         base = tally[f"{shipped} (shipped)"]
         for name, t in tally.items():
             t["tokens_per_second"] = t["tokens"] / t["seconds"]

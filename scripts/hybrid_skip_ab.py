@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 import torch
+from interleave import interleaved
 from rich.console import Console
 from rich.table import Table
 
@@ -78,23 +79,7 @@ def main() -> None:
         table.add_column(col, justify="left" if col in ("task", "method") else "right")
     for task in args.tasks.split(","):
         prompts = load_prompts(task, "test", args.num_prompts)
-        for e in engines.values():
-            e.generate(prompts[0], max_new_tokens=8)  # warm-up
-        tally = {name: {"tokens": 0, "steps": 0, "seconds": 0.0, "skipped": 0} for name in engines}
-        same = True
-        for rep in range(2):
-            for i, prompt in enumerate(prompts):
-                order = list(engines) if (i + rep) % 2 == 0 else list(engines)[::-1]
-                outs = {}
-                for name in order:
-                    r = engines[name].generate(prompt, max_new_tokens=args.max_new_tokens)
-                    outs[name] = r.token_ids
-                    t = tally[name]
-                    t["tokens"] += sum(s.tokens for s in r.steps)
-                    t["steps"] += len(r.steps)
-                    t["seconds"] += sum(s.seconds["total"] for s in r.steps)
-                    t["skipped"] += sum(s.signals.get("probed") == 0.0 for s in r.steps)
-                same &= len({tuple(o) for o in outs.values()}) == 1
+        tally, same = interleaved(engines, prompts, args.max_new_tokens)
         base = tally["probe every step"]["tokens"] / tally["probe every step"]["seconds"]
         for t in tally.values():
             t["tokens_per_second"] = t["tokens"] / t["seconds"]  # decode steps only (no prefill)

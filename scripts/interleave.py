@@ -1,0 +1,31 @@
+"""Shared by the in-process A/B scripts (hybrid_skip_ab.py, draft_vocab_ab.py): several engines on the same
+prompts, interleaved so that a slow stretch of the machine hits every engine alike."""
+
+from __future__ import annotations
+
+
+def interleaved(engines: dict, prompts: list[str], max_new_tokens: int, reps: int = 2) -> tuple[dict, bool]:
+    """Every engine on every prompt in turn (the order reversed on alternate prompts), `reps` times over, after
+    one short warm-up each. Returns, per engine, the decode steps' totals (tokens, steps, seconds, probe
+    seconds, steps chosen without probing the heads; prefill left out), and whether all engines wrote the same
+    tokens on every prompt."""
+    for engine in engines.values():
+        engine.generate(prompts[0], max_new_tokens=8)
+    tally = {name: {"tokens": 0, "steps": 0, "seconds": 0.0, "probe": 0.0, "skipped": 0} for name in engines}
+    same = True
+    for rep in range(reps):
+        for i, prompt in enumerate(prompts):
+            order = list(engines) if (i + rep) % 2 == 0 else list(engines)[::-1]
+            outs = set()
+            for name in order:
+                result = engines[name].generate(prompt, max_new_tokens=max_new_tokens)
+                outs.add(tuple(result.token_ids))
+                steps = result.steps
+                t = tally[name]
+                t["tokens"] += sum(s.tokens for s in steps)
+                t["steps"] += len(steps)
+                t["seconds"] += sum(s.seconds["total"] for s in steps)
+                t["probe"] += sum(s.seconds.get("probe", 0.0) for s in steps)
+                t["skipped"] += sum(s.signals.get("probed") == 0.0 for s in steps)
+            same &= len(outs) == 1
+    return tally, same
