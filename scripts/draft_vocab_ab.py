@@ -17,18 +17,15 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 from pathlib import Path
 
 import torch
 from build_draft_vocab import corpus_texts
-from interleave import interleaved
-from rich.console import Console
+from interleave import finish, interleaved
 from rich.table import Table
 
 from entmtp.build import EngineSpec, build_engine
 from entmtp.engine import Engine
-from entmtp.files import write_text_atomic
 from entmtp.heads import frequent_tokens
 from entmtp.lookup import Lookup
 from entmtp.machine import describe, hardware
@@ -97,9 +94,7 @@ def main() -> None:
         table.add_row(task, "identical outputs" if same else "OUTPUTS DIFFER", end_section=True)
         results["tasks"][task] = {"identical_outputs": same, "methods": tally}
         print(f"{task}: done", flush=True)
-    Console(width=160).print(table)
-    write_text_atomic(args.out, json.dumps(results, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    finish(table, results, args.out)
 
 
 if __name__ == "__main__":

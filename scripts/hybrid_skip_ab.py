@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 from pathlib import Path
 
 import torch
-from interleave import interleaved
-from rich.console import Console
+from interleave import finish, interleaved
 from rich.table import Table
 
 from entmtp.build import EngineSpec, build_engine
 from entmtp.engine import Engine
-from entmtp.files import write_text_atomic
 from entmtp.lookup import Lookup
 from entmtp.machine import describe, hardware
 from entmtp.prompts import load_prompts
@@ -101,9 +98,7 @@ def main() -> None:
             task, "identical outputs" if same else "OUTPUTS DIFFER", "", "", "", "", "", end_section=True
         )
         print(f"{task}: done", flush=True)
-    Console(width=160).print(table)
-    write_text_atomic(args.out, json.dumps(results, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    finish(table, results, args.out)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ prompts, interleaved so that a slow stretch of the machine hits every engine ali
 
 from __future__ import annotations
 
+import json
+
 
 def interleaved(engines: dict, prompts: list[str], max_new_tokens: int, reps: int = 2) -> tuple[dict, bool]:
     """Every engine on every prompt in turn (the order reversed on alternate prompts), `reps` times over, after
@@ -29,3 +31,14 @@ def interleaved(engines: dict, prompts: list[str], max_new_tokens: int, reps: in
                 t["skipped"] += sum(s.signals.get("probed") == 0.0 for s in steps)
             same &= len(outs) == 1
     return tally, same
+
+
+def finish(table, results: dict, out) -> None:
+    """Prints the run's table (wide enough for its columns off a terminal) and writes its JSON atomically."""
+    from rich.console import Console
+
+    from entmtp.files import write_text_atomic
+
+    Console(width=160).print(table)
+    write_text_atomic(out, json.dumps(results, indent=1) + "\n")
+    print(f"wrote {out}")
