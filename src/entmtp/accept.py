@@ -30,6 +30,7 @@ from .tree import Tree
 
 ACCEPTANCE = ("greedy", "sample", "typical")
 SAMPLED = ("sample", "typical")  # the rules at temperature > 0
+SAMPLED_CHOICES = ("auto", *SAMPLED)  # what a server may apply to requests at T > 0 (auto: lossless sample)
 
 
 @dataclass(frozen=True)

@@ -442,13 +442,13 @@ def _add_serve(sub) -> None:
         help="close a connection that sends no complete request headers within this many seconds",
     )
     sv.add_argument("--no-access-log", action="store_true", help="no log line per request on stderr")
-    from .accept import SAMPLED
+    from .accept import SAMPLED_CHOICES
 
     sv.add_argument(
         "--acceptance",
         dest="request_acceptance",
         default="auto",
-        choices=["auto", *SAMPLED],
+        choices=SAMPLED_CHOICES,
         help="the acceptance rule of requests at temperature > 0 (default auto: lossless tree rejection "
         "sampling, the output distribution of plain sampling; typical: Medusa's typical acceptance, which "
         "accepts more drafts but is not lossless: its text repeats itself more, see docs/results/sampling); "

@@ -61,9 +61,8 @@ class Result:
     prefill_seconds: float
     finish_reason: str  # "eos", "stop", "length"
     logprobs: list[TokenLogprob] | None = None  # per token of `token_ids`, when asked for
-    acceptance: str = (
-        "greedy"  # the rule that accepted its drafts (accept.Sampling.rule): typical is not lossless
-    )
+    # the rule that accepted its drafts (accept.Sampling.rule): typical is not lossless
+    acceptance: str = "greedy"
 
     @property
     def num_steps(self) -> int:

@@ -24,7 +24,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..accept import SAMPLED
+from ..accept import SAMPLED_CHOICES
 from ..engine import Engine
 from ..errors import EntMTPError
 from ..surface import CostSurface
@@ -34,7 +34,6 @@ from .state import ServerState
 from .thread import TorchThread
 
 log = logging.getLogger("entmtp.server")
-REQUEST_ACCEPTANCE = ("auto", *SAMPLED)  # rules a server may apply to requests at T > 0
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")  # echoed as given; anything else gets a new id
 
 
@@ -56,9 +55,9 @@ def create_app(
     requests at temperature > 0 (auto: lossless sampling; sample; typical: not lossless)."""
     if max_batch < 1:
         raise EntMTPError(f"max_batch must be >= 1 (1: one request at a time), got {max_batch}")
-    if acceptance not in REQUEST_ACCEPTANCE:
+    if acceptance not in SAMPLED_CHOICES:
         raise EntMTPError(
-            f"acceptance {acceptance!r} for requests at T > 0: use one of {', '.join(REQUEST_ACCEPTANCE)}"
+            f"acceptance {acceptance!r} for requests at T > 0: use one of {', '.join(SAMPLED_CHOICES)}"
         )
     app = FastAPI(title="entmtp", version="1", lifespan=_lifespan)
     state = app.state.server = ServerState.start(
