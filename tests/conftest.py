@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random base models (Llama, Qwen2), an oracle drafter, the embedded model."""
+"""Shared fixtures: tiny random base models (Llama, Qwen2), an oracle drafter, a policy that reads the heads'
+probe, the embedded model."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from entmtp.heads import Draft
+from entmtp.policy import Choice
 
 VOCAB = 256
 
@@ -108,6 +110,26 @@ class OracleDrafter:
             tokens.append(truth if rank == right_rank and not miss else (truth + 1 + rank) % h.vocab)
         t = torch.tensor(tokens, dtype=torch.long, device=root_token.device)
         return Draft(tokens=t, logprobs=torch.zeros(len(tokens)))
+
+
+class ProbeReadingPolicy:
+    """An inner policy with a master tree that reads the heads' probe before choosing it, as the calibrated ones
+    (cost, dynamic) do: the hybrid's tests use it to see when the engine's lazy probe is computed."""
+
+    lookup = None
+
+    def __init__(self, tree):
+        self.master, self.trees = tree, [tree]
+
+    def fresh(self):
+        return self
+
+    def choose(self, ctx):
+        ctx.probe.tokens  # noqa: B018 - reading it is the point
+        return Choice(self.master, {})
+
+    def observe(self, step):
+        pass
 
 
 @pytest.fixture(scope="session")

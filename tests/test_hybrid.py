@@ -9,9 +9,10 @@ import copy
 import pytest
 import torch
 
+from conftest import ProbeReadingPolicy
 from entmtp.heads import LazyProbe, Probe
 from entmtp.lookup import Lookup, NgramIndex
-from entmtp.policy import Choice, StaticPolicy
+from entmtp.policy import StaticPolicy
 from entmtp.records import Step, StepContext
 from entmtp.scheduler.hybrid import HybridPolicy, counterfactual_depth
 from entmtp.scheduler.policies import LatencyModel
@@ -133,25 +134,6 @@ def test_dropped_heads_are_judged_by_their_probe_instead_of_retried_blindly():
     assert kept >= 6  # back within a few steps, and kept
 
 
-class _ReadsProbe:
-    """An inner policy with a master tree that reads the heads' probe to choose, as the calibrated ones do."""
-
-    lookup = None
-
-    def __init__(self, tree: Tree):
-        self.master, self.trees = tree, [tree]
-
-    def fresh(self):
-        return self
-
-    def choose(self, ctx: StepContext) -> Choice:
-        ctx.probe.logprobs  # noqa: B018 - reading it is the point
-        return Choice(self.master, {})
-
-    def observe(self, step: Step) -> None:
-        pass
-
-
 def _lazy(computed: list, first=(7, 8, 9)):
     """A lazy probe (as the engine offers it) of head 1's candidates `first`, counting its computations in
     `computed` (`_step`'s steps emit token 0 first)."""
@@ -163,7 +145,7 @@ def test_a_step_no_heads_tree_can_pay_for_never_computes_their_probe():
     """When copying beats anything the heads could add at their current rates, the hybrid chooses without its
     inner policy and the engine's lazy probe is never computed; heads that are right are probed every step."""
     base, index = load_tree("tree_8"), NgramIndex([1, 2, 3, 4, 5, 6, 1, 2, 3], max_ngram=3)
-    policy = HybridPolicy(_ReadsProbe(base), Lookup(tokens=8), COSTLY)
+    policy = HybridPolicy(ProbeReadingPolicy(base), Lookup(tokens=8), COSTLY)
     computed: list = []
     for _ in range(12):  # the heads miss, the lookup branch is right
         tree = policy.choose(StepContext(0, 9, 100, None, probe=_lazy(computed), lookup=index)).tree
@@ -172,7 +154,7 @@ def test_a_step_no_heads_tree_can_pay_for_never_computes_their_probe():
     choice = policy.choose(StepContext(0, 9, 100, None, probe=_lazy(computed), lookup=index))
     assert not computed and choice.signals["probed"] == 0.0
     assert choice.tree.heads_tree.num_nodes == 0 and choice.tree.num_lookup == 8
-    fresh = HybridPolicy(_ReadsProbe(base), Lookup(tokens=8), COSTLY)
+    fresh = HybridPolicy(ProbeReadingPolicy(base), Lookup(tokens=8), COSTLY)
     for step in range(12):  # the heads are right, the lookup wrong: the heads' tree, probed every step
         if step == 6:
             computed.clear()
@@ -185,7 +167,7 @@ def test_without_a_match_the_heads_are_probed_even_when_a_plain_step_wins():
     """Nothing to copy: the choice is the heads' tree or a plain step, and a plain step still judges the heads by
     their probe (so they come back when right), so the probe is computed every step."""
     base, nothing = load_tree("tree_8"), NgramIndex([1, 2, 3, 4])
-    policy = HybridPolicy(_ReadsProbe(base), Lookup(tokens=8), COSTLY)
+    policy = HybridPolicy(ProbeReadingPolicy(base), Lookup(tokens=8), COSTLY)
     computed: list = []
     for _ in range(16):  # the heads miss: plain steps
         tree = policy.choose(StepContext(0, 4, 100, None, probe=_lazy(computed), lookup=nothing)).tree
@@ -202,7 +184,7 @@ def test_choosing_without_the_probe_never_changes_the_choice(inner):
     gen = torch.Generator().manual_seed(0)
     skipped = 0
     for trial in range(40):
-        policy = HybridPolicy(_ReadsProbe(base), Lookup(tokens=10), COSTLY)
+        policy = HybridPolicy(ProbeReadingPolicy(base), Lookup(tokens=10), COSTLY)
         index = NgramIndex([1, 2, 3, 4, 5, 6, 1, 2, 3][: 4 + trial % 6], max_ngram=3)  # matches 0..3
         for _ in range(int(torch.randint(0, 20, (1,), generator=gen))):
             tree = policy.choose(StepContext(0, 9, 100, None, probe=_lazy([]), lookup=index)).tree

@@ -7,12 +7,11 @@ import json
 import pytest
 import torch
 
-from conftest import ByteTokenizer, OracleHeads, tiny_model
+from conftest import ByteTokenizer, OracleHeads, ProbeReadingPolicy, tiny_model
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError, TreeError
 from entmtp.heads import HeadsConfig, random_heads
 from entmtp.lookup import Lookup, NgramIndex, draft_lookup, source_depths
-from entmtp.policy import Choice
 from entmtp.scheduler.hybrid import HybridPolicy, hybrid
 from entmtp.scheduler.policies import LatencyModel
 from entmtp.tree import Tree, load_tree, prune, with_lookup
@@ -234,26 +233,6 @@ def test_hybrid_with_oracle_heads_side_branches_and_lookup_equals_plain_greedy()
     assert result.token_ids == ref
 
 
-class _ProbedTree:
-    """An inner policy with a master tree that reads the heads' probe before choosing it (as dynamic does)."""
-
-    lookup = None
-
-    def __init__(self, tree):
-        self.master = tree
-        self.trees = [tree]
-
-    def fresh(self):
-        return self
-
-    def choose(self, ctx):
-        ctx.probe.tokens  # noqa: B018 - reading it is the point
-        return Choice(self.master, {})
-
-    def observe(self, step):
-        pass
-
-
 def test_steps_that_skip_the_heads_never_compute_their_probe_and_stay_lossless():
     """Random heads miss, the text repeats: on steps with a match the hybrid drops heads that cannot pay
     without asking its inner policy, so the engine's lazy probe is never computed (no probe time); the output
@@ -261,7 +240,7 @@ def test_steps_that_skip_the_heads_never_compute_their_probe_and_stay_lossless()
     model = tiny_model("llama", seed=4)
     n = 48
     heads = random_heads(HeadsConfig.for_model(model, "hydra", num_heads=3), seed=0)
-    policy = HybridPolicy(_ProbedTree(load_tree("tree_8")), Lookup(), COSTLY)
+    policy = HybridPolicy(ProbeReadingPolicy(load_tree("tree_8")), Lookup(), COSTLY)
     result = Engine(model, ByteTokenizer(), heads=heads, tree=policy).generate(REPEATING, max_new_tokens=n)
     assert result.token_ids == plain_greedy(model, REPEATING, n)
     skipped = [s for s in result.steps if s.signals.get("probed") == 0.0]
