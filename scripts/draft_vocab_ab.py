@@ -16,7 +16,6 @@ greedy decoding's text.
 from __future__ import annotations
 
 import argparse
-import copy
 from pathlib import Path
 
 import torch
@@ -63,10 +62,8 @@ def main() -> None:
     for size in (int(s) for s in args.sizes.split(",")):
         heads = resolve_heads("hydra", default.model)
         heads.set_draft_vocab(frequent_tokens(counts, size, keep=default.tokenizer.all_special_ids))
-        policy = copy.copy(default.policy)
-        policy.reset()
-        engines[str(size)] = Engine(
-            default.model, default.tokenizer, heads=heads, tree=policy, costs=default.costs
+        engines[str(size)] = Engine(  # the same policy: each generation runs its own policy.fresh()
+            default.model, default.tokenizer, heads=heads, tree=default.policy, costs=default.costs
         )
     machine = describe(hardware(default.model))
     results: dict = {"machine": machine, "dtype": args.dtype, "tasks": {}}
