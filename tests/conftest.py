@@ -4,7 +4,10 @@ probe, the embedded model."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,6 +113,12 @@ class OracleDrafter:
             tokens.append(truth if rank == right_rank and not miss else (truth + 1 + rank) % h.vocab)
         t = torch.tensor(tokens, dtype=torch.long, device=root_token.device)
         return Draft(tokens=t, logprobs=torch.zeros(len(tokens)))
+
+
+def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
+    """scripts/`name` run with `args` in a fresh interpreter (its refusals are tested by their messages)."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / name
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
 
 
 class ProbeReadingPolicy:

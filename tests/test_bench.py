@@ -12,7 +12,7 @@ import re
 import pytest
 import torch
 
-from conftest import save_tiny_model, tiny_model
+from conftest import run_script, save_tiny_model, tiny_model
 from entmtp.bench import (
     Measurements,
     engines,
@@ -424,3 +424,22 @@ def test_a_sampled_quick_run_reports_perplexity(tmp_path, capsys):
 def test_the_command_exits_2_naming_an_unknown_task(capsys):
     assert main(["bench", "--tasks", "nosuchtask", "--heads", "none"]) == 2
     assert "unknown task 'nosuchtask'" in capsys.readouterr().err
+
+
+def test_same_text_names_a_folder_without_results_and_a_missing_method(tmp_path):
+    """scripts/same_text.py compares two methods of an `entmtp bench` run: a folder it did not write, or a method
+    the run lacks, is refused by name and nothing is written."""
+    run = run_script("same_text.py", str(tmp_path), "default", "lookup")
+    assert run.returncode != 0
+    assert (
+        f"{tmp_path / 'results.json'} not found: give the folder an `entmtp bench --out` wrote" in run.stderr
+    )
+    runs = {
+        "plain": [{"prompt": 0, "tokens": 9, "seconds": 1.0}],
+        "lookup": [{"prompt": 0, "tokens": 9, "seconds": 0.5}],
+    }
+    (tmp_path / "results.json").write_text(json.dumps({"runs": {"gsm8k": runs}, "mismatches": []}))
+    run = run_script("same_text.py", str(tmp_path), "default", "lookup")
+    assert run.returncode != 0
+    assert "gsm8k has no method 'default': the run has plain, lookup" in run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]

@@ -3,13 +3,9 @@ replayed hybrid is the real decode step for step."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from conftest import ByteTokenizer
+from conftest import ByteTokenizer, run_script
 from entmtp.calibration.calibrate import fit_acceptance
 from entmtp.calibration.replay import oracle, oracle_batch, replay, replay_batch
 from entmtp.calibration.search import simulate
@@ -96,15 +92,10 @@ def test_a_lookup_replay_needs_the_traces_tokens():
         replay(HybridPolicy(StaticPolicy(load_tree("tree_4")), Lookup()), [tr], lambda t: 10.0)
 
 
-def _run_script(name: str, *args: str) -> subprocess.CompletedProcess:
-    script = Path(__file__).resolve().parents[1] / "scripts" / name
-    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
-
-
 @pytest.mark.parametrize("name", ["replay_policies.py", "replay_sampling.py"])
 def test_replay_scripts_name_an_unknown_task_before_loading_anything(tmp_path, name):
     out = tmp_path / "out"
-    run = _run_script(name, "--tasks", "gsm8k,nosuch", "--out", str(out))
+    run = run_script(name, "--tasks", "gsm8k,nosuch", "--out", str(out))
     assert run.returncode != 0
     assert "unknown task(s) nosuch: use some of humaneval" in run.stderr
     assert not out.exists()  # nothing half-made
@@ -112,7 +103,7 @@ def test_replay_scripts_name_an_unknown_task_before_loading_anything(tmp_path, n
 
 def test_replay_sampling_names_an_unknown_rule_before_loading_anything(tmp_path):
     out = tmp_path / "out"
-    run = _run_script("replay_sampling.py", "--rules", "sample,greedy", "--out", str(out))
+    run = run_script("replay_sampling.py", "--rules", "sample,greedy", "--out", str(out))
     assert run.returncode != 0
     assert "--rules sample,greedy: use sample, typical or both" in run.stderr
     assert not out.exists()
