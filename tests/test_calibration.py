@@ -259,3 +259,57 @@ def test_a_profile_without_a_rules_section_lends_the_other_one(tiny_profile, typ
     profile, _, _ = typical_only
     assert profile.mode_for(0.7) == "typical" and profile.mode_for(0.7, "sample") == "typical"
     assert load_profile(tiny_profile[2]).mode_for(0.7) == "greedy"  # no T > 0 section at all
+
+
+def test_retrace_re_derives_a_profile_for_heads_with_another_draft_vocabulary(
+    tiny_profile, sampled_profile, tmp_path
+):
+    """The profile's stored generations teacher-forced through the changed heads: a target outside their draft
+    vocabulary is a miss, one inside ranks no worse (fewer tokens compete), every section is retuned, and the
+    profile is then made for these heads, its latencies and generations kept."""
+    from entmtp.calibration.calibrate import retrace, retune
+    from entmtp.calibration.traces import MISS
+
+    model, heads, _, _ = tiny_profile
+    out, union, _ = sampled_profile
+    path = copy_profile(out, tmp_path)
+    hydra = heads["hydra"]
+    changed = type(hydra)(hydra.config)
+    changed.load_state_dict(hydra.state_dict())
+    changed.bind(model).requires_grad_(False)
+    changed.set_draft_vocab(torch.arange(0, hydra.config.vocab_size, 2))  # odd tokens are never drafted
+    old = load_profile(path)
+    with pytest.raises(ProfileError, match="calibrate --retrace --profile"):
+        old.check(model, changed, warn_hardware=False)
+
+    profile, greedy, sampled = retrace(old, model, changed)
+    assert set(sampled) == {"sample", "typical"}
+    for mode, new in (("greedy", greedy), *sampled.items()):
+        before = load_traces(old, mode)
+        assert [t.tokens.tolist() for t in new] == [t.tokens.tolist() for t in before]
+        for a, b in zip(before, new, strict=True):
+            target = torch.stack(
+                [
+                    a.tokens[j + 1 : j + 1 + b.ranks.shape[1]]
+                    for j in range(a.prompt_len, a.length - b.ranks.shape[1])
+                ]
+            )
+            rows = len(target)
+            odd = target % 2 == 1
+            assert (b.ranks[:rows][odd] == MISS).all()
+            kept = ~odd & (a.ranks[:rows] != MISS)
+            assert (b.ranks[:rows][kept] <= a.ranks[:rows][kept]).all()
+        if mode == "typical":
+            assert all(t.union.paths == union.paths for t in new)
+            assert [t.passes.shape for t in new] == [t.passes.shape for t in before]
+    assert any(
+        (t.ranks == MISS).sum() > (a.ranks == MISS).sum()
+        for t, a in zip(greedy, load_traces(old), strict=True)
+    )
+    saved = retune(save_traces(profile, path, greedy, sampled), changed, TINY, log=lambda *a: None).save(path)
+    loaded = load_profile(path)
+    loaded.check(model, changed, warn_hardware=False)
+    assert loaded.latency == old.latency and set(loaded.modes) == set(old.modes) == set(saved.modes)
+    assert [t.ranks.tolist() for t in load_traces(loaded)] == [t.ranks.tolist() for t in greedy]
+    with pytest.raises(EntMTPError, match="calibrate these heads from scratch"):
+        retrace(old, model, heads["medusa"])

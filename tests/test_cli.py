@@ -89,6 +89,10 @@ def test_bad_entmtp_gguf_path_is_named(monkeypatch, tmp_path):
 def test_calibrate_argument_errors_come_before_loading_anything(capsys):
     assert main(["calibrate", "--latency-only"]) == 2
     assert "--latency-only updates an existing profile: pass it with --profile" in capsys.readouterr().err
+    assert main(["calibrate", "--retrace"]) == 2
+    assert "--retrace updates an existing profile: pass it with --profile" in capsys.readouterr().err
+    assert main(["calibrate", "--retune", "--retrace", "--profile", "p.json"]) == 2
+    assert "--retune and --retrace are separate runs: pass one of them" in capsys.readouterr().err
     assert main(["calibrate", "--task", "poetry"]) == 2
     assert "unknown task 'poetry'" in capsys.readouterr().err
     assert main(["calibrate", "--task", "gsm8k", "--num-prompts", "50"]) == 2

@@ -559,6 +559,45 @@ def retune(
     return replace(profile, modes=modes)
 
 
+def retrace(profile: Profile, model, heads, progress: Progress | None = None) -> tuple[Profile, list, dict]:
+    """(profile, greedy traces, {rule: sampled traces}): every section's traces made again from the
+    generations the sidecar stores, teacher-forced through `heads` (the same kind and depth, changed since:
+    another draft vocabulary, retrained weights), and the profile recording these heads. Nothing is decoded or
+    timed: the generations, the typical section's union tree and the latencies stay. Save the traces, then
+    `retune` (what `entmtp calibrate --retrace` does)."""
+    from ..cache import BaseModel
+    from .traces import trace_generation
+
+    old = profile.heads
+    if (heads.config.kind, heads.config.num_heads) != (old.kind, old.num_heads):
+        raise EntMTPError(
+            f"profile {profile.where} was made for {old.kind} heads of depth {old.num_heads}, not "
+            f"{heads.config.kind} heads of depth {heads.config.num_heads}: a retrace keeps the profile's trees, "
+            "so calibrate these heads from scratch (`entmtp calibrate --heads ...`)"
+        )
+    base = BaseModel(model, hidden_state_offset=heads.config.hidden_state_offset)
+    modes = {mode: load_traces(profile, mode) for mode in profile.modes}
+    if any(tr.tokens is None for trs in modes.values() for tr in trs):
+        raise EntMTPError(
+            f"profile {profile.where}'s traces do not hold their generations (an older entmtp made them): "
+            "calibrate again from scratch"
+        )
+    task = progress.add_task("retrace", total=sum(map(len, modes.values()))) if progress else None
+    new = {}
+    for mode, traces in modes.items():
+        sampling = profile.mode(mode).sampling
+        new[mode] = []
+        for tr in traces:
+            new[mode].append(
+                trace_generation(base, heads, tr.tokens.tolist(), tr.prompt_len, sampling, tr.union)
+            )
+            if progress:
+                progress.advance(task)
+    checksum = replace(old, checksum=heads_checksum(heads))
+    greedy = new.pop("greedy")
+    return replace(profile, heads=checksum), greedy, new
+
+
 def _transformers_version() -> str:
     import transformers
 

@@ -38,11 +38,19 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="re-measure only the hardware side of --profile here, keeping its calibration traces",
     )
-    p.add_argument("--profile", default=None, help="with --latency-only or --retune: the profile to update")
+    p.add_argument(
+        "--profile", default=None, help="with --latency-only, --retune or --retrace: the profile to update"
+    )
     p.add_argument(
         "--retune",
         action="store_true",
         help="re-derive --profile from its stored traces and latencies (after an entmtp upgrade; no decoding)",
+    )
+    p.add_argument(
+        "--retrace",
+        action="store_true",
+        help="re-derive --profile for changed heads of the same kind and depth (another draft vocabulary, "
+        "retrained weights): its stored generations teacher-forced through them, then retuned (no decoding)",
     )
     p.add_argument("--latency-prompts", type=int, default=2, help="prompts decoded per measured tree")
     p.add_argument("--latency-tokens", type=int, default=48, help="new tokens per latency measurement")
@@ -81,11 +89,11 @@ def calibration_prompts(task: str, n: int) -> list[str]:
 def run_calibrate(args) -> int:
     from ..model import load_model
     from ..shipped import resolve_heads
-    from .calibrate import retune
+    from .calibrate import retrace, retune
     from .traces import save_traces
 
     _check_arguments(args)
-    old = load_profile(args.profile) if args.latency_only or args.retune else None
+    old = load_profile(args.profile) if args.latency_only or args.retune or args.retrace else None
     texts = None if old else calibration_prompts(args.task, args.num_prompts)  # bad tasks fail before loading
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, pack=not args.no_pack)
     heads = resolve_heads(args.heads, model)
@@ -96,6 +104,13 @@ def run_calibrate(args) -> int:
     if args.retune:
         old.check(model, heads, warn_hardware=False)
         _write(retune(old, heads, settings).save(old.path))
+        return 0
+    if args.retrace:
+        old.check_model(model)
+        with Progress(disable=args.no_progress) as progress:
+            profile, greedy, sampled = retrace(old, model, heads, progress)
+        profile = save_traces(profile, old.path, greedy, sampled)  # the sidecar first, then the JSON
+        _write(retune(profile, heads, settings).save(old.path), traces=True)
         return 0
     with Progress(disable=args.no_progress) as progress:
         profile, greedy, sampled = _calibrate(args, model, tokenizer, heads, settings, old, texts, progress)
@@ -108,8 +123,12 @@ def run_calibrate(args) -> int:
 
 def _check_arguments(args) -> None:
     """Refuse impossible settings before anything loads."""
-    if (args.latency_only or args.retune) and not args.profile:
-        flag = "--latency-only" if args.latency_only else "--retune"
+    flags = [f for f in ("latency_only", "retune", "retrace") if getattr(args, f)]
+    if len(flags) > 1:
+        named = " and ".join("--" + f.replace("_", "-") for f in flags)
+        raise EntMTPError(f"{named} are separate runs: pass one of them")
+    if flags and not args.profile:
+        flag = "--" + flags[0].replace("_", "-")
         raise EntMTPError(f"{flag} updates an existing profile: pass it with --profile FILE")
     if args.tree_seconds <= 0:
         raise EntMTPError(f"--tree-seconds must be > 0, got {args.tree_seconds}")

@@ -701,18 +701,14 @@ class Profile:
         """Raise ProfileError if made for another base model or heads, or its trees do not fit the heads;
         warn if made on other hardware (latencies and so the bank may not hold here)."""
         fix = "calibrate for this model and heads with `entmtp calibrate`, or pass the right --profile"
-        got, want = ModelInfo.from_json(model_fingerprint(model)), self.model
-        for key in ModelInfo.CHECKED:
-            if getattr(want, key) != getattr(got, key):
-                raise ProfileError(
-                    f"profile {self.where} was made for base model {want.name!r} ({key} {getattr(want, key)}), "
-                    f"not this one ({got.name!r}, {key} {getattr(got, key)}): {fix}"
-                )
+        self.check_model(model)
         checksum = heads_checksum(heads)
         if self.heads.checksum != checksum:
             raise ProfileError(
                 f"profile {self.where} was made for other heads ({self.heads.name}, checksum "
-                f"{self.heads.checksum}), not these (checksum {checksum}): {fix}"
+                f"{self.heads.checksum}), not these (checksum {checksum}): {fix}; if only the heads' draft "
+                f"vocabulary or weights changed, `entmtp calibrate --retrace --profile {self.where}` re-derives "
+                "it from its stored generations"
             )
         contiguous = heads.config.kind == "hydra"
         for tree in (t for mode in self.modes for t in self.trees(mode).values()):
@@ -730,6 +726,17 @@ class Profile:
                 f"{self.where}` (minutes)",
                 stacklevel=2,
             )
+
+    def check_model(self, model) -> None:
+        """Raise ProfileError if made for another base model."""
+        got, want = ModelInfo.from_json(model_fingerprint(model)), self.model
+        for key in ModelInfo.CHECKED:
+            if getattr(want, key) != getattr(got, key):
+                raise ProfileError(
+                    f"profile {self.where} was made for base model {want.name!r} ({key} {getattr(want, key)}), "
+                    f"not this one ({got.name!r}, {key} {getattr(got, key)}): calibrate for this model and "
+                    "heads with `entmtp calibrate`, or pass the right --profile"
+                )
 
     # -- writing --
     def save(self, path: str | os.PathLike[str]) -> Profile:
