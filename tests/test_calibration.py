@@ -282,7 +282,7 @@ def test_retrace_re_derives_a_profile_for_heads_with_another_draft_vocabulary(
     with pytest.raises(ProfileError, match="calibrate --retrace --profile"):
         old.check(model, changed, warn_hardware=False)
 
-    profile, greedy, sampled = retrace(old, model, changed)
+    profile, greedy, sampled = retrace(old, model, ByteTokenizer(), changed)
     assert set(sampled) == {"sample", "typical"}
     for mode, new in (("greedy", greedy), *sampled.items()):
         before = load_traces(old, mode)
@@ -312,4 +312,26 @@ def test_retrace_re_derives_a_profile_for_heads_with_another_draft_vocabulary(
     assert loaded.latency == old.latency and set(loaded.modes) == set(old.modes) == set(saved.modes)
     assert [t.ranks.tolist() for t in load_traces(loaded)] == [t.ranks.tolist() for t in greedy]
     with pytest.raises(EntMTPError, match="calibrate these heads from scratch"):
-        retrace(old, model, heads["medusa"])
+        retrace(old, model, ByteTokenizer(), heads["medusa"])
+
+
+def test_retrace_decodes_again_the_greedy_generations_an_older_sidecar_lacks(tiny_profile, fitted, tmp_path):
+    """Greedy traces saved without their generations (an older entmtp): a retrace decodes them again from the
+    calibration prompts (greedy output does not depend on the heads, so the traces come out the same), and
+    refuses prompts that are not the ones the traces were made from."""
+    from entmtp.calibration.calibrate import retrace
+
+    model, heads, path, greedy = tiny_profile
+    _, ids, _, _ = fitted
+    prompts = [ids, list(range(30, 44)), list(range(90, 101))]  # tiny_profile_setup's
+    bare = [replace(t, tokens=None) for t in greedy]
+    out = tmp_path / "old.json"
+    save_traces(load_profile(path), out, bare).save(out)
+    old = load_profile(out)
+    assert all(t.tokens is None for t in load_traces(old))
+    for wrong in (None, prompts[:2], [p[:-1] for p in prompts]):
+        with pytest.raises(EntMTPError, match="not the ones they were made from"):
+            retrace(old, model, ByteTokenizer(), heads["hydra"], wrong)
+    _, again, _ = retrace(old, model, ByteTokenizer(), heads["hydra"], prompts)
+    assert [t.tokens.tolist() for t in again] == [t.tokens.tolist() for t in greedy]
+    assert [t.ranks.tolist() for t in again] == [t.ranks.tolist() for t in greedy]

@@ -559,12 +559,21 @@ def retune(
     return replace(profile, modes=modes)
 
 
-def retrace(profile: Profile, model, heads, progress: Progress | None = None) -> tuple[Profile, list, dict]:
-    """(profile, greedy traces, {rule: sampled traces}): every section's traces made again from the
-    generations the sidecar stores, teacher-forced through `heads` (the same kind and depth, changed since:
-    another draft vocabulary, retrained weights), and the profile recording these heads. Nothing is decoded or
-    timed: the generations, the typical section's union tree and the latencies stay. Save the traces, then
-    `retune` (what `entmtp calibrate --retrace` does)."""
+def retrace(
+    profile: Profile,
+    model,
+    tokenizer,
+    heads,
+    prompts: Sequence[Sequence[int]] | None = None,
+    progress: Progress | None = None,
+) -> tuple[Profile, list[Trace], dict[str, list[Trace]]]:
+    """(profile, greedy traces, {rule: sampled traces}): every section's traces made again from its
+    generations, teacher-forced through `heads` (the same kind and depth, changed since: another draft
+    vocabulary, retrained weights), and the profile recording these heads. The generations are the ones the
+    sidecar stores; greedy traces of an older entmtp hold none, and are then decoded again from `prompts`
+    (the calibration prompts' token ids, checked against the traces' prompt lengths; greedy output does not
+    depend on the heads). Nothing is timed: the latencies and the typical section's union tree stay. Save the
+    traces, then `retune` (what `entmtp calibrate --retrace` does)."""
     from ..cache import BaseModel
     from .traces import trace_generation
 
@@ -575,27 +584,39 @@ def retrace(profile: Profile, model, heads, progress: Progress | None = None) ->
             f"{heads.config.kind} heads of depth {heads.config.num_heads}: a retrace keeps the profile's trees, "
             "so calibrate these heads from scratch (`entmtp calibrate --heads ...`)"
         )
-    base = BaseModel(model, hidden_state_offset=heads.config.hidden_state_offset)
     modes = {mode: load_traces(profile, mode) for mode in profile.modes}
-    if any(tr.tokens is None for trs in modes.values() for tr in trs):
-        raise EntMTPError(
-            f"profile {profile.where}'s traces do not hold their generations (an older entmtp made them): "
-            "calibrate again from scratch"
-        )
+    generations = {
+        mode: [None if tr.tokens is None else tr.tokens.tolist() for tr in trs] for mode, trs in modes.items()
+    }
+    greedy = modes["greedy"]
+    if any(g is None for g in generations["greedy"]):
+        lengths = [tr.prompt_len for tr in greedy]
+        if prompts is None or [len(p) for p in prompts] != lengths:
+            raise EntMTPError(
+                f"profile {profile.where}'s greedy traces do not hold their generations (an older entmtp made "
+                "them) and the prompts to decode them again from are not the ones they were made from: "
+                "calibrate again from scratch"
+            )
+        engine = generation_engine(model, tokenizer, heads)
+        task = progress.add_task("greedy generations", total=len(prompts)) if progress else None
+        generations["greedy"] = []
+        for ids in prompts:
+            out = engine.generate(list(ids), max_new_tokens=profile.calibration.max_new_tokens).token_ids
+            generations["greedy"].append(list(ids) + out)
+            if progress:
+                progress.advance(task)
+    base = BaseModel(model, hidden_state_offset=heads.config.hidden_state_offset)
     task = progress.add_task("retrace", total=sum(map(len, modes.values()))) if progress else None
-    new = {}
+    new: dict[str, list[Trace]] = {}
     for mode, traces in modes.items():
         sampling = profile.mode(mode).sampling
         new[mode] = []
-        for tr in traces:
-            new[mode].append(
-                trace_generation(base, heads, tr.tokens.tolist(), tr.prompt_len, sampling, tr.union)
-            )
+        for tr, tokens in zip(traces, generations[mode], strict=True):
+            new[mode].append(trace_generation(base, heads, tokens, tr.prompt_len, sampling, tr.union))
             if progress:
                 progress.advance(task)
-    checksum = replace(old, checksum=heads_checksum(heads))
-    greedy = new.pop("greedy")
-    return replace(profile, heads=checksum), greedy, new
+    renamed = replace(profile, heads=replace(old, checksum=heads_checksum(heads)))
+    return renamed, new.pop("greedy"), new
 
 
 def _transformers_version() -> str:

@@ -108,7 +108,8 @@ def run_calibrate(args) -> int:
     if args.retrace:
         old.check_model(model)
         with Progress(disable=args.no_progress) as progress:
-            profile, greedy, sampled = retrace(old, model, heads, progress)
+            prompts = _traced_prompts(old, tokenizer)
+            profile, greedy, sampled = retrace(old, model, tokenizer, heads, prompts, progress)
         profile = save_traces(profile, old.path, greedy, sampled)  # the sidecar first, then the JSON
         _write(retune(profile, heads, settings).save(old.path), traces=True)
         return 0
@@ -119,6 +120,18 @@ def run_calibrate(args) -> int:
     )
     _write(save_traces(profile, out, greedy, sampled).save(out), traces=True)
     return 0
+
+
+def _traced_prompts(profile: Profile, tokenizer) -> list[list[int]] | None:
+    """The token ids of the calibration prompts `profile` was made from, when its task is a shipped one (what
+    a retrace decodes again where the traces hold no generations); None for a prompt file's task."""
+    from ..model import encode_prompt
+
+    if profile.task not in PROFILE_TASKS:
+        return None
+    return [
+        encode_prompt(tokenizer, t) for t in calibration_prompts(profile.task, profile.calibration.prompts)
+    ]
 
 
 def _check_arguments(args) -> None:
