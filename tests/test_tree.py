@@ -97,6 +97,7 @@ def test_root_only():
     tree.check_fits(num_heads=0, topk=0, require_contiguous=True)
     with pytest.raises(TreeError, match="tree is empty"):
         Tree("none", ())  # only root_only() builds an empty tree
+    assert Tree.root_only() is tree  # one instance: what is cached per tree is built once for it
 
 
 def test_frozen():

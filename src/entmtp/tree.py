@@ -231,8 +231,11 @@ class Tree:
         return cls(name, canonical)
 
     @classmethod
+    @functools.cache
     def root_only(cls) -> Tree:
-        """The zero-node tree "none": plain decoding, verify only the base model's own token."""
+        """The zero-node tree "none": plain decoding, verify only the base model's own token. One shared
+        instance (trees are frozen), so what is cached per tree (a hybrid's lookup chain, drafting plans) is
+        built once for it, not on every plain or lookup-only step."""
         return cls("none", (), _allow_empty=True)
 
     @property
