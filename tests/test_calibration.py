@@ -215,6 +215,31 @@ def test_a_built_engine_gives_each_acceptance_rule_its_sections_policy(
         sections[rule] = loaded.policy(loaded.recommended_policy(rule), rule)
         assert same(built.engine.policy_for(Sampling(temperature, rule)), sections[rule])
     assert not same(sections["greedy"], sections["typical"])  # the sections differ: the check above can fail
+    # prompt-lookup drafts go into every rule's trees but typical acceptance's, unless asked (Lookup.typical)
+    from entmtp.lookup import Lookup
+    from entmtp.scheduler.hybrid import HybridPolicy
+
+    def lookup_rules(b):
+        rules = (("greedy", 0.0), ("sample", 0.7), ("typical", 0.7))
+        return [r for r, t in rules if isinstance(b.engine.policy_for(Sampling(t, r)), HybridPolicy)]
+
+    for main in ("greedy", "typical"):
+        t = 0.0 if main == "greedy" else 0.7
+        unsaid = build(replace(spec, lookup=Lookup(), temperature=t, acceptance=main), log=lambda m: None)
+        assert lookup_rules(unsaid) == ["greedy", "sample"]
+        assert same(unsaid.engine.policy_for(Sampling(0.7, "typical")), sections["typical"])
+        assert "prompt-lookup drafts: greedy, sample; not typical (" in unsaid.plan.describe()
+        asked = build(
+            replace(spec, lookup=Lookup(typical=True), temperature=t, acceptance=main), log=lambda m: None
+        )
+        assert lookup_rules(asked) == ["greedy", "sample", "typical"]
+        assert "prompt-lookup drafts: greedy, sample, typical\n" in asked.plan.describe() + "\n"
+    sub = tmp_path / "no-typical"
+    sub.mkdir()
+    greedy_only = copy_profile(out, sub, lambda d: [d["modes"].pop(m) for m in ("sample", "typical")])
+    lone = build(replace(spec, profile=str(greedy_only), lookup=Lookup()), log=lambda m: None)
+    assert lookup_rules(lone) == ["greedy", "sample"]  # every rule runs the greedy section's policy
+    assert same(lone.engine.policy_for(Sampling(0.7, "typical")), sections["greedy"])
     # a forced policy one section cannot build: that rule runs the asked rule's policy, and the log says so
     no_ladder = copy_profile(out, tmp_path, lambda d: d["modes"]["typical"]["thresholds"].update(ladder=None))
     said = []

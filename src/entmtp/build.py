@@ -79,6 +79,7 @@ class Plan:
     costs: CostCurve | None
     expected_tokens_per_second: dict[str, float] = field(default_factory=dict)  # per dtype candidate
     other_rules: dict[str, str] = field(default_factory=dict)  # acceptance rule -> its own policy's name
+    lookup_rules: tuple[str, ...] = ()  # acceptance rules whose trees get prompt-lookup drafts
 
     def describe(self) -> str:
         lines = [
@@ -88,6 +89,14 @@ class Plan:
         if self.other_rules:
             rules = ", ".join(f"{rule}: {name}" for rule, name in self.other_rules.items())
             lines.append(f"other acceptance rules, each from its profile section: {rules}")
+        if self.lookup_rules:
+            off = [r for r in ACCEPTANCE if r not in self.lookup_rules]
+            note = (
+                f"; not {', '.join(off)} (it copies the text into itself there: --lookup adds them)"
+                if off
+                else ""
+            )
+            lines.append(f"prompt-lookup drafts: {', '.join(self.lookup_rules)}{note}")
         if self.costs is not None:
             lines.append(f"step costs ({self.costs.source}): {self.costs.summary()}")
         return "\n".join(lines)
@@ -138,23 +147,33 @@ def build(spec: EngineSpec = EngineSpec(), *, log=None) -> Built:
     option = loaded[dtype]
     heads = option.heads if option.uses_heads else None
 
-    def with_lookup(policy):  # a prompt-lookup branch sized per step on this machine's costs
-        if spec.lookup is None:
+    def lookup_under(rule: str) -> bool:  # typical acceptance gets lookup drafts only when asked
+        return spec.lookup is not None and (rule != "typical" or heads is None or spec.lookup.typical)
+
+    def with_lookup(policy, rule: str):  # a prompt-lookup branch sized per step on this machine's costs
+        if not lookup_under(rule):
             return policy
         return hybrid(policy if policy is not None else default_tree(heads), spec.lookup, option.costs)
 
+    rule = Sampling(spec.temperature, spec.acceptance).rule
+    policies = {other: with_lookup(p, other) for other, (p, _) in option.others.items()}
+    if lookup_under(rule) and not lookup_under("typical") and "typical" not in policies:
+        policies["typical"] = (
+            option.policy
+        )  # typical acceptance runs the main policy, without its lookup branch
     engine = Engine(
         option.model,
         option.tokenizer,
         heads=heads,
-        tree=with_lookup(option.policy),
-        policies={rule: with_lookup(p) for rule, (p, _) in option.others.items()},
+        tree=with_lookup(option.policy, rule),
+        policies=policies,
         kv=spec.kv,
         graphs=spec.graphs,
         costs=option.costs,
     )
     others = {rule: name for rule, (_, name) in option.others.items()}
-    plan = Plan(dtype, reason, option.policy_name, option.policy_reason, option.costs, speeds, others)
+    lookup = tuple(r for r in ACCEPTANCE if lookup_under(r))
+    plan = Plan(dtype, reason, option.policy_name, option.policy_reason, option.costs, speeds, others, lookup)
     return Built(engine, plan)
 
 

@@ -253,7 +253,8 @@ def cmd_doctor(args) -> int:
 
 def _lookup(args):
     """--lookup / --no-lookup and the lookup settings -> a `Lookup` or None. Unsaid, lookup drafts go with
-    the scheduled default (heads and no --tree); `--heads none` stays plain decoding, a --tree that tree."""
+    the scheduled default (heads and no --tree) except under typical acceptance; `--heads none` stays plain
+    decoding, a --tree that tree. Said, they go into every step's tree, typical acceptance's too."""
     from .lookup import Lookup
 
     on = args.lookup
@@ -266,6 +267,7 @@ def _lookup(args):
         tokens=args.lookup_tokens,
         adaptive=not args.lookup_fixed,
         node_cost=args.lookup_node_cost,
+        typical=args.lookup is True,  # said: under typical acceptance too (Lookup.typical)
     )
 
 
@@ -275,14 +277,15 @@ def add_lookup_arguments(p: argparse.ArgumentParser) -> None:
         dest="lookup",
         action="store_false",
         default=None,
-        help="no prompt-lookup drafts in the scheduled default's trees (they are on unless --heads none or --tree)",
+        help="no prompt-lookup drafts in the scheduled default's trees (they are on unless --heads none or --tree, "
+        "except under typical acceptance)",
     )
     p.add_argument(
         "--lookup",
         action="store_true",
         default=None,
-        help="add prompt-lookup drafts (copies from the prompt and output) to every step's tree; with "
-        "--heads none: prompt lookup decoding for any model",
+        help="add prompt-lookup drafts (copies from the prompt and output) to every step's tree, typical "
+        "acceptance's too; with --heads none: prompt lookup decoding for any model",
     )
     p.add_argument(
         "--lookup-fixed",

@@ -37,6 +37,11 @@ class Lookup:
         policy comes from one, else one measured on a 2-core CPU: scheduler.hybrid.CPU_COST); a number c =
         a step of n drafted tokens costs 1 + c n one-token steps (~0.01 on a GPU, where verifying up to ~64
         tokens is nearly free)
+    typical: also under typical acceptance, where the engine has heads. Off by default: a copied token passes
+        the typical test whenever the model finds it likely enough, so typical acceptance with lookup drafts
+        copies the text into itself (on WritingPrompts a quarter of its 4-grams repeat, twice typical
+        acceptance's without them: docs/results/sampling/). Greedy decoding and lossless sampling, whose
+        output lookup drafts cannot change, always get them.
     """
 
     max_ngram: int = 3
@@ -44,6 +49,7 @@ class Lookup:
     branches: int = 1
     adaptive: bool = True
     node_cost: float | None = None
+    typical: bool = False
 
     def __post_init__(self):
         if self.max_ngram < 1 or self.tokens < 1 or self.branches < 1:
