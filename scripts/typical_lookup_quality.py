@@ -1,18 +1,19 @@
 """Is typical acceptance with lookup drafts fast because it repeats itself? The continuations' quality at T > 0.
 
-Under typical acceptance the default (Hydra `dynamic` + lookup) ran at 2.41-3.23x plain sampling in the live
-bench, with a third to a half of its tokens copied by lookup nodes (docs/results/sampling/). A copied token
-passes the typical test whenever the base model finds it likely enough, so the text may drift into copying
-itself. This decodes the first test prompts of each task with the default engine under each rule (seed =
-prompt index, T = 0.7) and compares, with plain sampling's continuations of the same prompts (seeds 1000 +
-index, OUT/outputs-plain.json from scripts/replay_sampling.py) and typical acceptance without lookup (tree_8,
-OUT/outputs-typical.json):
+Under typical acceptance Hydra `dynamic` + lookup (the default until lookup drafts under typical acceptance became
+opt-in) ran at 2.41-3.23x plain sampling in the live bench, with a third to a half of its tokens copied by lookup
+nodes (docs/results/sampling/). A copied token passes the typical test whenever the base model finds it likely
+enough, so the text may drift into copying itself. This decodes the first test prompts of each task (seed = prompt
+index, T = 0.7) with the default engine under each rule (typical acceptance gets no lookup drafts unless asked:
+`Lookup.typical`) and with lookup drafts under typical acceptance too (`--lookup`), and compares them with plain
+sampling's continuations of the same prompts (seeds 1000 + index, OUT/outputs-plain.json from
+scripts/replay_sampling.py) and typical acceptance with tree_8 (OUT/outputs-typical.json):
 
   nll       mean negative log-likelihood per token under the base model at temperature 1 (+- its standard
             error over generations): a text that repeats itself scores low, a text the model would not
             write scores high
   repeated  the share of a continuation's 4-grams that already occurred earlier in the same continuation
-  lookup    the share of the default's emitted tokens drafted by lookup nodes, and its tokens per step
+  lookup    the share of an engine's emitted tokens drafted by lookup nodes, and its tokens per step
 
     .venv/bin/python scripts/typical_lookup_quality.py [--num-prompts 8] [--out docs/results/sampling]
 """
@@ -71,16 +72,20 @@ def main() -> None:
         }
     console = Console(width=160)
     rows: dict[str, dict] = {}
-    engines = {}
-    for rule in ("sample", "typical"):
-        spec = EngineSpec(heads="hydra", lookup=Lookup(), dtype="bfloat16", temperature=0.7, acceptance=rule)
-        engines[rule] = build(spec, log=lambda m: None).engine
-    model = engines["sample"].model
+    engines = {}  # column -> (acceptance rule, engine)
+    for name, rule, lookup in (
+        ("lossless, default (dynamic+lookup)", "sample", Lookup()),
+        ("typical, dynamic+lookup (--lookup)", "typical", Lookup(typical=True)),
+        ("typical, default (dynamic, no lookup)", "typical", Lookup()),
+    ):
+        spec = EngineSpec(heads="hydra", lookup=lookup, dtype="bfloat16", temperature=0.7, acceptance=rule)
+        engines[name] = rule, build(spec, log=lambda m: None).engine
+    model = next(iter(engines.values()))[1].model
     for task in FOUR_TASKS:
         rows[task] = {}
         methods = {"plain sampling": saved["plain"][task], "typical, tree_8": saved["typical"][task]}
         lookup = {}
-        for rule, engine in engines.items():
+        for name, (rule, engine) in engines.items():
             pairs, copied, emitted, steps = [], 0, 0, 0
             for i, (ids, _) in enumerate(saved["plain"][task]):
                 r = engine.generate(ids, max_new_tokens=96, temperature=0.7, acceptance=rule, seed=i)
@@ -88,7 +93,6 @@ def main() -> None:
                 copied += sum(s.lookup_accepted for s in r.steps)
                 emitted += sum(s.tokens for s in r.steps)
                 steps += len(r.steps)
-            name = f"{'lossless' if rule == 'sample' else 'typical'}, default (dynamic+lookup)"
             methods[name] = pairs
             lookup[name] = {
                 "lookup_share": copied / max(1, emitted),
@@ -107,7 +111,11 @@ def main() -> None:
         cells = []
         for name in names:
             c = r[name]
-            extra = f", lookup {c['lookup_share']:.0%}" if "lookup_share" in c else ""
+            extra = (
+                f", lookup {c['lookup_share']:.0%}, {c['tokens_per_step']:.2f}/step"
+                if "lookup_share" in c
+                else ""
+            )
             cells.append(f"{c['nll']:.3f} +- {c['nll_se']:.3f}, rep {c['repeated_4grams']:.1%}{extra}")
         table.add_row(task, *cells)
     console.print(table)
