@@ -158,9 +158,8 @@ def build(spec: EngineSpec = EngineSpec(), *, log=None) -> Built:
     rule = Sampling(spec.temperature, spec.acceptance).rule
     policies = {other: with_lookup(p, other) for other, (p, _) in option.others.items()}
     if lookup_under(rule) and not lookup_under("typical") and "typical" not in policies:
-        policies["typical"] = (
-            option.policy
-        )  # typical acceptance runs the main policy, without its lookup branch
+        # typical acceptance runs the main policy, without its lookup branch
+        policies["typical"] = option.policy
     engine = Engine(
         option.model,
         option.tokenizer,

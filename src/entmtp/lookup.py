@@ -39,7 +39,7 @@ class Lookup:
         tokens is nearly free)
     typical: also under typical acceptance, where the engine has heads. Off by default: a copied token passes
         the typical test whenever the model finds it likely enough, so typical acceptance with lookup drafts
-        copies the text into itself (on WritingPrompts a quarter of its 4-grams repeat, twice typical
+        copies the text into itself (on WritingPrompts a fifth of its 4-grams repeat, twice typical
         acceptance's without them: docs/results/sampling/). Greedy decoding and lossless sampling, whose
         output lookup drafts cannot change, always get them.
     """
