@@ -5,7 +5,7 @@ taken from the training corpus text (prompts and reference responses of ../share
 sets), tokenized with the embedded model's tokenizer. `entmtp train-heads` instead counts the base model's own
 tokens in its distillation data.
 
-    .venv/bin/python scripts/build_draft_vocab.py --size 16384 [--data-dir ../shared/data]
+    .venv/bin/python scripts/build_draft_vocab.py --size 8192 [--data-dir ../shared/data]   # what ships
 """
 
 from __future__ import annotations
@@ -33,17 +33,23 @@ def corpus_texts(data_dir: Path) -> list[str]:
     ]
 
 
+def corpus_counts(tokenizer, texts: list[str]) -> torch.Tensor:
+    """[V] how often each token id occurs in `texts`, tokenized without special tokens."""
+    counts = torch.zeros(len(tokenizer), dtype=torch.long)
+    for i in range(0, len(texts), 2048):
+        for ids in tokenizer(texts[i : i + 2048], add_special_tokens=False)["input_ids"]:
+            counts += torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=len(tokenizer))
+    return counts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", type=int, default=16384)
     ap.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     args = ap.parse_args()
     _, tok = load_model(dtype="float32")
-    counts = torch.zeros(len(tok), dtype=torch.long)
     texts = corpus_texts(Path(args.data_dir))
-    for i in range(0, len(texts), 2048):
-        for ids in tok(texts[i : i + 2048], add_special_tokens=False)["input_ids"]:
-            counts += torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=len(tok))
+    counts = corpus_counts(tok, texts)
     ids = frequent_tokens(counts, args.size, keep=tok.all_special_ids)
     covered = counts[ids].sum().item() / counts.sum().item()
     print(f"{len(texts)} texts, {counts.sum().item()} tokens; {ids.numel()} draft tokens cover {covered:.4f}")

@@ -25,8 +25,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import torch
-from build_draft_vocab import corpus_texts
+from build_draft_vocab import corpus_counts, corpus_texts
 from interleave import finish, interleaved
 from rich.table import Table
 
@@ -42,15 +41,6 @@ from entmtp.scheduler.profiles import load_profile, shipped_profiles_dir
 from entmtp.shipped import resolve_heads, shipped_heads_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def corpus_counts(tokenizer, data_dir: Path) -> torch.Tensor:
-    counts = torch.zeros(len(tokenizer), dtype=torch.long)
-    texts = corpus_texts(data_dir)
-    for i in range(0, len(texts), 2048):
-        for ids in tokenizer(texts[i : i + 2048], add_special_tokens=False)["input_ids"]:
-            counts += torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=len(tokenizer))
-    return counts
 
 
 def shipped_at(rev: str, default, folder: Path) -> Engine:
@@ -93,7 +83,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     built = build(EngineSpec(lookup=Lookup(), dtype=args.dtype, threads=args.threads), log=lambda m: None)
     default = built.engine
-    counts = corpus_counts(default.tokenizer, args.data_dir)
+    counts = corpus_counts(default.tokenizer, corpus_texts(args.data_dir))
     shipped = default.heads.draft_vocab.numel()
     engines = {f"{shipped} (shipped)": default}
     if args.before:
