@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from build_draft_vocab import corpus_counts, corpus_texts
-from interleave import finish, interleaved
+from interleave import finish, interleaved, lookup_alone
 from rich.table import Table
 
 from entmtp.build import EngineSpec, build, scheduled_policy
@@ -91,9 +91,7 @@ def main() -> None:
             old = shipped_at(args.before, default, Path(folder))
         engines[f"{old.heads.draft_vocab.numel()} ({args.before})"] = old
     if args.lookup_alone:
-        engines["lookup alone"] = Engine(
-            default.model, default.tokenizer, heads=None, tree=hybrid(None, Lookup(), default.costs)
-        )
+        engines["lookup alone"] = lookup_alone(default)
     for size in (int(s) for s in args.sizes.split(",") if s):
         heads = resolve_heads("hydra", default.model)
         heads.set_draft_vocab(frequent_tokens(counts, size, keep=default.tokenizer.all_special_ids))

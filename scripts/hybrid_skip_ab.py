@@ -16,7 +16,7 @@ import copy
 from pathlib import Path
 
 import torch
-from interleave import finish, interleaved
+from interleave import finish, interleaved, lookup_alone
 from rich.table import Table
 
 from entmtp.build import EngineSpec, build_engine
@@ -24,7 +24,7 @@ from entmtp.engine import Engine
 from entmtp.lookup import Lookup
 from entmtp.machine import describe, hardware
 from entmtp.prompts import load_prompts
-from entmtp.scheduler.hybrid import HybridPolicy, hybrid
+from entmtp.scheduler.hybrid import HybridPolicy
 
 
 class ProbeEveryStep(HybridPolicy):
@@ -56,9 +56,7 @@ def main() -> None:
         name: Engine(default.model, default.tokenizer, heads=default.heads, tree=p, costs=default.costs)
         for name, p in policies.items()
     }
-    engines["lookup alone"] = Engine(
-        default.model, default.tokenizer, tree=hybrid(None, Lookup(), default.costs), costs=default.costs
-    )
+    engines["lookup alone"] = lookup_alone(default)
     machine = describe(hardware(default.model))
     results: dict = {"machine": machine, "dtype": args.dtype, "threads": torch.get_num_threads(), "tasks": {}}
     table = Table(

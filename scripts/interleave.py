@@ -33,6 +33,17 @@ def interleaved(engines: dict, prompts: list[str], max_new_tokens: int, reps: in
     return tally, same
 
 
+def lookup_alone(default):
+    """entmtp's prompt lookup without heads on the default engine's model and cost curve (the method the
+    default is held to on copy-heavy text)."""
+    from entmtp.engine import Engine
+    from entmtp.lookup import Lookup
+    from entmtp.scheduler.hybrid import hybrid
+
+    tree = hybrid(None, Lookup(), default.costs)
+    return Engine(default.model, default.tokenizer, tree=tree, costs=default.costs)
+
+
 def finish(table, results: dict, out) -> None:
     """Prints the run's table (wide enough for its columns off a terminal) and writes its JSON atomically."""
     from rich.console import Console
