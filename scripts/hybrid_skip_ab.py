@@ -30,7 +30,7 @@ from entmtp.scheduler.hybrid import HybridPolicy
 class ProbeEveryStep(HybridPolicy):
     """The hybrid before the skip: the inner policy asked (and the heads probed) on every step."""
 
-    def _heads_lose(self, m, costs) -> bool:
+    def _heads_lose(self, *args) -> bool:
         return False
 
 

@@ -5,6 +5,7 @@ could pay."""
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from entmtp.heads import LazyProbe, Probe
 from entmtp.lookup import Lookup, NgramIndex
 from entmtp.policy import StaticPolicy
 from entmtp.records import Step, StepContext
-from entmtp.scheduler.hybrid import HybridPolicy, counterfactual_depth
+from entmtp.scheduler.hybrid import Estimates, HybridPolicy, counterfactual_depth
 from entmtp.scheduler.policies import LatencyModel
 from entmtp.tree import Tree, load_tree
 
@@ -55,6 +56,23 @@ def _run(policy, index, steps, heads_depth, lookup_right):
         policy.observe(_step(tree, heads_depth, tree.num_lookup if lookup_right else 0, tree.num_lookup))
         choice = policy.choose(_ctx(index))
     return choice
+
+
+def test_expected_tokens_count_a_depth_when_either_source_is_right_there():
+    """E(d, l) = 1 + sum_k P(the heads' tree (depth d) or the lookup chain (length l) is right to depth k), the
+    sources independent: H_k = c_1 ... c_k, r^k."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        c = torch.rand(5, generator=gen).tolist()
+        r = float(torch.rand(1, generator=gen))
+        est = Estimates(c, r, 7)
+        for d in range(6):
+            for n in range(8):
+                h = [math.prod(c[:k]) if k <= d else 0.0 for k in range(1, 9)]
+                copy = [r**k if k <= n else 0.0 for k in range(1, 9)]
+                direct = 1 + sum(1 - (1 - hk) * (1 - rk) for hk, rk in zip(h, copy, strict=True))
+                assert est.expected(d, n) == pytest.approx(direct, abs=1e-12)
+    assert Estimates([0.5], 0.0, 0).expected(1, 0) == 1.5 and Estimates([], 0.5, 2).expected(0, 2) == 1.75
 
 
 def test_hybrid_policy_adds_nothing_without_a_match_and_grows_with_evidence():
@@ -193,7 +211,7 @@ def test_choosing_without_the_probe_never_changes_the_choice(inner):
                 _step(tree, min(heads, tree.heads_tree.depth), min(run, tree.num_lookup), tree.num_lookup)
             )
         full = copy.deepcopy(policy)
-        full._heads_lose = lambda m, costs: False
+        full._heads_lose = lambda *args: False
         ctx = StepContext(0, 9, 100, None, probe=_lazy([]), lookup=index)
         chosen = policy.choose(ctx)
         skipped += chosen.signals.get("probed") == 0.0

@@ -43,6 +43,7 @@ decoding's rule) and the heads' tree is always kept.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -86,6 +87,50 @@ class _Rate:
         return (self.s + self.weight * self.prior) / (self.t + self.weight)
 
 
+class _DepthRates:
+    """c_1 .. c_D as `_Rate`s held in arrays: every depth ages each step, the judged ones with a trial."""
+
+    def __init__(self, depth: int, prior: float, weight: float = PRIOR_WEIGHT):
+        self.prior, self.weight = prior, weight
+        self.k = np.arange(1, depth + 1)  # [D] depths
+        self.s, self.t = np.zeros(depth), np.zeros(depth)
+
+    def add(self, depth: int, known: int, decay: float) -> None:
+        """One step right to `depth`, judged to depth `known`: c_k is tried where k <= known and the step was
+        right to k - 1 (succeeding where it was right to k); the other depths only age."""
+        tried = (self.k <= known) & (depth >= self.k - 1)
+        self.s = decay * self.s + (tried & (depth >= self.k))
+        self.t = decay * self.t + tried
+
+    def values(self) -> list[float]:
+        return ((self.s + self.weight * self.prior) / (self.t + self.weight)).tolist()
+
+
+class Estimates:
+    """Expected tokens of a step's options at one step's rates: heads' trees right to depth k with probability
+    H_k = c_1 ... c_k (k <= the tree's depth d), lookup chains right to depth k with r^k (k <= the chain's
+    length l), the two independent (module docstring):
+
+        E(d, l) = 1 + sum_k [1 - (1 - H_k)(1 - r^k)] = 1 + sum_{k<=d} H_k + sum_{k<=l} r^k - sum_{k<=min(d,l)} H_k r^k
+
+    computed from three prefix sums, so each option costs O(1)."""
+
+    def __init__(self, c: Sequence[float], r: float, length: int):
+        heads, copy, both = [0.0], [0.0], [0.0]  # prefix sums of H_k, r^k, H_k r^k
+        h = rk = 1.0
+        for k in range(max(len(c), length)):
+            h = h * c[k] if k < len(c) else 0.0
+            rk = rk * r if k < length else 0.0
+            heads.append(heads[-1] + h)
+            copy.append(copy[-1] + rk)
+            both.append(both[-1] + h * rk)
+        self.heads, self.copy, self.both = heads, copy, both
+
+    def expected(self, depth: int, length: int) -> float:
+        """Expected tokens of a heads' tree of `depth` (0: none) with a lookup chain of `length` (0: none)."""
+        return 1.0 + self.heads[depth] + self.copy[length] - self.both[min(depth, length)]
+
+
 class HybridPolicy(Stateful):
     """Adds a lookup branch, sized per step (see the module docstring), to the trees of `inner`."""
 
@@ -100,6 +145,7 @@ class HybridPolicy(Stateful):
         self.inner, self.lookup, self.counterfactual = inner, lookup, counterfactual
         self.trees = list(inner.trees)
         self.master = inner.master
+        self.depth = max([t.depth for t in self.trees] + [self.master.depth if self.master else 0] + [1])
         self._hybrids: dict[tuple[int, int], tuple[Tree, Tree]] = {}
         n = np.arange(max(t.num_nodes for t in self.trees) + lookup.tokens + 1)  # [n] drafted nodes
         if lookup.node_cost is not None:
@@ -108,11 +154,12 @@ class HybridPolicy(Stateful):
             curve = latency or CPU_COST
             self.cost = curve(n) / float(curve(0))
             self.draft_cost = HEADS_DRAFT_COST if draft_cost is None else draft_cost
+        self._costs = self.cost.tolist()
         self.reset()
 
     def reset(self) -> None:
         self.inner = self.inner.fresh()
-        self.heads = [_Rate(HEADS_PRIOR) for _ in range(64)]  # c_d, d = 1..64
+        self.heads = _DepthRates(self.depth, HEADS_PRIOR)  # c_d, d = 1..D
         self.copy = {m: _Rate(p) for m, p in LOOKUP_PRIOR.items()}
         self._chosen: tuple[int, int] = (0, 0)  # (match bucket, heads depth) of the running step
         self._unverified: tuple[Tree, object] | None = None  # (inner tree, probe) when the heads were dropped
@@ -126,7 +173,9 @@ class HybridPolicy(Stateful):
                 match = 0
         m = min(match, MAX_MATCH)
         costs = self._cost(ctx)
-        if self.lookup.adaptive and m and self.master is not None and self._heads_lose(m, costs):
+        length = self.lookup.tokens if m else 0
+        est = Estimates(self.heads.values(), self.copy[m].value, length)
+        if self.lookup.adaptive and m and self.master is not None and self._heads_lose(est, length, costs):
             # no heads' tree can pay: choose among the others without asking the inner policy, so the
             # heads' probe is never computed (ctx.probe is lazy) and their evidence ages towards the prior
             tree, signals, probe = Tree.root_only(), {"match": float(match), "probed": 0.0}, None
@@ -135,28 +184,30 @@ class HybridPolicy(Stateful):
             signals = dict(signals, match=float(match))
             probe = taken(ctx.probe)  # read by the inner policy (or None: it had no master)
         if not self.lookup.adaptive:
-            option = (True, self.lookup.tokens if match else 0)
+            option = (True, length)
             return Choice(self._take(tree, m, option, probe, signals), signals)
-        options = self._options(tree, m)
+        options = self._options(tree, est, length)
         value = [e / self._option_cost(tree, keep, n, costs) for keep, _, n, e in options]
-        keep, length, _, _ = options[int(np.argmax(value))]
+        keep, length, _, _ = options[value.index(max(value))]
         return Choice(
             self._take(tree, m, (keep, length), probe, signals),
             signals,
             self._menu(tree, m, options, probe, signals),
         )
 
-    def _heads_lose(self, m: int, costs: np.ndarray) -> bool:
+    def _heads_lose(self, est: Estimates, length: int, costs: list[float]) -> bool:
         """Whether, at the heads' current rates, the best option without them beats every option with them.
-        Each heads' tree is taken as the cheapest of its depth (a chain: an option's expected tokens depend on
-        the tree's depth only, `_options`), up to the master's depth, so this never drops a tree the full
-        choice would keep."""
-        best = {True: 0.0, False: 0.0}
-        for depth in range(1, self.master.depth + 1):
-            chain = _chain(depth)
-            for keep, _, n, e in self._options(chain, m):
-                best[keep] = max(best[keep], e / self._option_cost(chain, keep, n, costs))
-        return best[False] > best[True]
+        Each heads' tree is taken as the cheapest of its depth (a chain of d nodes: an option's expected tokens
+        depend on the tree's depth only, `Estimates`), up to the master's depth, so this never drops a tree the
+        full choice would keep."""
+        without = max(
+            est.expected(0, n) / (costs[n] - self.draft_cost if n else costs[0]) for n in range(length + 1)
+        )
+        return all(
+            est.expected(d, n) / costs[d + n] < without
+            for d in range(1, self.master.depth + 1)
+            for n in range(length + 1)
+        )
 
     def _take(self, tree: Tree, m: int, option: tuple[bool, int], probe, signals: dict) -> Tree:
         """The step's tree for `option` (keep the heads' tree?, lookup tokens), noted as the step's choice."""
@@ -179,38 +230,28 @@ class HybridPolicy(Stateful):
                     expected[k], pick[k] = e, (keep, length)
         return Menu(expected, lambda k: self._take(tree, m, pick[min(k, top)], probe, signals))
 
-    def _option_cost(self, tree: Tree, keep: bool, n: int, costs: np.ndarray) -> float:
+    def _option_cost(self, tree: Tree, keep: bool, n: int, costs: list[float]) -> float:
         """A step of `n` drafted nodes in plain steps; the heads' drafting saved when no head node is drafted
         (the plain step and the inner tree alone cost what they cost)."""
         if n == 0 or (keep and n == tree.num_nodes):
-            return float(costs[n])
-        return float(costs[n]) - (self.draft_cost if not keep or not tree.num_nodes else 0.0)
+            return costs[n]
+        return costs[n] - (self.draft_cost if not keep or not tree.num_nodes else 0.0)
 
-    def _cost(self, ctx: StepContext) -> np.ndarray:
+    def _cost(self, ctx: StepContext) -> list[float]:
         """Step cost in plain steps by drafted nodes: the policy's own, or in a batched step the whole step's at
         that batch size (`ctx.latency`)."""
         if ctx.latency is None or self.lookup.node_cost is not None:
-            return self.cost
+            return self._costs
         ms = ctx.latency(np.arange(len(self.cost)))
-        return ms / ms[0]
+        return (ms / ms[0]).tolist()
 
-    def _options(self, tree: Tree, m: int) -> list[tuple[bool, int, int, float]]:
+    def _options(self, tree: Tree, est: Estimates, length: int) -> list[tuple[bool, int, int, float]]:
         """(keep the heads' tree?, lookup tokens, drafted nodes, expected tokens) of every option: the heads'
-        tree alone, plus a lookup chain, the lookup chain alone, and a plain step."""
-        L = self.lookup.tokens if m else 0
-        span = max(L, tree.depth)
-        h = np.zeros(span)
-        h[: tree.depth] = np.cumprod([self.heads[k].value for k in range(tree.depth)])  # H_1..H_D
-        copy = np.zeros(span)
-        copy[:L] = self.copy[m].value ** np.arange(1, L + 1)  # r^k
+        tree alone, plus a lookup chain of 1 .. `length` tokens, the lookup chain alone, and a plain step."""
         out = []
         for keep in (True, False) if tree.num_nodes else (False,):
-            hk = h if keep else np.zeros(span)
-            both = np.cumsum(1.0 - (1.0 - hk) * (1.0 - copy))  # [span] depths 1..k from either source
-            alone = np.cumsum(hk[::-1])[::-1]  # [span] heads alone at depths >= k
-            hit = np.concatenate([[0.0], both[:L]]) + np.append(alone, 0.0)[np.arange(L + 1)]  # [L+1]
-            base = tree.num_nodes if keep else 0
-            out += [(keep, length, base + length, 1.0 + float(hit[length])) for length in range(L + 1)]
+            depth, base = (tree.depth, tree.num_nodes) if keep else (0, 0)
+            out += [(keep, n, base + n, est.expected(depth, n)) for n in range(length + 1)]
         return out
 
     def _hybrid(self, tree: Tree, length: int) -> Tree:
@@ -237,11 +278,9 @@ class HybridPolicy(Stateful):
             depth = step.accepted
         if self._unverified is not None:  # the heads were dropped: what their probe says they would have done
             depth, heads_depth = counterfactual_depth(*self._unverified, step.token_ids)
-        for k, rate in enumerate(self.heads, start=1):
-            if k <= heads_depth and depth >= k - 1:  # a trial of c_k: right to depth k - 1, depth k judged
-                rate.add(float(depth >= k), 1.0, decay)
-            else:  # not judged this step: the evidence ages, so a dropped tree is tried again in time
-                rate.add(0.0, 0.0, decay)
+        # c_k is tried where depth k was judged and the step was right to k - 1; the rest ages, so a dropped
+        # tree is tried again in time
+        self.heads.add(depth, heads_depth, decay)
 
 
 def hybrid(
