@@ -3,8 +3,8 @@ measured cost curves, replayed on the profile's own calibration traces (no timin
 
     python scripts/machine_curves.py --out docs/results/hardware-aware/machine-curves.json [--this-machine]
 
-Curves: the AVX2-only 2-core CPU (tests/data/machines, bf16 and float32), the AVX-512/bf16 2-core CPU whose
-latencies the shipped profiles store, one H200 with CUDA graphs (docs/results/gpu-check), and with
+Curves: two 2-core CPUs of the pool, AVX2-only and AVX-512 with native bf16 (tests/data/machines, bf16 and
+float32 each), the AVX-512/bf16 2-core CPU whose latencies the shipped profiles store, one H200 with CUDA graphs (docs/results/gpu-check), and with
 --this-machine the curves measured here (`costs_for`, bf16 and float32: measured once, then cached).
 Per (profile, curve): EntMTP*'s nodes, and the replayed tokens/s of the default schedule (build.scheduled_policy)
 and of EntMTP*, over plain decoding on that curve.
@@ -37,6 +37,8 @@ def shared_curves() -> dict[str, CostCurve]:
     return {
         "avx2 bf16": CostCurve.from_step_costs(machines / "avx2-bfloat16.json"),
         "avx2 fp32": CostCurve.from_step_costs(machines / "avx2-float32.json"),
+        "avx512 bf16": CostCurve.from_step_costs(machines / "avx512bf16-bfloat16.json"),
+        "avx512 fp32": CostCurve.from_step_costs(machines / "avx512bf16-float32.json"),
         "h200 graphs": CostCurve.from_latency(
             [r["nodes"] for r in graphs], [r["total"] for r in graphs], "h200"
         ),

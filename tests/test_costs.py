@@ -1,8 +1,9 @@
 """The machine part of a schedule (costs.py) and choosing by it (build.py).
 
-The replays charge each step the step cost of one machine's curve: this project's AVX2-only 2-core CPU
-(tests/data/machines, `entmtp step-costs` output), the AVX-512/bf16 CPU whose latencies the shipped profiles
-carry, and one H200 with CUDA graphs (docs/results/gpu-check). On each, the default schedule must never be
+The replays charge each step the step cost of one machine's curve: two 2-core CPUs of this project's pool,
+one AVX2-only and one with AVX-512 and native bf16 (tests/data/machines, `entmtp step-costs` output, in each
+dtype), the AVX-512/bf16 CPU whose latencies the shipped profiles carry, and one H200 with CUDA graphs
+(docs/results/gpu-check). On each, the default schedule must never be
 slower than plain decoding and never more than a few percent below that curve's best static tree.
 """
 
@@ -45,6 +46,8 @@ def curves(profile) -> dict[str, CostCurve]:
     return {
         "avx2-bfloat16": CostCurve.from_step_costs(MACHINES / "avx2-bfloat16.json"),
         "avx2-float32": CostCurve.from_step_costs(MACHINES / "avx2-float32.json"),
+        "avx512bf16-bfloat16": CostCurve.from_step_costs(MACHINES / "avx512bf16-bfloat16.json"),
+        "avx512bf16-float32": CostCurve.from_step_costs(MACHINES / "avx512bf16-float32.json"),
         "avx512-bf16 (shipped)": CostCurve.from_latency(list(lat.nodes), list(lat.ms), "shipped"),
         "h200": gpu_curve(),
     }
@@ -166,7 +169,7 @@ def test_a_corrected_point_stays_between_its_neighbours(tmp_path):
     assert fix.observe(slow).step_ms == (10.0, 30.0, 30.0)  # not dearer than 8 nodes
 
 
-# ---- choosing by the curve: replays on three machines ------------------------------------------------------
+# ---- choosing by the curve: replays on four machines -------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind", ["hydra", "medusa"])
