@@ -1,5 +1,7 @@
-"""The hybrid's skip of the heads' probe, measured (#21, goal 3): the default engine's policy with and without it,
-and prompt lookup alone, interleaved per prompt in one process on the same model.
+"""The hybrid's skips of the heads' probe, measured (#21, goal 3): the default engine's policy with both (on a
+step with a match where no heads' tree can pay; on a step without one while such probed steps have not paid),
+with the first only, with neither, and prompt lookup alone, interleaved per prompt in one process on the same
+model.
 
 In float32 every method writes plain greedy decoding's text, so tokens/s differ by the policies' choices and
 per-step work only (in bf16 each tree shape rounds differently and the texts drift apart, which swamps a few
@@ -24,11 +26,19 @@ from entmtp.engine import Engine
 from entmtp.lookup import Lookup
 from entmtp.machine import describe, hardware
 from entmtp.prompts import load_prompts
-from entmtp.scheduler.hybrid import HybridPolicy
+from entmtp.scheduler.hybrid import HybridPolicy, _Rate
 
 
-class ProbeEveryStep(HybridPolicy):
-    """The hybrid before the skip: the inner policy asked (and the heads probed) on every step."""
+class ProbeWithoutAMatch(HybridPolicy):
+    """The hybrid before its skip on steps without a match (2026-12-02): the heads probed on every such step."""
+
+    def reset(self) -> None:
+        super().reset()
+        self.probe_yield = _Rate(float("inf"))
+
+
+class ProbeEveryStep(ProbeWithoutAMatch):
+    """The hybrid before either skip: the inner policy asked (and the heads probed) on every step."""
 
     def _heads_lose(self, *args) -> bool:
         return False
@@ -49,9 +59,11 @@ def main() -> None:
         raise SystemExit(
             f"the default engine here runs {type(default.policy).__name__}, not the hybrid: nothing to compare"
         )
-    before = copy.copy(default.policy)
-    before.__class__ = ProbeEveryStep
-    policies = {"probe every step": before, "skip (default)": default.policy}
+    policies = {}
+    for name, kind in (("probe every step", ProbeEveryStep), ("skip with a match", ProbeWithoutAMatch)):
+        policies[name] = copy.copy(default.policy)
+        policies[name].__class__ = kind
+    policies["both skips (default)"] = default.policy
     engines = {
         name: Engine(default.model, default.tokenizer, heads=default.heads, tree=p, costs=default.costs)
         for name, p in policies.items()

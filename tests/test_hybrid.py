@@ -38,7 +38,7 @@ def _step(tree, heads_depth, lookup_run, lookup_nodes):
         tree.name,
         tree.num_nodes,
         max(heads_depth, lookup_run),
-        1,
+        max(heads_depth, lookup_run) + 1,
         [0],
         {},
         {},
@@ -181,16 +181,19 @@ def test_a_step_no_heads_tree_can_pay_for_never_computes_their_probe():
     assert len(computed) == 6 and choice.tree.heads_tree is base
 
 
-def test_without_a_match_the_heads_are_probed_even_when_a_plain_step_wins():
-    """Nothing to copy: the choice is the heads' tree or a plain step, and a plain step still judges the heads by
-    their probe (so they come back when right), so the probe is computed every step."""
+def test_without_a_match_the_heads_are_probed_while_probing_pays():
+    """Nothing to copy: the choice is the heads' tree or a plain step. While the probed steps take more tokens
+    than their cost in plain steps (the probe's included), every step is probed; once they take fewer, the probe
+    is skipped (a plain step), and it comes back now and then as that evidence ages."""
     base, nothing = load_tree("tree_8"), NgramIndex([1, 2, 3, 4])
-    policy = HybridPolicy(ProbeReadingPolicy(base), Lookup(tokens=8), COSTLY)
-    computed: list = []
-    for _ in range(16):  # the heads miss: plain steps
-        tree = policy.choose(StepContext(0, 4, 100, None, probe=_lazy(computed), lookup=nothing)).tree
-        policy.observe(_step(tree, 0, 0, 0))
-    assert tree.num_nodes == 0 and len(computed) == 16
+    for heads_depth, probed in ((3, range(48, 49)), (0, range(2, 9))):  # the heads right to depth 3; missing
+        policy = HybridPolicy(ProbeReadingPolicy(base), Lookup(tokens=8), COSTLY)
+        computed: list = []
+        for _ in range(48):
+            choice = policy.choose(StepContext(0, 4, 100, None, probe=_lazy(computed), lookup=nothing))
+            policy.observe(_step(choice.tree, heads_depth, 0, 0))
+        assert len(computed) in probed
+        assert choice.tree is (base if heads_depth else Tree.root_only())
 
 
 @pytest.mark.parametrize("inner", ["chain_1", "chain_3", "mc_sim_7b_63"])

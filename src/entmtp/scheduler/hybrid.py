@@ -26,8 +26,12 @@ without them beats the cheapest tree of every depth with them), the step is chos
 policy, so the engine's lazy probe (heads.LazyProbe) is never computed: on copy-heavy text many steps then cost
 what prompt lookup alone costs. Such a step judges no head, so the heads' evidence ages towards the prior until
 they are worth probing again; the inner policy still observes it. The choice is the one the full weighing
-would make (`tests/test_hybrid.py`). Without a match the heads are always probed: a step that drops them for a
-plain step still learns from their probe (counterfactual_depth).
+would make (`tests/test_hybrid.py`). Without a match the heads are probed while probing pays: a step that drops
+them for a plain step still learns from their probe (counterfactual_depth), but pays for it, so the policy keeps
+`probe_yield`, the tokens such probed steps took per plain step's cost (the probe's included; decayed, from a
+prior above 1), and takes an unprobed plain step while it is below 1. Skipped steps age it back towards the
+prior, so the heads are probed again now and then (about one step in 16 where they keep missing); on text
+where they are right (yield above 1) every step is probed. Measured: `scripts/hybrid_skip_ab.py`.
 
 Cost, in one-token steps: the measured step latency of n drafted tokens relative to a plain step (`latency`:
 this machine's cost curve, costs.py, or a profile's stored latencies; else `CPU_COST`, measured on one 2-core
@@ -68,6 +72,9 @@ CPU_COST = LatencyModel(
 HEADS_DRAFT_COST = 0.11
 HEADS_PRIOR = 0.6  # c_d prior, so H_k starts at 0.6^k
 LOOKUP_PRIOR = {0: 0.0, 1: 0.25, 2: 0.45, 3: 0.6}  # r_m prior by match length (3 = 3 or more)
+# tokens per plain step's cost of the steps without a match that probed the heads, before any such step: above
+# 1 (a plain step's), so the heads are probed until their probed steps are seen not to pay
+PROBE_YIELD_PRIOR = 1.25
 MAX_MATCH = max(LOOKUP_PRIOR)
 
 
@@ -161,7 +168,9 @@ class HybridPolicy(Stateful):
         self.inner = self.inner.fresh()
         self.heads = _DepthRates(self.depth, HEADS_PRIOR)  # c_d, d = 1..D
         self.copy = {m: _Rate(p) for m, p in LOOKUP_PRIOR.items()}
+        self.probe_yield = _Rate(PROBE_YIELD_PRIOR)  # tokens per cost of probed steps without a match
         self._chosen: tuple[int, int] = (0, 0)  # (match bucket, heads depth) of the running step
+        self._unmatched: float | None = None  # the running step without a match: its cost (0: not probed)
         self._unverified: tuple[Tree, object] | None = None  # (inner tree, probe) when the heads were dropped
 
     def choose(self, ctx: StepContext) -> Choice:
@@ -175,9 +184,14 @@ class HybridPolicy(Stateful):
         costs = self._cost(ctx)
         length = self.lookup.tokens if m else 0
         est = Estimates(self.heads.values(), self.copy[m].value, length)
-        if self.lookup.adaptive and m and self.master is not None and self._heads_lose(est, length, costs):
-            # no heads' tree can pay: choose among the others without asking the inner policy, so the
-            # heads' probe is never computed (ctx.probe is lazy) and their evidence ages towards the prior
+        skip = self.lookup.adaptive and self.master is not None
+        if m:  # no heads' tree can pay at the heads' rates
+            skip = skip and self._heads_lose(est, length, costs)
+        else:  # lately the probed steps without a match took fewer tokens than their cost in plain steps
+            skip = skip and self.probe_yield.value < 1.0
+        if skip:
+            # choose among the other options without asking the inner policy, so the heads' probe is never
+            # computed (ctx.probe is lazy) and their evidence ages towards the prior
             tree, signals, probe = Tree.root_only(), {"match": float(match), "probed": 0.0}, None
         else:
             tree, signals = self.inner.choose(ctx)[:2]
@@ -188,7 +202,12 @@ class HybridPolicy(Stateful):
             return Choice(self._take(tree, m, option, probe, signals), signals)
         options = self._options(tree, est, length)
         value = [e / self._option_cost(tree, keep, n, costs) for keep, _, n, e in options]
-        keep, length, _, _ = options[value.index(max(value))]
+        keep, length, n, _ = options[value.index(max(value))]
+        self._unmatched = None
+        if not m and probe is not None:  # a probed step without a match: its cost, the probe's included
+            self._unmatched = self._option_cost(tree, keep, n, costs) + (0.0 if keep else self.draft_cost)
+        elif not m:
+            self._unmatched = 0.0
         return Choice(
             self._take(tree, m, (keep, length), probe, signals),
             signals,
@@ -276,6 +295,8 @@ class HybridPolicy(Stateful):
             depth = step.sources["heads"]
         else:
             depth = step.accepted
+        if self._unmatched is not None:  # what probing paid on steps without a match (a skipped one ages it)
+            self.probe_yield.add(step.tokens if self._unmatched else 0.0, self._unmatched, decay)
         if self._unverified is not None:  # the heads were dropped: what their probe says they would have done
             depth, heads_depth = counterfactual_depth(*self._unverified, step.token_ids)
         # c_k is tried where depth k was judged and the step was right to k - 1; the rest ages, so a dropped
