@@ -197,22 +197,13 @@ class HybridPolicy(Stateful):
             tree, signals = self.inner.choose(ctx)[:2]
             signals = dict(signals, match=float(match))
             probe = taken(ctx.probe)  # read by the inner policy (or None: it had no master)
+        step = (tree, m, probe, signals, costs)
         if not self.lookup.adaptive:
-            option = (True, length)
-            return Choice(self._take(tree, m, option, probe, signals), signals)
+            return Choice(self._take(step, (True, length)), signals)
         options = self._options(tree, est, length)
         value = [e / self._option_cost(tree, keep, n, costs) for keep, _, n, e in options]
-        keep, length, n, _ = options[value.index(max(value))]
-        self._unmatched = None
-        if not m and probe is not None:  # a probed step without a match: its cost, the probe's included
-            self._unmatched = self._option_cost(tree, keep, n, costs) + (0.0 if keep else self.draft_cost)
-        elif not m:
-            self._unmatched = 0.0
-        return Choice(
-            self._take(tree, m, (keep, length), probe, signals),
-            signals,
-            self._menu(tree, m, options, probe, signals),
-        )
+        keep, length, _, _ = options[value.index(max(value))]
+        return Choice(self._take(step, (keep, length)), signals, self._menu(step, options))
 
     def _heads_lose(self, est: Estimates, length: int, costs: list[float]) -> bool:
         """Whether, at the heads' current rates, the best option without them beats every option with them.
@@ -228,17 +219,24 @@ class HybridPolicy(Stateful):
             for n in range(length + 1)
         )
 
-    def _take(self, tree: Tree, m: int, option: tuple[bool, int], probe, signals: dict) -> Tree:
-        """The step's tree for `option` (keep the heads' tree?, lookup tokens), noted as the step's choice."""
+    def _take(self, step: tuple, option: tuple[bool, int]) -> Tree:
+        """The step's tree for `option` (keep the heads' tree?, lookup tokens), noted as the step's choice; `step`
+        is (the inner tree, match bucket, probe, signals, costs)."""
+        tree, m, probe, signals, costs = step
         heads, length = option
         dropped = not heads and tree.num_nodes and self.counterfactual
         self._unverified = (tree, probe) if dropped else None
         inner = tree if heads else Tree.root_only()
         self._chosen = (m, inner.depth)
+        self._unmatched = None  # a step without a match: its cost, the probe's included (0: not probed)
+        if not m:
+            used = heads and tree.num_nodes > 0
+            cost = self._option_cost(tree, heads, inner.num_nodes + length, costs)
+            self._unmatched = 0.0 if probe is None else cost + (0.0 if used else self.draft_cost)
         signals.update(lookup_tokens=float(length), heads=float(heads))
         return self._hybrid(inner, length)
 
-    def _menu(self, tree: Tree, m: int, options, probe, signals: dict) -> Menu:
+    def _menu(self, step: tuple, options) -> Menu:
         """The best option within each node budget (a batch's joint choice, scheduler/joint.py); taking one
         makes it the step's choice."""
         top = max(n for _, _, n, _ in options)
@@ -247,7 +245,7 @@ class HybridPolicy(Stateful):
             for k in range(n, top + 1):
                 if e > expected[k]:
                     expected[k], pick[k] = e, (keep, length)
-        return Menu(expected, lambda k: self._take(tree, m, pick[min(k, top)], probe, signals))
+        return Menu(expected, lambda k: self._take(step, pick[min(k, top)]))
 
     def _option_cost(self, tree: Tree, keep: bool, n: int, costs: list[float]) -> float:
         """A step of `n` drafted nodes in plain steps; the heads' drafting saved when no head node is drafted
