@@ -1,18 +1,54 @@
 """A/B, tried and not kept (#25): the dynamic policy's online calibration with one scale (shipped) against a
-decayed linear fit of head 1's hits on their predicted probability (hit ~ a + b p, ridge towards a = 0, b = 1),
-interleaved per prompt, twice over. Run from the repository root:
-    .venv/bin/python docs/results/sampling/live-epyc-avx512/linear_calibration_ab.py 0.7 sample writing,humaneval,sharegpt 8
+variant, interleaved per prompt, twice over. Variants: `bucket`, one scale per context bucket; `linear`, a
+decayed linear fit of head 1's hits on their predicted probability (hit ~ a + b p, ridge towards a = 0, b = 1).
+Run from the repository root:
+    .venv/bin/python docs/results/sampling/live-epyc-avx512/calibration_ab.py bucket 0.7 sample writing,humaneval,sharegpt 8
+    .venv/bin/python docs/results/sampling/live-epyc-avx512/calibration_ab.py linear 0.7 sample writing,humaneval,sharegpt 8
 """
 
 import copy
 import sys
+
+import torch
 
 from entmtp.accept import Sampling
 from entmtp.build import EngineSpec, build_engine
 from entmtp.prompts import load_prompts
 from entmtp.scheduler.policies import DynamicPolicy, OnlineCalibration
 
-RIDGE = float(sys.argv[5]) if len(sys.argv) > 5 else 2.0
+RIDGE = 2.0
+
+
+class BucketCalibration(OnlineCalibration):
+    edges = None
+
+    def reset(self):
+        super().reset()
+        n = len(self.edges) + 1
+        self.h = [0.0] * n
+        self.p = [0.0] * n
+        self._c = 0
+
+    @property
+    def scale(self):
+        c = self._c
+        return (self.h[c] + self.weight) / (self.p[c] + self.weight)
+
+    def predict(self, rates, probe):
+        if probe is not None and probe.logprobs.numel():
+            self._c = int(torch.bucketize(probe.logprobs[0, 0].float().exp(), self.edges))
+        return super().predict(rates, probe)
+
+    def observe(self, step):
+        if self._pending is None or not step.token_ids:
+            return
+        predicted, cands = self._pending
+        first = step.token_ids[0]
+        hit = first in cands and cands.index(first) in self.ranks
+        c = self._c
+        self.h[c] = self.decay * self.h[c] + float(hit)
+        self.p[c] = self.decay * self.p[c] + predicted
+        self._pending = None
 
 
 class LinearCalibration(OnlineCalibration):
@@ -55,13 +91,15 @@ class LinearCalibration(OnlineCalibration):
         self._pending = None
 
 
-T, acc = float(sys.argv[1]), sys.argv[2]
-tasks, n = sys.argv[3].split(","), int(sys.argv[4])
+variant, T, acc = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+tasks, n = sys.argv[4].split(","), int(sys.argv[5])
 base = build_engine(EngineSpec(dtype="bfloat16", threads=2))
 pol = base.policy_for(Sampling(temperature=T, acceptance=acc))
 assert isinstance(pol, DynamicPolicy), type(pol)
+kind = {"bucket": BucketCalibration, "linear": LinearCalibration}[variant]
+BucketCalibration.edges = pol.paths.ctx_edges
 var = copy.copy(pol)
-cal = LinearCalibration.__new__(LinearCalibration)
+cal = kind.__new__(kind)
 cal.__dict__.update(pol.calibration.__dict__)
 cal.reset()
 var.calibration = cal
@@ -72,7 +110,7 @@ if rule in alt.policies:
     alt.policies[rule] = var
 else:
     alt.policy = var
-engines = {"one scale": base, "linear": alt}
+engines = {"one scale": base, variant: alt}
 for e in engines.values():
     e.generate("Hi", max_new_tokens=8, temperature=T, acceptance=acc, seed=0)
 for task in tasks:
@@ -88,8 +126,9 @@ for task in tasks:
                 t[0] += sum(s.tokens for s in r.steps)
                 t[1] += sum(s.seconds["total"] for s in r.steps)
                 t[2] += len(r.steps)
-    a, b = tally["one scale"], tally["linear"]
+    a, b = tally["one scale"], tally[variant]
     print(
-        f"{task} T={T} {acc} ridge {RIDGE}: one scale {a[0] / a[1]:.1f} tok/s ({a[0] / a[2]:.2f}/step), linear {b[0] / b[1]:.1f} ({b[0] / b[2]:.2f}/step): {b[0] / b[1] / (a[0] / a[1]):.3f}x",
+        f"{task} T={T} {acc}: one scale {a[0] / a[1]:.1f} tok/s ({a[0] / a[2]:.2f}/step), {variant} "
+        f"{b[0] / b[1]:.1f} ({b[0] / b[2]:.2f}/step): {b[0] / b[1] / (a[0] / a[1]):.3f}x",
         flush=True,
     )
