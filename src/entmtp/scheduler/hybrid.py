@@ -156,12 +156,12 @@ class HybridPolicy(Stateful):
         self._hybrids: dict[tuple[int, int], tuple[Tree, Tree]] = {}
         n = np.arange(max(t.num_nodes for t in self.trees) + lookup.tokens + 1)  # [n] drafted nodes
         if lookup.node_cost is not None:
-            self.cost, self.draft_cost = 1.0 + lookup.node_cost * n, 0.0
+            cost, self.draft_cost = 1.0 + lookup.node_cost * n, 0.0
         else:
             curve = latency or CPU_COST
-            self.cost = curve(n) / float(curve(0))
+            cost = curve(n) / float(curve(0))
             self.draft_cost = HEADS_DRAFT_COST if draft_cost is None else draft_cost
-        self._costs = self.cost.tolist()
+        self.cost: list[float] = cost.tolist()  # [n] a step's cost in plain steps by drafted nodes
         self.reset()
 
     def reset(self) -> None:
@@ -210,11 +210,12 @@ class HybridPolicy(Stateful):
         Each heads' tree is taken as the cheapest of its depth (a chain of d nodes: an option's expected tokens
         depend on the tree's depth only, `Estimates`), up to the master's depth, so this never drops a tree the
         full choice would keep."""
+        root = Tree.root_only()
         without = max(
-            est.expected(0, n) / (costs[n] - self.draft_cost if n else costs[0]) for n in range(length + 1)
+            est.expected(0, n) / self._option_cost(root, False, n, costs) for n in range(length + 1)
         )
         return all(
-            est.expected(d, n) / costs[d + n] < without
+            est.expected(d, n) / self._option_cost(_chain(d), True, d + n, costs) < without
             for d in range(1, self.master.depth + 1)
             for n in range(length + 1)
         )
@@ -258,7 +259,7 @@ class HybridPolicy(Stateful):
         """Step cost in plain steps by drafted nodes: the policy's own, or in a batched step the whole step's at
         that batch size (`ctx.latency`)."""
         if ctx.latency is None or self.lookup.node_cost is not None:
-            return self._costs
+            return self.cost
         ms = ctx.latency(np.arange(len(self.cost)))
         return (ms / ms[0]).tolist()
 
