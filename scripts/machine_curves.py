@@ -4,8 +4,9 @@ measured cost curves, replayed on the profile's own calibration traces (no timin
     python scripts/machine_curves.py --out docs/results/hardware-aware/machine-curves.json [--this-machine]
 
 Curves: two 2-core CPUs of the pool, AVX2-only and AVX-512 with native bf16 (tests/data/machines, bf16 and
-float32 each), the AVX-512/bf16 2-core CPU whose latencies the shipped profiles store, one H200 with CUDA graphs (docs/results/gpu-check), and with
---this-machine the curves measured here (`costs_for`, bf16 and float32: measured once, then cached).
+float32 each), the AVX-512/bf16 2-core CPU whose latencies the shipped profiles store, one H200 with CUDA
+graphs (docs/results/gpu-check), and with --this-machine the curves measured here (`costs_for`, bf16 and
+float32: measured once, then cached).
 Per (profile, curve): EntMTP*'s nodes, and the replayed tokens/s of the default schedule (build.scheduled_policy)
 and of EntMTP*, over plain decoding on that curve.
 """

@@ -3,8 +3,8 @@
 The replays charge each step the step cost of one machine's curve: two 2-core CPUs of this project's pool,
 one AVX2-only and one with AVX-512 and native bf16 (tests/data/machines, `entmtp step-costs` output, in each
 dtype), the AVX-512/bf16 CPU whose latencies the shipped profiles carry, and one H200 with CUDA graphs
-(docs/results/gpu-check). On each, the default schedule must never be
-slower than plain decoding and never more than a few percent below that curve's best static tree.
+(docs/results/gpu-check). On each, the default schedule must never be slower than plain decoding and never
+more than a few percent below that curve's best static tree.
 """
 
 from __future__ import annotations
