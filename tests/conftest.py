@@ -88,8 +88,8 @@ class OracleHeads(torch.nn.Module):
     def is_bound_to(self, model) -> bool:
         return getattr(self, "model", None) is model
 
-    def drafter(self) -> OracleDrafter:
-        return OracleDrafter(self)
+    def drafter(self, noise=None, temperature: float = 1.0) -> OracleDrafter:
+        return OracleDrafter(self)  # drafts the reference whatever the noise
 
 
 class OracleDrafter:

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from entmtp.accept import Sampling, accept, accept_greedy
+from entmtp.accept import GumbelNoise, Sampling, accept, accept_greedy, gumbel_targets
 from entmtp.errors import EntMTPError
 from entmtp.tree import Tree
 
@@ -107,3 +107,42 @@ def test_sampling_settings_are_validated():
         Sampling(temperature=0.0, acceptance="sample")
     with pytest.raises(EntMTPError, match="unknown acceptance"):
         Sampling(temperature=1.0, acceptance="beam")
+
+
+def test_gumbel_noise_is_a_function_of_seed_and_position_alone():
+    """The same (seed, position) gives the same noise whatever was asked before or with it, so a position's
+    token does not depend on the step that decides it; another seed or position gives other noise."""
+    a = GumbelNoise(seed=7, vocab_size=50)
+    first = a.at([3, 4, 5])
+    later = a.at([5, 6])  # asked again after the decode moved on
+    fresh = GumbelNoise(seed=7, vocab_size=50).at([5])
+    assert torch.equal(first[2], later[0]) and torch.equal(later[0], fresh[0])
+    assert not torch.equal(first[0], first[1])
+    assert not torch.equal(GumbelNoise(seed=8, vocab_size=50).at([5])[0], fresh[0])
+    with pytest.raises(EntMTPError, match="seed >= 0"):
+        GumbelNoise(seed=-1, vocab_size=50)
+
+
+def test_gumbel_targets_are_draws_from_the_temperature_distribution():
+    """argmax(logits / T + g) over positions (fresh noise each) samples softmax(logits / T)."""
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
+    temperature, n = 0.7, 20000
+    noise = GumbelNoise(seed=0, vocab_size=V).at(range(n))  # [n, V]
+    draws = gumbel_targets(logits.expand(n, V), noise, temperature)
+    freq = torch.bincount(draws, minlength=V).float() / n
+    tv = 0.5 * (freq - torch.softmax(logits[0] / temperature, dim=-1)).abs().sum()
+    assert tv < 0.02, f"gumbel draws off the temperature-T distribution by TV {tv:.3f}"
+
+
+def test_gumbel_acceptance_is_greedy_against_the_perturbed_targets():
+    """Each node's target is argmax(logits / T + its noise row): here the noise overrules the logits at the
+    root (token 2 wins) and after node 2 (token 5), so the path is the one greedy would keep for them."""
+    tokens = torch.tensor([0, 1, 2, 3, 4, 5])
+    logits = torch.zeros(TREE.size, V)
+    logits[:, 0] = 1.0  # the argmax is 0 everywhere: greedy would keep nothing
+    noise = torch.zeros(TREE.size, V)
+    noise[0, 2] = noise[2, 5] = noise[5, 3] = 5.0
+    acc = accept(TREE, tokens, logits, Sampling(temperature=1.0, acceptance="gumbel"), noise=noise)
+    assert acc.path == [0, 2, 5] and acc.bonus == 3
+    with pytest.raises(EntMTPError, match="needs the noise"):
+        accept(TREE, tokens, logits, Sampling(temperature=1.0, acceptance="gumbel"))

@@ -114,6 +114,22 @@ def test_seeded_sampling_of_a_row_repeats_whatever_its_batch_mates_do(engine):
     assert other != want  # the seed matters: the check has teeth
 
 
+def test_gumbel_rows_of_a_gated_budgeted_batch_write_their_plain_sampling_tokens(engine):
+    """The gumbel rule's seeded tokens do not depend on the tree, so its rows take the batch's joint budget
+    and gate like greedy rows and still write what plain sampling writes with their seeds."""
+    plain = Engine(engine.model, ByteTokenizer())
+    kw = dict(max_new_tokens=24, temperature=0.8, acceptance="gumbel")
+    want = [plain.generate(p, seed=11 + i, **kw).token_ids for i, p in enumerate(PROMPTS)]
+    batch = Batch(engine, CostSurface((1, 8), (0, 64), ((10.0, 12.0), (20.0, 400.0))))  # the gate on
+    rows = {batch.add(p, seed=11 + i, **kw)[0].id: i for i, p in enumerate(PROMPTS)}
+    got: dict[int, list[int]] = {}
+    while len(batch):
+        for row, event in batch.step():
+            if event.result is not None:
+                got[rows[row.id]] = event.result.token_ids
+    assert [got[i] for i in range(len(PROMPTS))] == want
+
+
 def test_a_row_ended_by_its_first_token_comes_back_finished(engine):
     batch = Batch(engine)
     row, event = batch.add(PROMPTS[0], max_new_tokens=1)

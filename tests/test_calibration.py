@@ -204,7 +204,7 @@ def test_a_built_engine_gives_each_acceptance_rule_its_sections_policy(
     spec = EngineSpec(model="tiny", heads="tiny-hydra", profile=str(out), dtype="float32", probe=False)
     built = build(spec, log=lambda m: None)
     loaded = load_profile(out)
-    assert set(built.plan.other_rules) == {"sample", "typical"}
+    assert set(built.plan.other_rules) == {"sample", "typical", "gumbel"}
     assert "other acceptance rules, each from its profile section: sample: " in built.plan.describe()
 
     def same(a, b):
@@ -214,37 +214,38 @@ def test_a_built_engine_gives_each_acceptance_rule_its_sections_policy(
     for temperature, rule in ((0.0, "greedy"), (0.7, "sample"), (0.7, "typical")):
         sections[rule] = loaded.policy(loaded.recommended_policy(rule), rule)
         assert same(built.engine.policy_for(Sampling(temperature, rule)), sections[rule])
+    assert same(built.engine.policy_for(Sampling(0.7, "gumbel")), sections["sample"])  # no section of its own
     assert not same(sections["greedy"], sections["typical"])  # the sections differ: the check above can fail
     # prompt-lookup drafts go into every rule's trees but typical acceptance's, unless asked (Lookup.typical)
     from entmtp.lookup import Lookup
     from entmtp.scheduler.hybrid import HybridPolicy
 
     def lookup_rules(b):
-        rules = (("greedy", 0.0), ("sample", 0.7), ("typical", 0.7))
+        rules = (("greedy", 0.0), ("sample", 0.7), ("typical", 0.7), ("gumbel", 0.7))
         return [r for r, t in rules if isinstance(b.engine.policy_for(Sampling(t, r)), HybridPolicy)]
 
     for main in ("greedy", "typical"):
         t = 0.0 if main == "greedy" else 0.7
         unsaid = build(replace(spec, lookup=Lookup(), temperature=t, acceptance=main), log=lambda m: None)
-        assert lookup_rules(unsaid) == ["greedy", "sample"]
+        assert lookup_rules(unsaid) == ["greedy", "sample", "gumbel"]
         assert same(unsaid.engine.policy_for(Sampling(0.7, "typical")), sections["typical"])
-        assert "prompt-lookup drafts: greedy, sample; not typical (" in unsaid.plan.describe()
+        assert "prompt-lookup drafts: greedy, sample, gumbel; not typical (" in unsaid.plan.describe()
         asked = build(
             replace(spec, lookup=Lookup(typical=True), temperature=t, acceptance=main), log=lambda m: None
         )
-        assert lookup_rules(asked) == ["greedy", "sample", "typical"]
-        assert "prompt-lookup drafts: greedy, sample, typical\n" in asked.plan.describe() + "\n"
+        assert lookup_rules(asked) == ["greedy", "sample", "typical", "gumbel"]
+        assert "prompt-lookup drafts: greedy, sample, typical, gumbel\n" in asked.plan.describe() + "\n"
     sub = tmp_path / "no-typical"
     sub.mkdir()
     greedy_only = copy_profile(out, sub, lambda d: [d["modes"].pop(m) for m in ("sample", "typical")])
     lone = build(replace(spec, profile=str(greedy_only), lookup=Lookup()), log=lambda m: None)
-    assert lookup_rules(lone) == ["greedy", "sample"]  # every rule runs the greedy section's policy
+    assert lookup_rules(lone) == ["greedy", "sample", "gumbel"]  # every rule runs the greedy section's policy
     assert same(lone.engine.policy_for(Sampling(0.7, "typical")), sections["greedy"])
     # a forced policy one section cannot build: that rule runs the asked rule's policy, and the log says so
     no_ladder = copy_profile(out, tmp_path, lambda d: d["modes"]["typical"]["thresholds"].update(ladder=None))
     said = []
     forced = build(replace(spec, profile=str(no_ladder), policy="ladder"), log=said.append)
-    assert forced.plan.other_rules == {"sample": "ladder"}
+    assert forced.plan.other_rules == {"sample": "ladder", "gumbel": "ladder"}
     assert said == [f"typical acceptance runs the greedy policy: profile {no_ladder} has no tuned ladder "
                     "thresholds: calibrate again"]  # fmt: skip
 

@@ -49,6 +49,95 @@ def test_oracle_drafts_give_identical_output_and_long_steps(arch, tree, rank_mod
         assert result.num_steps < n - 1
 
 
+@pytest.mark.parametrize("tree,rank_mod", [("mc_sim_7b_63", 3), ("chain_4", 1)])
+def test_gumbel_sampling_writes_plain_sampling_tokens_whatever_the_tree(tree, rank_mod):
+    """Under the gumbel rule a seed fixes every position's token: drafts that are the plain decode's tokens
+    (the oracle's) are accepted, at side-branch ranks too, and the output is plain decoding's, token for token;
+    so is the output of real heads drafting under the noise. Another seed writes another text."""
+    model = tiny_model("llama", seed=1)
+    ids = [5, 17, 99, 3, 250, 7, 7, 64]
+    n, kw = 40, dict(temperature=0.8, acceptance="gumbel")
+    plain = Engine(model, ByteTokenizer())
+    ref = plain.generate(ids, max_new_tokens=n, seed=3, **kw).token_ids
+    assert ref != plain.generate(ids, max_new_tokens=n, seed=4, **kw).token_ids
+    heads = OracleHeads(ids + ref, rank_mod=rank_mod, wrong_every=5)
+    result = Engine(model, ByteTokenizer(), heads=heads, tree=tree).generate(
+        ids, max_new_tokens=n, seed=3, **kw
+    )
+    assert result.token_ids == ref
+    assert max(result.tokens_per_step) >= 3 and result.acceptance == "gumbel"
+    for kind, arch in [("medusa", "mlp"), ("hydra", "prefix-mlp")]:
+        cfg = HeadsConfig(kind=kind, num_heads=4, hidden_size=64, vocab_size=256, head_arch=arch)
+        real = Engine(model, ByteTokenizer(), heads=random_heads(cfg, seed=0, init="random"), tree=tree)
+        assert real.generate(ids, max_new_tokens=n, seed=3, **kw).token_ids == ref
+
+
+def test_gumbel_sampling_draws_each_token_from_the_temperature_distribution_given_the_ones_before():
+    """Over many seeds the first token follows softmax(logits / T) at the prompt, and the second, given the
+    likeliest first, its own: each position has noise of its own (a row used twice would correlate them)."""
+    model = tiny_model("llama", seed=1)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40.0)  # peaked enough that few seeds estimate the distributions
+    ids, temperature, n = [5, 17, 99, 3], 1.0, 2000
+    engine = Engine(model, ByteTokenizer())
+    outs = [
+        engine.generate(ids, max_new_tokens=2, temperature=temperature, acceptance="gumbel", seed=s).token_ids
+        for s in range(n)
+    ]
+
+    def probs(prefix):
+        with torch.no_grad():
+            return torch.softmax(model(torch.tensor([prefix])).logits[0, -1].float() / temperature, dim=-1)
+
+    def tv(tokens, p):
+        return (
+            0.5
+            * (torch.bincount(torch.tensor(tokens), minlength=p.numel()).float() / len(tokens) - p)
+            .abs()
+            .sum()
+        )
+
+    p1 = probs(ids)
+    top = int(p1.argmax())
+    second = [o[1] for o in outs if o[0] == top]
+    assert tv([o[0] for o in outs], p1) < 0.04
+    assert len(second) > 1000 and tv(second, probs(ids + [top])) < 0.05
+    # a model whose every distribution is uniform: each position's own noise makes neighbours independent
+    # (equal 1 time in 256); one noise row for two positions would repeat the token every time
+    with torch.no_grad():
+        model.model.norm.weight.zero_()
+    flat = [
+        engine.generate(ids, max_new_tokens=3, seed=s, temperature=1.0, acceptance="gumbel").token_ids
+        for s in range(300)
+    ]
+    assert sum(o[0] == o[1] or o[1] == o[2] for o in flat) <= 10
+    assert len({o[0] for o in flat}) > 150
+
+
+def test_heads_draft_under_the_noise_of_each_depths_position():
+    """With the gumbel rule's noise the heads' candidates at depth d are the top of log-probability + T g,
+    g the noise of position (committed positions) + d: the position that depth's draft will take."""
+    from entmtp.accept import GumbelNoise
+
+    model = tiny_model("llama", seed=2)
+    cfg = HeadsConfig(kind="medusa", num_heads=4, hidden_size=64, vocab_size=256)
+    heads = random_heads(cfg, seed=0, init="random").bind(model)
+    hidden = torch.randn(9, 64)
+    noise, temperature = GumbelNoise(seed=5, vocab_size=256), 0.8
+    drafter = heads.drafter(noise, temperature)
+    drafter.extend(hidden)
+    probe = drafter.probe(load_tree("mc_sim_7b_63"), torch.tensor([1]))
+    with torch.inference_mode():
+        feat = hidden[-1]
+        for d in range(probe.depth):
+            lp = torch.log_softmax(heads.project(d, heads.heads[d].blocks(feat)).float(), dim=-1)
+            want = (lp + temperature * noise.at([9 + 1 + d])[0]).topk(probe.topk).indices
+            assert probe.tokens[d].tolist() == want.tolist()
+            assert torch.allclose(probe.logprobs[d], lp[want])
+        unperturbed = torch.log_softmax(heads.project(0, heads.heads[0].blocks(feat)).float(), dim=-1)
+    assert probe.tokens[0].tolist() != unperturbed.topk(probe.topk).indices.tolist()  # the noise mattered
+
+
 def test_side_branch_acceptance_moves_cache_entries():
     """rank_mod=2 puts the truth on rank 1 half the time: accepted paths are not a prefix of node ids."""
     model = tiny_model("llama", seed=2)
@@ -182,7 +271,9 @@ def test_each_acceptance_rule_runs_its_own_policy():
     assert rules == ["greedy", "sample"]  # each result says which rule accepted its drafts
     row, _ = Batch(engine).add(ids, max_new_tokens=12, temperature=0.7, seed=1)
     assert row.state.policy.trees[0].name == "chain_3"
-    with pytest.raises(EntMTPError, match=r"keyed by acceptance rule \(greedy, sample, typical\), got 'hot'"):
+    with pytest.raises(
+        EntMTPError, match=r"keyed by acceptance rule \(greedy, sample, typical, gumbel\), got 'hot'"
+    ):
         Engine(model, ByteTokenizer(), heads=heads, tree="tree_8", policies={"hot": "chain_3"})
 
 

@@ -280,6 +280,27 @@ def test_requests_at_t_above_zero_run_the_servers_rule_and_its_policy(max_batch)
         create_app(engine, "tiny", acceptance="greedy")
 
 
+@pytest.mark.parametrize("max_batch", [1, 3])
+def test_gumbel_requests_reply_with_plain_samplings_text_for_their_seed(max_batch):
+    """`serve --acceptance gumbel`: a seeded request at T > 0 gets the text plain sampling writes with that
+    seed, whatever the tree and the batch it shared (its rows take the batch's joint budget, as greedy ones)."""
+    testclient = pytest.importorskip("fastapi.testclient")
+    from entmtp.server.app import create_app
+
+    model = tiny_model("llama", seed=4)
+    cfg = HeadsConfig(kind="medusa", num_heads=3, hidden_size=64, vocab_size=256)
+    engine = Engine(model, ByteTokenizer(), heads=random_heads(cfg, seed=0, init="random"), tree="tree_8")
+    plain = Engine(model, ByteTokenizer())
+    app = create_app(engine, "tiny", max_batch=max_batch, acceptance="gumbel")
+    with testclient.TestClient(app) as client:
+        for seed, prompt in enumerate(PROMPTS[:3]):
+            body = {"prompt": prompt, "max_tokens": 12, "temperature": 0.7, "seed": seed}
+            reply = client.post("/v1/completions", json=body).json()
+            want = plain.generate(prompt, max_new_tokens=12, temperature=0.7, acceptance="gumbel", seed=seed)
+            assert reply["choices"][0]["text"] == want.text
+            assert reply["usage"]["entmtp"]["acceptance"] == "gumbel"
+
+
 def _tree_steps(metrics: str) -> dict[str, float]:
     """Decode steps per tree from the Prometheus text."""
     return {

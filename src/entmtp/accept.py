@@ -7,13 +7,20 @@ Glossary (one verification step):
   bonus     the base model's own token after the last accepted node: always emitted, it is the next root
 Tokens per step = accepted drafts + 1 (the bonus); this is the convention of every metric here.
 
-Three rules:
+Four rules:
   greedy   keep the longest path whose every draft equals the base argmax at its parent. Lossless.
   sample   recursive rejection sampling over the tree (SpecInfer / EAGLE-2 style) at temperature T. Drafts are
            deterministic (top-k ranks), so child c of a node is accepted with probability p'(c) under the
            node's residual distribution p', which then has c removed and is renormalised; if every child is
            rejected the bonus is drawn from the residual. Lossless: outputs follow the base model's
            temperature-T distribution exactly.
+  gumbel   Gumbel-max sampling with one noise vector per token position, fixed by (seed, position)
+           (`GumbelNoise`): the token at position t is argmax(logits / T + g_t), a draw from the temperature-T
+           distribution. Verification is greedy's against those targets, and the heads draft with the same
+           noise (the top-k of their log-probabilities + T g_t), so a draft is right when the perturbed
+           choices agree, which is likelier than the base model sampling a fixed top-ranked draft. Lossless in
+           the strongest sense: a seed writes the same tokens whatever the tree, the policy or the batch,
+           plain decoding's included (in float32; bf16 rounds differently per tree, as for greedy).
   typical  Medusa-2's typical acceptance: keep draft x if p(x) > min(eps, alpha * exp(-H(p))); the bonus is
            drawn from p restricted to tokens passing the same test. Faster at high temperature, not lossless.
 """
@@ -23,13 +30,15 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .errors import EntMTPError
 from .tree import Tree
 
-ACCEPTANCE = ("greedy", "sample", "typical")
-SAMPLED = ("sample", "typical")  # the rules at temperature > 0
+ACCEPTANCE = ("greedy", "sample", "typical", "gumbel")
+SAMPLED = ("sample", "typical", "gumbel")  # the rules at temperature > 0
+TREE_INVARIANT = ("greedy", "gumbel")  # rules whose (seeded) tokens do not depend on the trees verified
 SAMPLED_CHOICES = ("auto", *SAMPLED)  # what a server may apply to requests at T > 0 (auto: lossless sample)
 
 
@@ -55,6 +64,41 @@ class Sampling:
         return self.acceptance
 
 
+class GumbelNoise:
+    """The gumbel rule's random stream: Gumbel(0, 1) noise [V] per absolute token position (0 = the prompt's
+    first token), a function of (seed, position) alone, so the token at a position is the same whichever
+    step, tree or batch decides it, and the heads draft with the noise the base model will sample with.
+    `at(positions)` -> [n, V] float32 on `device`; rows are kept until an earlier position than every one
+    asked for is past (a decode asks for positions in increasing order)."""
+
+    def __init__(self, seed: int, vocab_size: int, device: torch.device | str = "cpu"):
+        if seed < 0:
+            raise EntMTPError(f"gumbel noise needs a seed >= 0, got {seed}")
+        self.seed, self.vocab_size, self.device = int(seed), int(vocab_size), torch.device(device)
+        self._rows: dict[int, torch.Tensor] = {}
+        self._generator = torch.Generator()
+
+    def row(self, position: int) -> torch.Tensor:
+        """[V] the noise of one position (computed on the CPU, so every device draws the same)."""
+        row = self._rows.get(position)
+        if row is None:
+            key = int(np.random.SeedSequence([self.seed, position]).generate_state(1, np.uint64)[0]) >> 1
+            u = torch.rand(self.vocab_size, generator=self._generator.manual_seed(key), dtype=torch.float64)
+            row = self._rows[position] = u.log_().neg_().log_().neg_().float().to(self.device)  # -log(-log u)
+        return row
+
+    def at(self, positions) -> torch.Tensor:
+        positions = [int(p) for p in positions]
+        first = min(positions)
+        self._rows = {p: r for p, r in self._rows.items() if p >= first}
+        return torch.stack([self.row(p) for p in positions])
+
+
+def gumbel_targets(logits: torch.Tensor, noise: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[N+1] the token after each node: argmax(logits / T + g) per row (logits [N+1, V], noise [N+1, V])."""
+    return (logits.float() / temperature + noise.to(logits.device)).max(dim=-1).indices
+
+
 @dataclass(frozen=True)
 class Accepted:
     path: list[int]  # node ids root..last accepted node (path[0] == 0)
@@ -67,10 +111,17 @@ def accept(
     logits: torch.Tensor,  # [N+1, V] base logits at every node
     sampling: Sampling,
     generator: torch.Generator | None = None,
+    noise: torch.Tensor | None = None,  # gumbel: [N+1, V] the noise of the position after each node
 ) -> Accepted:
     rule = sampling.rule
     if rule == "greedy":
         return accept_greedy(tree, tokens, logits)
+    if rule == "gumbel":
+        if noise is None:
+            raise EntMTPError(
+                "gumbel acceptance needs the noise of the positions after each node (GumbelNoise)"
+            )
+        return accept_targets(tree, tokens, gumbel_targets(logits, noise, sampling.temperature))
     # Random draws use the caller's CPU generator (seeded runs repeat on any device): sample on the CPU.
     tokens = tokens.cpu()
     probs = torch.softmax(logits.float().cpu() / sampling.temperature, dim=-1)  # [N+1, V]

@@ -4,11 +4,11 @@ A `Batch` over an engine holds rows, each one generation's `DecodeState` over it
 (cache.py). `add` prefills a new row alone and returns its first event; `step` runs one step of every row:
 
   (1)(2) each row chooses and drafts its tree (engine.prepare); with a cost surface (`costs`, surface.py) a
-         greedy row's policy weighs its trees by the ms of the WHOLE step at this batch size, so trees shrink
-         when the batch is busy and grow when it is idle; and a measured `Gate` decides whether the step
-         speculates at all (plain steps skip each row's probe and drafting). Neither changes a greedy row's
-         tokens; a sampled row chooses on its own text alone, so its seeded output never depends on its
-         batch-mates
+         greedy (or gumbel) row's policy weighs its trees by the ms of the WHOLE step at this batch size, so
+         trees shrink when the batch is busy and grow when it is idle; and a measured `Gate` decides whether
+         the step speculates at all (plain steps skip each row's probe and drafting). Neither changes such a
+         row's tokens (accept.TREE_INVARIANT); a row sampled otherwise chooses on its own text alone, so its
+         seeded output never depends on its batch-mates
   (3)    ONE forward verifies every row's tree (cache.BaseModel.forward_batch: padded to the largest)
   (4)-(6) each row accepts, commits and finishes its step (engine.conclude), exactly as `engine.decode`
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .accept import Sampling
+from .accept import TREE_INVARIANT, Sampling
 from .cache import BatchKV
 from .engine import DecodeState, Engine, Pending, conclude, prefill, prepare, redraft, scratch
 from .errors import EntMTPError
@@ -162,7 +162,7 @@ class Batch:
         return out
 
     def _joint(self, rows: list[Row], pending: list[Pending], latency) -> list[Pending]:
-        """Every greedy row's tree within the node budget best for the whole step (scheduler/joint.py)."""
+        """Every greedy or gumbel row's tree within the node budget best for the whole step (scheduler/joint.py)."""
         menus = [p.menu if _gated(r) else None for r, p in zip(rows, pending, strict=True)]
         budget = joint_budget(menus, [p.tree.num_nodes for p in pending], latency)
         if budget is None:
@@ -178,8 +178,9 @@ class Batch:
         return out
 
     def _prepare(self, row: Row, latency, speculate: bool, probe) -> Pending:
-        """A greedy row weighs its trees by the whole batched step's cost and follows the gate (neither changes
-        its tokens); a sampled row chooses on its own text alone, so its seeded output is what it is alone."""
+        """A greedy or gumbel row weighs its trees by the whole batched step's cost and follows the gate
+        (neither changes its tokens); a row sampled otherwise chooses on its own text alone, so its seeded
+        output is what it is alone."""
         if not _gated(row):
             return prepare(self.engine, row.state, probe=probe)
         return prepare(self.engine, row.state, latency, speculate, probe)
@@ -217,7 +218,7 @@ def _probes(rows: list[Row], speculate: bool) -> dict[int, Probe]:
 
 
 def _gated(row: Row) -> bool:
-    return row.state.sampling.rule == "greedy"
+    return row.state.sampling.rule in TREE_INVARIANT  # the gate changes steps, never these rules' tokens
 
 
 GATE_WINDOW = 8  # recent steps of each kind whose tokens over seconds measure it

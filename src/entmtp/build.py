@@ -61,7 +61,7 @@ class EngineSpec:
     profile: str | None = None  # a task name (shipped profile) or a profile file; None: `mixed`
     lookup: Lookup | None = None  # prompt-lookup drafts in every step's tree
     temperature: float = 0.0  # with `acceptance`, picks the profile's section (Profile.mode_for)
-    acceptance: str = "auto"  # auto | greedy | sample | typical (accept.Sampling)
+    acceptance: str = "auto"  # auto | greedy | sample | typical | gumbel (accept.Sampling)
     probe: bool = True  # measure this machine's step costs (cached); False: the profile's stored latencies
     pack: bool = True  # prepack bf16 linears on a CPU (packing.py)
     graphs: bool = True  # CUDA graphs per tree size on a GPU
@@ -253,17 +253,18 @@ def _policy(spec: EngineSpec, heads_spec: str, model, heads, costs: CostCurve | 
     rule = Sampling(spec.temperature, spec.acceptance).rule
     mode = profile.mode_for_rule(rule)
     policy, name, reason, expected = _section_policy(spec, profile, mode, costs)
-    others = {}
+    others, built = {}, {}  # rules that share a section (gumbel runs sample's) share its policy
     for other in ACCEPTANCE:
         other_mode = profile.mode_for_rule(other)
         if other == rule or other_mode == mode:
             continue
-        try:
-            p, n, _, _ = _section_policy(spec, profile, other_mode, costs)
-        except ProfileError as e:  # a forced --policy this section cannot build: the rule runs `policy`
-            log(f"{other} acceptance runs the {rule} policy: {e}")
-            continue
-        others[other] = (p, n)
+        if other_mode not in built:
+            try:
+                built[other_mode] = _section_policy(spec, profile, other_mode, costs)[:2]
+            except ProfileError as e:  # a forced --policy this section cannot build: the rule runs `policy`
+                log(f"{other} acceptance runs the {rule} policy: {e}")
+                continue
+        others[other] = built[other_mode]
     return policy, name, reason, expected, others
 
 

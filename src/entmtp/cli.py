@@ -51,7 +51,14 @@ def _add_threads_arg(p: argparse.ArgumentParser) -> None:
 def _add_acceptance_arg(p: argparse.ArgumentParser) -> None:
     from .accept import ACCEPTANCE
 
-    p.add_argument("--acceptance", default="auto", choices=["auto", *ACCEPTANCE])
+    p.add_argument(
+        "--acceptance",
+        default="auto",
+        choices=["auto", *ACCEPTANCE],
+        help="how drafts are accepted (auto: greedy at temperature 0, else lossless tree rejection sampling "
+        "`sample`; gumbel: lossless Gumbel-max sampling whose seeded output does not depend on the tree; "
+        "typical: Medusa's, not lossless)",
+    )
 
 
 def _setup_torch(args) -> None:
@@ -454,7 +461,9 @@ def _add_serve(sub) -> None:
         choices=SAMPLED_CHOICES,
         help="the acceptance rule of requests at temperature > 0 (default auto: lossless tree rejection "
         "sampling, the output distribution of plain sampling; typical: Medusa's typical acceptance, which "
-        "accepts more drafts but is not lossless: its text repeats itself more, see docs/results/sampling); "
+        "accepts more drafts but is not lossless: its text repeats itself more, see docs/results/sampling; gumbel: "
+        "lossless Gumbel-max sampling with the heads drafting under the same noise, a seed's text the same "
+        "with or without speculation); "
         "each rule runs its profile section's policy",
     )
     # the profile's greedy section picks the engine's policy; requests at T > 0 run their rule's section's

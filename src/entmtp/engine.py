@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .accept import ACCEPTANCE, Sampling, accept
+from .accept import ACCEPTANCE, GumbelNoise, Sampling, accept
 from .cache import BaseModel
 from .costs import CostCorrector, CostCurve, LatencyModel
 from .errors import EntMTPError
@@ -199,6 +199,10 @@ class Engine:
         uses_lookup = lookup is not None or any(t.num_lookup for t in _trees(policy))
         max_ngram = lookup.max_ngram if lookup is not None else Lookup.max_ngram
         drafts = any(t.heads_tree.num_nodes for t in _trees(policy))  # plain or lookup-only: no heads' state
+        noise = None
+        if sampling.rule == "gumbel":  # without a seed, one from the global RNG (a seeded torch repeats it)
+            seed = int(torch.randint(0, 2**62, ())) if seed is None else seed
+            noise = GumbelNoise(seed, self.base.lm_head.weight.shape[0], self.base.device)
         return DecodeState(
             prompt=ids,
             max_new_tokens=max_new_tokens,
@@ -207,10 +211,11 @@ class Engine:
             cache=cache,
             graphs=graphs,
             policy=policy.fresh(),
-            drafter=self.heads.drafter() if self.heads is not None and drafts else None,
+            drafter=self.heads.drafter(noise, temperature) if self.heads is not None and drafts else None,
             index=NgramIndex(ids, max_ngram) if uses_lookup else None,
             text=Detokenizer(self.tokenizer, stop or []),
             logprobs=logprobs,
+            noise=noise,
         )
 
 
@@ -270,6 +275,7 @@ class DecodeState:
     index: NgramIndex | None  # n-grams of prompt + output (None: no lookup drafts)
     text: Detokenizer  # the output's text so far, and the stop strings
     logprobs: int | None = None  # top tokens per emitted token's log-probability record (None: none)
+    noise: GumbelNoise | None = None  # the gumbel rule's noise per position, shared with `drafter`
     out: list[int] = field(default_factory=list)  # emitted tokens
     all_logprobs: list[TokenLogprob] = field(default_factory=list)
     root: int = -1  # the base model's next token (the next tree's root), once the prefill ran
@@ -314,7 +320,9 @@ def prefill(engine: Engine, state: DecodeState) -> TokenEvent:
     fwd = base.forward(prompt, None, cache, logits_to_keep=1)  # logits [1, V]: the last position only
     base.commit(cache, list(range(len(state.prompt))))
     # the first token: the acceptance rule on the root-only tree draws it from the last prompt position
-    root = accept(Tree.root_only(), prompt[-1:], fwd.logits[-1:], state.sampling, state.generator).bonus
+    noise = state.noise.at([len(state.prompt)]) if state.noise is not None else None  # the first token's
+    root = accept(Tree.root_only(), prompt[-1:], fwd.logits[-1:], state.sampling, state.generator, noise)
+    root = root.bonus
     if state.drafter is not None:
         state.drafter.extend(fwd.hidden)  # [P, H]
     if state.index is not None:
@@ -395,7 +403,10 @@ def conclude(engine: Engine, state: DecodeState, step: Pending, fwd) -> TokenEve
     """Phases (4) to (6) of a step verified by `fwd` (its logits and hidden states [N+1, .])."""
     tree, tokens, times, clock = step.tree, step.tokens, step.times, step.clock
     # (4) accept: the longest path the base model agrees with, plus its bonus token
-    acc = accept(tree, tokens, fwd.logits, state.sampling, state.generator)
+    noise = None
+    if state.noise is not None:  # node i's next token sits at the root's position + depth(i) + 1
+        noise = state.noise.at((state.cache.length + 1 + tree.depths).tolist())
+    acc = accept(tree, tokens, fwd.logits, state.sampling, state.generator, noise)
     times["accept"] = clock.lap()
     # (5) commit: keep the accepted path in the KV cache and feed its hidden states to the heads
     engine.base.commit(state.cache, acc.path)

@@ -21,6 +21,7 @@ from .config import HeadsConfig
 from .modules import Head
 
 if TYPE_CHECKING:
+    from ..accept import GumbelNoise
     from ..tree import Tree
 
 
@@ -237,9 +238,10 @@ class Heads(nn.Module):
 
     # ---- drafting ---------------------------------------------------------------------------------
 
-    def drafter(self) -> Drafter:
-        """A fresh drafting state for one generation (see `Drafter`)."""
-        return Drafter(self)
+    def drafter(self, noise: GumbelNoise | None = None, temperature: float = 1.0) -> Drafter:
+        """A fresh drafting state for one generation (see `Drafter`); `noise` and `temperature`: the gumbel
+        acceptance rule's, to draft with (accept.py)."""
+        return Drafter(self, noise, temperature)
 
     def advance(
         self, hidden: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None
@@ -263,34 +265,63 @@ class Heads(nn.Module):
                 f"{self.config.num_heads} tokens ahead: use a tree of depth <= {self.config.num_heads}"
             )
 
-    def probe_at(self, master: Tree, feat: torch.Tensor, root_token: torch.Tensor) -> Probe:
-        return Probe(*self._topk_table(feat, master.depth, master.topk))
+    # `perturb` (the gumbel rule, accept.py): T g_t over the draft vocabulary, [depth, Vd], one row per depth
+    # (the noise of the position that depth's drafts take); the heads rank candidates by log-probability +
+    # perturbation instead of log-probability, and still report each candidate's log-probability.
+
+    def probe_at(
+        self, master: Tree, feat: torch.Tensor, root_token: torch.Tensor, perturb: torch.Tensor | None = None
+    ) -> Probe:
+        return Probe(*self._topk_table(feat, master.depth, master.topk, perturb))
 
     def draft_at(
-        self, tree: Tree, feat: torch.Tensor, root_token: torch.Tensor, probe: Probe | None
+        self,
+        tree: Tree,
+        feat: torch.Tensor,
+        root_token: torch.Tensor,
+        probe: Probe | None,
+        perturb: torch.Tensor | None = None,
     ) -> Draft:
-        return self._draft_parallel(tree, feat, probe)
+        return self._draft_parallel(tree, feat, probe, perturb)
 
-    def probe_rows(self, master: Tree, feats: torch.Tensor, roots: torch.Tensor) -> list[Probe]:
-        """`probe_at` of B rows at once (a batched step): feats [B, H], roots [B]; one matmul per head for
-        every row instead of one per row (the projection's weights are read once)."""
-        ids, lp = self._topk_table(feats, master.depth, master.topk)  # [depth, B, k]
+    def probe_rows(
+        self, master: Tree, feats: torch.Tensor, roots: torch.Tensor, perturb: torch.Tensor | None = None
+    ) -> list[Probe]:
+        """`probe_at` of B rows at once (a batched step): feats [B, H], roots [B], perturb [B, depth, Vd]; one
+        matmul per head for every row instead of one per row (the projection's weights are read once)."""
+        rows = perturb[:, : master.depth].transpose(0, 1) if perturb is not None else None  # [depth, B, Vd]
+        ids, lp = self._topk_table(feats, master.depth, master.topk, rows)  # [depth, B, k]
         return [Probe(ids[:, b], lp[:, b]) for b in range(feats.shape[0])]
 
-    def _topk_table(self, feat: torch.Tensor, depth: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _topk_table(
+        self, feat: torch.Tensor, depth: int, k: int, perturb: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Every head reads the same feature [..., H]: top-k token ids and log-probabilities [depth, ..., k] of
-        heads 1..depth."""
+        heads 1..depth (`perturb` [depth, ..., Vd]: ranked by log-probability + perturbation)."""
         hs = torch.stack([self.heads[i].blocks(feat) for i in range(depth)])  # [depth, ..., H]
         logits = self._project_stack(hs)  # [depth, ..., Vd]
-        top_lp, top = F.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)  # [depth, ..., k]
+        return self._topk(F.log_softmax(logits.float(), dim=-1), k, perturb)
+
+    def _topk(
+        self, lp: torch.Tensor, k: int, perturb: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids and log-probabilities [..., k] of the k best of `lp` [..., Vd] (+ `perturb`, its shape)."""
+        if perturb is None:
+            top_lp, top = lp.topk(k, dim=-1)
+        else:
+            top = (lp + perturb.to(lp.device)).topk(k, dim=-1).indices
+            top_lp = lp.gather(-1, top)
         return self._draft_ids(top), top_lp
 
-    def _draft_parallel(self, tree: Tree, feat: torch.Tensor, probe: Probe | None = None) -> Draft:
+    def _draft_parallel(
+        self, tree: Tree, feat: torch.Tensor, probe: Probe | None = None, perturb: torch.Tensor | None = None
+    ) -> Draft:
         """One top-k table [depth, k] (the probe's when it covers the tree), gathered into the tree."""
         if probe is not None and tree.depth <= probe.depth and tree.topk <= probe.topk:
             tokens, logprobs = probe.tokens, probe.logprobs
         else:
-            tokens, logprobs = self._topk_table(feat, tree.depth, tree.topk)
+            rows = perturb[: tree.depth] if perturb is not None else None
+            tokens, logprobs = self._topk_table(feat, tree.depth, tree.topk, rows)
         depth, rank = self._plan(tree, feat.device, node_index)  # [N] each
         return Draft(tokens=tokens[depth, rank], logprobs=logprobs[depth, rank])
 
@@ -386,10 +417,13 @@ class Drafter:
 
     Contract: `extend(hidden)` with the hidden states of newly committed positions (the prompt, then each
     step's accepted path); `probe(master, root_token)` before the tree is chosen; `draft(tree, root_token,
-    probe)` for the chosen tree."""
+    probe)` for the chosen tree. With `noise` (the gumbel rule, accept.py) the drafts of depth d are the heads'
+    best candidates under the noise of position `length + d` (`length`: the committed positions; the root is
+    the next one), scaled by `temperature`."""
 
-    def __init__(self, heads: Heads):
-        self.heads = heads
+    def __init__(self, heads: Heads, noise: GumbelNoise | None = None, temperature: float = 1.0):
+        self.heads, self.noise, self.temperature = heads, noise, temperature
+        self.length = 0  # committed positions: the root token's position
         self._feature: torch.Tensor | None = None  # [H]
         self.kv: tuple[torch.Tensor, torch.Tensor] | None = None  # prefix-mlp: [1, nkv, S, hd] x2
         self.pending: list[torch.Tensor] = []  # committed hidden states [T, H] not yet advanced over
@@ -415,6 +449,17 @@ class Drafter:
             raise HeadsError(f"extend() takes hidden states [T, {size}], got {tuple(hidden.shape)}")
         if hidden.shape[0]:
             self.pending.append(hidden)
+            self.length += hidden.shape[0]
+
+    def perturbation(self, depth: int) -> torch.Tensor | None:
+        """[depth, Vd] T g over the draft vocabulary for depths 1..depth of this step's tree (None: no noise)."""
+        if self.noise is None:
+            return None
+        rows = self.noise.at(range(self.length + 1, self.length + 1 + depth))  # [depth, V]
+        vocab = self.heads.draft_vocab
+        if vocab is not None:
+            rows = rows[:, vocab.to(rows.device)]
+        return (self.temperature * rows).to(self.heads.device)
 
     def _require_feature(self) -> torch.Tensor:
         feature = self.feature
@@ -433,7 +478,7 @@ class Drafter:
         if tree.num_nodes == 0:
             empty = torch.empty(0, device=feat.device)
             return Draft(tokens=empty.long(), logprobs=empty.float())
-        return self.heads.draft_at(tree, feat, root_token, probe)
+        return self.heads.draft_at(tree, feat, root_token, probe, self.perturbation(tree.depth))
 
     @staticmethod
     @torch.inference_mode()
@@ -443,7 +488,12 @@ class Drafter:
         heads = drafters[0].heads
         heads.check_tree(master)
         feats = torch.stack([d._require_feature() for d in drafters])  # [B, H]
-        return heads.probe_rows(master, feats, roots)
+        perturb = None
+        if any(d.noise is not None for d in drafters):  # rows without noise rank by log-probability alone
+            rows = [d.perturbation(master.depth) for d in drafters]
+            zero = torch.zeros_like(next(r for r in rows if r is not None))
+            perturb = torch.stack([zero if r is None else r for r in rows])  # [B, depth, Vd]
+        return heads.probe_rows(master, feats, roots, perturb)
 
     @torch.inference_mode()
     def probe(self, master: Tree, root_token: torch.Tensor) -> Probe:
@@ -451,7 +501,8 @@ class Drafter:
         self.heads.check_tree(master)
         if master.num_nodes == 0:
             raise HeadsError("probe() needs a tree with at least one node: the root-only tree drafts nothing")
-        return self.heads.probe_at(master, self._require_feature(), root_token)
+        feature = self._require_feature()
+        return self.heads.probe_at(master, feature, root_token, self.perturbation(master.depth))
 
 
 class MedusaHeads(Heads):

@@ -106,33 +106,44 @@ class HydraHeads(Heads):
         """Level 0 is the root alone: head 1 reads concat(feature, emb(root)) [1, 2H]."""
         return torch.cat([feat, self._embed(root_token.reshape(1).to(feat.device))[0]])[None]
 
-    def _level_topk(self, d: int, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Head d's top-k token ids and log-probabilities for branch contexts x [P, (d+1)H]: [P, k] each."""
+    def _level_topk(
+        self, d: int, x: torch.Tensor, k: int, perturb: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head d's top-k token ids and log-probabilities for branch contexts x [P, (d+1)H]: [P, k] each
+        (`perturb` [Vd] or [P, Vd]: ranked by log-probability + perturbation, drafting.Heads)."""
         lp = F.log_softmax(self._draft_logits(d - 1, self.heads[d - 1].blocks(x)).float(), dim=-1)  # [P, Vd]
-        top_lp, top = lp.topk(k, dim=-1)  # [P, k]
-        return self._draft_ids(top), top_lp
+        return self._topk(lp, k, perturb)
 
-    def probe_at(self, master: Tree, feat: torch.Tensor, root_token: torch.Tensor) -> Probe:
+    def probe_at(
+        self, master: Tree, feat: torch.Tensor, root_token: torch.Tensor, perturb: torch.Tensor | None = None
+    ) -> Probe:
         if not self.grounded:
-            return super().probe_at(master, feat, root_token)
+            return super().probe_at(master, feat, root_token, perturb)
         ctx = self._root_context(feat, root_token)  # [1, 2H]
         k = self._plan(master, feat.device, level_plans)[0].k
-        return Probe(*self._level_topk(1, ctx, k), context=ctx)
+        return Probe(*self._level_topk(1, ctx, k, None if perturb is None else perturb[0]), context=ctx)
 
-    def probe_rows(self, master: Tree, feats: torch.Tensor, roots: torch.Tensor) -> list[Probe]:
+    def probe_rows(
+        self, master: Tree, feats: torch.Tensor, roots: torch.Tensor, perturb: torch.Tensor | None = None
+    ) -> list[Probe]:
         if not self.grounded:
-            return super().probe_rows(master, feats, roots)
+            return super().probe_rows(master, feats, roots, perturb)
         ctx = torch.cat([feats, self._embed(roots.to(feats.device))], dim=-1)  # [B, 2H]
         k = self._plan(master, feats.device, level_plans)[0].k
-        ids, lp = self._level_topk(1, ctx, k)  # [B, k]
+        ids, lp = self._level_topk(1, ctx, k, None if perturb is None else perturb[:, 0])  # [B, k]
         return [Probe(ids[b : b + 1], lp[b : b + 1], context=ctx[b : b + 1]) for b in range(feats.shape[0])]
 
     def draft_at(
-        self, tree: Tree, feat: torch.Tensor, root_token: torch.Tensor, probe: Probe | None
+        self,
+        tree: Tree,
+        feat: torch.Tensor,
+        root_token: torch.Tensor,
+        probe: Probe | None,
+        perturb: torch.Tensor | None = None,
     ) -> Draft:
         """Level by level: the depth-d nodes' head reads the feature and the tokens of their branch."""
         if not self.grounded:
-            return self._draft_parallel(tree, feat, probe)
+            return self._draft_parallel(tree, feat, probe, perturb)
         plans = self._plan(tree, feat.device, level_plans)
         tokens = torch.empty(tree.num_nodes, dtype=torch.long, device=feat.device)  # [N]
         logprobs = torch.empty(tree.num_nodes, dtype=torch.float32, device=feat.device)  # [N]
@@ -143,7 +154,8 @@ class HydraHeads(Heads):
             if d == 1 and reuse:  # level 1 (the root's children) is what the probe drafted
                 top_tok, top_lp = probe.tokens, probe.logprobs
             else:
-                top_tok, top_lp = self._level_topk(d, x, plan.k)  # [P, k] each
+                row = None if perturb is None else perturb[d - 1]  # [Vd] every depth-d node's position
+                top_tok, top_lp = self._level_topk(d, x, plan.k, row)  # [P, k] each
             tok = top_tok[plan.parent, plan.rank]  # [n_d]
             tokens[plan.out] = tok
             logprobs[plan.out] = top_lp[plan.parent, plan.rank]

@@ -26,7 +26,8 @@ THE FILE FORMAT (`"format": "entmtp-profile"`, `"version": 1`), one JSON object 
                     trees: name -> {nodes, ms_per_step, measured_tokens_per_second, measured_tokens_per_step,
                     timed_steps (optional)}; "none" is plain decoding
   modes             "greedy" and, optionally, the T > 0 sections by acceptance rule: "sample" (lossless
-                    rejection sampling) and "typical" (typical acceptance), each calibrated at T=0.7:
+                    rejection sampling), "typical" (typical acceptance) and "gumbel" (lossless Gumbel-max
+                    sampling, drafts under the same noise), each calibrated at T=0.7:
     growth                max depth ("1".."D") -> the greedy growth's rank paths, in the order they were added
     acceptance_frontier   [{name, nodes, depth, paths, mean_accepted_all_positions, tokens_per_step_simulated,
                           and, for trees measured here, ms_per_step, measured_tokens_per_second,
@@ -544,7 +545,7 @@ class Profile:
     versions: Versions
     calibration: CalibrationRun
     latency: Latency
-    modes: Mapping[str, ModeProfile]  # "greedy", and "sample" / "typical" when calibrated at T > 0
+    modes: Mapping[str, ModeProfile]  # "greedy", and "sample" / "typical" / "gumbel" when calibrated at T > 0
     traces: tuple[TraceMeta, ...] | None = None  # the greedy traces in the sidecar (None: not written yet)
     traces_sha256: str | None = None
     path: Path | None = field(default=None, compare=False)  # the file it was read from or saved to
@@ -633,7 +634,7 @@ class Profile:
         return self.mode_for_rule(Sampling(temperature, acceptance).rule)
 
     def mode_for_rule(self, rule: str) -> str:
-        """The section an acceptance `rule` (greedy | sample | typical) uses (see `mode_for`)."""
+        """The section an acceptance `rule` (accept.ACCEPTANCE) uses (see `mode_for`)."""
         for mode in (rule, *(m for m in SAMPLED if m != rule and rule != "greedy")):
             if mode in self.modes:
                 return mode

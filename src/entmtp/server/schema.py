@@ -189,7 +189,7 @@ def usage(result) -> dict:
             "steps": result.num_steps,
             "tokens_per_step": result.mean_tokens_per_step,
             "tokens_per_second": result.tokens_per_second,
-            "acceptance": result.acceptance,  # greedy | sample (lossless) | typical (not lossless)
+            "acceptance": result.acceptance,  # greedy | sample, gumbel (lossless) | typical (not lossless)
         },
     }
 
