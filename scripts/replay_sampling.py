@@ -70,8 +70,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     tasks = [t for t in args.tasks.split(",") if t]
     rules = [r for r in args.rules.split(",") if r]
-    if not rules or any(r not in ("sample", "typical") for r in rules):
-        raise SystemExit(f"--rules {args.rules}: use sample, typical or both (comma list)")
+    if not rules or any(r not in ("sample", "typical", "gumbel") for r in rules):
+        raise SystemExit(f"--rules {args.rules}: use some of sample, typical, gumbel (comma list)")
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
         raise SystemExit(f"unknown task(s) {', '.join(unknown)}: use some of {', '.join(TASKS)}")
@@ -104,9 +104,9 @@ def main() -> None:
                     union = profile.mode(mode).trace_tree
                     traces = [
                         trace_generation(
-                            engine.base, heads, ids + out, len(ids), sampling, union and union.tree()
+                            engine.base, heads, ids + out, len(ids), sampling, union and union.tree(), seed=i
                         )
-                        for ids, out in outputs[task]
+                        for i, (ids, out) in enumerate(outputs[task])
                         if len(out) >= 2
                     ]
                     stored = profile.latency.model()

@@ -105,7 +105,7 @@ def test_replay_sampling_names_an_unknown_rule_before_loading_anything(tmp_path)
     out = tmp_path / "out"
     run = run_script("replay_sampling.py", "--rules", "sample,greedy", "--out", str(out))
     assert run.returncode != 0
-    assert "--rules sample,greedy: use sample, typical or both" in run.stderr
+    assert "--rules sample,greedy: use some of sample, typical, gumbel" in run.stderr
     assert not out.exists()
 
 

@@ -15,8 +15,9 @@ from conftest import ByteTokenizer
 from entmtp.accept import Sampling, accept
 from entmtp.calibration.replay import replay
 from entmtp.calibration.search import step_tokens
-from entmtp.calibration.traces import SAMPLE, TYPICAL, generate_traces, trace_generation
+from entmtp.calibration.traces import GUMBEL, SAMPLE, TYPICAL, generate_traces, trace_generation
 from entmtp.engine import Engine
+from entmtp.errors import EntMTPError
 from entmtp.tree import Tree, load_tree, union_tree
 from scheduler_helpers import fitted_setup
 
@@ -68,6 +69,29 @@ def test_a_sampled_generation_replays_step_for_step(peaked, name):
         assert step_tokens(tree, trace) == [s.tokens for s in r.steps], seed
         multi += sum(s.accepted >= 2 for s in r.steps)
     assert multi  # steps that accept several drafts: the comparison has teeth
+
+
+@pytest.mark.parametrize("name", ["chain_4", "tree_8", "mc_sim_7b_63"])
+def test_a_gumbel_generation_replays_step_for_step_and_every_tree_writes_it(peaked, name):
+    """Under the gumbel rule the heads draft under the seed's noise and a trace ranks their candidates under
+    the same noise, so the trace replays the decode step for step; and the text is the seed's whatever the
+    tree (plain decoding's included)."""
+    model, ids, heads = peaked
+    tree = load_tree(name)
+    engine = Engine(model, ByteTokenizer(), heads=heads, tree=tree)
+    plain = Engine(model, ByteTokenizer())
+    multi = 0
+    for seed in range(4):
+        kw = dict(max_new_tokens=24, temperature=0.7, acceptance="gumbel", seed=seed)
+        r = engine.generate(ids, **kw)
+        assert r.token_ids == plain.generate(ids, **kw).token_ids, seed
+        trace = trace_generation(engine.base, heads, ids + r.token_ids, len(ids), GUMBEL, seed=seed)
+        assert trace.seed == seed
+        assert step_tokens(tree, trace) == [s.tokens for s in r.steps], seed
+        multi += sum(s.accepted >= 2 for s in r.steps)
+    assert multi  # steps that accept several drafts: the comparison has teeth
+    with pytest.raises(EntMTPError, match="needs the generation's seed"):
+        trace_generation(engine.base, heads, ids + r.token_ids, len(ids), GUMBEL)
 
 
 def _histogram(lengths) -> dict[int, float]:

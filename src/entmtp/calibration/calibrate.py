@@ -523,12 +523,14 @@ def add_sampled(
     settings: CalibrationSettings = CalibrationSettings(),
     log=print,
 ) -> Profile:
-    """`profile` with the T > 0 section of `sampling`'s rule ("sample" or "typical") from `traces` made by
+    """`profile` with the T > 0 section of `sampling`'s rule (sample, typical or gumbel) from `traces` made by
     `generate_traces(..., sampling=sampling)`; step latencies come from the profile's greedy-side measurements
     (a tree's step costs the same whatever the acceptance rule), so nothing is timed again."""
     rule = sampling.rule
     if rule == "greedy":
-        raise EntMTPError("add_sampled needs a sampling rule (sample or typical); greedy is the main section")
+        raise EntMTPError(
+            "add_sampled needs a sampling rule (sample, typical, gumbel); greedy is the main section"
+        )
     if not traces or any((t.passes is not None) != (rule == "typical") for t in traces):
         raise EntMTPError(
             f"add_sampled({rule!r}) needs traces of {rule}-acceptance generations "
@@ -612,7 +614,9 @@ def retrace(
         sampling = profile.mode(mode).sampling
         new[mode] = []
         for tr, tokens in zip(traces, generations[mode], strict=True):
-            new[mode].append(trace_generation(base, heads, tokens, tr.prompt_len, sampling, tr.union))
+            new[mode].append(
+                trace_generation(base, heads, tokens, tr.prompt_len, sampling, tr.union, seed=tr.seed)
+            )
             if progress:
                 progress.advance(task)
     renamed = replace(profile, heads=replace(old, checksum=heads_checksum(heads)))

@@ -19,6 +19,10 @@ At T > 0 the two sampling rules (accept.py) differ in what a trace of one sample
            emitted tokens are a sample of the base model at T whatever the tree. A trace of one sampled
            generation (its rank vectors, as for greedy) therefore replays any tree or policy exactly, step by
            step, for that random outcome, and a set of them in distribution (tests/test_sampling_replay.py).
+  gumbel   the same as sample, with the noise the generation was drawn with (GumbelNoise, from its seed): a
+           tree accepts the longest path that matches the emitted tokens, which no tree changes, and the heads'
+           candidates at a position are ranked by log-probability + T g there. So the ranks are taken under
+           that perturbation, and a trace replays any tree or policy exactly, as for greedy.
   typical  keeps the longest path whose drafts pass the typical test; several siblings may pass and the output
            depends on the tree. At every root of the sampled trajectory the heads draft a whole union tree
            (`union_passes`: every tree the search may grow is a subtree of it) and the base model verifies it
@@ -47,7 +51,7 @@ import torch.nn.functional as F
 from rich.progress import Progress
 from safetensors.torch import load_file
 
-from ..accept import Sampling, _typical_ok
+from ..accept import GumbelNoise, Sampling, _typical_ok
 from ..cache import BaseModel
 from ..errors import EntMTPError
 from ..files import save_tensors_atomic
@@ -59,7 +63,10 @@ TOPK = 10  # candidates per head recorded; ranks >= TOPK count as misses (no tre
 MISS = TOPK  # rank recorded for a token outside the heads' top TOPK (or past the end)
 TYPICAL = Sampling(temperature=0.7, acceptance="typical")  # the paper's setting (eps 0.09, alpha 0.3)
 SAMPLE = Sampling(temperature=0.7, acceptance="sample")  # lossless, at the paper's temperature
-SAMPLED = (SAMPLE, TYPICAL)  # the T > 0 sections `entmtp calibrate` makes
+GUMBEL = Sampling(temperature=0.7, acceptance="gumbel")  # lossless, tree-invariant per seed
+# the T > 0 sections `entmtp calibrate` makes; gumbel runs the sample section's policies (Profile.mode_for:
+# the same temperature and exclusive acceptance, and replays found their accepted lengths within a few %)
+SAMPLED = (SAMPLE, TYPICAL)
 
 
 @dataclass
@@ -77,6 +84,7 @@ class Trace:
     # test at its parent's base distribution there (its ancestors' passes aside)
     passes: torch.Tensor | None = None  # [R, union.num_nodes] bool
     union: Tree | None = None
+    seed: int | None = None  # gumbel only: the generation's seed, which fixed its noise (and its drafts')
 
     @property
     def output_tokens(self) -> int:
@@ -96,10 +104,13 @@ def trace_generation(
     prompt_len: int,
     sampling: Sampling | None = None,
     union: Tree | None = None,
+    seed: int | None = None,
+    noise: GumbelNoise | None = None,
 ) -> Trace:
     """Teacher-force `heads` over one finished generation `tokens` (prompt + output). Greedy or lossless
     `sampling` (the output sampled with it): the rank vectors are all a replay needs (module docstring). Typical
-    `sampling` needs `union`, the tree drafted and verified at every root (`union_passes`)."""
+    `sampling` needs `union`, the tree drafted and verified at every root (`union_passes`); gumbel `sampling`
+    the generation's `seed` (or its `noise` itself, e.g. drawn from the posterior given the tokens)."""
     if len(tokens) <= prompt_len + 1:
         raise EntMTPError("a calibration generation needs at least two output tokens")
     dev = base.device
@@ -114,6 +125,12 @@ def trace_generation(
     typical = sampling is not None and sampling.rule == "typical"
     if typical and union is None:
         raise EntMTPError("a trace of typical acceptance needs the union tree to verify at every root")
+    if sampling is None or sampling.rule != "gumbel":
+        noise = None
+    elif noise is None:
+        if seed is None:
+            raise EntMTPError("a trace of gumbel sampling needs the generation's seed (its noise)")
+        noise = GumbelNoise(seed, base.lm_head.weight.shape[0], dev)
     col_of = torch.arange(base.lm_head.weight.shape[0], device=dev)  # token id -> column in the draft logits
     if heads.draft_vocab is not None:  # -1: not draftable
         col_of = torch.full_like(col_of, -1)
@@ -124,15 +141,20 @@ def trace_generation(
         valid = target < L
         col = col_of[ids[target.clamp(max=L - 1)]]  # [R]
         valid &= col >= 0
-        true_lp = lp.gather(1, col.clamp(min=0)[:, None])  # [R, 1]
-        rank = (lp > true_lp).sum(dim=1)  # [R]
+        score = lp  # what the heads rank their candidates by (gumbel: + T g of the target's position)
+        if noise is not None:
+            g = noise.at(target.clamp(max=L - 1).tolist())  # [R, V]
+            g = g if heads.draft_vocab is None else g[:, heads.draft_vocab.to(dev)]
+            score = lp + sampling.temperature * g
+        true_score = score.gather(1, col.clamp(min=0)[:, None])  # [R, 1]
+        rank = (score > true_score).sum(dim=1)  # [R]
         rank = torch.where(valid & (rank < TOPK), rank, torch.full_like(rank, MISS))
         ranks[:, d] = rank.cpu()
-        top_lp, top = lp.topk(TOPK, dim=-1)  # [R, K]
+        top = score.topk(TOPK, dim=-1).indices  # [R, K]
         if d < dp:
-            probe[:, d] = top_lp.cpu()
+            probe[:, d] = lp.gather(1, top).cpu()
     raw = raw_signals(root_stats(fwd.logits[t]).cpu(), probe)  # [R, 4]
-    trace = Trace(prompt_len, L, ranks, probe, raw, ids.cpu())
+    trace = Trace(prompt_len, L, ranks, probe, raw, ids.cpu(), seed=seed if noise is not None else None)
     if typical:
         trace.passes, trace.union = (
             union_passes(base, heads, ids, prompt_len, fwd.hidden, union, sampling),
@@ -230,7 +252,7 @@ def generate_traces(
         outs.append(out)
         if len(out) >= 2:
             traces.append(
-                trace_generation(engine.base, heads, list(ids) + list(out), len(ids), sampling, union)
+                trace_generation(engine.base, heads, list(ids) + list(out), len(ids), sampling, union, seed=i)
             )
         if progress:
             progress.advance(task)
@@ -272,6 +294,8 @@ def save_traces(
                 tensors[f"{prefix}{i}.passes"] = tr.passes.to(torch.uint8)
             if tr.tokens is not None:
                 tensors[f"{prefix}{i}.tokens"] = tr.tokens.to(torch.int32)
+            if tr.seed is not None:
+                tensors[f"{prefix}{i}.seed"] = torch.tensor([tr.seed], dtype=torch.int64)
     save_tensors_atomic(side, tensors)
     modes = dict(profile.modes)
     for rule, trs in sampled.items():
@@ -305,7 +329,7 @@ def load_traces(profile: Profile, mode: str = "greedy") -> list[Trace]:
     out = []
     for i, meta in enumerate(profile.trace_metas(mode)):
         key = f"{prefix}{i}"
-        passes, toks = t.get(f"{key}.passes"), t.get(f"{key}.tokens")
+        passes, toks, seed = t.get(f"{key}.passes"), t.get(f"{key}.tokens"), t.get(f"{key}.seed")
         out.append(
             Trace(
                 meta.prompt_len,
@@ -316,6 +340,7 @@ def load_traces(profile: Profile, mode: str = "greedy") -> list[Trace]:
                 None if toks is None else toks.long(),
                 None if passes is None else passes.bool(),
                 None if passes is None else union,
+                None if seed is None else int(seed[0]),
             )
         )
     return out
