@@ -26,6 +26,9 @@ BUCKETS = ((0, 0), (1, 3), (4, 5), (6, 10_000))  # tree nodes
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", default="writing")
+    ap.add_argument(
+        "--profile", default=None, help="a task's shipped profile or a profile file (default: mixed)"
+    )
     ap.add_argument("--num-prompts", type=int, default=5)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--temperature", type=float, default=0.7)
@@ -42,7 +45,7 @@ def main() -> None:
         return choose(policy, ctx)
 
     DynamicPolicy.choose = noting_context
-    engine = build_engine(EngineSpec(dtype=args.dtype, threads=args.threads))
+    engine = build_engine(EngineSpec(dtype=args.dtype, threads=args.threads, profile=args.profile))
     steps, context = [], []
     for i, prompt in enumerate(load_prompts(args.task, "test", args.num_prompts)):
         contexts.clear()
