@@ -1,5 +1,6 @@
 """The embedded SmolLM2-135M-Instruct, float32: speculative greedy == plain greedy == transformers' generate
-on 20 prompts of the four benchmark sets, with Medusa and Hydra heads and three trees."""
+on 20 prompts of the four benchmark sets, with Medusa and Hydra heads and three trees (and the gumbel rule's
+seeded sampling == plain gumbel sampling)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,20 @@ def test_speculative_equals_plain_greedy(engines, i):
         ids = encode_prompt(tok, prompt)
         hf = model.generate(torch.tensor([ids]), max_new_tokens=N_NEW, do_sample=False)[0, len(ids) :]
         assert hf.tolist() == ref.token_ids
+
+
+@pytest.mark.parametrize("task", FOUR_TASKS)
+def test_gumbel_sampling_with_trained_heads_equals_plain_gumbel_sampling(engines, task):
+    """At T=0.7 under the gumbel rule the trained heads' drafts (under the seed's noise) are accepted and the
+    text is plain sampling's for that seed, token for token, whatever the tree."""
+    model, tok, plain, spec = engines
+    prompt = load_prompts(task, "calib", n=1)[0]
+    kw = dict(max_new_tokens=N_NEW, temperature=0.7, acceptance="gumbel", seed=7)
+    ref = plain.generate(prompt, **kw).token_ids
+    for kind in HEAD_KINDS:
+        out = spec[(kind, TREES[FOUR_TASKS.index(task) % len(TREES)])].generate(prompt, **kw)
+        assert out.token_ids == ref, f"{kind} heads, {task}"
+        assert out.num_steps < len(ref) - 1  # steps accepted drafts: the check has teeth
 
 
 @pytest.mark.parametrize("policy", ["static", "dynamic+lookup"])
