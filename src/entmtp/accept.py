@@ -124,10 +124,31 @@ def accept(
         return accept_targets(tree, tokens, gumbel_targets(logits, noise, sampling.temperature))
     # Random draws use the caller's CPU generator (seeded runs repeat on any device): sample on the CPU.
     tokens = tokens.cpu()
-    probs = torch.softmax(logits.float().cpu() / sampling.temperature, dim=-1)  # [N+1, V]
     if rule == "typical":
+        probs = torch.softmax(logits.float().cpu() / sampling.temperature, dim=-1)  # [N+1, V]
         return accept_typical(tree, tokens, probs, sampling.typical_eps, sampling.typical_alpha, generator)
-    return accept_sample(tree, tokens, probs, generator)
+    return accept_sample(tree, tokens, _Rows(logits, sampling.temperature), generator)
+
+
+class _Rows:
+    """The temperature-T distributions [V] of the nodes a rejection-sampling walk visits (often one or two of
+    a tree's rows), each computed on the CPU when first read."""
+
+    def __init__(self, logits: torch.Tensor, temperature: float):
+        self.logits, self.temperature, self._rows = logits, temperature, {}
+
+    def __getitem__(self, node: int) -> torch.Tensor:
+        if node not in self._rows:
+            self._rows[node] = torch.softmax(self.logits[node].float().cpu() / self.temperature, dim=-1)
+        return self._rows[node]
+
+
+def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token with probability proportional to `weights` [V] (>= 0, not all 0): the inverse CDF at one
+    uniform, in float64 (torch.multinomial costs ~15x more over a 49k vocabulary on a CPU)."""
+    cdf = weights.double().cumsum(0)
+    u = torch.rand((), generator=generator, dtype=torch.float64) * cdf[-1]
+    return int(torch.searchsorted(cdf, u, right=True).clamp(max=cdf.numel() - 1))
 
 
 def accept_greedy(tree: Tree, tokens: torch.Tensor, logits: torch.Tensor) -> Accepted:
@@ -163,36 +184,34 @@ def _children(tree: Tree) -> list[list[int]]:
     return kids
 
 
-def accept_sample(
-    tree: Tree, tokens: torch.Tensor, probs: torch.Tensor, generator: torch.Generator | None
-) -> Accepted:
-    """Recursive rejection sampling over the tree. Siblings that draft the same token (a hybrid tree's lookup
-    branch can repeat a head's draft) are one candidate: once the token is accepted, the walk goes on below
-    every node that drafted it, so a draft is never lost to a duplicate beside it; the path kept is the first
-    of the deepest nodes reached (all have the same tokens, hence the same distributions, up to rounding)."""
+def accept_sample(tree: Tree, tokens: torch.Tensor, probs, generator: torch.Generator | None) -> Accepted:
+    """Recursive rejection sampling over the tree; `probs[i]` is node i's temperature-T distribution [V] (a
+    [N+1, V] tensor, or `_Rows` computing the visited ones). Siblings that draft the same token (a hybrid
+    tree's lookup branch can repeat a head's draft) are one candidate: once the token is accepted, the walk
+    goes on below every node that drafted it, so a draft is never lost to a duplicate beside it; the path kept
+    is the first of the deepest nodes reached (all have the same tokens, hence the same distributions, up to
+    rounding)."""
     kids, tok = _children(tree), tokens.tolist()
     nodes = [0]  # every node whose branch drafted exactly the tokens accepted so far
     while True:
         below = [c for n in nodes for c in kids[n]]
+        residual = probs[nodes[0]]  # [V], unnormalised once a child is rejected: `mass` is what it sums to
         if not below:
-            return Accepted(
-                _path(tree, nodes[0]), int(torch.multinomial(probs[nodes[0]], 1, generator=generator))
-            )
-        residual = probs[nodes[0]].clone()  # [V]
-        nxt = None
+            return Accepted(_path(tree, nodes[0]), _draw(residual, generator))
+        mass, nxt, owned = 1.0, None, False
         for t in dict.fromkeys(tok[c] for c in sorted(below, key=lambda c: int(tree.ranks[c]))):
             p = float(residual[t])
-            if p > 0 and float(torch.rand((), generator=generator)) < p:
+            if p > 0 and float(torch.rand((), generator=generator)) * mass < p:  # p / mass: the residual's
                 nxt = t
                 break
-            residual[t] = 0.0  # rejected: remove it and renormalise
-            total = residual.sum()
-            if total <= 0:
+            if not owned:  # the node's distribution itself stays as it is
+                residual, owned = residual.clone(), True
+            residual[t] = 0.0  # rejected: the next child is tried against what is left
+            mass -= p
+            if mass <= 0:
                 break
-            residual /= total
         if nxt is None:
-            bonus = int(torch.multinomial(residual, 1, generator=generator))
-            return Accepted(_path(tree, nodes[0]), bonus)
+            return Accepted(_path(tree, nodes[0]), _draw(residual, generator))
         nodes = [c for c in below if tok[c] == nxt]
 
 
@@ -230,4 +249,4 @@ def accept_typical(
     last = probs[path[-1]] * passing[path[-1]]
     if last.sum() <= 0:  # nothing passes (cannot happen: the argmax always passes); fall back to argmax
         return Accepted(path, int(probs[path[-1]].argmax()))
-    return Accepted(path, int(torch.multinomial(last / last.sum(), 1, generator=generator)))
+    return Accepted(path, _draw(last, generator))
