@@ -128,20 +128,22 @@ def test_gumbel_targets_are_draws_from_the_temperature_distribution():
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
     temperature, n = 0.7, 20000
     noise = GumbelNoise(seed=0, vocab_size=V).at(range(n))  # [n, V]
-    draws = gumbel_targets(logits.expand(n, V), noise, temperature)
+    root = Tree.root_only()
+    draws = torch.cat([gumbel_targets(root, logits, noise[i : i + 1], temperature) for i in range(n)])
     freq = torch.bincount(draws, minlength=V).float() / n
     tv = 0.5 * (freq - torch.softmax(logits[0] / temperature, dim=-1)).abs().sum()
     assert tv < 0.02, f"gumbel draws off the temperature-T distribution by TV {tv:.3f}"
 
 
 def test_gumbel_acceptance_is_greedy_against_the_perturbed_targets():
-    """Each node's target is argmax(logits / T + its noise row): here the noise overrules the logits at the
-    root (token 2 wins) and after node 2 (token 5), so the path is the one greedy would keep for them."""
+    """Each node's target is argmax(logits / T + the noise row of its depth): here the noise overrules the
+    logits after the root (token 2 wins), after the depth-1 nodes (token 5) and after the depth-2 ones (token
+    3), so the path is the one greedy would keep for those targets."""
     tokens = torch.tensor([0, 1, 2, 3, 4, 5])
     logits = torch.zeros(TREE.size, V)
     logits[:, 0] = 1.0  # the argmax is 0 everywhere: greedy would keep nothing
-    noise = torch.zeros(TREE.size, V)
-    noise[0, 2] = noise[2, 5] = noise[5, 3] = 5.0
+    noise = torch.zeros(TREE.depth + 1, V)
+    noise[0, 2] = noise[1, 5] = noise[2, 3] = 5.0
     acc = accept(TREE, tokens, logits, Sampling(temperature=1.0, acceptance="gumbel"), noise=noise)
     assert acc.path == [0, 2, 5] and acc.bonus == 3
     with pytest.raises(EntMTPError, match="needs the noise"):

@@ -94,9 +94,14 @@ class GumbelNoise:
         return torch.stack([self.row(p) for p in positions])
 
 
-def gumbel_targets(logits: torch.Tensor, noise: torch.Tensor, temperature: float) -> torch.Tensor:
-    """[N+1] the token after each node: argmax(logits / T + g) per row (logits [N+1, V], noise [N+1, V])."""
-    return (logits.float() / temperature + noise.to(logits.device)).max(dim=-1).indices
+def gumbel_targets(tree: Tree, logits: torch.Tensor, noise: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[N+1] the token after each node of `tree`: argmax(logits / T + g) per row (logits [N+1, V]), g the row of
+    `noise` [D+1, V] of the node's depth (the nodes of one depth are contiguous, root first)."""
+    scores = logits.to(torch.float32, copy=True)  # [N+1, V]; argmax(logits / T + g) = argmax(logits + T g)
+    noise = noise.to(scores.device)
+    for depth, rows in enumerate((slice(0, 1), *tree.level_slices[: noise.shape[0] - 1])):
+        scores[rows].add_(noise[depth], alpha=temperature)
+    return scores.max(dim=-1).indices
 
 
 @dataclass(frozen=True)
@@ -111,7 +116,7 @@ def accept(
     logits: torch.Tensor,  # [N+1, V] base logits at every node
     sampling: Sampling,
     generator: torch.Generator | None = None,
-    noise: torch.Tensor | None = None,  # gumbel: [N+1, V] the noise of the position after each node
+    noise: torch.Tensor | None = None,  # gumbel: [D+1, V] row d: the noise of the position after depth d
 ) -> Accepted:
     rule = sampling.rule
     if rule == "greedy":
@@ -119,9 +124,9 @@ def accept(
     if rule == "gumbel":
         if noise is None:
             raise EntMTPError(
-                "gumbel acceptance needs the noise of the positions after each node (GumbelNoise)"
+                "gumbel acceptance needs the noise of the positions after each depth (GumbelNoise)"
             )
-        return accept_targets(tree, tokens, gumbel_targets(logits, noise, sampling.temperature))
+        return accept_targets(tree, tokens, gumbel_targets(tree, logits, noise, sampling.temperature))
     # Random draws use the caller's CPU generator (seeded runs repeat on any device): sample on the CPU.
     tokens = tokens.cpu()
     if rule == "typical":

@@ -404,8 +404,9 @@ def conclude(engine: Engine, state: DecodeState, step: Pending, fwd) -> TokenEve
     tree, tokens, times, clock = step.tree, step.tokens, step.times, step.clock
     # (4) accept: the longest path the base model agrees with, plus its bonus token
     noise = None
-    if state.noise is not None:  # node i's next token sits at the root's position + depth(i) + 1
-        noise = state.noise.at((state.cache.length + 1 + tree.depths).tolist())
+    if state.noise is not None:  # a depth-d node's next token sits at the root's position + d + 1
+        start = state.cache.length + 1
+        noise = state.noise.at(range(start, start + tree.depth + 1))
     acc = accept(tree, tokens, fwd.logits, state.sampling, state.generator, noise)
     times["accept"] = clock.lap()
     # (5) commit: keep the accepted path in the KV cache and feed its hidden states to the heads
