@@ -58,16 +58,16 @@ def test_speculative_equals_plain_greedy(engines, i):
         assert hf.tolist() == ref.token_ids
 
 
-@pytest.mark.parametrize("task", FOUR_TASKS)
-def test_gumbel_sampling_with_trained_heads_equals_plain_gumbel_sampling(engines, task):
+@pytest.mark.parametrize("task,tree", [("humaneval", "mc_sim_7b_63"), ("writing", "chain_4")])
+def test_gumbel_sampling_with_trained_heads_equals_plain_gumbel_sampling(engines, task, tree):
     """At T=0.7 under the gumbel rule the trained heads' drafts (under the seed's noise) are accepted and the
-    text is plain sampling's for that seed, token for token, whatever the tree."""
+    text is plain sampling's for that seed, token for token (the heads' surest task and their least sure)."""
     model, tok, plain, spec = engines
     prompt = load_prompts(task, "calib", n=1)[0]
     kw = dict(max_new_tokens=N_NEW, temperature=0.7, acceptance="gumbel", seed=7)
     ref = plain.generate(prompt, **kw).token_ids
     for kind in HEAD_KINDS:
-        out = spec[(kind, TREES[FOUR_TASKS.index(task) % len(TREES)])].generate(prompt, **kw)
+        out = spec[(kind, tree)].generate(prompt, **kw)
         assert out.token_ids == ref, f"{kind} heads, {task}"
         assert out.num_steps < len(ref) - 1  # steps accepted drafts: the check has teeth
 

@@ -129,10 +129,10 @@ def accept(
         return accept_targets(tree, tokens, gumbel_targets(tree, logits, noise, sampling.temperature))
     # Random draws use the caller's CPU generator (seeded runs repeat on any device): sample on the CPU.
     tokens = tokens.cpu()
+    probs = _Rows(logits, sampling.temperature)
     if rule == "typical":
-        probs = torch.softmax(logits.float().cpu() / sampling.temperature, dim=-1)  # [N+1, V]
         return accept_typical(tree, tokens, probs, sampling.typical_eps, sampling.typical_alpha, generator)
-    return accept_sample(tree, tokens, _Rows(logits, sampling.temperature), generator)
+    return accept_sample(tree, tokens, probs, generator)
 
 
 class _Rows:
@@ -227,31 +227,39 @@ def _path(tree: Tree, node: int) -> list[int]:
     return path[::-1]
 
 
+def _typical_threshold(probs: torch.Tensor, eps: float, alpha: float) -> torch.Tensor:
+    """[.., 1] the typical test's bar for distributions [.., V]: min(eps, alpha * exp(-H(p)))."""
+    entropy = -(probs * torch.log(probs.clamp_min(1e-20))).sum(dim=-1, keepdim=True)
+    return torch.minimum(torch.full_like(entropy, eps), alpha * torch.exp(-entropy))
+
+
 def _typical_ok(probs: torch.Tensor, eps: float, alpha: float) -> torch.Tensor:
     """[.., V] bool: tokens passing p(x) > min(eps, alpha * exp(-H(p)))."""
-    entropy = -(probs * torch.log(probs.clamp_min(1e-20))).sum(dim=-1, keepdim=True)
-    threshold = torch.minimum(torch.full_like(entropy, eps), alpha * torch.exp(-entropy))
-    return probs > threshold
+    return probs > _typical_threshold(probs, eps, alpha)
 
 
 def accept_typical(
-    tree: Tree,
-    tokens: torch.Tensor,
-    probs: torch.Tensor,
-    eps: float,
-    alpha: float,
-    generator: torch.Generator | None,
+    tree: Tree, tokens: torch.Tensor, probs, eps: float, alpha: float, generator: torch.Generator | None
 ) -> Accepted:
-    dev = probs.device
-    passing = _typical_ok(probs, eps, alpha)  # [N+1, V]
-    right = passing[tree.parents.to(dev).clamp(min=0), tokens]  # [N+1]
-    right[0] = True
-    rows = tree.retrieve_indices.to(dev)
-    ok = right[rows.clamp(min=0)] & (rows >= 0)
+    """The longest path whose drafts pass the typical test at their parent's distribution (`probs[i]`, [V]:
+    a [N+1, V] tensor or `_Rows`); only the distributions of nodes the passing drafts reach are read."""
+    parents, tok = tree.parents.tolist(), tokens.tolist()
+    threshold: dict[int, torch.Tensor] = {}  # per reached node: its bar (`_typical_threshold`)
+    right = [True] + [False] * tree.num_nodes  # node passes (its parent reached); the rest never matter
+    for c in range(1, tree.size):  # parents come before their children
+        p = parents[c]
+        if not right[p]:
+            continue
+        if p not in threshold:
+            threshold[p] = _typical_threshold(probs[p], eps, alpha)
+        right[c] = bool(probs[p][tok[c]] > threshold[p])
+    rows = tree.retrieve_indices  # [L, D+1], -1 padded
+    ok = torch.tensor(right)[rows.clamp(min=0)] & (rows >= 0)
     lengths = ok.int().cumprod(dim=1).sum(dim=1)
     best = int(lengths.argmax())
     path = rows[best, : int(lengths[best])].tolist()
-    last = probs[path[-1]] * passing[path[-1]]
+    last = probs[path[-1]]
+    last = last * _typical_ok(last, eps, alpha)
     if last.sum() <= 0:  # nothing passes (cannot happen: the argmax always passes); fall back to argmax
         return Accepted(path, int(probs[path[-1]].argmax()))
     return Accepted(path, _draw(last, generator))
