@@ -100,6 +100,14 @@ def plain(embedded):
 
 
 CHAT = [{"role": "user", "content": "Name three colors, one per line."}]
+# asks for a long reply: sampled at T=0.9 it runs to max_tokens, past the timeouts the tests below rely on,
+# whatever the seed's text (a short prompt's reply can end at EOS within them)
+STORY = [
+    {
+        "role": "user",
+        "content": "Write a long story about a dragon who learns to bake bread, in many chapters.",
+    }
+]
 
 
 def test_chat_streamed_equals_non_streamed_equals_plain_greedy(client, plain):
@@ -333,7 +341,7 @@ def _metric(server, name: str, **labels: str) -> float:
 
 def test_a_client_that_disconnects_stops_its_generation(server, client):
     before = _metric(server, "entmtp_cancelled_generations_total")
-    body = {"messages": CHAT, "max_tokens": 400, "temperature": 0.9, "seed": 1, "stream": True}
+    body = {"messages": STORY, "max_tokens": 400, "temperature": 0.9, "seed": 1, "stream": True}
     with httpx.stream("POST", f"{server}/v1/chat/completions", json=body, timeout=60) as r:
         lines = r.iter_lines()
         got = [next(lines) for _ in range(4)]
@@ -443,7 +451,7 @@ def test_a_multi_token_stop_string_streams_what_the_non_streamed_reply_is(client
 
 def test_a_non_streamed_client_that_disconnects_frees_the_worker(server):
     before = _metric(server, "entmtp_cancelled_generations_total")
-    body = {"messages": CHAT, "max_tokens": 400, "temperature": 0.9, "seed": 2}
+    body = {"messages": STORY, "max_tokens": 400, "temperature": 0.9, "seed": 2}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server}/v1/chat/completions", json=body, timeout=1.5)
     left = time.time()
@@ -553,7 +561,7 @@ def test_worker_retry_after_is_the_queue_times_the_recent_service_time():
 
 def test_sigterm_drains_and_ends_every_open_stream_in_openai_shape(tmp_path):
     proc, url, log = _start_server(tmp_path, "--max-queue", "4", "--drain-timeout", "2")
-    body = {"messages": CHAT, "max_tokens": 600, "temperature": 0.9, "seed": 5, "stream": True}
+    body = {"messages": STORY, "max_tokens": 600, "temperature": 0.9, "seed": 5, "stream": True}
     streams: list[list[str]] = [[] for _ in range(3)]
     plain_reply: list[httpx.Response] = []
     started = threading.Event()
