@@ -99,7 +99,7 @@ def gumbel_targets(tree: Tree, logits: torch.Tensor, noise: torch.Tensor, temper
     `noise` [D+1, V] of the node's depth (the nodes of one depth are contiguous, root first)."""
     scores = logits.to(torch.float32, copy=True)  # [N+1, V]; argmax(logits / T + g) = argmax(logits + T g)
     noise = noise.to(scores.device)
-    for depth, rows in enumerate((slice(0, 1), *tree.level_slices[: noise.shape[0] - 1])):
+    for depth, rows in enumerate((slice(0, 1), *tree.level_slices)):
         scores[rows].add_(noise[depth], alpha=temperature)
     return scores.max(dim=-1).indices
 
@@ -136,8 +136,8 @@ def accept(
 
 
 class _Rows:
-    """The temperature-T distributions [V] of the nodes a rejection-sampling walk visits (often one or two of
-    a tree's rows), each computed on the CPU when first read."""
+    """The temperature-T distributions [V] of the nodes an acceptance walk visits (rejection sampling's or
+    typical acceptance's: often one or two of a tree's rows), each computed on the CPU when first read."""
 
     def __init__(self, logits: torch.Tensor, temperature: float):
         self.logits, self.temperature, self._rows = logits, temperature, {}
