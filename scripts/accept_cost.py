@@ -47,7 +47,11 @@ def main() -> None:
     ap.add_argument("--rules", default=",".join(r for r, _ in RULES))
     ap.add_argument("--out", type=Path, default=Path("docs/results/sampling/accept-cost.json"))
     args = ap.parse_args()
-    rules = [(r, t) for r, t in RULES if r in args.rules.split(",")]
+    asked = [r for r in args.rules.split(",") if r]
+    unknown = [r for r in asked if r not in dict(RULES)]
+    if not asked or unknown:
+        raise SystemExit(f"--rules {args.rules}: use some of {', '.join(r for r, _ in RULES)} (comma list)")
+    rules = [(r, t) for r, t in RULES if r in asked]
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     machine = describe(hardware(torch.empty(0, dtype=torch.bfloat16)))

@@ -109,6 +109,14 @@ def test_replay_sampling_names_an_unknown_rule_before_loading_anything(tmp_path)
     assert not out.exists()
 
 
+def test_accept_cost_names_an_unknown_rule_before_measuring_anything(tmp_path):
+    out = tmp_path / "cost.json"
+    run = run_script("accept_cost.py", "--rules", "sample,beam", "--out", str(out))
+    assert run.returncode != 0
+    assert "--rules sample,beam: use some of greedy, sample, typical, gumbel" in run.stderr
+    assert not out.exists()
+
+
 # ---- batches -----------------------------------------------------------------------------------------------
 
 BUSY = CostSurface(
