@@ -133,6 +133,29 @@ def test_costs_are_measured_once_then_read_from_the_cache(tmp_path, monkeypatch)
     assert len(calls) == 2 and json.loads(files[0].read_text())["format"] == "entmtp-costs"
 
 
+def test_the_probe_measures_every_size_cpu_policies_choose_and_a_new_plan_measures_again(
+    tmp_path, monkeypatch
+):
+    """A CPU's step cost climbs in steps (scripts/probe_sizes.py), so the sizes CPU policies choose (1-8
+    nodes) are measured, not interpolated; a curve cached under another plan of sizes is measured again."""
+    assert set(range(9)) <= set(costs_mod.SIZES) and max(costs_mod.SIZES) == 64
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
+    calls = []
+    real = costs_mod.measure
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return real(*a, sizes=(0, 1), contexts=(16,), progress=False)
+
+    monkeypatch.setattr(costs_mod, "measure", counted)
+    model = tiny_model()
+    costs_for(model, None)
+    monkeypatch.setattr(costs_mod, "SIZES", (0, 1, 2, 4, 8, 16, 32, 64))  # the old, sparse plan
+    costs_for(model, None)
+    costs_for(model, None)
+    assert len(calls) == 2 and len(list((tmp_path / "costs").glob("*.json"))) == 2
+
+
 def steps(nodes, ms, n=10):
     return [Step("t", nodes, 0, 1, [1], {"total": ms / 1000}) for _ in range(n)]
 

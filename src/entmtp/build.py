@@ -44,7 +44,7 @@ from .tree import Tree
 DTYPE_CHOICES = ("auto", *DTYPES)
 CPU_CANDIDATES = ("bfloat16", "float32")  # what `auto` compares on a CPU (fp16 matmuls are slow there)
 THRESHOLD_POLICIES = ("binary", "ladder")
-AUTO_BUDGET_S = 8.0  # per dtype candidate when `auto` measures two (one probe: costs.BUDGET_S)
+AUTO_BUDGET_S = 12.0  # per dtype candidate when `auto` measures two (one probe: costs.BUDGET_S)
 
 
 @dataclass(frozen=True)

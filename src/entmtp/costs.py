@@ -5,7 +5,7 @@ trees and how many tokens each accepts per step. What a tree *costs* belongs to 
 flags, GPU, threads, dtype, packing, model and heads), and differs a lot across machines: a 4-node tree costs
 1.1 plain steps on a 2-core CPU with native bf16 and 2.8 on one with AVX2 only. So the first time a (model,
 heads, dtype, device, threads, machine) is used, `costs_for` measures a `CostCurve` (ms per step against
-drafted nodes, at two context lengths; ~10-20 s, one progress line), writes it atomically under
+drafted nodes, at two context lengths; ~10-20 s on a CPU, one progress line), writes it atomically under
 `$ENTMTP_CACHE/costs/`, and reuses it on later runs. Policies and the lookup hybrid are built on it
 (`Profile.policy(..., costs=curve)`), so the same shipped profile gives small trees on a small CPU and big
 ones on a GPU.
@@ -44,7 +44,11 @@ from .packing import PackedLinear
 from .tree import Tree
 
 FORMAT, VERSION = "entmtp-costs", 1
-SIZES = (0, 1, 2, 4, 8, 16, 32, 64)  # drafted nodes measured (0 = a plain step)
+# drafted nodes measured (0 = a plain step): every size up to 8, where CPU policies choose most, since a CPU's
+# step cost climbs in steps, not along a line (scripts/probe_sizes.py: on a 2-core AMD EPYC with AVX-512 and
+# bf16, 6 nodes 1.51 plain steps against 5 nodes' 1.37, where interpolating from 4 to 8 gave 1.48 and 1.41);
+# sparser above
+SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
 CONTEXTS = (128, 768)  # committed tokens before the measured steps: a short and a long context
 BUDGET_S = 20.0  # the whole measurement; sizes past it are extrapolated from the last two measured
 MIN_REPS, MAX_REPS = 3, 9  # timed steps per (context, size), after one warm-up step
@@ -216,6 +220,7 @@ def cost_key(model, heads, graphs: bool = False) -> dict:
             "checksum": heads_checksum(heads),
         },
         "versions": {"entmtp": __version__, "torch": torch.__version__},
+        "probe_sizes": list(SIZES),  # a curve cached under another plan of sizes is measured again
     }
 
 
