@@ -156,6 +156,23 @@ def test_the_probe_measures_every_size_cpu_policies_choose_and_a_new_plan_measur
     assert len(calls) == 2 and len(list((tmp_path / "costs").glob("*.json"))) == 2
 
 
+def test_a_slowdown_while_the_probe_measures_moves_every_size_alike(monkeypatch):
+    """The machine runs 3x slower for a stretch of 30 steps in the middle of the probe (a busy neighbour): each
+    size's cost in plain steps, what the policies choose by, stays what it is."""
+    true_ms = {n: 10.0 + 2.0 * n for n in costs_mod.SIZES}
+    calls = []
+
+    def step(self, n, cache):
+        calls.append(n)
+        slow = 3.0 if 40 <= len(calls) < 70 else 1.0
+        return true_ms[n] * slow, 0.0
+
+    monkeypatch.setattr(costs_mod._Probe, "step", step)
+    c = measure(tiny_model(), None, contexts=(16,), budget_s=30.0, progress=False)
+    for n, rel in zip(c.nodes, c.relative(c.nodes), strict=True):
+        assert rel == pytest.approx(true_ms[n] / true_ms[0], rel=1e-6)
+
+
 def steps(nodes, ms, n=10):
     return [Step("t", nodes, 0, 1, [1], {"total": ms / 1000}) for _ in range(n)]
 

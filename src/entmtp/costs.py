@@ -51,9 +51,8 @@ FORMAT, VERSION = "entmtp-costs", 1
 SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
 CONTEXTS = (128, 768)  # committed tokens before the measured steps: a short and a long context
 BUDGET_S = 20.0  # the whole measurement; sizes past it are extrapolated from the last two measured
-MIN_REPS, MAX_REPS = 3, 9  # timed steps per (context, size), after one warm-up step
+MIN_REPS, MAX_REPS = 3, 9  # timed rounds per context (a round: one step of every size), after a warm-up round
 WARMUP_STEPS = 3  # plain steps before any timing (then one step of the smallest tree)
-SIZE_CAP_S = 1.0  # a size stops repeating once its timed steps took this long (and MIN_REPS ran)
 DEPTH_STEP, RANK_STEP = 1.0, 0.45  # -log score per depth and per rank: mc_sim_7b_63-like widths
 NOISE = 0.25  # relative disagreement between measured steps and the curve that counts as a change
 MIN_STEPS = 6  # steps of one size a correction needs
@@ -303,23 +302,26 @@ def measure(
 ) -> CostCurve:
     """Time decode steps of synthetic trees of each size at each context length (random tokens: the cost of
     a step does not depend on what it holds), the way `engine.decode` runs them: the heads' drafting, one
-    verification forward, acceptance and commit. Within `budget_s`: a size repeats until `SIZE_CAP_S` (at least
-    `MIN_REPS` times); once the budget is spent, larger sizes and the next context are not measured."""
+    verification forward, acceptance and commit. Sizes are timed in rounds of one step each (`_Probe.row`), so
+    the machine's speed changing while it is measured moves every size alike. Within `budget_s`, shared among
+    the contexts: sizes whose rounds would not fit are extrapolated, and a context without time left for a
+    useful row is not measured."""
     t_start = time.perf_counter()
     probe = _Probe(model, heads, sizes, graphs)
     contexts = probe.clamp(contexts)
-    line = _Line("measuring this machine's step costs (once)", len(sizes) * len(contexts), progress)
+    line = _Line("measuring this machine's step costs (once)", MAX_REPS * len(contexts), progress)
     rows: list[dict[int, float]] = []  # per context: ms per step by size (the sizes measured in time)
     try:
-        for ctx in contexts:
+        for i, ctx in enumerate(contexts):
             left = budget_s - (time.perf_counter() - t_start)
             if rows and (left < budget_s / 3 or left < 2 * ctx * (probe.prefill_ms_per_token or 0) / 1000):
                 break  # no time for a useful second row: the first context's curve stands alone
             cache = probe.prefill(ctx)
             if not rows:  # a fresh process: the first calls of each kernel are slow, whatever their size
-                for n in [0] * WARMUP_STEPS + [m for m in sizes if m][:1]:
-                    probe.step(n, cache)
-            rows.append(probe.row(cache, line, t_start, budget_s))
+                for _ in range(WARMUP_STEPS):
+                    probe.step(0, cache)
+            left = budget_s - (time.perf_counter() - t_start)
+            rows.append(probe.row(cache, line, time.perf_counter() + left / (len(contexts) - i)))
     finally:
         line.stop()  # a failure must not leave the bar drawing
     seconds = time.perf_counter() - t_start
@@ -387,28 +389,35 @@ class _Probe:
             self.drafter.extend(fwd.hidden)
         return cache
 
-    def row(self, cache, line: _Line, t_start: float, budget_s: float) -> dict[int, float]:
-        """Median ms per step of each size at this context, smallest first, until the budget is spent."""
-        row: dict[int, float] = {}
+    def row(self, cache, line: _Line, deadline: float) -> dict[int, float]:
+        """Median ms per step of each size at this context, timed in rounds: a round runs one step of every
+        size, so a change of the machine's speed while it measures (another tenant of the host, a throttled
+        core) reaches every size alike and leaves their ratios, what the policies choose by, alone; timed one
+        size after another, a few seconds of a busy neighbour made 5-8 nodes look 1.5x dearer than they are
+        (scripts/probe_repeat.py --disturb). Each round runs its sizes in a new random order: on a CPU a step
+        costs up to a millisecond more after a step of another size than after one of its own, and a
+        scheduling policy's steps follow steps of every size. A first, untimed round (the first calls of a
+        shape allocate) takes sizes smallest first while `MIN_REPS` rounds of them fit before `deadline` (two
+        sizes at least); then rounds until `MAX_REPS`, or the deadline once `MIN_REPS` ran."""
+        kept, warm = [], 0.0  # sizes in the rounds; the untimed round's seconds
         for n in self.sizes:
-            if row and time.perf_counter() - t_start > budget_s:
+            t0 = time.perf_counter()
+            self.step(n, cache)
+            kept.append(n)
+            warm += time.perf_counter() - t0
+            if len(kept) >= 2 and time.perf_counter() + MIN_REPS * warm > deadline:
                 break
-            times, spent = [], 0.0
-            for rep in range(MAX_REPS + 1):
+        times: dict[int, list[float]] = {n: [] for n in kept}
+        for rep in range(MAX_REPS):
+            for i in torch.randperm(len(kept), generator=self.gen).tolist():
+                n = kept[i]
                 ms, draft_ms = self.step(n, cache)
-                if rep == 0:
-                    continue  # warm-up: first calls of a shape allocate
-                times.append(ms)
+                times[n].append(ms)
                 self.drafts[n].append(draft_ms)
-                spent += ms / 1000
-                if len(times) >= MIN_REPS and spent > SIZE_CAP_S:
-                    break
-            row[n] = statistics.median(times)
             line.advance()
-        if 0 in row:  # the plain step once more, last: a slow start must not make plain look dear
-            again = [self.step(0, cache)[0] for _ in range(MIN_REPS)]
-            row[0] = min(row[0], statistics.median(again))
-        return row
+            if rep + 1 >= MIN_REPS and time.perf_counter() > deadline:
+                break
+        return {n: statistics.median(t) for n, t in times.items()}
 
     def step(self, n: int, cache) -> tuple[float, float]:
         """(ms of one decode step of the size-`n` tree, ms of its drafting) with random tokens; commits the
