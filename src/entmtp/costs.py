@@ -394,9 +394,10 @@ class _Probe:
         size, so a change of the machine's speed while it measures (another tenant of the host, a throttled
         core) reaches every size alike and leaves their ratios, what the policies choose by, alone; timed one
         size after another, a few seconds of a busy neighbour made 5-8 nodes look 1.5x dearer than they are
-        (scripts/probe_repeat.py --disturb). Each round runs its sizes in a new random order: on a CPU a step
-        costs up to a millisecond more after a step of another size than after one of its own, and a
-        scheduling policy's steps follow steps of every size. A first, untimed round (the first calls of a
+        (scripts/probe_repeat.py --disturb). Each round runs its sizes in a new random order, so no size is
+        always timed right after the same other one (in a fixed order the plain step followed the 64-node
+        step every round; the engine's own steps cost the same whatever came before them,
+        scripts/step_transitions.py, but bare forwards did not always). A first, untimed round (the first calls of a
         shape allocate) takes sizes smallest first while `MIN_REPS` rounds of them fit before `deadline` (two
         sizes at least); then rounds until `MAX_REPS`, or the deadline once `MIN_REPS` ran."""
         kept, warm = [], 0.0  # sizes in the rounds; the untimed round's seconds
