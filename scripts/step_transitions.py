@@ -3,8 +3,7 @@
 Decodes N test prompts of TASK twice over with the default engine (`dynamic`, sizes change from step to step)
 and with EntMTP* (`--policy static`: the same size every step), interleaved, and prints the median verify ms
 of each (policy, drafted nodes, what the previous step was: the same size, a plain step, another size) with
-at least 8 steps. On this machine's CPU a bare forward (no engine) looked slower after some other sizes; this
-is the check that counts.
+at least 8 steps: whether a policy that changes its tree from step to step pays for the change.
 
     .venv/bin/python scripts/step_transitions.py [--task writing] [--num-prompts 5] [--temperature 0.7]
 """

@@ -397,7 +397,7 @@ class _Probe:
         (scripts/probe_repeat.py --disturb). Each round runs its sizes in a new random order, so no size is
         always timed right after the same other one (in a fixed order the plain step followed the 64-node
         step every round; the engine's own steps cost the same whatever came before them,
-        scripts/step_transitions.py, but bare forwards did not always). A first, untimed round (the first calls of a
+        scripts/step_transitions.py). A first, untimed round (the first calls of a
         shape allocate) takes sizes smallest first while `MIN_REPS` rounds of them fit before `deadline` (two
         sizes at least); then rounds until `MAX_REPS`, or the deadline once `MIN_REPS` ran."""
         kept, warm = [], 0.0  # sizes in the rounds; the untimed round's seconds
