@@ -112,7 +112,8 @@ def test_measure_can_verify_through_the_graphs_padded_forward():
     assert c.nodes == (0, 1, 4) and all(ms > 0 for ms in c.step_ms) and c.key["graphs"] is True
 
 
-def test_costs_are_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
+def counted_probes(tmp_path, monkeypatch) -> list[int]:
+    """A cache under tmp_path and a small, counted `measure`: the list grows by one per probe."""
     monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
     calls = []
     real = costs_mod.measure
@@ -122,6 +123,11 @@ def test_costs_are_measured_once_then_read_from_the_cache(tmp_path, monkeypatch)
         return real(*a, sizes=(0, 1), contexts=(16,), progress=False)
 
     monkeypatch.setattr(costs_mod, "measure", counted)
+    return calls
+
+
+def test_costs_are_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    calls = counted_probes(tmp_path, monkeypatch)
     model = tiny_model()
     first = costs_for(model, None)
     again = costs_for(model, None)
@@ -139,15 +145,7 @@ def test_the_probe_measures_every_size_cpu_policies_choose_and_a_new_plan_measur
     """A CPU's step cost climbs in steps (scripts/probe_sizes.py), so the sizes CPU policies choose (1-8
     nodes) are measured, not interpolated; a curve cached under another plan of sizes is measured again."""
     assert set(range(9)) <= set(costs_mod.SIZES) and max(costs_mod.SIZES) == 64
-    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
-    calls = []
-    real = costs_mod.measure
-
-    def counted(*a, **kw):
-        calls.append(1)
-        return real(*a, sizes=(0, 1), contexts=(16,), progress=False)
-
-    monkeypatch.setattr(costs_mod, "measure", counted)
+    calls = counted_probes(tmp_path, monkeypatch)
     model = tiny_model()
     costs_for(model, None)
     monkeypatch.setattr(costs_mod, "SIZES", (0, 1, 2, 4, 8, 16, 32, 64))  # the old, sparse plan
