@@ -307,7 +307,7 @@ def test_bench_on_a_tiny_model_runs_every_task_and_writes_json_markdown_and_plot
         assert f"({name})" in report
     for task in TASKS:
         assert TASKS[task][1] in report
-    assert "| decode tokens/s | choose ms | trees | identical |" in report
+    assert "| decode tokens/s | probe ms | choose ms | trees | identical |" in report
     assert "| heads/mc_sim_7b_63 |" in report and "mc_sim_7b_63 100%" in report  # its tree's share of steps
     assert sorted(p.name for p in out.iterdir()) == sorted(["results.json", "report.md", *images])
 

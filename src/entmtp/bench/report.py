@@ -161,7 +161,7 @@ def markdown(data: dict, labels: dict[str, str], command: str, images=()) -> str
         "",
         "Speedup = tokens/s over plain decoding (ratio of sums; prefill included); the interval is a 95% "
         "bootstrap interval of the mean per-prompt speedup. Decode tokens/s leaves the prefill out. Choose ms = "
-        "the scheduler's time per step (probe included). Trees: each tree's share of the steps (the three most "
+        "the scheduler's own time per step; probe ms = the heads' probe it reads first (the drafts reuse it). Trees: each tree's share of the steps (the three most "
         "used). Identical = outputs equal to plain decoding's (T=0), with the first differing token of each "
         "that is not."
         + (" Perplexity: of the sampled continuations under the base model (T=1)." if sampled else ""),
@@ -172,7 +172,7 @@ def markdown(data: dict, labels: dict[str, str], command: str, images=()) -> str
             f"Run {meta.get('date', '')}, commit {meta.get('commit') or 'unknown'}, versions {meta.get('versions', {})}.",
         ]
     head = ["method", "tokens/s", "speedup", "per-prompt speedup (95% CI)", "tokens/step", "decode tokens/s"]
-    head += ["choose ms", "trees", "perplexity" if sampled else "identical"]
+    head += ["probe ms", "choose ms", "trees", "perplexity" if sampled else "identical"]
     for task, rows in data["summary"].items():
         lines += ["", f"## {labels.get(task, task)} ({next(iter(rows.values()))['prompts']} prompts)", ""]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -201,6 +201,7 @@ def _markdown_cells(name: str, r: dict, sampled: bool) -> list[str]:
         f"{r.get('speedup_mean_of_ratios', float('nan')):.2f}x ({lo:.2f}-{hi:.2f})",
         f"{tps:.2f}" if steps else "",
         f"{r['decode_tokens_per_second']:.1f}" if steps else "",
+        f"{r.get('probe_ms_per_step', float('nan')):.2f}" if steps else "",
         f"{r['choose_ms_per_step']:.2f}" if steps else "",
         _usage(r.get("tree_usage", {})) if steps and name != "plain" else "",
         tail,
