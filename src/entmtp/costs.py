@@ -52,7 +52,7 @@ SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
 CONTEXTS = (128, 768)  # committed tokens before the measured steps: a short and a long context
 BUDGET_S = 20.0  # the whole measurement; sizes past it are extrapolated from the last two measured
 MIN_REPS, MAX_REPS = 3, 9  # timed rounds per context (a round: one step of every size), after a warm-up round
-WARMUP_STEPS = 3  # plain steps before any timing (then one step of the smallest tree)
+WARMUP_STEPS = 3  # plain steps before any timing (then the untimed round of every size, `_Probe.row`)
 DEPTH_STEP, RANK_STEP = 1.0, 0.45  # -log score per depth and per rank: mc_sim_7b_63-like widths
 NOISE = 0.25  # relative disagreement between measured steps and the curve that counts as a change
 MIN_STEPS = 6  # steps of one size a correction needs
@@ -397,9 +397,9 @@ class _Probe:
         (scripts/probe_repeat.py --disturb). Each round runs its sizes in a new random order, so no size is
         always timed right after the same other one (in a fixed order the plain step followed the 64-node
         step every round; the engine's own steps cost the same whatever came before them,
-        scripts/step_transitions.py). A first, untimed round (the first calls of a
-        shape allocate) takes sizes smallest first while `MIN_REPS` rounds of them fit before `deadline` (two
-        sizes at least); then rounds until `MAX_REPS`, or the deadline once `MIN_REPS` ran."""
+        scripts/step_transitions.py). A first, untimed round (the first calls of a shape allocate) takes
+        sizes smallest first while `MIN_REPS` rounds of them fit before `deadline` (two sizes at least); then
+        rounds until `MAX_REPS`, or the deadline once `MIN_REPS` ran."""
         kept, warm = [], 0.0  # sizes in the rounds; the untimed round's seconds
         for n in self.sizes:
             t0 = time.perf_counter()

@@ -160,8 +160,9 @@ def markdown(data: dict, labels: dict[str, str], command: str, images=()) -> str
         + (" — interrupted: partial results" if meta.get("interrupted") else ""),
         "",
         "Speedup = tokens/s over plain decoding (ratio of sums; prefill included); the interval is a 95% "
-        "bootstrap interval of the mean per-prompt speedup. Decode tokens/s leaves the prefill out. Choose ms = "
-        "the scheduler's own time per step; probe ms = the heads' probe it reads first (the drafts reuse it). Trees: each tree's share of the steps (the three most "
+        "bootstrap interval of the mean per-prompt speedup. Decode tokens/s leaves the prefill out. Probe ms = "
+        "the heads' probe a scheduling policy reads before it chooses (the drafts reuse it), choose ms = the "
+        "choice itself, per step. Trees: each tree's share of the steps (the three most "
         "used). Identical = outputs equal to plain decoding's (T=0), with the first differing token of each "
         "that is not."
         + (" Perplexity: of the sampled continuations under the base model (T=1)." if sampled else ""),
