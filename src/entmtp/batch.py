@@ -29,7 +29,6 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .accept import TREE_INVARIANT, Sampling
-from .cache import BatchKV
 from .engine import DecodeState, Engine, Pending, conclude, prefill, prepare, redraft, scratch
 from .errors import EntMTPError
 from .heads import Drafter, Probe
@@ -75,13 +74,13 @@ class Batch:
     def __init__(self, engine: Engine, costs: CostSurface | None = None, gate: bool = True):
         if engine.graphs is not None:
             raise EntMTPError("batched decoding runs eagerly: build the engine with graphs=False")
-        if not engine.base.preallocate:
+        if not engine.base.batchable:
             raise EntMTPError(
                 "batched decoding needs the preallocated KV cache, which this model cannot use "
                 "(sliding-window or linear-attention layers): serve it with --max-batch 1"
             )
         self.engine, self.costs = engine, costs
-        self.kv = BatchKV(engine.model)
+        self.kv = engine.base.new_batch()  # cache.BatchKV, or llama.cpp's sequences
         self._rows: dict[int, Row] = {}  # id(row's cache) -> row
         self.last: BatchStep | None = None  # the latest step's record
         self.gate = Gate() if gate else None  # None: every step as the rows' policies choose

@@ -256,6 +256,18 @@ class BaseModel:
     def device(self) -> torch.device:
         return self.lm_head.weight.device
 
+    @property
+    def vocab_size(self) -> int:
+        return self.lm_head.weight.shape[0]
+
+    @property
+    def batchable(self) -> bool:
+        """Continuous batching needs the preallocated cache (`BatchKV`)."""
+        return self.preallocate
+
+    def new_batch(self) -> BatchKV:
+        return BatchKV(self.model)
+
     def new_cache(self, capacity: int, *, static: bool = False) -> KVCache | DynamicKV:
         """A cache for `capacity` tokens (prompt, output and the largest tree's scratch)."""
         if not self.preallocate:

@@ -36,7 +36,7 @@ import torch
 
 from . import __version__
 from .accept import Sampling, accept
-from .cache import BaseModel
+from .backends import backend_name, base_for
 from .errors import EntMTPError
 from .files import write_text_atomic
 from .machine import digest, hardware, heads_checksum, model_fingerprint
@@ -206,7 +206,7 @@ class CostCurve:
 def cost_key(model, heads, graphs: bool = False) -> dict:
     """Everything that changes what a step costs: the machine, the model, its dtype and packing, the heads,
     CUDA graphs."""
-    return {
+    key = {
         "graphs": graphs,
         "hardware": hardware(model),
         "model": model_fingerprint(model),
@@ -221,6 +221,9 @@ def cost_key(model, heads, graphs: bool = False) -> dict:
         "versions": {"entmtp": __version__, "torch": torch.__version__},
         "probe_sizes": list(SIZES),  # a curve cached under another plan of sizes is measured again
     }
+    if backend_name(model) != "transformers":  # llama.cpp: its own kernels, its own curve
+        key["backend"] = backend_name(model)
+    return key
 
 
 def costs_dir() -> Path:
@@ -348,7 +351,8 @@ class _Probe:
         self.drafter = None  # the heads' drafting state over the measured context (`prefill`)
         self.num_heads = heads.config.num_heads if heads is not None else 4
         offset = heads.config.hidden_state_offset if heads is not None else 0
-        self.base = base = BaseModel(model, hidden_state_offset=offset)
+        full_hidden = heads is not None and heads.config.head_arch == "prefix-mlp"
+        self.base = base = base_for(model, offset, full_hidden=full_hidden)  # the engine's backend
         self.graphs = uses_graphs(model) if graphs is None else graphs
         self.replay = None
         if (
@@ -381,7 +385,7 @@ class _Probe:
         cache = self.replay.cache_for(need, self.window) if self.replay is not None else base.new_cache(need)
         ids = torch.randint(0, self.vocab, (ctx,), generator=self.gen).to(self.dev)
         t0 = _now(self.dev)
-        fwd = base.forward(ids, None, cache)
+        fwd = base.forward(ids, None, cache, logits_to_keep=1)  # as the engine prefills
         self.prefill_ms_per_token = 1000 * (_now(self.dev) - t0) / ctx
         base.commit(cache, list(range(ctx)))
         if self.heads is not None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .accept import ACCEPTANCE, GumbelNoise, Sampling, accept
-from .cache import BaseModel
+from .backends import base_for
 from .costs import CostCorrector, CostCurve, LatencyModel
 from .errors import EntMTPError
 from .heads import Drafter, LazyProbe, Probe, taken
@@ -76,7 +76,8 @@ class Engine:
         self.costs = costs  # the machine's cost curve the policy was built on (costs.py), if any
         self._corrector = CostCorrector.for_curve(costs) if costs is not None else None
         offset = heads.config.hidden_state_offset if heads is not None else 0
-        self.base = BaseModel(model, hidden_state_offset=offset, kv=kv)
+        full_hidden = heads is not None and heads.config.head_arch == "prefix-mlp"  # reads every position
+        self.base = base_for(model, offset, kv, full_hidden=full_hidden)  # transformers or llama.cpp
         self.window = context_window(model)
         self.scratch = max(scratch(p) for p in (policy, *self.policies.values()))
         self.graphs = None
@@ -202,7 +203,7 @@ class Engine:
         noise = None
         if sampling.rule == "gumbel":  # without a seed, one from the global RNG (a seeded torch repeats it)
             seed = int(torch.randint(0, 2**62, ())) if seed is None else seed
-            noise = GumbelNoise(seed, self.base.lm_head.weight.shape[0], self.base.device)
+            noise = GumbelNoise(seed, self.base.vocab_size, self.base.device)
         return DecodeState(
             prompt=ids,
             max_new_tokens=max_new_tokens,
@@ -250,7 +251,12 @@ def _open_cache(engine: Engine, tokens: int):
     verification graphs that write into it: one generation at a time replays them, others run eagerly."""
     need, graphs = min(engine.window, tokens + engine.scratch), engine.graphs
     if graphs is None or graphs.in_use:
-        yield engine.base.new_cache(need), None
+        cache = engine.base.new_cache(need)
+        try:
+            yield cache, None
+        finally:
+            if hasattr(cache, "release"):  # llama.cpp: the sequence id and its KV cells go back at once
+                cache.release()
         return
     graphs.in_use = True
     try:

@@ -1,0 +1,61 @@
+"""Backends: what runs the base model's forward passes.
+
+The engine needs few things from a base model, the `Base` protocol below: a KV cache per generation, ONE
+forward that verifies a tree of tokens over it (logits per node, and the hidden states the heads read), and a
+commit that keeps the accepted path and drops the rest; for continuous batching, a batch of such caches and
+one forward over every row's tree. Two backends implement it:
+
+  transformers  `cache.BaseModel`: any Hugging Face causal LM in PyTorch, tree masks as 4D attention masks over
+                a preallocated KV cache (the reference, and the one that runs on a GPU).
+  llama-cpp     `backends.llama_cpp.LlamaCppBase`: a GGUF file on llama.cpp's CPU kernels through
+                llama-cpp-python. A tree is one `llama_decode` whose tokens carry one sequence id per leaf
+                below them; the commit keeps the accepted path's KV cells by sequence (seq_rm / seq_cp).
+
+The heads, the policies, lookup drafts, acceptance rules, the cost probe and batching see only this protocol,
+so every method runs on either backend. `base_for` picks the implementation for a loaded model.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from ..tree import Tree
+
+BACKENDS = ("auto", "transformers", "llama-cpp")  # `auto`: measured per machine (build.py)
+
+
+class Base(Protocol):
+    """The base model as the engine sees it (see the module docstring)."""
+
+    device: torch.device
+    vocab_size: int
+    batchable: bool  # whether `new_batch` / `forward_batch` serve continuous batching
+
+    def new_cache(self, capacity: int): ...
+
+    def forward(self, tokens: torch.Tensor, tree: Tree | None, cache, *, logits_to_keep: int = 0): ...
+
+    def commit(self, cache, path: list[int]) -> None: ...
+
+    def new_batch(self): ...
+
+    def forward_batch(self, tokens: list[torch.Tensor], trees: list[Tree], batch) -> list: ...
+
+
+def base_for(model, hidden_state_offset: int = 0, kv: str = "auto", *, full_hidden: bool = True) -> Base:
+    """The backend that runs `model`: llama.cpp for a model loaded from a GGUF file by `llama_cpp.load_gguf`,
+    else transformers. `full_hidden` False: the heads read only the last position's hidden state (Medusa,
+    Hydra-`mlp`), so a llama.cpp prefill outputs the last position alone."""
+    maker = getattr(model, "entmtp_base", None)
+    if maker is not None:
+        return maker(hidden_state_offset=hidden_state_offset, full_hidden=full_hidden)
+    from ..cache import BaseModel
+
+    return BaseModel(model, hidden_state_offset=hidden_state_offset, kv=kv)
+
+
+def backend_name(model) -> str:
+    """`llama-cpp` or `transformers`: the backend that runs `model`."""
+    return "llama-cpp" if getattr(model, "entmtp_base", None) is not None else "transformers"

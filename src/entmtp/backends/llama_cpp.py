@@ -1,0 +1,539 @@
+"""llama.cpp as the base model: a GGUF file on llama.cpp's CPU kernels, through llama-cpp-python's low-level API.
+
+What runs where:
+- llama.cpp runs every forward of the base model (prefill and tree verification) over its own KV cache.
+- PyTorch keeps a small shell of the model for the heads: the token embeddings and the output layer read from
+  the GGUF file (dequantized), a config, and a rotary embedding for Hydra++'s prefix layer. The heads read the
+  hidden states llama.cpp returns (`result_norm`, the normed last hidden state: transformers'
+  `last_hidden_state`).
+
+A tree in one decode: the committed prefix lives in the generation's home sequence. A step whose tree has L
+leaves borrows L - 1 more sequence ids, tags the prefix with them (`seq_cp`, metadata only in a unified KV
+cache), and gives each tree token the ids of the leaves below it, so a token attends to the prefix and its own
+ancestors only (llama.cpp's mask: same sequence, position not after its own). The commit keeps the accepted
+path's cells (the cells of a leaf below the last accepted node, at the path's positions) in the home sequence
+and drops every borrowed id's cells. Several generations (a continuous batch) are several home sequences of
+one context, verified in one decode.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..cache import Forward
+from ..errors import EntMTPError
+from ..tree import Tree
+
+LLAMA_CPP_HINT = (
+    "pip install llama-cpp-python (builds llama.cpp from source, a few minutes; `make setup` installs it)"
+)
+MAX_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ: sequence ids per context (home rows + borrowed leaf ids)
+N_BATCH = 512  # tokens per llama_decode call: a longer prefill runs in chunks of this many
+KV_TYPES = {"f16": 1, "f32": 0}  # ggml types of the KV cache
+_LEAF_SEQS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Tree -> per node, its leaves' indices
+
+
+class LlamaCppError(EntMTPError):
+    """llama.cpp cannot be used as asked (not installed, a bad GGUF file, a full KV cache)."""
+
+
+def import_llama_cpp():
+    """The llama_cpp module, or a one-line error that says how to install it."""
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise LlamaCppError(f"the llama-cpp backend needs llama-cpp-python: {LLAMA_CPP_HINT}") from e
+    return llama_cpp
+
+
+def available() -> bool:
+    try:
+        import_llama_cpp()
+    except LlamaCppError:
+        return False
+    return True
+
+
+def is_gguf(path: str | os.PathLike[str] | None) -> bool:
+    return path is not None and str(path).lower().endswith(".gguf")
+
+
+# ---- the GGUF file: what the heads need from it ----------------------------------------------------------
+
+
+@dataclass
+class GGUFInfo:
+    """The parts of a GGUF file the PyTorch side needs: a transformers config of the model's shape, the token
+    embeddings [V, H] and the output layer [V, H] (None: tied to the embeddings), float32."""
+
+    config: object
+    embed: np.ndarray
+    output: np.ndarray | None
+
+
+def read_gguf(path: Path) -> GGUFInfo:
+    """The config and the embedding and output matrices of a GGUF file, checked; a clear error otherwise."""
+    import gguf
+    from transformers import LlamaConfig
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as e:  # the reader raises ValueError, struct errors, OSError... on a corrupt file
+        raise LlamaCppError(
+            f"{path} is not a readable GGUF file ({type(e).__name__}: {e}): check the file (a partial "
+            "download?) or give another .gguf"
+        ) from e
+
+    def field(key: str, default=None):
+        f = reader.fields.get(key)
+        return f.contents() if f is not None else default
+
+    arch = field("general.architecture")
+    tensors = {t.name: t for t in reader.tensors}
+    if arch is None or "token_embd.weight" not in tensors:
+        raise LlamaCppError(f"{path} holds no language model (no architecture or token_embd.weight)")
+    embed = _dequantize(tensors["token_embd.weight"])
+    output = _dequantize(tensors["output.weight"]) if "output.weight" in tensors else None
+    heads = int(field(f"{arch}.attention.head_count"))
+    config = LlamaConfig(
+        vocab_size=embed.shape[0],
+        hidden_size=embed.shape[1],
+        intermediate_size=int(field(f"{arch}.feed_forward_length", 4 * embed.shape[1])),
+        num_hidden_layers=int(field(f"{arch}.block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(field(f"{arch}.attention.head_count_kv", heads)),
+        max_position_embeddings=int(field(f"{arch}.context_length", 2048)),
+        rms_norm_eps=float(field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(field(f"{arch}.rope.freq_base", 10000.0)),
+        tie_word_embeddings=output is None,
+        bos_token_id=field("tokenizer.ggml.bos_token_id"),
+        eos_token_id=field("tokenizer.ggml.eos_token_id"),
+    )
+    config._name_or_path = str(path)
+    return GGUFInfo(config, embed, output)
+
+
+def _dequantize(tensor) -> np.ndarray:
+    """A GGUF tensor as float32 [rows, cols] (numpy order: [V, H] for the embeddings)."""
+    import gguf
+
+    return np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32, order="C")
+
+
+def write_f32_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Path:
+    """Write `src` with every tensor dequantized to F32 (the same metadata, tokenizer and values as the
+    dequantized model transformers loads): the file on which llama.cpp's greedy output is compared with
+    speculative decoding's without quantization in the way. Written to a temporary name, then renamed."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(src))
+    arch = reader.fields["general.architecture"].contents()
+    dst = Path(dst)
+    tmp = dst.with_name(dst.name + ".tmp")
+    writer = gguf.GGUFWriter(str(tmp), arch)
+    try:
+        for key, f in reader.fields.items():
+            if key.startswith("GGUF.") or key == "general.architecture":
+                continue
+            value = 0 if key == "general.file_type" else f.contents()  # 0: LLAMA_FTYPE_ALL_F32
+            sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(key, value, f.types[0], sub_type=sub)
+        for t in reader.tensors:
+            writer.add_tensor(t.name, _dequantize(t).reshape([int(d) for d in reversed(t.shape)]))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    finally:
+        writer.close()
+    tmp.rename(dst)
+    return dst
+
+
+# ---- llama.cpp: one model, one context, a pool of sequence ids --------------------------------------------
+
+
+class Runtime:
+    """A llama.cpp model and context (embeddings on: every output row also returns its hidden state), a
+    reusable batch, and the pool of sequence ids."""
+
+    def __init__(
+        self, path: Path, *, threads: int, n_ctx: int, kv_type: str = "f16", extra_bufts: bool = False
+    ):
+        lib = self.lib = import_llama_cpp()
+        _quiet(lib)
+        lib.llama_backend_init()
+        mp = lib.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        # llama.cpp's extra buffer types repack weights for AMX / AVX kernels; llama-cpp-python 0.3.36 crashes
+        # with them on a Xeon with AMX once a decode holds two tokens or more (see docs/llama-cpp.md)
+        mp.use_extra_bufts = extra_bufts
+        self.model = lib.llama_model_load_from_file(str(path).encode(), mp)
+        if not self.model:
+            raise LlamaCppError(
+                f"llama.cpp could not load {path}: check that it is a complete GGUF model file"
+            )
+        cp = lib.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, N_BATCH, N_BATCH, MAX_SEQ
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.embeddings, cp.kv_unified = True, True
+        cp.pooling_type = lib.LLAMA_POOLING_TYPE_NONE
+        cp.type_k = cp.type_v = KV_TYPES[kv_type]
+        self.ctx = lib.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            lib.llama_model_free(self.model)
+            raise LlamaCppError(f"llama.cpp could not make a context of {n_ctx} tokens for {path}")
+        self.mem = lib.llama_get_memory(self.ctx)
+        self.n_ctx = lib.llama_n_ctx(self.ctx)
+        self.n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self.model))
+        self.n_embd = lib.llama_model_n_embd(self.model)
+        self.batch = lib.llama_batch_init(N_BATCH, 0, MAX_SEQ)
+        self._seq_rows = [None] * N_BATCH  # numpy views of batch.seq_id[i], made on first use
+        self.free_seqs = list(range(MAX_SEQ - 1, -1, -1))  # pop() hands out 0 first
+        self.embeddings = True  # the context's setting: with it on, llama.cpp outputs every token
+        self._finalizer = weakref.finalize(self, _free, lib, self.ctx, self.model, self.batch)
+
+    def take_seq(self) -> int:
+        if not self.free_seqs:
+            raise LlamaCppError(
+                f"all {MAX_SEQ} llama.cpp sequence ids are in use: fewer batch rows, or smaller trees"
+            )
+        return self.free_seqs.pop()
+
+    def give_seq(self, seq: int) -> None:
+        self.lib.llama_memory_seq_rm(self.mem, seq, -1, -1)
+        self.free_seqs.append(seq)
+
+    def seq_rm(self, seq: int, p0: int, p1: int = -1) -> None:
+        self.lib.llama_memory_seq_rm(self.mem, seq, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        self.lib.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def decode(
+        self,
+        tokens: list[int],
+        positions: list[int],
+        seqs: list[list[int]],
+        outputs: list[bool],
+        embeddings: bool = True,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One llama_decode of at most N_BATCH tokens: (logits [k, V], hidden [k, H]) of the k output rows, in
+        batch order, copied out of llama.cpp's buffers (the next decode reuses them). With `embeddings` (the
+        hidden states) llama.cpp makes every token an output row; without, `hidden` is empty."""
+        if embeddings != self.embeddings:
+            self.lib.llama_set_embeddings(self.ctx, embeddings)
+            self.embeddings = embeddings
+        if embeddings:
+            outputs = [True] * len(tokens)
+        b, n = self.batch, len(tokens)
+        b.n_tokens = n
+        for i in range(n):
+            b.token[i], b.pos[i], b.logits[i] = tokens[i], positions[i], outputs[i]
+            ids = seqs[i]
+            b.n_seq_id[i] = len(ids)
+            row = self._seq_rows[i]
+            if row is None:
+                row = self._seq_rows[i] = np.ctypeslib.as_array(b.seq_id[i], shape=(MAX_SEQ,))
+            row[: len(ids)] = ids
+        rc = self.lib.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise LlamaCppError(
+                f"llama_decode failed ({rc}{': no room in the KV cache' if rc == 1 else ''}) for {n} tokens "
+                f"in a context of {self.n_ctx}: fewer or shorter requests, or a larger n_ctx"
+            )
+        k = sum(map(bool, outputs))
+        logits = np.ctypeslib.as_array(self.lib.llama_get_logits(self.ctx), shape=(k, self.n_vocab)).copy()
+        if not embeddings:
+            return logits, np.zeros((0, self.n_embd), dtype=np.float32)
+        hidden = np.ctypeslib.as_array(self.lib.llama_get_embeddings(self.ctx), shape=(k, self.n_embd)).copy()
+        return logits, hidden
+
+
+def _free(lib, ctx, model, batch) -> None:
+    lib.llama_batch_free(batch)
+    lib.llama_free(ctx)
+    lib.llama_model_free(model)
+
+
+def _quiet(lib) -> None:
+    """llama.cpp's own log off unless ENTMTP_LLAMA_VERBOSE is set (it prints every tensor at load)."""
+    if os.environ.get("ENTMTP_LLAMA_VERBOSE"):
+        return
+    from llama_cpp import _logger
+
+    _logger.logger.setLevel("ERROR")
+    _logger.set_verbose(False) if hasattr(_logger, "set_verbose") else None
+
+
+# ---- the model: the PyTorch shell the heads bind to, with llama.cpp behind it -----------------------------
+
+
+class LlamaCppModel(nn.Module):
+    """A GGUF model run by llama.cpp, seen by the rest of entmtp as a causal LM: `config`, input embeddings and
+    output layer (for the heads), `device` and `dtype` (the heads'); `entmtp_base` makes the engine's
+    `Base` (backends/__init__.py)."""
+
+    def __init__(self, path: Path, info: GGUFInfo, runtime: Runtime, dtype: torch.dtype):
+        super().__init__()
+        config = info.config
+        self.path, self.config, self.runtime = path, config, runtime
+        self.generation_config = None
+        self.model = nn.Module()  # transformers' layout: model.embed_tokens, model.rotary_emb, lm_head
+        self.model.embed_tokens = nn.Embedding.from_pretrained(torch.from_numpy(info.embed), freeze=True)
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        self.model.rotary_emb = LlamaRotaryEmbedding(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if info.output is None:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        else:
+            self.lm_head.weight = nn.Parameter(torch.from_numpy(info.output), requires_grad=False)
+        self.to(dtype).eval().requires_grad_(False)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def entmtp_base(self, hidden_state_offset: int = 0, full_hidden: bool = True) -> LlamaCppBase:
+        if hidden_state_offset:
+            raise LlamaCppError(
+                "llama.cpp returns the last hidden state only: heads that read an earlier layer "
+                f"(hidden_state_offset {hidden_state_offset}) need --backend transformers"
+            )
+        return LlamaCppBase(self, full_hidden=full_hidden)
+
+
+def load_gguf(
+    path: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    threads: int | None = None,
+    n_ctx: int | None = None,
+    kv_type: str | None = None,
+    tokenizer_dir: str | None = None,
+) -> tuple[LlamaCppModel, object]:
+    """(model, tokenizer) of a GGUF file on llama.cpp. `dtype`: the heads' side (embeddings, output layer);
+    `n_ctx`: KV cells shared by every generation on this model (default: the model's context window);
+    `kv_type`: f16, or f32 (the default for an F32 file, so nothing is rounded on its way through the cache);
+    `tokenizer_dir`: a transformers tokenizer to use instead of the one in the GGUF file."""
+    from transformers import AutoTokenizer
+
+    import_llama_cpp()  # before reading a large file: a missing install fails first
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise LlamaCppError(f"GGUF file {path} does not exist: give the path of a .gguf model file")
+    info = read_gguf(path)
+    if kv_type is None:
+        kv_type = "f32" if _is_f32(path) else "f16"
+    window = info.config.max_position_embeddings
+    runtime = Runtime(
+        path, threads=threads or torch.get_num_threads(), n_ctx=n_ctx or window, kv_type=kv_type
+    )
+    if tokenizer_dir is not None:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return LlamaCppModel(path, info, runtime, dtype), tokenizer
+
+
+def _is_f32(path: Path) -> bool:
+    import gguf
+
+    f = gguf.GGUFReader(str(path)).fields.get("general.file_type")
+    return f is not None and int(f.contents()) == 0
+
+
+# ---- the engine's Base on llama.cpp -----------------------------------------------------------------------
+
+
+class LlamaSeq:
+    """One generation's KV cache: its home sequence id in the shared context, the committed length, and the
+    step in flight (the sequence ids its tree borrowed, and for each node one sequence that holds it)."""
+
+    def __init__(self, runtime: Runtime, capacity: int):
+        self.runtime, self.capacity = runtime, capacity
+        self.seq = runtime.take_seq()
+        self.length = 0
+        self.borrowed: list[int] = []
+        self.node_seq: list[int] | None = None
+        self._finalizer = weakref.finalize(self, runtime.give_seq, self.seq)
+
+    def release(self) -> None:
+        """Give the sequence id and its KV cells back (also done when the cache is collected)."""
+        self._return_borrowed()
+        self._finalizer()
+
+    def _return_borrowed(self) -> None:
+        for s in self.borrowed:
+            self.runtime.give_seq(s)
+        self.borrowed = []
+
+    def open_step(self, tree: Tree | None, n: int) -> list[list[int]]:
+        """Borrow a sequence id per extra leaf of `tree` (tagging the prefix with each) and return each of its
+        n nodes' sequence ids: the ids of the leaves below it. A chain (or the prefill, `tree` None) stays at
+        home."""
+        if tree is None or tree.num_nodes == tree.depth:
+            self.node_seq = None
+            return [[self.seq]] * n
+        leaves = leaf_sets(tree)
+        n_leaves = max(max(s) for s in leaves) + 1
+        self.borrowed = [self.runtime.take_seq() for _ in range(n_leaves - 1)]
+        ids = [self.seq, *self.borrowed]
+        for s in self.borrowed:
+            self.runtime.seq_cp(self.seq, s, 0, self.length)
+        self.node_seq = [ids[s[0]] for s in leaves]
+        return [[ids[k] for k in s] for s in leaves]
+
+    def commit(self, path: list[int]) -> None:
+        """Keep the cells of `path` (node ids, root first) in the home sequence, drop the rest of the step."""
+        past, a, rt = self.length, len(path), self.runtime
+        keep = self.seq if self.node_seq is None else self.node_seq[path[-1]]
+        if keep == self.seq:
+            rt.seq_rm(self.seq, past + a)
+        else:
+            rt.seq_rm(self.seq, past)
+            rt.seq_cp(keep, self.seq, past, past + a)
+        self._return_borrowed()
+        self.node_seq = None
+        self.length += a
+
+
+def _chunks(start: int, end: int, embeddings: bool) -> list[tuple[int, int, bool]]:
+    return [(a, min(end, a + N_BATCH), embeddings) for a in range(start, end, N_BATCH)]
+
+
+def leaf_sets(tree: Tree) -> list[list[int]]:
+    """For each node of `tree`, the indices of the leaves (rows of `retrieve_indices`) below it or at it."""
+    cached = _LEAF_SEQS.get(tree)
+    if cached is None:
+        rows = tree.retrieve_indices.tolist()  # [leaves, depth + 1], -1 padded
+        leaves = [max(i for i in row if i >= 0) for row in rows]
+        mask = tree.mask  # [n, n]: mask[i, j] iff j is i or an ancestor of i
+        cached = [[k for k, leaf in enumerate(leaves) if mask[leaf, node]] for node in range(tree.size)]
+        _LEAF_SEQS[tree] = cached
+    return cached
+
+
+class LlamaBatch:
+    """A continuous batch's caches: one `LlamaSeq` per row, all in the model's one context."""
+
+    def __init__(self, runtime: Runtime):
+        self.runtime = runtime
+        self.rows: list[LlamaSeq] = []
+
+    def add(self, need: int) -> LlamaSeq:
+        row = LlamaSeq(self.runtime, need)
+        self.rows.append(row)
+        return row
+
+    def remove(self, row: LlamaSeq) -> None:
+        self.rows.remove(row)
+        row.release()
+
+
+class LlamaCppBase:
+    """The engine's `Base` (backends/__init__.py) on llama.cpp. `full_hidden` False: a prefill outputs its
+    last position alone (heads that read the last hidden state only), the other rows of its hidden states are
+    zeros."""
+
+    batchable = True
+    preallocate = False  # no CUDA graphs
+
+    def __init__(self, model: LlamaCppModel, *, full_hidden: bool = True):
+        self.model, self.runtime, self.full_hidden = model, model.runtime, full_hidden
+        self.device = torch.device("cpu")
+        self.vocab_size = model.runtime.n_vocab
+        self.lm_head = model.lm_head
+        self.dtype = model.dtype
+
+    def new_cache(self, capacity: int) -> LlamaSeq:
+        return LlamaSeq(self.runtime, capacity)
+
+    def new_batch(self) -> LlamaBatch:
+        return LlamaBatch(self.runtime)
+
+    def forward(
+        self, tokens: torch.Tensor, tree: Tree | None, cache: LlamaSeq, *, logits_to_keep: int = 0
+    ) -> Forward:
+        """Tokens at positions cache.length + depth over `cache` (see the module docstring); a prefill (`tree`
+        None) runs in chunks of N_BATCH tokens. `logits_to_keep` > 0: the logits of the last that many."""
+        n, past = tokens.numel(), cache.length
+        if past + n > cache.capacity:
+            raise ValueError(f"{n} tokens after {past} overflow the KV cache of {cache.capacity}")
+        toks = tokens.tolist()
+        seqs = cache.open_step(tree, n)
+        if tree is None:
+            return self._prefill(toks, past, seqs[0], logits_to_keep)
+        positions = (past + tree.depths).tolist()
+        logits, hidden = self.runtime.decode(toks, positions, seqs, [True] * n)
+        return self._forward(logits, hidden)
+
+    def _prefill(self, toks: list[int], past: int, seq: list[int], logits_to_keep: int) -> Forward:
+        """A causal chain into the home sequence, in chunks of N_BATCH. llama.cpp makes every token an output
+        row while hidden states are on, so unless the heads read every position (`full_hidden`) all but the
+        last token run with them off (logits of the last `logits_to_keep` only), the last one with them on."""
+        n = len(toks)
+        keep = logits_to_keep if logits_to_keep > 0 else n
+        plain = 0 if self.full_hidden else n - 1  # tokens decoded without hidden states
+        logits, hidden = [], []
+        for start, end, emb in [*_chunks(0, plain, False), *_chunks(plain, n, True)]:
+            outputs = [i >= n - keep for i in range(start, end)]
+            lg, hd = self.runtime.decode(
+                toks[start:end], list(range(past + start, past + end)), [seq] * (end - start), outputs, emb
+            )
+            logits.append(lg)
+            hidden.append(hd)
+        fwd = self._forward(np.concatenate(logits)[-keep:], np.concatenate(hidden))
+        if plain:  # rows the heads never read (they read the last hidden state only)
+            full = torch.zeros(n, fwd.hidden.shape[1], dtype=fwd.hidden.dtype)
+            full[plain:] = fwd.hidden
+            fwd = Forward(fwd.logits, full)
+        return fwd
+
+    def _forward(self, logits: np.ndarray, hidden: np.ndarray) -> Forward:
+        return Forward(logits=torch.from_numpy(logits), hidden=torch.from_numpy(hidden).to(self.dtype))
+
+    def commit(self, cache: LlamaSeq, path: list[int]) -> None:
+        cache.commit(path)
+
+    def forward_batch(
+        self, tokens: list[torch.Tensor], trees: list[Tree], batch: LlamaBatch
+    ) -> list[Forward]:
+        """Row b's `tokens[b]` as `trees[b]` over `batch.rows[b]`, every row in ONE llama_decode."""
+        toks, positions, seqs, sizes = [], [], [], []
+        for t, tree, row in zip(tokens, trees, batch.rows, strict=True):
+            if row.length + t.numel() > row.capacity:
+                raise ValueError(
+                    f"{t.numel()} tokens after {row.length} overflow the KV cache of {row.capacity}"
+                )
+            toks += t.tolist()
+            positions += (row.length + tree.depths).tolist()
+            seqs += row.open_step(tree, t.numel())
+            sizes.append(t.numel())
+        if len(toks) > N_BATCH:
+            raise LlamaCppError(
+                f"a batched step of {len(toks)} tokens exceeds llama.cpp's batch of {N_BATCH}"
+            )
+        logits, hidden = self.runtime.decode(toks, positions, seqs, [True] * len(toks))
+        out, start = [], 0
+        for k in sizes:
+            out.append(self._forward(logits[start : start + k], hidden[start : start + k]))
+            start += k
+        return out
