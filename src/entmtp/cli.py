@@ -17,9 +17,21 @@ def _add_model_args(p: argparse.ArgumentParser, auto_dtype: bool = False) -> Non
     from .model import DTYPES
 
     p.add_argument(
-        "--model", default=None, help="Hugging Face model id or local path (default: embedded SmolLM2)"
+        "--model",
+        default=None,
+        help="Hugging Face model id, local path or .gguf file (default: embedded SmolLM2)",
     )
     if auto_dtype:
+        from .backends import BACKENDS
+
+        p.add_argument(
+            "--backend",
+            default="auto",
+            choices=BACKENDS,
+            help="what runs the base model: transformers (PyTorch) or llama-cpp (llama.cpp's CPU kernels on a "
+            "GGUF file, through llama-cpp-python); auto (default): on a CPU with llama-cpp-python installed, "
+            "the one with the most expected tokens/s on this machine's measured step costs (cached)",
+        )
         p.add_argument(
             "--dtype",
             default="auto",
@@ -74,6 +86,7 @@ def engine_spec(args):
 
     return EngineSpec(
         model=args.model,
+        backend=args.backend,
         dtype=args.dtype,
         device=args.device,
         threads=args.threads,

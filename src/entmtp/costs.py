@@ -351,7 +351,7 @@ class _Probe:
         self.drafter = None  # the heads' drafting state over the measured context (`prefill`)
         self.num_heads = heads.config.num_heads if heads is not None else 4
         offset = heads.config.hidden_state_offset if heads is not None else 0
-        full_hidden = heads is not None and heads.config.head_arch == "prefix-mlp"
+        full_hidden = heads is not None and getattr(heads.config, "head_arch", None) == "prefix-mlp"
         self.base = base = base_for(model, offset, full_hidden=full_hidden)  # the engine's backend
         self.graphs = uses_graphs(model) if graphs is None else graphs
         self.replay = None

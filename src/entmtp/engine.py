@@ -76,7 +76,9 @@ class Engine:
         self.costs = costs  # the machine's cost curve the policy was built on (costs.py), if any
         self._corrector = CostCorrector.for_curve(costs) if costs is not None else None
         offset = heads.config.hidden_state_offset if heads is not None else 0
-        full_hidden = heads is not None and heads.config.head_arch == "prefix-mlp"  # reads every position
+        full_hidden = (
+            heads is not None and getattr(heads.config, "head_arch", None) == "prefix-mlp"
+        )  # reads every position
         self.base = base_for(model, offset, kv, full_hidden=full_hidden)  # transformers or llama.cpp
         self.window = context_window(model)
         self.scratch = max(scratch(p) for p in (policy, *self.policies.values()))

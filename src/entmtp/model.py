@@ -122,7 +122,7 @@ def resolve_model_path(name_or_path: str | None) -> str:
         return str(path)
     if path.exists():
         raise EntMTPError(
-            f"--model {name_or_path} is a file: give the model's directory or a Hugging Face id"
+            f"--model {name_or_path} is a file: give the model's directory, a .gguf file or a Hugging Face id"
         )
     looks_like_path = name_or_path.startswith(("/", "./", "../", "~")) or name_or_path.count("/") > 1
     if looks_like_path:
@@ -161,11 +161,20 @@ def load_model(
         if dtype not in DTYPES:
             raise EntMTPError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
         dtype = DTYPES[dtype]
-    path = resolve_model_path(name_or_path)
+    gguf = {}
+    if name_or_path is not None and str(name_or_path).lower().endswith(
+        ".gguf"
+    ):  # dequantized by transformers
+        file = Path(name_or_path).expanduser()
+        if not file.is_file():
+            raise EntMTPError(f"GGUF file {file} does not exist: give the path of a .gguf model file")
+        path, gguf = str(file.parent), {"gguf_file": file.name}
+    else:
+        path = resolve_model_path(name_or_path)
     try:
         # Load in float32 and cast: asking the loader for bf16 directly was seen to produce a much slower model.
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **gguf)
+        tokenizer = AutoTokenizer.from_pretrained(path, **gguf)
     except (OSError, ValueError) as e:  # not found locally / not a valid repo id / hub unreachable
         if Path(path).is_dir():
             raise EntMTPError(f"could not load the model in {path}: {e}") from e
