@@ -302,8 +302,14 @@ def test_generate_measures_the_machine_once_and_says_what_it_chose(tmp_path, mon
     assert "dtype: float32 (as asked)" in err
     assert main([*args, "--dtype", "float32", "--threads", "1"]) == 0  # cached: measured once
     assert "measuring" not in capsys.readouterr().err
-    assert main([*args, "--threads", "1"]) == 0  # auto: both CPU dtypes compared, the choice said
-    assert "most expected tokens/s here: bfloat16" in capsys.readouterr().err
+    assert main([*args, "--threads", "1"]) == 0  # auto: both CPU dtypes compared, the faster one chosen
+    said = re.search(
+        r"dtype: (\w+) \(most expected tokens/s here: (\w+) ([\d.]+), (\w+) ([\d.]+)\)",
+        capsys.readouterr().err,
+    )
+    assert said, "the auto choice did not say what it measured"
+    chosen, speeds = said[1], {said[2]: float(said[3]), said[4]: float(said[5])}
+    assert set(speeds) == {"bfloat16", "float32"} and speeds[chosen] == max(speeds.values())
 
 
 def _small(measure):
