@@ -30,6 +30,7 @@ from entmtp.cli import build_parser, main
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
 from entmtp.heads import HeadsConfig, random_heads, save_heads
+from entmtp.machine import describe_record
 from entmtp.machine import record as machine_record
 from entmtp.prompts import TASKS
 from entmtp.records import Result, Step
@@ -305,7 +306,7 @@ def test_bench_on_a_tiny_model_runs_every_task_and_writes_json_markdown_and_plot
     assert set(data["meta"]["versions"]) == {"entmtp", "torch", "transformers", "llama-cpp-python"}
 
     report = (out / "report.md").read_text()
-    assert data["meta"]["machine"] in report
+    assert describe_record(data["meta"]["machine_record"]) in report.split("\n")[4]  # CPU, cores, flags
     images = ["speedup.png", "steps.png", "frontier-heads-profile.png"]
     for name in images:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -321,12 +322,12 @@ def test_bench_on_a_tiny_model_runs_every_task_and_writes_json_markdown_and_plot
     # files) renders too, saying its machine is unknown
     assert main(["bench", "--render", str(out)]) == 0
     assert (out / "report.md").read_text() == report
-    machine = data["meta"]["machine"]
-    del data["meta"]["hardware"]
+    machine = describe_record(data["meta"]["machine_record"])
+    del data["meta"]["hardware"], data["meta"]["machine_record"]
     (tiny_dir / "old-results.json").write_text(json.dumps(data))
     assert main(["bench", "--render", str(tiny_dir / "old-results.json")]) == 0
     old = (tiny_dir / "old-report.md").read_text()  # no report.md before it: no plots shown
-    unknown = f"machine unknown (the run recorded only {machine!r}: no CPU model or flags)"
+    unknown = f"machine unknown (the run recorded only {data['meta']['machine']!r}: no CPU model or flags)"
     assert old.replace(unknown, machine) == report.split("\n\n![")[0] + "\n"
 
 

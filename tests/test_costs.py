@@ -294,10 +294,15 @@ def test_two_cpus_of_one_name_with_other_flags_do_not_share_a_cost_curve(monkeyp
 
 
 def test_a_cost_curve_from_before_machine_records_loads_as_machine_unknown():
+    from entmtp.surface import CostSurface
+
     curve = CostCurve((0, 1, 4), (30.0, 33.0, 36.0), (0.0, 1.5, 2.0), machine=record())
+    surface = CostSurface((1, 8), (0, 4), ((30.0, 36.0), (80.0, 120.0)), machine=record())
     assert CostCurve.from_json(curve.to_json()) == curve and curve.with_points({1: 34.0}).machine == record()
-    old = {k: v for k, v in curve.to_json().items() if k != "machine"}
-    assert CostCurve.from_json(old).machine is None
+    assert CostSurface.from_json(surface.to_json()) == surface
+    for kind, c in ((CostCurve, curve), (CostSurface, surface)):
+        old = {k: v for k, v in c.to_json().items() if k != "machine"}
+        assert kind.from_json(old).machine is None
     assert describe_record(None).startswith("machine unknown")
 
 

@@ -96,7 +96,7 @@ def _cached_costs() -> dict:
             continue
         hw, heads = c.key.get("hardware", {}), c.key.get("heads") or {}
         what = f"{hw.get('dtype')}, {hw.get('threads')} threads, heads {heads.get('kind', 'none')}"
-        machine = describe_record(getattr(c, "machine", None))
+        machine = describe_record(c.machine)
         out[path.name] = f"{what}: {summary} ({c.source}, {c.seconds:.0f} s; {machine})"
     return out or {"none yet": "the first `entmtp generate` measures them (or `entmtp doctor --probe`)"}
 

@@ -16,7 +16,7 @@ from rich.table import Table
 from .. import metrics
 from ..errors import EntMTPError
 from ..files import write_text_atomic
-from ..machine import describe, hardware, record, versions
+from ..machine import describe, describe_record, hardware, record, versions
 from ..prompts import TASKS
 from .engines import Methods
 from .plots import speedup_plot, step_log_plot
@@ -221,8 +221,10 @@ def markdown(data: dict, labels: dict[str, str], command: str, images=()) -> str
 
 
 def _machine(meta: dict) -> str:
-    """The machine a run's report names: its CPU model, cores and flags (or GPU); runs from before the
-    hardware record recorded only the architecture, so they say the machine is unknown."""
+    """The machine a run's report names: its machine record (CPU model, cores and flags, or GPU and driver),
+    else its hardware record's name; runs from before either recorded only the architecture: unknown."""
+    if "machine_record" in meta:
+        return describe_record(meta["machine_record"])
     if "hardware" in meta:
         return meta["machine"]
     return f"machine unknown (the run recorded only {meta.get('machine')!r}: no CPU model or flags)"
