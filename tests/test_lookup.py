@@ -261,7 +261,7 @@ def test_hybrid_trees_sample(acceptance):
     model.lm_head.weight.mul_(8.0)  # peaked: many tokens fall under the typical bar (none of a uniform's do)
     heads = random_heads(HeadsConfig.for_model(model, "hydra", num_heads=3), seed=0)
     engine = Engine(model, ByteTokenizer(), heads=heads, tree=hybrid("tree_4"))
-    n = 64
+    n = 40
     cold = engine.generate(REPEATING, max_new_tokens=n, temperature=1e-4, acceptance=acceptance, seed=7)
     assert cold.token_ids == plain_greedy(model, REPEATING, n)
     assert sum(s.lookup_accepted for s in cold.steps) > 0
