@@ -102,16 +102,20 @@ def _cached_costs() -> dict:
 
 
 def _profile_machines(profiles_dir) -> dict:
-    """Each shipped profile's calibration machine (those written before machine records: "machine unknown")."""
-    from .scheduler.profiles import ProfileError, load_profile
+    """Each shipped profile's calibration machine (those written before machine records: "machine unknown"),
+    read from its JSON alone (loading every profile whole takes seconds)."""
+    from .scheduler.profiles import Hardware, describe_machine
 
     out = {}
     for kind in HEAD_KINDS:
         for path in sorted(profiles_dir(kind).glob("*.json")):
             try:
-                out[f"{kind}/{path.stem}"] = load_profile(path).machine_description
-            except ProfileError as e:
-                out[f"{kind}/{path.stem}"] = str(e)
+                d = json.loads(path.read_text(encoding="utf-8"))
+                out[f"{kind}/{path.stem}"] = describe_machine(
+                    d.get("machine"), Hardware.from_json(d["hardware"])
+                )
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                out[f"{kind}/{path.stem}"] = f"unreadable ({type(e).__name__}: {e})"
     return out
 
 

@@ -155,6 +155,15 @@ class HeadsInfo(_Record):
     checksum: str
 
 
+def describe_machine(machine: Mapping | None, hw: Hardware) -> str:
+    """A profile's calibration machine in one line: its machine record (machine.describe_record); an older
+    profile without one is "machine unknown", with what its hardware section does say."""
+    if machine is not None:
+        return describe_record(dict(machine))
+    flags = "no CPU flags" if hw.cpu_flags is None else "flags " + (", ".join(hw.cpu_flags) or "none")
+    return f"machine unknown (the profile records {hw.name!r}, {hw.cpu_count} cores, {flags})"
+
+
 @dataclass(frozen=True)
 class Hardware:
     device: str
@@ -598,13 +607,8 @@ class Profile:
     # -- reading --
     @property
     def machine_description(self) -> str:
-        """The calibration machine in one line (machine.describe_record); an older profile without the record
-        is "machine unknown", with what its hardware section does say."""
-        if self.machine is not None:
-            return describe_record(self.machine)
-        hw = self.hardware
-        flags = "no CPU flags" if hw.cpu_flags is None else "flags " + (", ".join(hw.cpu_flags) or "none")
-        return f"machine unknown (the profile records {hw.name!r}, {hw.cpu_count} cores, {flags})"
+        """The calibration machine in one line (`describe_machine`)."""
+        return describe_machine(self.machine, self.hardware)
 
     def mode(self, mode: str = "greedy") -> ModeProfile:
         if mode not in self.modes:
