@@ -30,6 +30,8 @@ from entmtp.cli import build_parser, main
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
 from entmtp.heads import HeadsConfig, random_heads, save_heads
+from entmtp.machine import describe_record
+from entmtp.machine import record as machine_record
 from entmtp.prompts import TASKS
 from entmtp.records import Result, Step
 
@@ -280,6 +282,8 @@ def test_bench_on_a_tiny_model_runs_every_task_and_writes_json_markdown_and_plot
     assert main([*args, "--dtype", "float32", "--out", str(out), "--no-progress"]) == 0
     printed = capsys.readouterr().out
     assert "skipping peer llama-cpp" in printed  # it plays the embedded GGUF, not this model
+    # plain decoding's own runs are not counted among those compared with it: 8 other methods, 2 prompts a task
+    assert f"0 of {8 * 2 * len(TASKS)} runs of the other methods differ from plain decoding" in printed
 
     data = json.loads((out / "results.json").read_text())
     methods = {"plain", "hf-generate", "hf-prompt-lookup", "lookup"}
@@ -298,9 +302,11 @@ def test_bench_on_a_tiny_model_runs_every_task_and_writes_json_markdown_and_plot
     assert data["meta"]["command"].startswith("entmtp bench") and data["meta"]["commit"]
     hw = data["meta"]["hardware"]  # every figure names its machine: the CPU model and the flags that matter
     assert data["meta"]["machine"] == f"{hw['name']} ({hw['cpu_count']} cores; {', '.join(hw['cpu_flags'])})"
+    assert data["meta"]["machine_record"] == machine_record("cpu")  # CPU, flags, cores, library versions
+    assert set(data["meta"]["versions"]) == {"entmtp", "torch", "transformers", "llama-cpp-python"}
 
     report = (out / "report.md").read_text()
-    assert data["meta"]["machine"] in report
+    assert describe_record(data["meta"]["machine_record"]) in report.split("\n")[4]  # CPU, cores, flags
     images = ["speedup.png", "steps.png", "frontier-heads-profile.png"]
     for name in images:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -310,6 +316,19 @@ def test_bench_on_a_tiny_model_runs_every_task_and_writes_json_markdown_and_plot
     assert "| decode tokens/s | probe ms | choose ms | trees | identical |" in report
     assert "| heads/mc_sim_7b_63 |" in report and "mc_sim_7b_63 100%" in report  # its tree's share of steps
     assert sorted(p.name for p in out.iterdir()) == sorted(["results.json", "report.md", *images])
+    assert data["compared_runs"] == 8 * 2 * len(TASKS)
+
+    # the report renders again from results.json alone, the same; a run without the hardware record (older
+    # files) renders too, saying its machine is unknown
+    assert main(["bench", "--render", str(out)]) == 0
+    assert (out / "report.md").read_text() == report
+    machine = describe_record(data["meta"]["machine_record"])
+    del data["meta"]["hardware"], data["meta"]["machine_record"]
+    (tiny_dir / "old-results.json").write_text(json.dumps(data))
+    assert main(["bench", "--render", str(tiny_dir / "old-results.json")]) == 0
+    old = (tiny_dir / "old-report.md").read_text()  # no report.md before it: no plots shown
+    unknown = f"machine unknown (the run recorded only {data['meta']['machine']!r}: no CPU model or flags)"
+    assert old.replace(unknown, machine) == report.split("\n\n![")[0] + "\n"
 
 
 # -- the embedded model: the command end to end (slow) --------------------------------------------------------

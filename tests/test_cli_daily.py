@@ -12,6 +12,7 @@ from conftest import tiny_model
 from entmtp import __version__
 from entmtp.cli import main
 from entmtp.engine import Engine
+from entmtp.machine import cpu_info, describe_record, record
 from entmtp.packing import bf16_supported
 
 FLOAT = ["--dtype", "float32", "--heads", "none"]
@@ -193,6 +194,9 @@ def test_doctor_reports_the_installation(capsys):
     assert set(r["shipped_heads"]) == {"medusa", "hydra"} and "mixed" in r["shipped_profiles"]["hydra"]
     assert set(r["extras"]) >= {"llama_cpp", "fastapi", "openai"}
     assert r["cpu_bf16_packing"].startswith("available" if bf16_supported() else "not available")
+    assert r["machine"] == describe_record(record()) and r["machine"].startswith(cpu_info()["name"])
+    assert set(r["versions"]) == {"entmtp", "torch", "transformers", "llama-cpp-python"}
+    assert r["shipped_profiles_machines"]["hydra/mixed"].startswith("machine unknown")  # made before records
     code, out, _ = _run(capsys, ["doctor"])
     assert "model_cache:" in out and "extras:" in out
 
@@ -212,6 +216,7 @@ def test_doctor_names_each_cached_cost_file_for_what_it_is(capsys, tmp_path, mon
     code, out, _ = _run(capsys, ["doctor", "--json"])
     costs = json.loads(out)["step_costs"]
     assert code == 0 and costs["curve.json"].startswith("bfloat16, 2 threads, heads hydra: plain 30.0 ms")
+    assert costs["curve.json"].endswith("machine unknown (written before machine records were kept))")
     assert costs["surface.json"].startswith(
         "bfloat16, 2 threads, heads hydra: batched steps of 1-8 rows: plain 30.0 ms at 1, 10.0 ms a row at 8"
     )

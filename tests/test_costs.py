@@ -19,13 +19,14 @@ import torch
 from conftest import save_tiny_model, tiny_model
 from entmtp import build as build_mod
 from entmtp import costs as costs_mod
+from entmtp import machine as machine_mod
 from entmtp.build import EngineSpec, build, scheduled_policy
 from entmtp.calibration.replay import replay, step_ms
 from entmtp.calibration.traces import load_traces
 from entmtp.cli import main
 from entmtp.costs import CostCorrector, CostCurve, CostsError, costs_for, measure, synthetic_tree
 from entmtp.errors import EntMTPError
-from entmtp.machine import describe
+from entmtp.machine import describe, describe_record, record
 from entmtp.policy import StaticPolicy
 from entmtp.records import Step
 from entmtp.scheduler.profiles import resolve_profile
@@ -279,6 +280,32 @@ def test_auto_dtype_keeps_the_faster_candidate_and_where_trees_lose_decodes_plai
     assert again.plan.dtype == "float32" and seen == [torch.float32]
 
 
+def test_two_cpus_of_one_name_with_other_flags_do_not_share_a_cost_curve(monkeypatch):
+    """Two "AMD EPYC" machines, AVX2 only and AVX-512 with bf16, differ 2x in what a tree costs: the flags are
+    part of the cost cache's key."""
+    model = tiny_model()
+    keys = []
+    for flags in (["avx2", "fma"], ["avx2", "fma", "avx512f", "avx512_bf16"]):
+        monkeypatch.setattr(
+            machine_mod, "cpu_info", lambda f=flags: {"name": "AMD EPYC", "flags": f, "cores": 2}
+        )
+        keys.append(costs_mod.cost_path(costs_mod.cost_key(model, None)))
+    assert keys[0] != keys[1]
+
+
+def test_a_cost_curve_from_before_machine_records_loads_as_machine_unknown():
+    from entmtp.surface import CostSurface
+
+    curve = CostCurve((0, 1, 4), (30.0, 33.0, 36.0), (0.0, 1.5, 2.0), machine=record())
+    surface = CostSurface((1, 8), (0, 4), ((30.0, 36.0), (80.0, 120.0)), machine=record())
+    assert CostCurve.from_json(curve.to_json()) == curve and curve.with_points({1: 34.0}).machine == record()
+    assert CostSurface.from_json(surface.to_json()) == surface
+    for kind, c in ((CostCurve, curve), (CostSurface, surface)):
+        old = {k: v for k, v in c.to_json().items() if k != "machine"}
+        assert kind.from_json(old).machine is None
+    assert describe_record(None).startswith("machine unknown")
+
+
 def test_generate_measures_the_machine_once_and_says_what_it_chose(tmp_path, monkeypatch, capsys):
     save_tiny_model(tmp_path / "m")
     monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path / "cache"))
@@ -300,10 +327,18 @@ def test_generate_measures_the_machine_once_and_says_what_it_chose(tmp_path, mon
     err = capsys.readouterr().err
     assert "measuring this machine's step costs" in err and "step costs (probe): plain" in err
     assert "dtype: float32 (as asked)" in err
+    curves = [json.loads(p.read_text()) for p in (tmp_path / "cache" / "costs").glob("*.json")]
+    assert [c["machine"] for c in curves if "nodes" in c] == [record("cpu")]  # where it was measured
     assert main([*args, "--dtype", "float32", "--threads", "1"]) == 0  # cached: measured once
     assert "measuring" not in capsys.readouterr().err
-    assert main([*args, "--threads", "1"]) == 0  # auto: both CPU dtypes compared, the choice said
-    assert "most expected tokens/s here: bfloat16" in capsys.readouterr().err
+    assert main([*args, "--threads", "1"]) == 0  # auto: both CPU dtypes compared, the faster one chosen
+    said = re.search(
+        r"dtype: (\w+) \(most expected tokens/s here: (\w+) ([\d.]+), (\w+) ([\d.]+)\)",
+        capsys.readouterr().err,
+    )
+    assert said, "the auto choice did not say what it measured"
+    chosen, speeds = said[1], {said[2]: float(said[3]), said[4]: float(said[5])}
+    assert set(speeds) == {"bfloat16", "float32"} and speeds[chosen] == max(speeds.values())
 
 
 def _small(measure):

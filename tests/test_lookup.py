@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from conftest import ByteTokenizer, OracleHeads, ProbeReadingPolicy, tiny_model
+from entmtp.accept import Sampling, _typical_threshold
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError, TreeError
 from entmtp.heads import HeadsConfig, random_heads
@@ -252,13 +253,30 @@ def test_steps_that_skip_the_heads_never_compute_their_probe_and_stay_lossless()
 
 @pytest.mark.parametrize("acceptance", ["sample", "typical"])
 def test_hybrid_trees_sample(acceptance):
-    model = tiny_model("llama", seed=5)
+    """Sampling through a hybrid tree (heads and a lookup branch): near T=0 either rule is greedy decoding, so
+    its tokens are plain greedy's, with lookup drafts accepted where the text repeats; at T=0.8 a seeded run
+    repeats, and typical acceptance emits only tokens that pass its test at their context under the base model.
+    (That `sample` follows the base distribution at T > 0: test_lossless.py.)"""
+    model = tiny_model("llama", seed=3)
+    model.lm_head.weight.mul_(8.0)  # peaked: many tokens fall under the typical bar (none of a uniform's do)
     heads = random_heads(HeadsConfig.for_model(model, "hydra", num_heads=3), seed=0)
     engine = Engine(model, ByteTokenizer(), heads=heads, tree=hybrid("tree_4"))
-    a = engine.generate(REPEATING, max_new_tokens=40, temperature=0.8, acceptance=acceptance, seed=7)
-    b = engine.generate(REPEATING, max_new_tokens=40, temperature=0.8, acceptance=acceptance, seed=7)
-    assert a.token_ids == b.token_ids and len(a.token_ids) == 40
-    assert all(0 <= t < 256 for t in a.token_ids)
+    n = 40
+    cold = engine.generate(REPEATING, max_new_tokens=n, temperature=1e-4, acceptance=acceptance, seed=7)
+    assert cold.token_ids == plain_greedy(model, REPEATING, n)
+    assert sum(s.lookup_accepted for s in cold.steps) > 0
+    a = engine.generate(REPEATING, max_new_tokens=n, temperature=0.8, acceptance=acceptance, seed=7)
+    b = engine.generate(REPEATING, max_new_tokens=n, temperature=0.8, acceptance=acceptance, seed=7)
+    assert a.token_ids == b.token_ids and len(a.token_ids) == n
+    if acceptance == "typical":
+        with torch.inference_mode():
+            logits = model(torch.tensor([REPEATING + a.token_ids])).logits[0, len(REPEATING) - 1 : -1]
+        probs = torch.softmax(logits / 0.8, dim=-1)  # [n, V]: each token's distribution at its context
+        bar = _typical_threshold(probs, Sampling().typical_eps, Sampling().typical_alpha)[:, 0]
+        chosen = probs[torch.arange(n), torch.tensor(a.token_ids)]
+        assert (chosen > bar * 0.999).all(), f"tokens under the typical bar at {(chosen <= bar).nonzero()}"
+        assert (probs <= bar[:, None]).float().mean() > 0.5  # the premise: most tokens fail the test
+        assert a.num_steps < n - 1  # drafts were accepted
 
 
 def test_head_nodes_without_heads_get_a_clear_error():

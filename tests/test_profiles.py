@@ -11,6 +11,7 @@ import torch
 from conftest import ByteTokenizer, tiny_model
 from entmtp.calibration.traces import load_traces
 from entmtp.engine import Engine
+from entmtp.machine import describe_record, record
 from entmtp.scheduler.profiles import Profile, ProfileError, load_profile, shipped_profiles_dir
 from scheduler_helpers import copy_profile, fitted_setup, tiny_profile_setup
 
@@ -47,6 +48,8 @@ def test_shipped_profiles_cover_every_task_and_both_head_kinds():
     assert len(SHIPPED) == 10
     for path in SHIPPED:
         profile = load_profile(path)
+        # made before machine records: they load, and say the machine is unknown (with the name they hold)
+        assert profile.machine is None and profile.machine_description.startswith("machine unknown")
         assert profile.heads.kind == path.parent.name and profile.task == path.stem
         assert set(profile.modes) == {"greedy", "sample", "typical"}
         for rule in ("sample", "typical"):  # each T=0.7 section: its rule's model, checked on held-out traces
@@ -73,6 +76,8 @@ def test_profile_round_trips(tiny_profile):
         assert torch.equal(a.tokens, b.tokens)  # what lookup replays copy from
         assert torch.allclose(a.probe, b.probe, atol=1e-2)  # stored as float16
     p.check(model, heads["hydra"], warn_hardware=False)
+    assert p.machine == record(model.device)  # the calibration machine: CPU, flags, cores, versions
+    assert p.machine_description == describe_record(record(model.device))
     m = p.mode("greedy")
     assert {"static", "binary", "ladder", "cost", "dynamic", "oracle"} <= set(m.replay)
     assert (

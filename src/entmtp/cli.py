@@ -359,6 +359,11 @@ def cmd_step_costs(args) -> int:
 def cmd_bench(args) -> int:
     from .bench import run_bench
 
+    if args.render is not None:
+        from .bench.report import render_again
+
+        print(f"wrote {render_again(Path(args.render))}")
+        return 0
     _setup_torch(args)
     return run_bench(args)
 
@@ -568,6 +573,13 @@ def _add_bench(sub) -> None:
         help="directory for results.json, report.md and the plots (default: runs/bench-DATE-TIME)",
     )
     b.add_argument("--no-progress", action="store_true")
+    b.add_argument(
+        "--render",
+        metavar="RUN",
+        default=None,
+        help="run nothing: write RUN/report.md again from RUN/results.json (today's legend and columns, the "
+        "same plots); RUN may also name a results file (X-results.json -> X-report.md)",
+    )
     _add_model_args(b)
     b.set_defaults(func=cmd_bench)
 

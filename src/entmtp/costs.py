@@ -39,7 +39,7 @@ from .accept import Sampling, accept
 from .backends import backend_name, base_for
 from .errors import EntMTPError
 from .files import write_text_atomic
-from .machine import digest, hardware, heads_checksum, model_fingerprint
+from .machine import digest, hardware, heads_checksum, model_fingerprint, record
 from .packing import PackedLinear
 from .tree import Tree
 
@@ -109,6 +109,7 @@ class CostCurve:
     key: dict = field(default_factory=dict)  # what the curve was measured on (see `cost_key`)
     source: str = "probe"  # probe | profile | corrected | a file name
     seconds: float = 0.0  # how long the measurement took
+    machine: dict | None = None  # machine.record of where it was measured (None: a file from before records)
 
     def __post_init__(self):
         if not self.nodes or len(self.nodes) != len(self.step_ms) or self.nodes[0] != 0:
@@ -163,6 +164,7 @@ class CostCurve:
             d.get("key", {}),
             d.get("source", "probe"),
             float(d.get("seconds", 0.0)),
+            d.get("machine"),
         )
 
     @classmethod
@@ -196,7 +198,7 @@ class CostCurve:
         step = tuple(updates.get(n, ms) for n, ms in zip(self.nodes, self.step_ms, strict=True))
         return CostCurve(
             self.nodes, step, self.draft_ms, self.contexts, self.by_context, self.prefill_ms_per_token,
-            self.key, "corrected", self.seconds,
+            self.key, "corrected", self.seconds, self.machine,
         )  # fmt: skip
 
 
@@ -335,7 +337,7 @@ def measure(
     draft = tuple(_extrapolate(dict(zip(sizes, draft, strict=True)), sizes))
     curve = CostCurve(
         tuple(sizes), step, draft, tuple(contexts[: len(rows)]), by_context, probe.prefill_ms_per_token,
-        cost_key(model, heads, probe.graphs), "probe", seconds,
+        cost_key(model, heads, probe.graphs), "probe", seconds, record(model.device),
     )  # fmt: skip
     line.say(f"step costs measured in {seconds:.1f} s: {curve.summary()}")
     return curve

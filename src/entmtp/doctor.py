@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from . import __version__
-from .machine import CPU_FLAGS, cpu_info
+from .machine import CPU_FLAGS, cpu_info, describe_record, record, versions
 from .model import EMBEDDED, cache_dir
 from .packing import bf16_supported
 from .shipped import HEAD_KINDS, shipped_heads_dir
@@ -52,6 +52,8 @@ def report() -> dict:
         "torch": torch.__version__,
         "transformers": _version("transformers"),
         "device": torch.cuda.get_device_name(0) if cuda else "cpu (no CUDA device)",
+        "machine": describe_record(record("cuda" if cuda else "cpu")),  # what measured files record
+        "versions": {k: v or "not installed" for k, v in versions().items()},
         "cpu": cpu["name"],
         "cpu_flags": ", ".join(cpu["flags"]) or "none of " + ", ".join(CPU_FLAGS),
         "cpu_threads": torch.get_num_threads(),
@@ -69,6 +71,7 @@ def report() -> dict:
         "shipped_profiles": {
             k: sorted(p.stem for p in shipped_profiles_dir(k).glob("*.json")) for k in HEAD_KINDS
         },
+        "shipped_profiles_machines": _profile_machines(shipped_profiles_dir),
         "step_costs": _cached_costs(),
         "extras": {
             name: ("installed" if importlib.util.find_spec(name) else f"missing: {what}")
@@ -93,8 +96,27 @@ def _cached_costs() -> dict:
             continue
         hw, heads = c.key.get("hardware", {}), c.key.get("heads") or {}
         what = f"{hw.get('dtype')}, {hw.get('threads')} threads, heads {heads.get('kind', 'none')}"
-        out[path.name] = f"{what}: {summary} ({c.source}, {c.seconds:.0f} s)"
+        machine = describe_record(c.machine)
+        out[path.name] = f"{what}: {summary} ({c.source}, {c.seconds:.0f} s; {machine})"
     return out or {"none yet": "the first `entmtp generate` measures them (or `entmtp doctor --probe`)"}
+
+
+def _profile_machines(profiles_dir) -> dict:
+    """Each shipped profile's calibration machine (those written before machine records: "machine unknown"),
+    read from its JSON alone (loading every profile whole takes seconds)."""
+    from .scheduler.profiles import Hardware, describe_machine
+
+    out = {}
+    for kind in HEAD_KINDS:
+        for path in sorted(profiles_dir(kind).glob("*.json")):
+            try:
+                d = json.loads(path.read_text(encoding="utf-8"))
+                out[f"{kind}/{path.stem}"] = describe_machine(
+                    d.get("machine"), Hardware.from_json(d["hardware"])
+                )
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                out[f"{kind}/{path.stem}"] = f"unreadable ({type(e).__name__}: {e})"
+    return out
 
 
 def _read_cached(path: Path):

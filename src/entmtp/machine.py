@@ -8,9 +8,11 @@ flags that decide its kernels (`CPU_FLAGS`), its core count and the threads torc
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
+import subprocess
 from pathlib import Path
 
 import torch
@@ -20,20 +22,87 @@ CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "a
 
 
 def cpu_info() -> dict:
-    """{"name": model name, "flags": the CPU_FLAGS present} from /proc/cpuinfo (elsewhere: platform's)."""
-    name, flags = "", set()
+    """{"name": model name, "flags": the CPU_FLAGS present, "cores": physical cores (None: not said)} from
+    /proc/cpuinfo (elsewhere: platform's name, no flags)."""
+    name, flags, cores, physical = "", set(), set(), ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and not name:
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
+            field, _, value = line.partition(":")
+            field, value = field.strip(), value.strip()
+            if field == "model name" and not name:
+                name = value
+            elif field == "flags" and not flags:
+                flags = set(value.split())
+            elif field == "physical id":
+                physical = value
+            elif field == "core id":
+                cores.add((physical, value))
     except OSError:
         pass
     return {
         "name": name or platform.processor() or platform.machine(),
         "flags": [f for f in CPU_FLAGS if f in flags],
+        "cores": len(cores) or None,
     }
+
+
+LIBRARIES = ("entmtp", "torch", "transformers", "llama-cpp-python")  # what runs the model, versioned
+
+
+def versions() -> dict:
+    """The installed version of each of LIBRARIES (None: not installed)."""
+    out = {}
+    for dist in LIBRARIES:
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def record(device: str | torch.device = "cpu") -> dict:
+    """The machine record every file holding a measured figure keeps (bench results, profiles, cost curves):
+    the CPU's model, the flags that decide its kernels, physical cores, logical CPUs and torch's threads; on
+    CUDA the GPU and its driver; the versions of the libraries that run the model."""
+    cpu, dev = cpu_info(), torch.device(device)
+    out = {
+        "cpu": cpu["name"],
+        "cpu_flags": cpu["flags"],
+        "cores": cpu["cores"],
+        "logical_cpus": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+    }
+    if dev.type == "cuda":
+        out |= {
+            "gpu": torch.cuda.get_device_name(dev),
+            "gpu_driver": _gpu_driver(),
+            "cuda": torch.version.cuda,
+        }
+    return out | {"versions": versions()}
+
+
+def _gpu_driver() -> str | None:
+    """The NVIDIA driver's version (nvidia-smi's), None where it cannot be asked."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def describe_record(rec: dict | None) -> str:
+    """One line naming a machine record: the GPU and its driver, or the CPU with its cores and kernel flags;
+    "machine unknown" for a file written before records were kept."""
+    if not rec:
+        return "machine unknown (written before machine records were kept)"
+    if rec.get("gpu"):
+        return f"{rec['gpu']} (driver {rec.get('gpu_driver') or 'unknown'}, CUDA {rec.get('cuda')})"
+    flags = ", ".join(rec.get("cpu_flags", [])) or "none of " + ", ".join(CPU_FLAGS)
+    cores = f"{rec.get('cores') or '?'} cores, {rec.get('logical_cpus')} CPUs, {rec.get('threads')} threads"
+    return f"{rec['cpu']} ({cores}; {flags})"
 
 
 def hardware(model) -> dict:

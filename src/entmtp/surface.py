@@ -25,6 +25,7 @@ from .accept import Sampling, accept
 from .cache import BaseModel, BatchKV
 from .costs import CostsError, LatencyModel, _extrapolate, _Line, _now, cost_key, cost_path, synthetic_tree
 from .files import write_text_atomic
+from .machine import record
 
 FORMAT, VERSION = "entmtp-surface", 1
 BATCHES = (1, 2, 4, 8, 16)
@@ -44,6 +45,7 @@ class CostSurface:
     key: dict = field(default_factory=dict)
     source: str = "probe"
     seconds: float = 0.0
+    machine: dict | None = None  # machine.record of where it was measured (None: a file from before records)
 
     def __post_init__(self):
         if (
@@ -87,6 +89,7 @@ class CostSurface:
             d.get("key", {}),
             d.get("source", "probe"),
             float(d.get("seconds", 0.0)),
+            d.get("machine"),
         )
 
 
@@ -125,8 +128,9 @@ def measure_surface(
     seconds = time.perf_counter() - t0
     key = {**cost_key(model, heads), "surface": list(batches), "sizes": list(sizes)}
     surface = CostSurface(
-        tuple(batches), tuple(sizes), tuple(tuple(rows[b]) for b in batches), key, "probe", seconds
-    )
+        tuple(batches), tuple(sizes), tuple(tuple(rows[b]) for b in batches), key, "probe", seconds,
+        record(model.device),
+    )  # fmt: skip
     line.say(f"batched step costs measured in {seconds:.1f} s:\n{surface.summary()}")
     return surface
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -13,8 +14,9 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import metrics
+from ..errors import EntMTPError
 from ..files import write_text_atomic
-from ..machine import describe, hardware
+from ..machine import describe, describe_record, hardware, record, versions
 from ..prompts import TASKS
 from .engines import Methods
 from .plots import speedup_plot, step_log_plot
@@ -37,8 +39,9 @@ def meta(methods: Methods, interrupted: bool) -> dict:
         "threads": torch.get_num_threads(),
         "machine": describe(hardware(methods.model)),
         "hardware": hardware(methods.model),
+        "machine_record": record(methods.model.device),
         "commit": _commit(),
-        "versions": _versions(),
+        "versions": versions(),
         "max_new_tokens": args.max_new_tokens,
         "num_prompts": args.num_prompts,
         "split": args.split,
@@ -63,6 +66,8 @@ def write(out: Path, methods: Methods, measured: Measurements, summary: dict) ->
     out.mkdir(parents=True, exist_ok=True)
     data = {"meta": meta(methods, measured.interrupted), "summary": summary, "replays": measured.replays}
     data |= {"runs": measured.runs, "mismatches": measured.mismatches, "step_log": measured.step_log}
+    greedy = methods.plan.args.temperature == 0
+    data["compared_runs"] = compared_runs(measured.runs) if greedy else 0  # what `mismatches` is out of
     results = out / "results.json"
     write_text_atomic(results, json.dumps(data, indent=1))
     labels = {t: task_label(t) for t in summary}
@@ -85,6 +90,31 @@ def write(out: Path, methods: Methods, measured: Measurements, summary: dict) ->
     print(f"wrote {results}, {out / 'report.md'} and {len(images)} plots in {out}")
 
 
+def render_again(path: Path) -> Path:
+    """report.md written again from results.json by today's `markdown` (its legend and columns), showing the
+    plots the report showed before: `path` is a bench folder or one of its results files (X-results.json is
+    rendered into X-report.md). Nothing is measured; returns the report's path."""
+    results = path / "results.json" if path.is_dir() else path
+    if not results.is_file() or not results.name.endswith("results.json"):
+        raise EntMTPError(f"{path}: give a folder `entmtp bench --out` wrote, or its results.json")
+    try:
+        data = json.loads(results.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise EntMTPError(f"{results}: not a bench results.json ({e})") from e
+    if not {"meta", "summary"} <= set(data):
+        raise EntMTPError(f"{results}: not a bench results.json (no meta or summary)")
+    report = results.with_name(results.name.removesuffix("results.json") + "report.md")
+    images = _images(report.read_text(encoding="utf-8")) if report.is_file() else []
+    labels = {t: task_label(t) for t in data["summary"]}
+    write_text_atomic(report, markdown(data, labels, data["meta"]["command"], images))
+    return report
+
+
+def _images(report: str) -> list[tuple[str, str]]:
+    """The (caption, file) of each plot a report.md shows."""
+    return re.findall(r"^!\[(.*)\]\((.*)\)$", report, flags=re.MULTILINE)
+
+
 def print_tables(summary: dict, replays: dict, args) -> None:
     """A table per task (every method against plain decoding), then its replayed policies per heads."""
     console = _console()
@@ -94,17 +124,24 @@ def print_tables(summary: dict, replays: dict, args) -> None:
             console.print(_replay_table(task, kind, rep))
 
 
+NOT_COMPARED = ("plain", "llama-cpp")  # plain decoding is the reference; llama.cpp decodes its own weights
+
+
+def compared_runs(runs: dict) -> int:
+    """How many runs a greedy bench compares with plain decoding's output: every method's but NOT_COMPARED."""
+    return sum(len(recs) for rows in runs.values() for name, recs in rows.items() if name not in NOT_COMPARED)
+
+
 def print_mismatches(measured: Measurements, methods: Methods) -> None:
-    """How many speculative runs' greedy outputs differ from plain decoding's, and why some may."""
-    if not measured.mismatches:
-        return
+    """How many of the compared runs' greedy outputs differ from plain decoding's (plain decoding's own runs
+    are not counted), and why some may."""
     args = methods.plan.args
-    n_spec = sum(len(p) for p in methods.plan.prompts.values()) * (methods.count - 1)
+    if args.temperature > 0:
+        return
+    differ, n = len(measured.mismatches), compared_runs(measured.runs)
     # bf16 rounds one-token and many-token forwards differently: rare divergences are expected
-    print(
-        f"{len(measured.mismatches)} of {n_spec} speculative runs differ from plain decoding ({args.dtype}: "
-        "one-token and many-token forwards round differently; float32 runs are bit-exact)"
-    )
+    why = f" ({args.dtype}: one-token and many-token forwards round differently; float32 runs are bit-exact)"
+    print(f"{differ} of {n} runs of the other methods differ from plain decoding" + (why if differ else ""))
 
 
 def _task_table(task: str, rows: dict, args) -> Table:
@@ -155,7 +192,7 @@ def markdown(data: dict, labels: dict[str, str], command: str, images=()) -> str
         "",
         f"`{command}`",
         "",
-        f"{meta['machine']}, {meta['threads']} threads, {meta['dtype']}, torch {meta['torch']}; "
+        f"{_machine(meta)}, {meta['threads']} threads, {meta['dtype']}, torch {meta['torch']}; "
         f"{meta['max_new_tokens']} new tokens, T={meta['temperature']} ({meta['acceptance']})"
         + (" — interrupted: partial results" if meta.get("interrupted") else ""),
         "",
@@ -181,6 +218,16 @@ def markdown(data: dict, labels: dict[str, str], command: str, images=()) -> str
     for caption, file in images:
         lines += ["", f"![{caption}]({file})"]
     return "\n".join(lines) + "\n"
+
+
+def _machine(meta: dict) -> str:
+    """The machine a run's report names: its machine record (CPU model, cores and flags, or GPU and driver),
+    else its hardware record's name; runs from before either recorded only the architecture: unknown."""
+    if "machine_record" in meta:
+        return describe_record(meta["machine_record"])
+    if "hardware" in meta:
+        return meta["machine"]
+    return f"machine unknown (the run recorded only {meta.get('machine')!r}: no CPU model or flags)"
 
 
 def _markdown_cells(name: str, r: dict, sampled: bool) -> list[str]:
@@ -233,15 +280,3 @@ def _commit() -> str | None:
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def _versions() -> dict:
-    import importlib.metadata
-
-    out = {}
-    for dist in ("entmtp", "torch", "transformers"):
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[dist] = None
-    return out

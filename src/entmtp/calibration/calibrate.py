@@ -35,7 +35,7 @@ from ..accept import Sampling
 from ..costs import LatencyModel
 from ..engine import Engine
 from ..errors import EntMTPError
-from ..machine import hardware, heads_checksum, model_fingerprint
+from ..machine import hardware, heads_checksum, model_fingerprint, record
 from ..policy import StaticPolicy
 from ..scheduler.policies import (
     AcceptanceModel,
@@ -496,6 +496,7 @@ def _profile(model, heads, heads_name, task, run, latency, section) -> Profile:
         calibration=run,
         latency=latency,
         modes={"greedy": section},
+        machine=record(model.device),
     )
 
 

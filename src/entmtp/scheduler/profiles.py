@@ -19,6 +19,8 @@ THE FILE FORMAT (`"format": "entmtp-profile"`, `"version": 1`), one JSON object 
   heads             name, kind (medusa | hydra), num_heads, checksum (machine.heads_checksum)
   hardware          device, name, cpu_flags (optional: older files lack it), cpu_count, threads, dtype
   versions          entmtp, torch, transformers
+  machine           optional (older files lack it: "machine unknown"): machine.record of the calibration
+                    machine (CPU model, kernel flags, cores, threads; GPU and driver; library versions)
   calibration       latency_prompt_ids (token ids of the prompts decoded to time trees), prompts (traced),
                     positions, max_new_tokens, latency_prompts, latency_tokens, latency_repeats,
                     trace_seconds (null when the traces were shared between profiles), seconds
@@ -81,7 +83,7 @@ from .. import metrics
 from ..accept import SAMPLED, Sampling
 from ..errors import EntMTPError
 from ..files import write_text_atomic
-from ..machine import hardware, heads_checksum, model_fingerprint
+from ..machine import describe_record, hardware, heads_checksum, model_fingerprint
 from ..shipped import HEAD_KINDS
 from ..tree import RankPath, Tree, TreeError
 from .policies import (
@@ -151,6 +153,15 @@ class HeadsInfo(_Record):
     kind: str
     num_heads: int
     checksum: str
+
+
+def describe_machine(machine: Mapping | None, hw: Hardware) -> str:
+    """A profile's calibration machine in one line: its machine record (machine.describe_record); an older
+    profile without one is "machine unknown", with what its hardware section does say."""
+    if machine is not None:
+        return describe_record(dict(machine))
+    flags = "no CPU flags" if hw.cpu_flags is None else "flags " + (", ".join(hw.cpu_flags) or "none")
+    return f"machine unknown (the profile records {hw.name!r}, {hw.cpu_count} cores, {flags})"
 
 
 @dataclass(frozen=True)
@@ -548,6 +559,7 @@ class Profile:
     modes: Mapping[str, ModeProfile]  # "greedy", and "sample" / "typical" / "gumbel" when calibrated at T > 0
     traces: tuple[TraceMeta, ...] | None = None  # the greedy traces in the sidecar (None: not written yet)
     traces_sha256: str | None = None
+    machine: Mapping | None = None  # machine.record of the calibration machine (None: an older file)
     path: Path | None = field(default=None, compare=False)  # the file it was read from or saved to
 
     def to_json(self) -> dict:
@@ -568,6 +580,8 @@ class Profile:
             out["traces"] = [t.to_json() for t in self.traces]
         if self.traces_sha256 is not None:
             out["traces_sha256"] = self.traces_sha256
+        if self.machine is not None:
+            out["machine"] = dict(self.machine)
         return out
 
     @classmethod
@@ -586,10 +600,16 @@ class Profile:
             modes={name: ModeProfile.from_json(m) for name, m in d["modes"].items()},
             traces=_trace_metas(d.get("traces")),
             traces_sha256=d.get("traces_sha256"),
+            machine=d.get("machine"),
             path=path,
         )
 
     # -- reading --
+    @property
+    def machine_description(self) -> str:
+        """The calibration machine in one line (`describe_machine`)."""
+        return describe_machine(self.machine, self.hardware)
+
     def mode(self, mode: str = "greedy") -> ModeProfile:
         if mode not in self.modes:
             raise ProfileError(
