@@ -1,10 +1,12 @@
 """Running the app: the port is bound before the model loads (a busy port fails in a second, not after the
 load), connections that do not send their request headers in time are closed, and SIGTERM / SIGINT drain:
 the listening socket closes, open generations may finish for `drain_timeout` seconds, and what is still open
-then is cut (streams end with an error event and [DONE]); a second signal quits at once."""
+then is cut (streams end with an error event and [DONE]); a second signal, SIGTERM or SIGINT, cuts what is
+open and quits at once. The body's own timeout (a 408) is the routes' (routes.py `_read_body`)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import sys
@@ -57,15 +59,30 @@ def _protocol(header_timeout: float) -> type[H11Protocol]:
 
 
 class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, drain):
+    """uvicorn's server, draining on the first SIGTERM / SIGINT and quitting at once on a second one."""
+
+    def __init__(self, config: uvicorn.Config, drain, cut):
         super().__init__(config)
         self.drain = drain  # a coroutine function: lets open generations finish, then cuts the rest
+        self.cut = cut  # cuts every open generation now (a second signal)
+
+    def handle_exit(self, sig, frame) -> None:
+        """The first signal drains; a second one, SIGTERM or SIGINT, skips the drain (uvicorn's forced only on
+        a second SIGINT, and only its own wait for connections, not this drain)."""
+        if self.should_exit:
+            self.force_exit = True
+        super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets=None) -> None:
         for server in self.servers:  # stop accepting at once; the drain can take a while
             server.close()
         if not self.force_exit:
-            await self.drain()
+            drain = asyncio.ensure_future(self.drain())
+            while not drain.done() and not self.force_exit:
+                await asyncio.wait({drain}, timeout=0.05)
+            if not drain.done():  # a second signal came: cut what is open and go
+                drain.cancel()
+                self.cut()
         await super().shutdown(sockets)
         self._captured_signals.clear()  # a drained shutdown exits 0, not by re-raising the signal
 
@@ -94,4 +111,5 @@ def serve(
         http=_protocol(header_timeout),
         timeout_graceful_shutdown=CUT_GRACE_S,  # counted after the drain
     )
-    _Server(config, lambda: app.state.server.drain(drain_timeout)).run(sockets=[sock])
+    state = app.state.server
+    _Server(config, lambda: state.drain(drain_timeout), state.cut).run(sockets=[sock])
