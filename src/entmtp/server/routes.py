@@ -156,9 +156,9 @@ async def _read_body(request: Request, max_body_bytes: int, timeout: float) -> b
     try:
         return await asyncio.wait_for(_gather(request, max_body_bytes), timeout)
     except asyncio.TimeoutError:
+        declared = f" ({size} bytes declared)" if size else ""
         message = (
-            f"the request body did not arrive within {timeout:g} s of its headers"
-            f"{f' ({size} bytes declared)' if size else ''}: send the whole body at once"
+            f"the request body did not arrive within {timeout:g} s of its headers{declared}: send it at once"
         )
         return error(408, message, Connection="close")  # the rest of the body will not be read
     except ClientDisconnect:  # nobody hears the answer: the access log line says 499
