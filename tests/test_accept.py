@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from entmtp.accept import GumbelNoise, Sampling, accept, accept_greedy, gumbel_targets
+from entmtp.accept import GREEDY_BELOW, GumbelNoise, Sampling, accept, accept_greedy, gumbel_targets
 from entmtp.errors import EntMTPError
 from entmtp.tree import Tree
 
@@ -107,6 +107,16 @@ def test_sampling_settings_are_validated():
         Sampling(temperature=0.0, acceptance="sample")
     with pytest.raises(EntMTPError, match="unknown acceptance"):
         Sampling(temperature=1.0, acceptance="beam")
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-300, 5e-324, 9.9e-6])
+@pytest.mark.parametrize("acceptance", ["auto", "sample", "typical", "gumbel"])
+def test_a_temperature_below_greedy_below_is_greedy_decoding(temperature, acceptance):
+    """logits / 1e-40 overflowed float32: such a request wrote degenerate text. Under GREEDY_BELOW every rule
+    keeps the argmax (its limit as T -> 0), so it decodes greedily, stored as T = 0."""
+    sampling = Sampling(temperature=temperature, acceptance=acceptance)
+    assert sampling.temperature == 0.0 and sampling.rule == "greedy"
+    assert Sampling(temperature=GREEDY_BELOW, acceptance=acceptance).rule != "greedy"
 
 
 def test_gumbel_noise_is_a_function_of_seed_and_position_alone():

@@ -49,6 +49,15 @@ def test_oracle_drafts_give_identical_output_and_long_steps(arch, tree, rank_mod
         assert result.num_steps < n - 1
 
 
+@pytest.mark.parametrize("temperature", [1e-40, 5e-324])
+def test_a_tiny_temperature_decodes_greedily(temperature):
+    """T = 1e-40 (and 5e-324, 0 in float32) overflowed logits / T: it now writes the greedy tokens."""
+    model, ids = tiny_model("llama", seed=1), list(range(40, 52))
+    engine = Engine(model, ByteTokenizer())
+    out = engine.generate(ids, max_new_tokens=12, temperature=temperature, seed=1)
+    assert out.token_ids == plain_greedy(model, ids, 12)
+
+
 @pytest.mark.parametrize("tree,rank_mod", [("mc_sim_7b_63", 3), ("chain_4", 1)])
 def test_gumbel_sampling_writes_plain_sampling_tokens_whatever_the_tree(tree, rank_mod):
     """Under the gumbel rule a seed fixes every position's token: drafts that are the plain decode's tokens

@@ -69,7 +69,7 @@ BATCH = 4  # the module's server steps up to 4 requests together (--max-batch); 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    extra = ("--max-batch", str(BATCH), "--max-queue", "2", "--header-timeout", "2")
+    extra = ("--max-batch", str(BATCH), "--max-queue", "2", "--header-timeout", "2", "--body-timeout", "2")
     proc, url, log = _start_server(tmp_path_factory.mktemp("serve"), *extra)
     yield url, log
     _stop(proc)
@@ -533,6 +533,79 @@ def test_a_connection_without_request_headers_is_closed(server):
         t0 = time.time()
         assert s.recv(100) == b""  # closed by the server (--header-timeout 2), not left open
         assert time.time() - t0 < 6
+
+
+def _log_since(log, offset: int) -> str:
+    time.sleep(0.3)  # the access log line is written once the response ends
+    return log.read_text()[offset:]
+
+
+def _raw(server, head: bytes, wait: bool) -> bytes:
+    """Send `head` on a new connection; with `wait`, what the server answers until it closes; else leave."""
+    port = int(server.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(head)
+        s.settimeout(10)
+        answer = b""
+        while wait and (part := s.recv(4096)):
+            answer += part
+        return answer
+
+
+def test_a_stalled_body_gets_a_408_and_a_client_that_leaves_one_log_line(served):
+    """Content-Length 1000 and 6 bytes held the connection for 600+ s; when the client left, the log had a 500
+    and two tracebacks. Now: a 408 after --body-timeout (2 s), and a client that leaves is one line (499)."""
+    server, log = served
+    offset = len(log.read_text())
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 1000\r\nX-Request-Id: %s\r\n\r\n{"mess'
+    )
+    t0 = time.time()
+    answer = _raw(server, head % b"stalled-43", wait=True)  # until the server closes the connection
+    assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 2 s" in answer
+    assert time.time() - t0 < 6
+    _raw(server, head % b"left-43", wait=False)
+    lines = _log_since(log, offset).splitlines()
+    assert any('" 408 ' in line and "request_id=stalled-43" in line for line in lines), lines
+    assert [line for line in lines if "left-43" in line and '" 499 ' in line], lines
+    assert not any("Traceback" in line or " 500 " in line for line in lines), lines
+
+
+def test_control_characters_in_a_path_are_escaped_in_the_access_log(served):
+    """GET /x%0a<a fake line> wrote a forged line into the log, and %1b raw terminal escapes."""
+    server, log = served
+    offset = len(log.read_text())
+    assert httpx.get(f"{server}/x%0a2026-01-01 entmtp: forged%1b[31m%22 200").status_code == 404
+    lines = _log_since(log, offset).splitlines()
+    assert len(lines) == 1 and "\x1b" not in lines[0] and "forged" in lines[0], lines
+    assert '"GET /x\\x0a2026-01-01 entmtp: forged\\x1b[31m\\x22 200" 404' in lines[0]
+
+
+def test_a_tiny_temperature_is_greedy_decoding(client, plain):
+    """T = 1e-40 answered 200 with degenerate text ("ectableectable..."): it is greedy decoding now."""
+    greedy = plain.generate(CHAT, max_new_tokens=6).text
+    for temperature in (1e-40, 5e-324):
+        r = client.chat.completions.create(
+            model="m", messages=CHAT, max_tokens=6, temperature=temperature, seed=1
+        )
+        assert r.choices[0].message.content == greedy
+        assert r.model_dump()["usage"]["entmtp"]["acceptance"] == "greedy"
+
+
+def test_a_negative_seed_under_gumbel_is_a_400_before_any_stream(plain):
+    """`serve --acceptance gumbel`, seed -1, streamed: it answered 200, then an error event."""
+    from fastapi.testclient import TestClient
+
+    from entmtp.server.app import create_app
+
+    body = {"messages": CHAT, "max_tokens": 2, "temperature": 0.8, "seed": -1, "stream": True}
+    with TestClient(create_app(plain, "m", max_batch=1, acceptance="gumbel")) as app:
+        r = app.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "seed"
+        assert "seed >= 0" in r.json()["error"]["message"]
+        greedy = app.post("/v1/chat/completions", json={**body, "temperature": 0, "stream": False})
+        assert greedy.status_code == 200  # no noise at T = 0: any seed is fine
 
 
 def test_a_second_server_on_a_busy_port_fails_before_loading_the_model(server):

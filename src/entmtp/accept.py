@@ -40,10 +40,17 @@ ACCEPTANCE = ("greedy", "sample", "typical", "gumbel")
 SAMPLED = ("sample", "typical", "gumbel")  # the rules at temperature > 0
 TREE_INVARIANT = ("greedy", "gumbel")  # rules whose (seeded) tokens do not depend on the trees verified
 SAMPLED_CHOICES = ("auto", *SAMPLED)  # what a server may apply to requests at T > 0 (auto: lossless sample)
+# temperatures below this decode greedily: logits / T overflows float32 near T = 1e-37 (1e-40 wrote
+# "ectableectable..."), and under 1e-5 every sampled rule already keeps the argmax unless two logits tie
+# within 1e-4 (vLLM's cut-off too). The server's schema reads it (server/schema.py), so both agree.
+GREEDY_BELOW = 1e-5
 
 
 @dataclass(frozen=True)
 class Sampling:
+    """A generation's sampling: its temperature and acceptance rule. A temperature in (0, GREEDY_BELOW) is
+    greedy decoding, whatever the rule (each sampled rule's limit as T -> 0): it is stored as 0."""
+
     temperature: float = 0.0  # 0 = greedy
     acceptance: str = "auto"  # auto: greedy at T=0, lossless "sample" otherwise
     typical_eps: float = 0.09  # Medusa-2 defaults
@@ -54,14 +61,24 @@ class Sampling:
             raise EntMTPError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if self.acceptance not in ("auto", *ACCEPTANCE):
             raise EntMTPError(f"unknown acceptance {self.acceptance!r}: use auto, {', '.join(ACCEPTANCE)}")
-        if self.rule != "greedy" and self.temperature == 0:
+        if self.acceptance in SAMPLED and self.temperature == 0:
             raise EntMTPError(f"acceptance {self.acceptance!r} needs a temperature > 0")
+        if self.temperature < GREEDY_BELOW:
+            object.__setattr__(self, "temperature", 0.0)  # frozen: set once, here
 
     @property
     def rule(self) -> str:
-        if self.acceptance == "auto":
+        if self.acceptance == "auto" or self.temperature == 0:
             return "greedy" if self.temperature == 0 else "sample"
         return self.acceptance
+
+
+def check_gumbel_seed(seed: int | None) -> None:
+    """Raise EntMTPError for a seed the gumbel rule cannot take (its noise is seeded by (seed, position))."""
+    if seed is not None and seed < 0:
+        raise EntMTPError(
+            f"the gumbel rule needs a seed >= 0 (or none), got {seed}: use a seed from 0 to 2**64-1"
+        )
 
 
 class GumbelNoise:
@@ -72,8 +89,7 @@ class GumbelNoise:
     asked for is past (a decode asks for positions in increasing order)."""
 
     def __init__(self, seed: int, vocab_size: int, device: torch.device | str = "cpu"):
-        if seed < 0:
-            raise EntMTPError(f"gumbel noise needs a seed >= 0, got {seed}")
+        check_gumbel_seed(seed)
         self.seed, self.vocab_size, self.device = int(seed), int(vocab_size), torch.device(device)
         self._rows: dict[int, torch.Tensor] = {}
         self._generator = torch.Generator()

@@ -199,8 +199,8 @@ def cmd_serve(args) -> int:
         raise EntMTPError("--max-queue must be >= 0 and --max-body >= 1")
     if args.max_batch < 1:
         raise EntMTPError(f"--max-batch must be >= 1 (1: one request at a time), got {args.max_batch}")
-    if args.drain_timeout < 0 or args.header_timeout <= 0:
-        raise EntMTPError("--drain-timeout must be >= 0 and --header-timeout > 0 (seconds)")
+    if args.drain_timeout < 0 or args.header_timeout <= 0 or args.body_timeout <= 0:
+        raise EntMTPError("--drain-timeout must be >= 0, --header-timeout and --body-timeout > 0 (seconds)")
     try:
         from .server.run import bind, serve  # light: the port is bound before torch is even imported
 
@@ -233,6 +233,7 @@ def cmd_serve(args) -> int:
         costs=costs,
         thread=thread,
         acceptance=args.request_acceptance,
+        body_timeout=args.body_timeout,
     )
     print(f"entmtp: serving {name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     serve(
@@ -468,6 +469,13 @@ def _add_serve(sub) -> None:
         type=float,
         default=10.0,
         help="close a connection that sends no complete request headers within this many seconds",
+    )
+    sv.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        help="answer 408 and close a connection whose request body has not all arrived this many seconds "
+        "after its headers (default 30)",
     )
     sv.add_argument("--no-access-log", action="store_true", help="no log line per request on stderr")
     from .accept import SAMPLED_CHOICES

@@ -9,6 +9,7 @@ Later loads read the copy in well under a second.
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 import os
 import shutil
 import tempfile
@@ -221,7 +222,9 @@ def check_request(prompt_len: int, max_new_tokens: int, window: int, *, name: st
 
 def encode_prompt(tokenizer, prompt: str | list[dict], *, chat: bool = True) -> list[int]:
     """Token ids of a prompt. A string is wrapped as one user message in the chat template when the
-    tokenizer has one (and `chat` is True); a list of {"role", "content"} messages always uses it."""
+    tokenizer has one (and `chat` is True); a list of {"role", "content"} messages always uses it. Control
+    tokens written in a message's text are encoded as that text (`_as_text`): only the template makes turns.
+    A plain string with `chat=False` is the whole prompt, its control tokens kept (its writer writes it all)."""
     if isinstance(prompt, str):
         if not prompt.strip():
             raise PromptError("the prompt is empty: give some text to continue")
@@ -233,7 +236,25 @@ def encode_prompt(tokenizer, prompt: str | list[dict], *, chat: bool = True) -> 
         raise PromptError("the prompt is empty: give at least one message with content")
     if not getattr(tokenizer, "chat_template", None):
         raise PromptError("this tokenizer has no chat template: pass the prompt as a plain string")
-    ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+    ids = tokenizer.apply_chat_template(
+        prompt, add_generation_prompt=True, tokenize=True, **_as_text(tokenizer, prompt)
+    )
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)
+
+
+def _as_text(tokenizer, messages: list[dict]) -> dict:
+    """apply_chat_template's option that encodes control tokens written inside messages (`<|im_end|>`,
+    `<|im_start|>` in a user's text) as plain text, so that only the template's own are control tokens: a
+    message cannot forge a turn. An older transformers 5 has no such option: a message holding one is refused."""
+    if "sanitize_control_tokens" in inspect.signature(tokenizer.apply_chat_template).parameters:
+        return {"sanitize_control_tokens": True}
+    for token in getattr(tokenizer, "all_special_tokens", []):
+        if token and any(token in str(m.get("content", "")) for m in messages):
+            raise PromptError(
+                f"a message contains the control token {token!r}, which this transformers "
+                f"({importlib.metadata.version('transformers')}) cannot encode as text: remove it, or upgrade "
+                "transformers (apply_chat_template(sanitize_control_tokens=True))"
+            )
+    return {}

@@ -3,14 +3,17 @@
 Bodies are read and validated by the routes (routes.py, not by FastAPI's automatic parsing) so that every
 client-caused failure gets OpenAI's error shape with a 4xx status before any work starts: malformed or too deeply
 nested JSON, fields of the wrong type or range, text that is not valid Unicode, OpenAI fields entmtp does not
-implement, empty messages, max_tokens past the context window, a body over the size limit. Prompts are tokenized
-off the event loop. Streaming uses server-sent events (responses.py); a client that disconnects, streaming or
+implement, empty messages, max_tokens past the context window, a body over the size limit (413) or not all
+arrived within the body timeout (408), a negative seed under the gumbel rule. Control tokens written in a
+message's text are encoded as text (model.encode_prompt). Prompts are tokenized off the event loop, long ones
+in a lane of their own. Streaming uses server-sent events (responses.py); a client that disconnects, streaming or
 not, cancels its generation between two decode steps. On shutdown (`ServerState.drain`) new requests get 503,
 open ones may finish until the drain timeout, and those still open then are cut: a stream ends with an error
 event in OpenAI's shape and [DONE].
 
 Every response carries X-Request-Id (the client's, when it sent a sane one, or a new one), and each request
-is logged once at info level (logger "entmtp.server": client, method, path, status, seconds, request id).
+is logged once at info level (logger "entmtp.server": client, method, path, status, seconds, request id), its
+path's control characters escaped (`printable`); a client that leaves before its body is sent is a 499 there.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+import unicodedata
 import uuid
 from contextlib import asynccontextmanager
 
@@ -30,7 +34,7 @@ from ..errors import EntMTPError
 from ..surface import CostSurface
 from . import routes
 from .metrics import Metrics
-from .state import ServerState
+from .state import BODY_TIMEOUT_S, ServerState
 from .thread import TorchThread
 
 log = logging.getLogger("entmtp.server")
@@ -47,12 +51,14 @@ def create_app(
     costs: CostSurface | None = None,
     thread: TorchThread | None = None,
     acceptance: str = "auto",
+    body_timeout: float = BODY_TIMEOUT_S,
 ) -> FastAPI:
     """The app serving `engine` as `model_name`: up to `max_batch` requests generate together (one continuous
     batch, weighing trees by the cost surface `costs` when given; 1: one at a time, CUDA graphs allowed) and
     up to `max_queue` more wait. Give the `thread` that built the engine (thread.py: on a CPU, torch runs
     ~1.7x slower on a second thread); without one, generation runs on a new thread. `acceptance`: the rule of
-    requests at temperature > 0 (auto: lossless sampling; sample; typical: not lossless)."""
+    requests at temperature > 0 (auto: lossless sampling; sample; typical: not lossless). `body_timeout`: seconds
+    a request's body may take to arrive once its headers did (then a 408)."""
     if max_batch < 1:
         raise EntMTPError(f"max_batch must be >= 1 (1: one request at a time), got {max_batch}")
     if acceptance not in SAMPLED_CHOICES:
@@ -61,7 +67,7 @@ def create_app(
         )
     app = FastAPI(title="entmtp", version="1", lifespan=_lifespan)
     state = app.state.server = ServerState.start(
-        engine, model_name, max_queue, max_body_bytes, max_batch, costs, thread, acceptance
+        engine, model_name, max_queue, max_body_bytes, max_batch, costs, thread, acceptance, body_timeout
     )
     app.add_exception_handler(StarletteHTTPException, routes.http_error)
     app.add_exception_handler(Exception, routes.internal_error)
@@ -120,5 +126,26 @@ class _RequestLog:
         ).inc()
         host, port = scope.get("client") or ("-", 0)
         log.info(
-            '%s:%s "%s %s" %d %.3fs request_id=%s', host, port, scope["method"], path, status, seconds, rid
+            '%s:%s "%s %s" %d %.3fs request_id=%s',
+            host,
+            port,
+            scope["method"],
+            printable(path),
+            status,
+            seconds,
+            rid,
         )
+
+
+def printable(text: str) -> str:
+    """`text` safe for a log line: control characters (a decoded %0a, %1b ...), line and paragraph separators,
+    quotes and backslashes escaped as \\xNN / \\uNNNN, so a path can neither forge a line nor a field, nor
+    write terminal escapes."""
+    return "".join(_escape(c) if c in '"\\' or unicodedata.category(c) in _UNPRINTABLE else c for c in text)
+
+
+_UNPRINTABLE = ("Cc", "Zl", "Zp")  # control characters (C0, DEL, C1), line and paragraph separators
+
+
+def _escape(c: str) -> str:
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"

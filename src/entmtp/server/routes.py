@@ -14,13 +14,15 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
+from ..accept import Sampling, check_gumbel_seed
 from ..engine import Engine
 from ..errors import EntMTPError
 from ..model import check_request, encode_prompt
 from . import responses, schema
 from .responses import Reply, error
-from .state import ServerState
+from .state import BODY_TIMEOUT_S, ServerState
 from .worker import Job, QueueFull
 
 log = logging.getLogger("entmtp.server")
@@ -80,16 +82,19 @@ async def _complete(request: Request, chat: bool) -> Response:
     """/v1/chat/completions and /v1/completions: read, tokenize, queue, then answer whole or streamed."""
     state = _state(request)
     kind = schema.ChatRequest if chat else schema.CompletionRequest
-    req, bad = await read_request(request, kind, state.max_body_bytes)
+    req, bad = await read_request(request, kind, state.max_body_bytes, state.body_timeout)
     if bad is not None:
         return bad
     if state.draining:
         return responses.shutting_down()
+    bad = _bad_seed(req, state.acceptance)
+    if bad is not None:  # before the stream starts: a 400, never a 200 then an error event
+        return bad
     prompt = [{"role": m.role, "content": m.text()} for m in req.messages] if chat else req.prompt
     loop = asyncio.get_running_loop()
     try:  # a 10k-message chat template takes most of a second: not on the event loop
         ids, kwargs = await loop.run_in_executor(
-            state.tokenize, prepare, state.engine, req, prompt, chat, state.acceptance
+            state.tokenizer_lane(_chars(prompt)), prepare, state.engine, req, prompt, chat, state.acceptance
         )
     except EntMTPError as e:
         return error(400, str(e), "messages" if chat else "prompt")
@@ -105,9 +110,22 @@ async def _complete(request: Request, chat: bool) -> Response:
     return await responses.whole(request, job, reply, state.token_text)
 
 
-async def read_request(request: Request, model: type[schema._Params], max_body_bytes: int):
+def _bad_seed(req: schema._Params, acceptance: str) -> Response | None:
+    """A 400 for a seed the request's sampling rule cannot take (gumbel: a negative seed), else None."""
+    temperature = req.temperature or 0.0
+    if temperature > 0 and Sampling(temperature, acceptance).rule == "gumbel":
+        try:
+            check_gumbel_seed(req.seed)
+        except EntMTPError as e:
+            return error(400, str(e), "seed")
+    return None
+
+
+async def read_request(
+    request: Request, model: type[schema._Params], max_body_bytes: int, body_timeout: float = BODY_TIMEOUT_S
+):
     """(validated request, None) or (None, error response): every client-caused failure is a 4xx here."""
-    body = await _read_body(request, max_body_bytes)
+    body = await _read_body(request, max_body_bytes, body_timeout)
     if isinstance(body, Response):
         return None, body
     try:
@@ -128,17 +146,41 @@ async def read_request(request: Request, model: type[schema._Params], max_body_b
         return None, error(400, message, param)
 
 
-async def _read_body(request: Request, max_body_bytes: int) -> bytes | Response:
-    """The body, or a 413 as soon as it is known to be over `max_body_bytes` (declared or as read)."""
+async def _read_body(request: Request, max_body_bytes: int, timeout: float) -> bytes | Response:
+    """The body; a 413 as soon as it is known to be over `max_body_bytes` (declared or as read); a 408 when it
+    has not all come within `timeout` s (a client that declares more than it sends held the connection
+    forever); a 499, logged as the request's one line, when the client leaves before sending it all."""
     size = request.headers.get("content-length")
     if size is not None and size.isdigit() and int(size) > max_body_bytes:
         return error(413, f"request body of {size} bytes is over the limit of {max_body_bytes} bytes")
-    body = b""
+    try:
+        return await asyncio.wait_for(_gather(request, max_body_bytes), timeout)
+    except asyncio.TimeoutError:
+        declared = f" ({size} bytes declared)" if size else ""
+        message = (
+            f"the request body did not arrive within {timeout:g} s of its headers{declared}: send it at once"
+        )
+        return error(408, message, Connection="close")  # the rest of the body will not be read
+    except ClientDisconnect:  # nobody hears the answer: the access log line says 499
+        return Response(status_code=499)
+
+
+async def _gather(request: Request, max_body_bytes: int) -> bytes | Response:
+    """The body's parts joined (a bytearray: adding to bytes copied the whole body per part, and a body sent
+    in 1-byte parts took the event loop for seconds), or a 413 once over `max_body_bytes`."""
+    body = bytearray()
     async for part in request.stream():
         body += part
         if len(body) > max_body_bytes:
             return error(413, f"request body is over the limit of {max_body_bytes} bytes")
-    return body
+    return bytes(body)
+
+
+def _chars(prompt) -> int:
+    """The characters a prompt's tokenizer reads: its text, or its messages' texts (token ids: none)."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    return sum(len(m["content"]) for m in prompt if isinstance(m, dict))
 
 
 def prepare(

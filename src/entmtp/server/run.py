@@ -1,10 +1,12 @@
 """Running the app: the port is bound before the model loads (a busy port fails in a second, not after the
 load), connections that do not send their request headers in time are closed, and SIGTERM / SIGINT drain:
 the listening socket closes, open generations may finish for `drain_timeout` seconds, and what is still open
-then is cut (streams end with an error event and [DONE]); a second signal quits at once."""
+then is cut (streams end with an error event and [DONE]); a second signal, SIGTERM or SIGINT, cuts what is
+open at once and quits (the cut streams end as above; a third signal stops waiting for them too). The body's own timeout (a 408) is the routes' (routes.py `_read_body`)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import sys
@@ -57,15 +59,35 @@ def _protocol(header_timeout: float) -> type[H11Protocol]:
 
 
 class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, drain):
+    """uvicorn's server: the first SIGTERM / SIGINT drains; a second one, of either kind, skips the rest of the
+    drain (what is open is cut now and its streams end in OpenAI's shape) and quits; a third stops waiting even
+    for that (uvicorn's force_exit)."""
+
+    def __init__(self, config: uvicorn.Config, drain, cut):
         super().__init__(config)
         self.drain = drain  # a coroutine function: lets open generations finish, then cuts the rest
+        self.cut = cut  # cuts every open generation now
+        self.skip_drain = False  # a second signal came
+
+    def handle_exit(self, sig, frame) -> None:
+        # uvicorn's own: a second SIGINT forces its exit, a second SIGTERM does nothing, and neither ends a drain
+        self._captured_signals.append(sig)
+        if self.skip_drain:
+            self.force_exit = True
+        elif self.should_exit:
+            self.skip_drain = True
+        else:
+            self.should_exit = True
 
     async def shutdown(self, sockets=None) -> None:
         for server in self.servers:  # stop accepting at once; the drain can take a while
             server.close()
-        if not self.force_exit:
-            await self.drain()
+        drain = asyncio.ensure_future(self.drain())
+        while not drain.done() and not self.skip_drain:
+            await asyncio.wait({drain}, timeout=0.05)
+        if not drain.done():  # a second signal: cut what is open and go
+            drain.cancel()
+            self.cut()
         await super().shutdown(sockets)
         self._captured_signals.clear()  # a drained shutdown exits 0, not by re-raising the signal
 
@@ -94,4 +116,5 @@ def serve(
         http=_protocol(header_timeout),
         timeout_graceful_shutdown=CUT_GRACE_S,  # counted after the drain
     )
-    _Server(config, lambda: app.state.server.drain(drain_timeout)).run(sockets=[sock])
+    state = app.state.server
+    _Server(config, lambda: state.drain(drain_timeout), state.cut).run(sockets=[sock])

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ..accept import GREEDY_BELOW
 from ..records import MAX_TOP_LOGPROBS  # chat's top_logprobs, as OpenAI's
 
 DEFAULT_MAX_TOKENS = 256  # when a request gives none (never past the context window)
@@ -99,6 +100,12 @@ class _Params(BaseModel):
     stream: bool = False
     stream_options: dict | None = None
     n: int | None = Field(None, ge=1, le=1)
+
+    @field_validator("temperature")
+    @classmethod
+    def _greedy_below(cls, v):
+        """A temperature under GREEDY_BELOW is greedy decoding (accept.Sampling's rule): sent on as 0."""
+        return 0.0 if v is not None and v < GREEDY_BELOW else v
 
     @field_validator("top_p")
     @classmethod

@@ -17,6 +17,8 @@ from .thread import TorchThread
 from .worker import Worker
 
 log = logging.getLogger("entmtp.server")
+BODY_TIMEOUT_S = 30.0  # `serve --body-timeout`'s default: a 1 MB body at 35 kB/s
+LONG_PROMPT_CHARS = 20_000  # prompts longer than this (about 5k tokens) are tokenized in the long lane
 
 
 @dataclass(eq=False)
@@ -30,8 +32,15 @@ class ServerState:
     max_body_bytes: int
     token_text: schema.TokenText
     acceptance: str = "auto"  # the acceptance rule of requests at temperature > 0 (accept.Sampling)
-    tokenize: ThreadPoolExecutor = field(  # a 10k-message chat template takes most of a second: off the loop
+    body_timeout: float = BODY_TIMEOUT_S  # seconds a request's body may take to arrive, from its headers
+    # a 10k-message chat template takes most of a second: off the loop. Two lanes: prompts of up to
+    # LONG_PROMPT_CHARS characters, and longer ones (a 1 MB prompt takes ~0.6 s), so a short chat never waits
+    # behind a dozen long uploads (the tokenizer's Rust code runs without the GIL: both lanes run at once)
+    tokenize: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="entmtp-tokenize")
+    )
+    tokenize_long: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="entmtp-tokenize-long")
     )
     draining: bool = False  # set by `drain`: new requests get 503, /health answers "draining"
 
@@ -46,6 +55,7 @@ class ServerState:
         costs: CostSurface | None = None,
         thread: TorchThread | None = None,
         acceptance: str = "auto",
+        body_timeout: float = BODY_TIMEOUT_S,
     ) -> ServerState:
         """A state with its generation loop started (`max_batch` rows at once, batching.py) on `thread`, the
         one that built the engine (thread.py says why), or on a new thread."""
@@ -60,7 +70,20 @@ class ServerState:
             thread=thread,
         )
         token_text = schema.TokenText(engine.tokenizer)
-        return cls(engine, model_name, worker, metrics, max_body_bytes, token_text, acceptance=acceptance)
+        return cls(
+            engine,
+            model_name,
+            worker,
+            metrics,
+            max_body_bytes,
+            token_text,
+            acceptance=acceptance,
+            body_timeout=body_timeout,
+        )
+
+    def tokenizer_lane(self, chars: int) -> ThreadPoolExecutor:
+        """The tokenizing thread of a prompt of `chars` characters (the long lane past LONG_PROMPT_CHARS)."""
+        return self.tokenize_long if chars > LONG_PROMPT_CHARS else self.tokenize
 
     async def drain(self, timeout: float) -> None:
         """Stop taking requests; let open generations finish for up to `timeout` s; cut the rest."""
@@ -75,6 +98,13 @@ class ServerState:
                 "cutting %d open generation(s) after the %g s drain", self.worker.cut_all(reason), timeout
             )
 
+    def cut(self) -> None:
+        """Cut every open generation now (a second signal: no drain): streams end with an error event."""
+        self.draining = True
+        cut = self.worker.cut_all("the server is shutting down: generation cut by a second signal")
+        log.warning("a second signal: quitting at once, %d open generation(s) cut", cut)
+
     def close(self) -> None:
         self.worker.close()
         self.tokenize.shutdown(wait=False)
+        self.tokenize_long.shutdown(wait=False)
