@@ -14,7 +14,7 @@ from ..lookup import Lookup
 from ..scheduler.hybrid import hybrid
 from ..scheduler.profiles import Profile
 from ..shipped import resolve_heads
-from .peers import build_peers
+from .peers import build_peers, llama_cpp_available
 from .plan import LOOKUP_VARIANTS, Plan
 
 
@@ -136,9 +136,12 @@ def _profile(m: Methods, kind: str, task: str) -> Profile:
 
 def _defaults(m: Methods) -> tuple[dict[str, Engine], dict[str, str]]:
     """--defaults: add plain decoding in the other CPU dtype, `default` (what `entmtp generate` builds: auto
-    dtype, this machine's step costs, lookup drafts) and `previous-default` (until this version's: bfloat16,
-    the shipped `mixed` profile's recommended policy on its stored latencies, no lookup). Returns the engines
-    by method name and the `default` engine's plan, for the results' meta."""
+    backend and dtype, this machine's step costs, lookup drafts) and `previous-default` (before the measured
+    defaults: bfloat16, the shipped `mixed` profile's recommended policy on its stored latencies, no lookup).
+    With llama-cpp-python installed and the embedded model: the default built on each backend
+    (`default@transformers`, `default@llama-cpp`), and llama.cpp's plain decoding and prompt lookup through
+    entmtp's engine (`plain@llama-cpp`, `lookup@llama-cpp`). Returns the engines by method name and the built
+    engines' plans, for the results' meta."""
     from ..build import EngineSpec, build
     from ..model import load_model
     from ..scheduler.profiles import resolve_profile
@@ -147,12 +150,37 @@ def _defaults(m: Methods) -> tuple[dict[str, Engine], dict[str, str]]:
     other = "float32" if args.dtype == "bfloat16" else "bfloat16"
     m2, t2 = load_model(args.model, dtype=other, device=args.device, pack=not args.no_pack)
     engines = {f"plain@{other}": engine(m2, t2)}
-    built = build(EngineSpec(model=args.model, device=args.device, threads=args.threads, lookup=Lookup()))
+    spec = EngineSpec(model=args.model, device=args.device, threads=args.threads, lookup=Lookup())
+    built = build(spec)
     engines["default"] = built.engine
+    plans = {"default": built.plan.describe()}
+    if args.model is None and llama_cpp_available() and args.device == "cpu":
+        engines |= _llama_cpp_defaults(spec, plans)
     old_model, old_tok = (m.model, m.tokenizer) if args.dtype == "bfloat16" else (m2, t2)
     profile = resolve_profile("mixed", "hydra")
     previous = profile.policy(profile.recommended_policy())
     engines["previous-default"] = engine(
         old_model, old_tok, heads=resolve_heads("hydra", old_model), tree=previous
     )
-    return engines, {"default": built.plan.describe()}
+    return engines, plans
+
+
+def _llama_cpp_defaults(spec, plans: dict[str, str]) -> dict[str, Engine]:
+    """The default on each backend, and llama.cpp's plain decoding and prompt lookup (see `_defaults`)."""
+    from dataclasses import replace
+
+    from ..build import build
+
+    engines = {}
+    for backend in ("transformers", "llama-cpp"):
+        built = build(replace(spec, backend=backend))
+        engines[f"default@{backend}"] = built.engine
+        plans[f"default@{backend}"] = built.plan.describe()
+    llama = engines["default@llama-cpp"]
+    model, tokenizer = llama.model, llama.tokenizer
+    engines["plain@llama-cpp"] = engine(model, tokenizer)
+    costs = llama.costs if llama.heads is None else None  # the heads-less curve is measured below
+    if costs is None and not probing_disabled():
+        costs = costs_for(model, None)
+    engines["lookup@llama-cpp"] = engine(model, tokenizer, lookup=Lookup(), costs=costs)
+    return engines
