@@ -195,3 +195,22 @@ def test_the_llama_cpp_backend_refuses_a_transformers_model_directory(tmp_path):
 
     with pytest.raises(EntMTPError, match="--backend llama-cpp runs GGUF files"):
         check_spec(EngineSpec(backend="llama-cpp", model=str(tmp_path)))
+
+
+def test_on_a_cpu_with_amx_the_repacked_weights_stay_off(monkeypatch):
+    """llama-cpp-python 0.3.36 segfaults on an AMX Xeon with llama.cpp's extra buffer types once a decode holds
+    two tokens: on such a CPU neither the backend nor the llama-cpp peer asks for them."""
+    import llama_cpp.llama_cpp as low
+
+    from entmtp import machine
+    from entmtp.backends.llama_cpp import extra_bufts_safe
+    from entmtp.bench.peers import LlamaCppPlain
+
+    monkeypatch.delenv("ENTMTP_LLAMA_EXTRA_BUFTS", raising=False)
+    monkeypatch.setattr(machine, "cpu_info", lambda: {"name": "Xeon", "flags": ["avx512f", "amx_bf16"]})
+    assert not extra_bufts_safe()
+    peer = LlamaCppPlain(n_threads=2)
+    assert not peer.llm.model_params.use_extra_bufts
+    assert low.llama_model_default_params().use_extra_bufts  # llama-cpp-python's own default is left as it was
+    monkeypatch.setattr(machine, "cpu_info", lambda: {"name": "EPYC", "flags": ["avx2", "avx512f"]})
+    assert extra_bufts_safe()

@@ -174,9 +174,7 @@ class Runtime:
         lib.llama_backend_init()
         mp = lib.llama_model_default_params()
         mp.n_gpu_layers = 0
-        # llama.cpp's extra buffer types repack weights for AMX / AVX kernels; llama-cpp-python 0.3.36 crashes
-        # with them on a Xeon with AMX once a decode holds two tokens or more (see docs/llama-cpp.md)
-        mp.use_extra_bufts = extra_bufts
+        mp.use_extra_bufts = extra_bufts_safe() if extra_bufts is None else extra_bufts
         self.model = lib.llama_model_load_from_file(str(path).encode(), mp)
         if not self.model:
             raise LlamaCppError(
@@ -257,6 +255,18 @@ class Runtime:
             return logits, np.zeros((0, self.n_embd), dtype=np.float32)
         hidden = np.ctypeslib.as_array(self.lib.llama_get_embeddings(self.ctx), shape=(k, self.n_embd)).copy()
         return logits, hidden
+
+
+def extra_bufts_safe() -> bool:
+    """Whether llama.cpp's extra buffer types (weights repacked for the CPU's kernels) are used here: not on a
+    CPU with AMX, where llama-cpp-python 0.3.36 segfaults with them once a decode holds two tokens or more
+    (seen on a 2-core Xeon; docs/llama-cpp.md). `ENTMTP_LLAMA_EXTRA_BUFTS=1` or `0` decides instead."""
+    forced = os.environ.get("ENTMTP_LLAMA_EXTRA_BUFTS", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    from ..machine import cpu_info
+
+    return not any(f.startswith("amx") for f in cpu_info()["flags"])
 
 
 def _free(lib, ctx, model, batch) -> None:

@@ -8,6 +8,7 @@ a GGUF file through llama-cpp-python, when it is installed.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,6 +212,34 @@ def llama_cpp_available() -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _extra_bufts(llama_cpp):
+    """llama-cpp-python's `Llama` with llama.cpp's extra buffer types off where they crash (a CPU with AMX:
+    backends.llama_cpp.extra_bufts_safe); `Llama` takes no such option, so its default parameters are
+    wrapped while it loads."""
+    from ..backends.llama_cpp import extra_bufts_safe
+
+    if extra_bufts_safe():
+        yield
+        return
+    print(
+        "entmtp: llama.cpp's repacked (AMX) weights are off on this CPU: they crash llama-cpp-python 0.3.36"
+    )
+    low = llama_cpp.llama_cpp  # the module `Llama` reads its defaults from
+    default = low.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    low.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        low.llama_model_default_params = default
+
+
 class LlamaCppPlain:
     """Plain decoding of a GGUF file (default: the embedded model's) through llama-cpp-python: greedy at
     temperature 0, else plain temperature sampling (no top-k / top-p / min-p / repetition penalty)."""
@@ -223,7 +252,8 @@ class LlamaCppPlain:
         if not path.is_file():
             raise EntMTPError(f"GGUF file {path} does not exist: pass the path of a .gguf model file")
         self.path, self.n_ctx = path, n_ctx
-        self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=False)
+        with _extra_bufts(llama_cpp):
+            self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=False)
         self.eos_ids = {self.llm.token_eos()}
 
     def generate(
