@@ -211,6 +211,8 @@ def test_on_a_cpu_with_amx_the_repacked_weights_stay_off(monkeypatch):
     assert not extra_bufts_safe()
     peer = LlamaCppPlain(n_threads=2)
     assert not peer.llm.model_params.use_extra_bufts
-    assert low.llama_model_default_params().use_extra_bufts  # llama-cpp-python's own default is left as it was
+    assert (
+        low.llama_model_default_params().use_extra_bufts
+    )  # llama-cpp-python's own default is left as it was
     monkeypatch.setattr(machine, "cpu_info", lambda: {"name": "EPYC", "flags": ["avx2", "avx512f"]})
     assert extra_bufts_safe()
