@@ -74,7 +74,7 @@ def write_random_gguf(name: str, path: Path) -> Path:
     kv = h // s["heads"] * s["kv_heads"]
 
     def q(tname: str, rows: int, cols: int) -> None:
-        w.add_tensor(tname, random_q4_0(rows, cols, rng), raw_shape=[cols, rows], raw_dtype=q4)
+        w.add_tensor(tname, random_q4_0(rows, cols, rng), raw_dtype=q4)  # byte shape [rows, cols / 32 * 18]
 
     q("token_embd.weight", vocab, h)
     q("output.weight", vocab, h)
