@@ -216,3 +216,56 @@ def test_on_a_cpu_with_amx_the_repacked_weights_stay_off(monkeypatch):
     )  # llama-cpp-python's own default is left as it was
     monkeypatch.setattr(machine, "cpu_info", lambda: {"name": "EPYC", "flags": ["avx2", "avx512f"]})
     assert extra_bufts_safe()
+
+
+# ---- choosing the backend ----------------------------------------------------------------------------------
+
+
+def test_auto_measures_both_backends_where_a_gguf_can_run(tmp_path):
+    from entmtp.build import EngineSpec, _candidates
+
+    assert {c.split("/")[0] for c in _candidates(EngineSpec(), probe=True)} == {"transformers", "llama-cpp"}
+    assert _candidates(EngineSpec(model=str(tmp_path / "m.gguf")), probe=True)[-1].startswith("llama-cpp/")
+    assert all(
+        c.startswith("transformers/") for c in _candidates(EngineSpec(model=str(tmp_path)), probe=True)
+    )
+    assert _candidates(EngineSpec(backend="llama-cpp", dtype="float32"), probe=True) == ["llama-cpp/float32"]
+    assert _candidates(EngineSpec(), probe=False) == ["transformers/bfloat16"]  # nothing measured: today's
+
+
+def test_auto_keeps_the_backend_with_the_most_expected_tokens_per_second(monkeypatch, tmp_path):
+    """`build` loads each candidate, reads its expected tokens/s off its measured curve and keeps the fastest,
+    and caches the choice; the plan names the backend and why."""
+    import entmtp.build as build_mod
+
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
+    monkeypatch.delenv("ENTMTP_NO_PROBE", raising=False)
+    speeds = {"transformers/bfloat16": 40.0, "transformers/float32": 30.0, "llama-cpp/bfloat16": 90.0}
+    loaded = []
+
+    def fake_load(spec, heads_spec, cand, probe, budget, log):
+        loaded.append(cand)
+        return build_mod._Option(object(), None, None, Tree.root_only(), "plain", "test", None, speeds[cand])
+
+    monkeypatch.setattr(build_mod, "_load", fake_load)
+    monkeypatch.setattr(build_mod, "_candidates", lambda spec, probe: list(speeds))
+    monkeypatch.setattr(build_mod, "_room_for_another", lambda model, cand: True)
+    monkeypatch.setattr(build_mod, "Engine", lambda *a, **k: "engine")
+    plan = build_mod.build(build_mod.EngineSpec(), log=lambda m: None).plan
+    assert (plan.backend, plan.dtype) == ("llama-cpp", "bfloat16")
+    assert "llama-cpp/bfloat16 90.0" in plan.backend_reason
+    loaded.clear()
+    again = build_mod.build(build_mod.EngineSpec(), log=lambda m: None).plan  # the cached choice: one load
+    assert loaded == ["llama-cpp/bfloat16"] and again.backend == "llama-cpp"
+
+
+def test_build_runs_the_embedded_gguf_on_llama_cpp():
+    from entmtp.build import EngineSpec, build
+
+    built = build(
+        EngineSpec(backend="llama-cpp", dtype="float32", tree="tree_8", probe=False), log=lambda m: None
+    )
+    assert built.plan.backend == "llama-cpp" and backend_name(built.engine.model) == "llama-cpp"
+    assert "backend: llama-cpp (as asked)" in built.plan.describe()
+    result = built.engine.generate(PROMPTS[0], max_new_tokens=8)
+    assert len(result.token_ids) == 8
