@@ -17,6 +17,7 @@ from .thread import TorchThread
 from .worker import Worker
 
 log = logging.getLogger("entmtp.server")
+CLOSE_WAIT_S = 30.0  # at exit, the longest wait for the generation thread's current step (a prefill chunk)
 
 
 @dataclass(eq=False)
@@ -75,6 +76,13 @@ class ServerState:
                 "cutting %d open generation(s) after the %g s drain", self.worker.cut_all(reason), timeout
             )
 
-    def close(self) -> None:
+    def close(self, timeout: float = CLOSE_WAIT_S) -> None:
+        """Cut what is still open (after `drain`, nothing), then wait up to `timeout` s for the generation
+        thread to end: the process must not exit while it is inside a torch call (worker.py, `join`)."""
+        cut = self.worker.cut_all("the server is shutting down")
+        if cut:
+            log.warning("cutting %d open generation(s): the server is closing", cut)
         self.worker.close()
+        if not self.worker.join(timeout):
+            log.error("the generation thread is still running after %g s", timeout)
         self.tokenize.shutdown(wait=False)
