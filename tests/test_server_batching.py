@@ -384,3 +384,34 @@ def test_a_cut_reaches_a_running_job_at_once_while_the_thread_is_inside_a_long_s
     engine.release.set()
     worker.close()
     assert worker.join(10) and worker.running == 0 and worker.idle
+
+
+def test_running_jobs_decode_while_a_long_prompt_prefills_in_chunks():
+    """A job submitted with a 5-chunk prompt beside a decoding job: the decoding job gets a token at every
+    step while the long prompt goes in, one chunk per step (it used to wait for the whole prefill)."""
+    from entmtp.engine import PREFILL_CHUNK
+
+    engine = Engine(tiny_model("llama", seed=4, max_position_embeddings=2048), ByteTokenizer())
+    worker = _worker(engine, 2, _Finished())
+    heard: list = []  # (job, item) in the order the thread sent them, and the test's marks
+    emit = worker._emit
+    worker._emit = lambda job, item: (heard.append((job, item)), emit(job, item))
+    long_prompt = [(5 * i) % 250 + 3 for i in range(4 * PREFILL_CHUNK + 7)]
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        running, long = Job(PROMPTS[0], dict(max_new_tokens=400), loop), Job(long_prompt, {}, loop)
+        worker.submit(running)
+        await running.next()
+        heard.append((None, "submitted"))
+        worker.submit(long)
+        await long.next()  # its first token
+        running.cancel.set()
+        long.cancel.set()
+
+    asyncio.run(main())
+    _close(worker)
+    start = heard.index((None, "submitted"))
+    first = next(i for i, (job, _) in enumerate(heard) if job is not None and job.prompt == long_prompt)
+    during = [item for job, item in heard[start:first] if job is not None and job.prompt == PROMPTS[0]]
+    assert len(during) >= 4 and all(len(e.token_ids) == 1 for e in during)
