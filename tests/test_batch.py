@@ -3,6 +3,8 @@ its batch-mates are, do, or when they join and leave; the batched KV cache keeps
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -39,8 +41,8 @@ def engine():
     return Engine(model, ByteTokenizer(), heads=heads, tree="tree_8")
 
 
-def alone(engine, prompt, n, **kwargs):
-    return engine.generate(prompt, max_new_tokens=n, **kwargs)
+def alone(engine, prompt, n=None, **kwargs):
+    return engine.generate(prompt, **({} if n is None else {"max_new_tokens": n}), **kwargs)
 
 
 def plain(engine, prompt, n):
@@ -244,3 +246,106 @@ def test_batch_aware_rows_verify_trees_within_the_joint_budget_and_stay_exact(en
                 done.append(event.result)
     assert budgets - {None}  # the joint choice ran
     assert sorted(r.token_ids for r in done) == sorted(plain(engine, p, 24) for p in PROMPTS)
+
+
+def test_a_row_at_the_window_s_end_beside_sampled_rows_with_trees_never_overflows(engine):
+    """A row whose prompt and max_new_tokens exactly fill the context window, beside sampled rows drafting
+    trees: near the end its own tree shrinks to the root, and the batch's padding to the mates' trees still
+    fits the cache. Every row runs to its end; the edge row's tokens are its plain greedy decoding."""
+    window = engine.window
+    edge = [(7 * i) % 250 + 3 for i in range(window - 40)]
+    batch = Batch(engine, gate=False)
+    rows = [batch.add(p, max_new_tokens=60, temperature=0.8)[0] for p in PROMPTS[:2]]  # unseeded: batched
+    edge_row, _ = batch.add(edge, max_new_tokens=40)
+    out = {r.id: list(r.state.out) for r in (*rows, edge_row)}  # the prefill's token
+    while len(batch):
+        for row, event in batch.step():
+            out.setdefault(row.id, []).extend(event.token_ids)
+        assert batch.failed == []
+        assert batch.last.rows == 3 or edge_row.id not in out or len(out[edge_row.id]) == 40
+    assert out[edge_row.id] == plain(engine, edge, 40)
+    assert all(len(out[r.id]) == 60 for r in rows)
+
+
+def test_a_row_whose_own_step_fails_leaves_alone_and_the_others_go_on(engine):
+    batch = Batch(engine, gate=False)  # every step drafts
+    rows = [batch.add(p, max_new_tokens=30)[0] for p in PROMPTS[:3]]
+    rows[1].state.drafter.draft = lambda *args: 1 / 0  # its drafting fails
+    out = {r.id: list(r.state.out) for r in rows}
+    failed = []
+    while len(batch):
+        for row, event in batch.step():
+            out[row.id] += event.token_ids
+        failed += batch.failed
+    assert [(r, type(e)) for r, e in failed] == [(rows[1], ZeroDivisionError)]
+    assert out[rows[0].id] == plain(engine, PROMPTS[0], 30) and out[rows[2].id] == plain(
+        engine, PROMPTS[2], 30
+    )
+
+
+def test_the_batch_cache_gives_a_dropped_long_rows_memory_back(engine):
+    """A row with room for the whole window, dropped after 3 steps: the batch tensor shrinks back to what
+    the short row beside it needs (not the long row's size, kept forever), and to nothing once empty."""
+    batch = Batch(engine)
+    short, _ = batch.add(PROMPTS[0], max_new_tokens=200)
+    alone = batch.kv.kv.nbytes
+    long, _ = batch.add(PROMPTS[1], max_new_tokens=engine.window - len(PROMPTS[1]))
+    grown = batch.kv.kv.nbytes
+    for _ in range(3):
+        batch.step()
+    batch.cancel(long)
+    assert grown >= 3 * alone and batch.kv.kv.nbytes == alone
+    batch.cancel(short)
+    assert batch.kv.kv.nbytes == 0
+
+
+def test_a_long_prompt_prefills_in_chunks_between_the_other_rows_steps():
+    """A 5-chunk prompt started beside a decoding row goes in one chunk per step: the decoding row gets a
+    token every step meanwhile (not a stall for the whole prefill), and the long row's first token, and
+    then its tokens, are what it decodes alone."""
+    from entmtp.engine import PREFILL_CHUNK
+
+    model = tiny_model("llama", seed=4, max_position_embeddings=2048)
+    engine = Engine(model, ByteTokenizer())
+    batch = Batch(engine)
+    running, _ = batch.add(PROMPTS[0], max_new_tokens=100)
+    prompt = [(5 * i) % 250 + 3 for i in range(4 * PREFILL_CHUNK + 7)]
+    long = batch.start(prompt, max_new_tokens=10)
+    steps_before_its_first_token, tokens = 0, []
+    while not tokens:
+        out = dict((r.id, e) for r, e in batch.step())
+        assert len(out[running.id].token_ids) == 1  # a step of the running row, every step
+        steps_before_its_first_token += 1
+        tokens = out[long.id].token_ids if long.id in out else []
+    assert steps_before_its_first_token == 5
+    while len(batch) > 1:
+        tokens += (
+            dict((r.id, e) for r, e in batch.step()).get(long.id, SimpleNamespace(token_ids=[])).token_ids
+        )
+    assert tokens == engine.generate(prompt, max_new_tokens=10).token_ids
+
+
+def test_a_seeded_sampled_row_repeats_bit_for_bit_in_busy_batches(engine):
+    """A batched forward's logits for a row differ in their last bits from that row's own forward, and with
+    its batch-mates (the kernels' blocking follows the rows and the longest row's keys), which moves a seeded
+    draw near a boundary: so a seeded sampled row is verified by its own forward. Many trials of a seeded
+    request at T=0.8 among 1-5 batch-mates (greedy rows drafting trees, unseeded sampled rows, a long
+    prompt), joining at a random step: its tokens and their log-probabilities are, bit for bit, alone's."""
+    long = [(7 * i) % 250 + 3 for i in range(300)]
+    rng = np.random.default_rng(0)
+    kw = dict(max_new_tokens=8, temperature=0.8, logprobs=0)
+    for trial in range(12):
+        seed, prompt = 1000 + trial, PROMPTS[trial % 4]
+        want = alone(engine, prompt, seed=seed, **kw)
+        batch = Batch(engine, gate=False)
+        mates = [long, *PROMPTS]
+        for m in range(rng.integers(1, 6)):
+            batch.add(mates[(trial + m) % len(mates)], max_new_tokens=20, temperature=0.8 if m % 2 else 0.0)
+        for _ in range(rng.integers(0, 3)):
+            batch.step()
+        row, event = batch.add(prompt, seed=seed, **kw)
+        while event.result is None:
+            event = dict(batch.step())[row]
+        got = event.result
+        assert got.token_ids == want.token_ids, f"trial {trial}"
+        assert [lp.logprob for lp in got.logprobs] == [lp.logprob for lp in want.logprobs], f"trial {trial}"

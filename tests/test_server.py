@@ -326,7 +326,7 @@ def test_a_full_queue_answers_503_with_retry_after(request, slots):
     assert all(h["running"] <= slots and h["running"] + h["queue"] <= slots + 2 for h in seen)
     busy = next(r for r in results if r.status_code == 503)
     assert busy.json()["error"]["type"] == "server_busy"
-    # from the measured queue (the formula: test_worker_retry_after_is_the_queue_times_the_recent_service_time)
+    # from the measured queue wait (test_worker_retry_after_is_the_measured_queue_wait)
     assert 1 <= int(busy.headers["retry-after"]) <= 600
 
 
@@ -620,16 +620,19 @@ def test_a_second_server_on_a_busy_port_fails_before_loading_the_model(server):
     assert "serving" not in r.stderr and "Loading" not in r.stderr
 
 
-def test_worker_retry_after_is_the_queue_times_the_recent_service_time():
-    from entmtp.server.worker import Worker
+def test_worker_retry_after_is_the_measured_queue_wait():
+    from entmtp.server.worker import Job, Worker
 
     w = Worker(engine=None, max_queue=4)
     w.close()
+    assert w.join(10)  # the thread has ended: what is queued stays queued
     assert w.retry_after(default=2.0) == 1  # nothing ahead: at least 1 s
-    w.waiting, w.running = 3, 1
-    assert w.retry_after(default=2.0) == 8  # no history: 2 s a job
-    w._service.extend([10.0, 20.0])
-    assert w.retry_after() == 60
+    w.running = 1
+    for _ in range(3):
+        w.submit(Job([1], {}, None))
+    assert w.retry_after(default=2.0) == 8  # nothing measured yet: 4 jobs ahead x 2 s a job
+    w._waits.extend([6.0, 7.5])  # queued requests waited ~7 s lately (it said 1 s)
+    assert w.retry_after() == 7
 
 
 def test_sigterm_drains_and_ends_every_open_stream_in_openai_shape(tmp_path):

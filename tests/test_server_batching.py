@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -216,18 +218,33 @@ def test_engines_that_cannot_batch_are_served_one_job_at_a_time(engine, caplog):
     assert isinstance(batched, BatchWorker) and batched.slots == 3
 
 
-def test_the_queue_holds_max_batch_running_and_max_queue_waiting_and_retry_after_counts_the_slots(engine):
+def test_the_queue_holds_max_batch_running_and_max_queue_waiting(engine):
     worker = _worker(engine, 4, _Finished(), max_queue=2)
-    _close(worker)  # the thread has ended: the counts stay as set
-    worker.waiting, worker.running = 2, 4
+    _close(worker)  # the thread has ended: what is queued stays queued
+    worker.running = 4
+    for _ in range(2):
+        worker.submit(Job([1, 2], {}, None))
     with pytest.raises(QueueFull):
         worker.submit(Job([1, 2], {}, None))
-    worker.waiting = 1
-    worker.submit(Job([1, 2], {}, None))
-    assert worker.waiting == 2
+    assert worker.counts() == (2, 4)
+
+
+def test_retry_after_is_the_measured_queue_wait(engine):
+    """Before any job waited: jobs ahead / slots x the time per job. Then what waiting measures: the recent
+    jobs' mean wait in the queue, or the oldest waiting job's wait so far when that is longer."""
+    worker = _worker(engine, 4, _Finished(), max_queue=2)
+    _close(worker)
+    worker.running = 4
+    jobs = [Job([1, 2], {}, None) for _ in range(2)]
+    for job in jobs:
+        worker.submit(job)
     assert worker.retry_after(default=2.0) == math.ceil(6 / 4 * 2.0)  # jobs ahead / slots x time per job
     worker._service.extend([10.0, 20.0])
     assert worker.retry_after() == math.ceil(6 / 4 * 15.0)
+    worker._waits.extend([6.0, 7.5])  # queued jobs waited ~7 s lately: not 1 s
+    assert worker.retry_after() == 7
+    jobs[0].queued -= 29.5  # the oldest has waited 29.5 s already
+    assert worker.retry_after() == 30
 
 
 def test_metrics_of_a_batched_step():
@@ -308,3 +325,93 @@ def _tree_steps(metrics: str) -> dict[str, float]:
         for line in metrics.splitlines()
         if line.startswith("entmtp_tree_steps_total{")
     }
+
+
+class _Held:
+    """An engine whose generations each emit one event, then wait for `release` before they end."""
+
+    def __init__(self):
+        self.release = threading.Event()
+
+    def stream(self, prompt, **kwargs):
+        yield SimpleNamespace(result=None, token_ids=[1])
+        self.release.wait(10)
+        yield SimpleNamespace(result=SimpleNamespace(text="done"), token_ids=[2])
+
+
+def test_queued_jobs_whose_clients_left_free_their_place_at_once():
+    """One job runs (held) and two wait, a full queue; both waiting clients leave: the queue counts none of
+    them at once (not when the thread gets to them), a new job is accepted, and the left ones hear the end."""
+    engine = _Held()
+    worker = Worker(engine, max_queue=2)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        running, *waiting = [Job([1], {}, loop) for _ in range(3)]
+        for job in (running, *waiting):
+            worker.submit(job)
+        await running.next()  # it runs, held
+        with pytest.raises(QueueFull):
+            worker.submit(Job([1], {}, loop))
+        for job in waiting:
+            job.cancel.set()  # their clients left
+        assert worker.counts() == (0, 1)
+        late = Job([1], {}, loop)
+        worker.submit(late)  # not refused
+        assert [await job.next() for job in waiting] == [None, None]
+        engine.release.set()
+        return [e.token_ids for e in [await late.next(), await late.next()]]
+
+    assert asyncio.run(main()) == [[1], [2]]
+    _close(worker)
+
+
+def test_a_cut_reaches_a_running_job_at_once_while_the_thread_is_inside_a_long_step():
+    """A shutdown's cut ends a running job's stream now, not when the thread's current step (a long prefill)
+    returns; the thread then ends, and `join` says so."""
+    engine = _Held()
+    worker = Worker(engine, max_queue=2)
+
+    async def main():
+        job = Job([1], {}, asyncio.get_running_loop())
+        worker.submit(job)
+        await job.next()  # it runs, held inside its step
+        worker.cut_all("shutting down")
+        with pytest.raises(Cut, match="shutting down"):
+            await asyncio.wait_for(job.next(), 5)
+
+    asyncio.run(main())
+    engine.release.set()
+    worker.close()
+    assert worker.join(10) and worker.running == 0 and worker.idle
+
+
+def test_running_jobs_decode_while_a_long_prompt_prefills_in_chunks():
+    """A job submitted with a 5-chunk prompt beside a decoding job: the decoding job gets a token at every
+    step while the long prompt goes in, one chunk per step (it used to wait for the whole prefill)."""
+    from entmtp.engine import PREFILL_CHUNK
+
+    engine = Engine(tiny_model("llama", seed=4, max_position_embeddings=2048), ByteTokenizer())
+    worker = _worker(engine, 2, _Finished())
+    heard: list = []  # (job, item) in the order the thread sent them, and the test's marks
+    emit = worker._emit
+    worker._emit = lambda job, item: (heard.append((job, item)), emit(job, item))
+    long_prompt = [(5 * i) % 250 + 3 for i in range(4 * PREFILL_CHUNK + 7)]
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        running, long = Job(PROMPTS[0], dict(max_new_tokens=400), loop), Job(long_prompt, {}, loop)
+        worker.submit(running)
+        await running.next()
+        heard.append((None, "submitted"))
+        worker.submit(long)
+        await long.next()  # its first token
+        running.cancel.set()
+        long.cancel.set()
+
+    asyncio.run(main())
+    _close(worker)
+    start = heard.index((None, "submitted"))
+    first = next(i for i, (job, _) in enumerate(heard) if job is not None and job.prompt == long_prompt)
+    during = [item for job, item in heard[start:first] if job is not None and job.prompt == PROMPTS[0]]
+    assert len(during) >= 4 and all(len(e.token_ids) == 1 for e in during)

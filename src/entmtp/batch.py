@@ -1,21 +1,27 @@
 """Continuous batching: several generations stepped together, every row's tree verified in ONE forward.
 
 A `Batch` over an engine holds rows, each one generation's `DecodeState` over its own row of a `BatchKV`
-(cache.py). `add` prefills a new row alone and returns its first event; `step` runs one step of every row:
+(cache.py). `add` prefills a new row at once and returns its first event; `start` leaves its prompt to the
+steps, one chunk (engine.PREFILL_CHUNK tokens) per step between the other rows' steps, so a long prompt
+never stalls them for its whole prefill (the server's way). `step` runs one step of every decoding row:
 
   (1)(2) each row chooses and drafts its tree (engine.prepare); with a cost surface (`costs`, surface.py) a
          greedy (or gumbel) row's policy weighs its trees by the ms of the WHOLE step at this batch size, so
          trees shrink when the batch is busy and grow when it is idle; and a measured `Gate` decides whether
          the step speculates at all (plain steps skip each row's probe and drafting). Neither changes such a
-         row's tokens (accept.TREE_INVARIANT); a row sampled otherwise chooses on its own text alone, so its
-         seeded output never depends on its batch-mates
-  (3)    ONE forward verifies every row's tree (cache.BaseModel.forward_batch: padded to the largest)
+         row's tokens (accept.TREE_INVARIANT); a row sampled otherwise chooses on its own text alone
+  (3)    ONE forward verifies every row's tree (cache.BaseModel.forward_batch: padded to the largest), but
+         for seeded rows sampled by the sample or typical rule, each verified by a forward of its own
+         (`Batch` says why: their seeded output is then bit for bit what it is alone, whatever the batch)
   (4)-(6) each row accepts, commits and finishes its step (engine.conclude), exactly as `engine.decode`
 
-Rows join (`add`) and leave (finished, or `cancel`) between steps: nobody waits for the slowest. A row never
-sees another's tokens, cache, heads' state, policy, lookup index or random stream, so each row's output is
-what `Engine.stream` gives it alone (token for token in float32 greedy decoding). `Engine.generate_batch` and
-`stream_batch` are the offline API on top; the server (server/worker.py) keeps one batch.
+Rows join (`add`, `start`) and leave (finished, failed, or `cancel`) between steps: nobody waits for the
+slowest, and a row whose own part of a step fails leaves alone. A row never sees another's tokens, cache,
+heads' state, policy, lookup index or random stream, so each row's output is what `Engine.stream` gives it
+alone: bit for bit for those seeded sampled rows; token for token for the others in float32 greedy decoding,
+but for near-ties (a batched forward's logits differ from a single row's in their last bits, ~1e-6 in
+float32, so two tokens whose logits are that close may swap). `Engine.generate_batch` and `stream_batch` are
+the offline API on top; the server (server/worker.py) keeps one batch.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .accept import TREE_INVARIANT, Sampling
-from .engine import DecodeState, Engine, Pending, conclude, prefill, prepare, redraft, scratch
+from .engine import DecodeState, Engine, Pending, conclude, prefill_chunk, prepare, redraft, scratch
 from .errors import EntMTPError
 from .heads import Drafter, Probe
 from .records import Result, Step, TokenEvent
@@ -44,7 +50,10 @@ class Row:
     """One generation in a batch."""
 
     state: DecodeState
-    t0: float  # when its prefill started
+    t0: float  # when it was added (its prefill starts once the prompts added before it are in)
+    tokens: int = 0  # slots its prompt and output take in the batch cache
+    scratch: int = 0  # slots its largest tree takes past them
+    alone: bool = False  # verified by its own forward, not the batch's (`Batch` says when)
     prefill_seconds: float = 0.0
     steps: list[Step] = field(default_factory=list)
     id: int = field(default_factory=lambda: next(_ids))
@@ -69,7 +78,14 @@ class BatchStep:
 class Batch:
     """Rows stepped together over one engine (see the module docstring). `costs`: the cost surface greedy rows
     weigh their trees by; `gate`: whether steps speculate at all is measured (`Gate`). Not thread-safe: one
-    thread drives it."""
+    thread drives it.
+
+    A seeded row sampled by a rule whose tokens depend on the trees and on the logits' last bits (sample,
+    typical) is verified ALONE, by a forward of its own over a cache of its own, as `Engine.stream` verifies
+    it: a batched forward's numbers for a row differ in their last bits from a forward of that row alone,
+    and differ again with the batch-mates (the matrix kernels of the CPU and GPU libraries pick their
+    blocking by the number of rows; attention sums over the longest row's keys), so a seeded draw near a
+    boundary would change with the batch. Its seed then repeats whatever the batch, in every dtype."""
 
     def __init__(self, engine: Engine, costs: CostSurface | None = None, gate: bool = True):
         if engine.graphs is not None:
@@ -81,99 +97,205 @@ class Batch:
             )
         self.engine, self.costs = engine, costs
         self.kv = engine.base.new_batch()  # cache.BatchKV, or llama.cpp's sequences
-        self._rows: dict[int, Row] = {}  # id(row's cache) -> row
-        self.last: BatchStep | None = None  # the latest step's record
+        self._rows: dict[int, Row] = {}  # id(row's cache) -> a row verified by the batched forward
+        self._alone: list[Row] = []  # rows verified by forwards of their own
+        self._prefills: deque[Row] = deque()  # rows whose prompt is not all in yet, oldest first
+        self.failed: list[tuple[Row, Exception]] = []  # the rows the latest step ended with an error
+        self.last: BatchStep | None = None  # the latest step's record (None: it verified nothing)
         self.gate = Gate() if gate else None  # None: every step as the rows' policies choose
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self._rows) + len(self._alone) + len(self._prefills)
 
     @property
     def rows(self) -> list[Row]:
-        """The rows in the order of their caches' rows in the batch tensor (which `forward_batch` follows)."""
+        """The rows the batched forward verifies, in the order of their caches' rows in the batch tensor (which
+        `forward_batch` follows)."""
         return [self._rows[id(c)] for c in self.kv.rows]
 
+    @torch.inference_mode()
     def add(self, prompt, *, chat: bool = True, tree=None, **kwargs) -> tuple[Row, TokenEvent]:
-        """Prefill a new row and return it with its first event; a row whose first token already ends it (EOS,
-        a stop string, max_new_tokens=1) comes back finished and is not kept. `tree`: this row's own tree or
-        policy (a name, a `Tree`, a `TreePolicy`; None: the engine's for the row's sampling rule), so one batch
-        mixes plain, static and scheduled rows; `kwargs`: `Engine.stream`'s."""
+        """Prefill a new row now and return it with its first event; a row whose first token already ends it
+        (EOS, a stop string, max_new_tokens=1) comes back finished and is not kept. `tree`: this row's own tree
+        or policy (a name, a `Tree`, a `TreePolicy`; None: the engine's for the row's sampling rule), so one
+        batch mixes plain, static and scheduled rows; `kwargs`: `Engine.stream`'s."""
+        row = self._new_row(prompt, chat, tree, kwargs)
+        try:
+            while (event := self._prefill(row)) is None:
+                pass
+        except BaseException:
+            self._drop(row)
+            raise
+        return row, event
+
+    def start(self, prompt, *, chat: bool = True, tree=None, **kwargs) -> Row:
+        """A new row (`add`'s arguments) whose prompt goes in by the steps: each `step` prefills one chunk
+        (`PREFILL_CHUNK` tokens) of the oldest prompt not yet in, between the decoding rows' steps, so a long
+        prompt never stalls them for its whole prefill. Its first event comes out of the step that prefills
+        its last chunk."""
+        row = self._new_row(prompt, chat, tree, kwargs)
+        self._prefills.append(row)
+        return row
+
+    @torch.inference_mode()
+    def cancel(self, row: Row) -> None:
+        """Drop `row` between steps (a client that left); its result is never built."""
+        self._drop(row)
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Row, TokenEvent]]:
+        """One step of every decoding row, then one chunk of the oldest prompt still going in: (row, event)
+        for each row that has one, the decoding rows first; finished rows leave the batch. A row whose own
+        part fails (its prefill, drafting, verification or acceptance) leaves too, listed in `failed` with its
+        error; the other rows go on."""
+        self.last, self.failed = None, []
+        out = self._decode() if self._rows or self._alone else []
+        if self._prefills:
+            row = self._prefills[0]
+            try:
+                event = self._prefill(row)
+            except Exception as e:  # noqa: BLE001 - this row's own failure (its prompt, its arguments)
+                self._fail(row, e)
+                self._drop(row)
+            else:
+                if event is not None:
+                    out.append((row, event))
+        return out
+
+    def _new_row(self, prompt, chat: bool, tree, kwargs: dict) -> Row:
+        """A row with its state, its prompt not yet in: a row verified alone gets a cache of its own, as
+        `Engine.stream` does; the others prefill into one sized to their prompt and join the batch tensor
+        when it is in."""
         engine = self.engine
         sampling = Sampling(kwargs.get("temperature", 0.0), kwargs.get("acceptance", "auto"))
         policy = engine.as_policy(tree) if tree is not None else engine.policy_for(sampling)
         max_new = kwargs.get("max_new_tokens", 256)
         ids = engine.encode(prompt, max_new, chat=chat, logprobs=kwargs.get("logprobs"))
-        t0 = time.perf_counter()
-        cache = self.kv.add(min(engine.window, len(ids) + max_new + scratch(policy)))
-        try:
-            row = Row(engine.new_state(ids, cache, policy=policy, **kwargs), t0)
+        alone = kwargs.get("seed") is not None and sampling.rule not in TREE_INVARIANT
+        room = scratch(policy)
+        tokens = min(engine.window, len(ids) + max_new)
+        need = min(engine.window, tokens + max(room, engine.scratch)) if alone else len(ids)
+        state = engine.new_state(ids, engine.base.new_cache(need), policy=policy, **kwargs)
+        return Row(state, time.perf_counter(), tokens, room, alone)
+
+    def _prefill(self, row: Row) -> TokenEvent | None:
+        """One chunk of `row`'s prompt; after its last, the row decodes from the next step on (a batched one
+        in a row of the batch tensor) and its first event comes back (finished and dropped when that token
+        ends it)."""
+        event = prefill_chunk(self.engine, row.state)
+        if event is None:
+            return None
+        if row in self._prefills:
+            self._prefills.remove(row)
+        if row.alone:
+            self._alone.append(row)
+        else:
+            cache = self.kv.add(row.tokens, row.scratch, like=row.state.cache)
+            row.state.cache = cache
             self._rows[id(cache)] = row
-            event = prefill(engine, row.state)
-        except BaseException:
-            self._drop(cache)
-            raise
-        row.prefill_seconds = time.perf_counter() - t0
+        row.prefill_seconds = time.perf_counter() - row.t0
         event = self._finish(row, event)
         if event.result is not None:
-            self._drop(cache)
-        return row, event
+            self._drop(row)
+        return event
 
-    def cancel(self, row: Row) -> None:
-        """Drop `row` between steps (a client that left); its result is never built."""
-        if id(row.state.cache) in self._rows:
-            self._drop(row.state.cache)
-
-    @torch.inference_mode()
-    def step(self) -> list[tuple[Row, TokenEvent]]:
-        """One step of every row: (row, event) per row, in row order; finished rows leave the batch."""
-        if not self._rows:
-            return []
+    def _decode(self) -> list[tuple[Row, TokenEvent]]:
+        """One step of every decoding row (see the module docstring)."""
         t0 = time.perf_counter()
         rows, engine = self.rows, self.engine
         # one row alone chooses on its policy's own cost curve, exactly as `Engine.stream` does
         latency = self.costs.latency(len(rows)) if self.costs is not None and len(rows) > 1 else None
         speculate = self.gate is None or self.gate.speculate(len(rows))
-        probes = _probes(rows, speculate)  # every row's probe of its master, batched per master
-        pending: list[Pending] = [self._prepare(r, latency, speculate, probes.get(r.id)) for r in rows]
+        probes = _probes(rows, speculate)  # every batched row's probe of its master, batched per master
+        pending: dict[int, Pending] = {}  # (1) (2) each row chooses and drafts its tree
+        for r in [*rows, *self._alone]:
+            if (p := self._own(r, self._prepare, r, latency, speculate, probes.get(r.id))) is not None:
+                pending[r.id] = p
+        for r, _ in self.failed:  # nothing of this step is in their slots yet: they leave now
+            self._drop(r)
+        rows = self.rows
         if latency is not None and speculate:
-            pending = self._joint(rows, pending, latency)
+            pending.update(self._joint(rows, [pending[r.id] for r in rows], latency))
         t1 = time.perf_counter()
-        if len(rows) == 1:  # a row alone verifies as engine.decode does: no padding, no batch masks
-            fwds = [engine.base.forward(pending[0].tokens, pending[0].tree, rows[0].state.cache)]
-        else:
-            fwds = engine.base.forward_batch([p.tokens for p in pending], [p.tree for p in pending], self.kv)
-        verify = time.perf_counter() - t1  # (3) verify every row's tree in ONE forward
+        fwds = self._verify(rows, pending)  # (3) verify every batched row's tree in ONE forward
+        for r in self._alone:  # each by a forward of its own
+            if (f := self._own_forward(r, pending[r.id])) is not None:
+                fwds[r.id] = f
+        verify = time.perf_counter() - t1
         out = []
-        for row, p, fwd in zip(rows, pending, fwds, strict=True):
+        for row in [*rows, *self._alone]:
+            if row.id not in fwds:
+                continue
+            p = pending[row.id]
             p.times["verify"] = verify
             p.clock.lap()  # the forward is charged once per row as `verify`, not to the next phase
-            event = conclude(engine, row.state, p, fwd)  # (4) accept (5) commit (6) finish
-            row.steps.append(event.step)
-            out.append((row, self._finish(row, event)))
-        for row, event in out:  # rows leave after every row committed (a leaving row moves another's slots)
-            if event.finish_reason is not None:
-                self._drop(row.state.cache)
-        nodes = tuple(p.tree.num_nodes for p in pending)
-        padded = max(p.tokens.numel() for p in pending)
-        self.last = BatchStep(len(rows), nodes, padded, time.perf_counter() - t0, verify)
-        if self.gate is not None and any(_gated(r) for r in rows):
-            self.gate.observe(len(rows), speculate, sum(len(e.token_ids) for _, e in out), self.last.seconds)
+            event = self._own(row, conclude, engine, row.state, p, fwds[row.id])  # (4) (5) (6)
+            if event is not None:
+                row.steps.append(event.step)
+                out.append((row, self._finish(row, event)))
+        # rows leave after every row committed (a leaving row moves another's slots)
+        for row in [*(r for r, _ in self.failed), *(r for r, e in out if e.finish_reason is not None)]:
+            self._drop(row)
+        self._record(rows, [p for p in pending.values() if p is not None], out, speculate, t0, verify)
         return out
 
-    def _joint(self, rows: list[Row], pending: list[Pending], latency) -> list[Pending]:
+    def _verify(self, rows: list[Row], pending: dict[int, Pending]) -> dict:
+        """Row id -> the forward verifying its tree: every batched row in ONE forward (a row alone, as
+        engine.decode verifies: no padding, no batch masks). When that forward fails, each row is verified
+        by a forward of its own, so only a row whose own forward fails leaves the batch."""
+        if not rows:
+            return {}
+        if len(rows) > 1:
+            tokens, trees = [pending[r.id].tokens for r in rows], [pending[r.id].tree for r in rows]
+            try:
+                fwds = self.engine.base.forward_batch(tokens, trees, self.kv)
+                return {r.id: f for r, f in zip(rows, fwds, strict=True)}
+            except Exception:  # noqa: BLE001 - whose? each row's own forward says
+                pass
+        fwds = {r.id: self._own_forward(r, pending[r.id]) for r in rows}
+        return {rid: f for rid, f in fwds.items() if f is not None}
+
+    def _own_forward(self, row: Row, p: Pending):
+        """`row`'s tree verified by a forward of its own, as engine.decode does (None: it failed)."""
+        return self._own(row, self.engine.base.forward, p.tokens, p.tree, row.state.cache)
+
+    def _own(self, row: Row, fn, *args):
+        """`fn(*args)`, a part of the step that is `row`'s alone; None when it fails (the row is then in
+        `failed` with the error)."""
+        try:
+            return fn(*args)
+        except Exception as e:  # noqa: BLE001 - this row's own failure: it ends this row only
+            self._fail(row, e)
+            return None
+
+    def _fail(self, row: Row, error: Exception) -> None:
+        self.failed.append((row, error))
+
+    def _record(self, rows, pending, out, speculate: bool, t0: float, verify: float) -> None:
+        """The step's record (`last`), and the gate's measurement of it."""
+        if not pending:
+            return
+        nodes = tuple(p.tree.num_nodes for p in pending)
+        padded = max(p.tokens.numel() for p in pending)
+        self.last = BatchStep(len(pending), nodes, padded, time.perf_counter() - t0, verify)
+        if self.gate is not None and any(_gated(r) for r in rows):
+            tokens = sum(len(e.token_ids) for r, e in out if not r.alone)
+            self.gate.observe(len(rows), speculate, tokens, self.last.seconds)
+
+    def _joint(self, rows: list[Row], pending: list[Pending], latency) -> dict[int, Pending]:
         """Every greedy or gumbel row's tree within the node budget best for the whole step (scheduler/joint.py)."""
         menus = [p.menu if _gated(r) else None for r, p in zip(rows, pending, strict=True)]
         budget = joint_budget(menus, [p.tree.num_nodes for p in pending], latency)
         if budget is None:
-            return pending
-        out = []
+            return {}
+        out = {}
         for row, p, menu in zip(rows, pending, menus, strict=True):
             if menu is not None:
                 tree = menu.tree(min(budget, len(menu.expected) - 1))
                 if tree is not p.tree:
                     p = redraft(self.engine, row.state, p, tree)
                 p.signals["budget"] = float(budget)
-            out.append(p)
+            out[row.id] = p
         return out
 
     def _prepare(self, row: Row, latency, speculate: bool, probe) -> Pending:
@@ -193,10 +315,17 @@ class Batch:
             event, result=row.state.result(row.steps, seconds, row.prefill_seconds, event.finish_reason)
         )
 
-    def _drop(self, cache) -> None:
-        self._rows.pop(id(cache), None)
-        if any(c is cache for c in self.kv.rows):
+    def _drop(self, row: Row) -> None:
+        """`row` leaves the batch, wherever it is (prefilling, alone, in the batch tensor)."""
+        if row in self._prefills:
+            self._prefills.remove(row)
+        if row in self._alone:
+            self._alone.remove(row)
+        cache = row.state.cache
+        if self._rows.pop(id(cache), None) is not None:
             self.kv.remove(cache)
+        elif hasattr(cache, "release"):  # llama.cpp: a cache of its own gives its sequence id back now
+            cache.release()
 
 
 def _probes(rows: list[Row], speculate: bool) -> dict[int, Probe]:
@@ -301,6 +430,8 @@ def stream_batch(
             yield i, event
         for row, event in batch.step():
             yield index[row.id], event
+        if batch.failed:
+            raise batch.failed[0][1]
 
 
 def generate_batch(engine: Engine, prompts: Sequence, **kwargs) -> list[Result]:

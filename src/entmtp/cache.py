@@ -135,10 +135,13 @@ class BatchKV(Cache):
     """Several generations' keys and values side by side: `kv` [2, L, rows, kv_heads, capacity, head_dim]
     (zeros: a batched forward reads every row's slots up to the longest row's, masked, so none may be NaN).
     Row b is `rows[b]`, a `KVCache` whose tensor is a view of slice b: prefill and commit run on it alone.
-    Rows are kept contiguous (`remove` moves the last row into the gap) and the tensor grows on demand
-    (`add`), re-pointing every row's view. During a batched forward (`begin` .. the forward) transformers
-    hands each layer's keys and values [B, kv_heads, n, head_dim] to `update`, which writes row b at slots
-    rows[b].length .. + n - 1."""
+    Rows are kept contiguous (`remove` moves the last row into the gap). The tensor is sized to its rows: it
+    grows on demand (`add`) and shrinks when rows leave (`remove`: a long generation's slots come back when
+    it ends), re-pointing every row's view. Its capacity is the longest row's tokens plus the largest tree any
+    row verifies: a batched forward pads every row to the largest tree of the step, so a row at the end of
+    the context window still has slots for its padding. During a batched forward (`begin` .. the forward)
+    transformers hands each layer's keys and values [B, kv_heads, n, head_dim] to `update`, which writes row
+    b at slots rows[b].length .. + n - 1."""
 
     def __init__(self, model):
         super().__init__(layers=[])
@@ -147,8 +150,9 @@ class BatchKV(Cache):
         self.kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.dtype, self.device = model.dtype, model.device
-        self.kv = torch.zeros(2, self.num_layers, 0, self.kv_heads, 0, self.head_dim, dtype=self.dtype)
+        self.kv = self._zeros(0, 0)
         self.rows: list[KVCache] = []
+        self._needs: dict[int, tuple[int, int]] = {}  # id(row) -> (its tokens, its largest tree's slots)
         self._slots: torch.Tensor | None = None  # [B, n] where the forward in flight writes
         self._kv_len = 0
 
@@ -156,17 +160,24 @@ class BatchKV(Cache):
     def capacity(self) -> int:
         return self.kv.shape[4]
 
-    def add(self, need: int) -> KVCache:
-        """A new empty row with room for `need` tokens (its prompt, output and the largest tree's scratch)."""
-        rows, capacity = self.kv.shape[2], self.capacity
-        if len(self.rows) == rows or need > capacity:
-            self._grow(max(rows, len(self.rows) + 1), max(capacity, need))
+    def add(self, tokens: int, scratch: int = 0, like: KVCache | None = None) -> KVCache:
+        """A new row for `tokens` tokens (its prompt and output) whose steps verify up to `scratch` tokens past
+        them; `like`: a cache whose committed slots it starts with (a prompt prefilled apart)."""
+        need = (tokens, scratch)
+        rows, capacity = self.kv.shape[2], self._capacity_for([*self._needs.values(), need])
+        if len(self.rows) == rows or capacity > self.capacity:
+            self._resize(max(rows, len(self.rows) + 1), max(capacity, self.capacity))
         row = KVCache(self.num_layers, self.capacity, kv=self._view(len(self.rows)))
+        self._needs[id(row)] = need
+        if like is not None:
+            row.kv[:, :, :, :, : like.length] = like.kv[:, :, :, :, : like.length]
+            row.length = like.length
         self.rows.append(row)
         return row
 
     def remove(self, row: KVCache) -> None:
-        """Drop `row`; the last row moves into its place (its committed slots copied, its view re-pointed)."""
+        """Drop `row`; the last row moves into its place (its committed slots copied, its view re-pointed),
+        and the tensor shrinks when it holds over twice what the rows left need."""
         b, last = next(i for i, r in enumerate(self.rows) if r is row), len(self.rows) - 1
         if b != last:
             moved = self.rows[last]
@@ -174,23 +185,33 @@ class BatchKV(Cache):
             moved.kv = self._view(b)
             self.rows[b] = moved
         self.rows.pop()
+        self._needs.pop(id(row), None)
+        capacity = self._capacity_for(self._needs.values())
+        if self.kv.shape[2] * self.capacity > 2 * len(self.rows) * capacity:
+            self._resize(len(self.rows), capacity)
+
+    @staticmethod
+    def _capacity_for(needs) -> int:
+        """Slots every row needs: the longest row's tokens plus the largest tree's (whole blocks of 256, so a
+        few rows joining rarely reallocate)."""
+        needs = list(needs)
+        if not needs:
+            return 0
+        capacity = max(t for t, _ in needs) + max(s for _, s in needs)
+        return -(-capacity // 256) * 256
 
     def _view(self, b: int) -> torch.Tensor:
         return self.kv[:, :, b : b + 1]
 
-    def _grow(self, rows: int, capacity: int) -> None:
-        capacity = -(-capacity // 256) * 256  # whole blocks: a few rows joining rarely reallocate
-        kv = torch.zeros(
-            2,
-            self.num_layers,
-            rows,
-            self.kv_heads,
-            capacity,
-            self.head_dim,
-            dtype=self.dtype,
-            device=self.device,
-        )
-        kv[:, :, : self.kv.shape[2], :, : self.capacity] = self.kv
+    def _zeros(self, rows: int, capacity: int) -> torch.Tensor:
+        shape = (2, self.num_layers, rows, self.kv_heads, capacity, self.head_dim)
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    def _resize(self, rows: int, capacity: int) -> None:
+        """A new tensor of `rows` x `capacity`, every row's committed slots copied and its view re-pointed."""
+        kv = self._zeros(rows, capacity)
+        for b, row in enumerate(self.rows):
+            kv[:, :, b, :, : row.length] = self.kv[:, :, b, :, : row.length]
         self.kv = kv
         for b, row in enumerate(self.rows):
             row.kv, row.capacity = self._view(b), capacity

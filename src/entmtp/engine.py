@@ -321,18 +321,35 @@ def decode(engine: Engine, state: DecodeState) -> Iterator[TokenEvent]:
         yield event
 
 
+PREFILL_CHUNK = 256  # prompt tokens per prefill forward: a batch (batch.py) steps its other rows between two
+# chunks, so a long prompt stalls them one chunk at a time (~0.5 s on 2 CPU cores for a 135M model), not for
+# its whole prefill; `Engine.stream` prefills in the same chunks, so a row computes the same numbers alone
+
+
 def prefill(engine: Engine, state: DecodeState) -> TokenEvent:
-    """The prompt into the cache, the heads and the lookup index; the event of the first token."""
+    """The prompt into the cache, the heads and the lookup index, chunk by chunk; the event of the first token."""
+    while (event := prefill_chunk(engine, state)) is None:
+        pass
+    return event
+
+
+def prefill_chunk(engine: Engine, state: DecodeState) -> TokenEvent | None:
+    """The next `PREFILL_CHUNK` prompt tokens into the cache and the heads; after the prompt's last chunk, the
+    first token drawn: its event (None before)."""
     base, cache = engine.base, state.cache
-    prompt = torch.tensor(state.prompt, device=base.device)
-    fwd = base.forward(prompt, None, cache, logits_to_keep=1)  # logits [1, V]: the last position only
-    base.commit(cache, list(range(len(state.prompt))))
+    start = cache.length
+    end = min(len(state.prompt), start + PREFILL_CHUNK)
+    chunk = torch.tensor(state.prompt[start:end], device=base.device)  # [end - start]
+    fwd = base.forward(chunk, None, cache, logits_to_keep=1)  # logits [1, V]: the last position only
+    base.commit(cache, list(range(end - start)))
+    if state.drafter is not None:
+        state.drafter.extend(fwd.hidden)  # [end - start, H]
+    if end < len(state.prompt):
+        return None
     # the first token: the acceptance rule on the root-only tree draws it from the last prompt position
     noise = state.noise.at([len(state.prompt)]) if state.noise is not None else None  # the first token's
-    root = accept(Tree.root_only(), prompt[-1:], fwd.logits[-1:], state.sampling, state.generator, noise)
+    root = accept(Tree.root_only(), chunk[-1:], fwd.logits[-1:], state.sampling, state.generator, noise)
     root = root.bonus
-    if state.drafter is not None:
-        state.drafter.extend(fwd.hidden)  # [P, H]
     if state.index is not None:
         state.index.extend([root])
     state.root, state.root_logits = root, fwd.logits[-1].clone()  # [V] the root's distribution (a signal)

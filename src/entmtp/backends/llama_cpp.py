@@ -451,8 +451,12 @@ class LlamaBatch:
         self.runtime = runtime
         self.rows: list[LlamaSeq] = []
 
-    def add(self, need: int) -> LlamaSeq:
-        row = LlamaSeq(self.runtime, need)
+    def add(self, tokens: int, scratch: int = 0, like: LlamaSeq | None = None) -> LlamaSeq:
+        """A row for `tokens` tokens (its prompt and output) whose steps verify up to `scratch` more; `like`: a
+        cache whose prompt was prefilled apart, which becomes the row as it is (its cells are already in the
+        shared context: nothing is copied). A llama.cpp batch pads no row to another's tree."""
+        row = like if like is not None else LlamaSeq(self.runtime, tokens + scratch)
+        row.capacity = tokens + scratch
         self.rows.append(row)
         return row
 

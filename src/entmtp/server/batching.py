@@ -1,12 +1,14 @@
 """The generation thread of `serve --max-batch B` (B > 1): up to B jobs decode together as the rows of one
 continuous batch (batch.py), every row's tree verified in one forward per step.
 
-The loop, between two steps: admit waiting jobs into free rows (one prefill each; a job cancelled while it
-waited never starts), drop the rows whose client left or which the server cut, then step every row once and
-route each row's event to its job. Rows join and leave between steps, so nobody waits for the slowest; each
-row decodes what `Engine.stream` gives it alone (token for token in float32 greedy decoding). An error in
-one job's prefill ends that job only; an error in a step ends every row's job (they shared the forward) and
-the next jobs start on a fresh batch. The queue, the accounting and the job protocol are the `Worker`'s."""
+The loop, between two steps: admit waiting jobs into free rows (a job cancelled while it waited never
+starts), drop the rows whose client left or which the server cut, then step the batch once (every decoding
+row, and one chunk of the oldest prompt going in: a long prompt never stalls the others for its whole
+prefill) and route each row's event to its job. Rows join and leave between steps, so nobody waits for the
+slowest; each row decodes what `Engine.stream` gives it alone (token for token in float32 greedy decoding;
+bit for bit for seeded sampling: batch.py). An error in one row's part of a step (its prompt, its drafting,
+its verification) ends that row's job only; an error of the batch itself ends every row's job and the next
+jobs start on a fresh batch. The queue, the accounting and the job protocol are the `Worker`'s."""
 
 from __future__ import annotations
 
@@ -89,21 +91,17 @@ class BatchWorker(Worker):
             self._start(job)
 
     def _start(self, job: Job) -> None:
-        """Prefill `job` into a new row and send its first token (a job already ended there ends now)."""
+        """Give `job` a new row, its prompt to be prefilled by the steps (a job already ended there ends now)."""
         t0 = time.perf_counter()
-        if job.cancel.is_set():  # the client left, or the server cut it, while it waited: it never starts
+        if job.cancel.is_set():  # the client left, or the server cut it, since it left the queue
             self._end(job, None, True, t0)
             return
         try:
-            row, event = self.batch.add(job.prompt, **job.kwargs)
+            row = self.batch.start(job.prompt, **job.kwargs)
         except Exception as e:  # noqa: BLE001 - this job's own failure (its prompt, its arguments)
             self._end(job, None, False, t0, e)
             return
-        self._emit(job, event)
-        if event.result is not None:  # its first token ended it (EOS, a stop string, max_tokens 1)
-            self._end(job, event.result, False, t0)
-        else:
-            self._rows[row.id] = _Running(job, row, t0)
+        self._rows[row.id] = _Running(job, row, t0)
 
     def _drop_cancelled(self) -> None:
         """Rows whose job was cancelled (its client left, or the server cut it) leave before the next step."""
@@ -114,10 +112,11 @@ class BatchWorker(Worker):
                 self._end(running.job, None, True, running.t0)
 
     def _step(self) -> None:
-        """One step of every row: each event to its job; finished rows end their job."""
+        """One step of the batch (every decoding row, and a chunk of the oldest prompt going in): each event to
+        its job; finished rows end their job, and so do rows that failed (with their error), alone."""
         try:
             out = self.batch.step()
-        except Exception as e:  # noqa: BLE001 - one forward for every row: each row's job gets the error
+        except Exception as e:  # noqa: BLE001 - the batch's own state is unknown: each row's job gets the error
             self._fail_all(e)
             return
         for row, event in out:
@@ -126,8 +125,12 @@ class BatchWorker(Worker):
             if event.result is not None:
                 del self._rows[row.id]
                 self._end(running.job, event.result, False, running.t0)
-        if self.on_step is not None and self.batch.last is not None:
-            self.on_step(self.batch.last, sum(len(event.token_ids) for _, event in out))
+        for row, error in self.batch.failed:
+            log.error("a row failed; ending its request alone: %r", error)
+            running = self._rows.pop(row.id)
+            self._end(running.job, None, False, running.t0, error)
+        if self.on_step is not None and self.batch.last is not None:  # a prefill's first token is no step's
+            self.on_step(self.batch.last, sum(len(e.token_ids) for _, e in out if e.step is not None))
 
     def _fail_all(self, error: Exception) -> None:
         """End every row's job with `error` and start over on a fresh batch (the old one's state is unknown)."""

@@ -19,6 +19,7 @@ from .worker import Worker
 log = logging.getLogger("entmtp.server")
 BODY_TIMEOUT_S = 30.0  # `serve --body-timeout`'s default: a 1 MB body at 35 kB/s
 LONG_PROMPT_CHARS = 20_000  # prompts longer than this (about 5k tokens) are tokenized in the long lane
+CLOSE_WAIT_S = 30.0  # at exit, the longest wait for the generation thread's current step (a prefill chunk)
 
 
 @dataclass(eq=False)
@@ -104,7 +105,14 @@ class ServerState:
         cut = self.worker.cut_all("the server is shutting down: generation cut by a second signal")
         log.warning("a second signal: quitting at once, %d open generation(s) cut", cut)
 
-    def close(self) -> None:
+    def close(self, timeout: float = CLOSE_WAIT_S) -> None:
+        """Cut what is still open (after `drain`, nothing), then wait up to `timeout` s for the generation
+        thread to end: the process must not exit while it is inside a torch call (worker.py, `join`)."""
+        cut = self.worker.cut_all("the server is shutting down")
+        if cut:
+            log.warning("cutting %d open generation(s): the server is closing", cut)
         self.worker.close()
+        if not self.worker.join(timeout):
+            log.error("the generation thread is still running after %g s", timeout)
         self.tokenize.shutdown(wait=False)
         self.tokenize_long.shutdown(wait=False)
