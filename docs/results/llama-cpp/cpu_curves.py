@@ -37,7 +37,9 @@ def random_q4_0(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
     """Random Q4_0 data [rows, cols / 32 * 18] bytes: small scales, random nibbles (valid weights)."""
     blocks = rows * cols // Q4_0_BLOCK
     data = np.empty((blocks, 18), dtype=np.uint8)
-    data[:, :2] = np.frombuffer(np.full(blocks, 0.02, dtype=np.float16).tobytes(), dtype=np.uint8).reshape(-1, 2)
+    data[:, :2] = np.frombuffer(np.full(blocks, 0.02, dtype=np.float16).tobytes(), dtype=np.uint8).reshape(
+        -1, 2
+    )
     data[:, 2:] = rng.integers(0, 256, size=(blocks, 16), dtype=np.uint8)
     return data.reshape(rows, cols // Q4_0_BLOCK * 18)
 

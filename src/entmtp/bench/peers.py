@@ -246,14 +246,15 @@ class LlamaCppPlain:
 
     name = "llama-cpp"
 
-    def __init__(self, gguf_path: str | Path | None = None, n_threads: int | None = None, n_ctx: int = 2048):
+    def __init__(self, gguf_path: str | Path | None = None, n_threads: int | None = None, n_ctx: int = 0):
         llama_cpp = _import_llama_cpp()
         path = Path(gguf_path) if gguf_path is not None else embedded_gguf()
         if not path.is_file():
             raise EntMTPError(f"GGUF file {path} does not exist: pass the path of a .gguf model file")
-        self.path, self.n_ctx = path, n_ctx
-        with _extra_bufts(llama_cpp):
+        self.path = path
+        with _extra_bufts(llama_cpp):  # n_ctx 0: the model's context window
             self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=False)
+        self.n_ctx = self.llm.n_ctx()
         self.eos_ids = {self.llm.token_eos()}
 
     def generate(
