@@ -184,12 +184,17 @@ class Runtime:
         cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, N_BATCH, N_BATCH, MAX_SEQ
         cp.n_threads = cp.n_threads_batch = threads
         cp.embeddings, cp.kv_unified = True, True
-        cp.pooling_type = lib.LLAMA_POOLING_TYPE_NONE
+        cp.pooling_type = lib.LLAMA_POOLING_TYPE_UNSPECIFIED  # a causal LM's: none (one state per token)
         cp.type_k = cp.type_v = KV_TYPES[kv_type]
         self.ctx = lib.llama_init_from_model(self.model, cp)
         if not self.ctx:
             lib.llama_model_free(self.model)
             raise LlamaCppError(f"llama.cpp could not make a context of {n_ctx} tokens for {path}")
+        if lib.llama_pooling_type(self.ctx) != lib.LLAMA_POOLING_TYPE_NONE:
+            _free(lib, self.ctx, self.model, None)
+            raise LlamaCppError(
+                f"{path} is an embedding model (it pools its states): give a causal LM's GGUF"
+            )
         self.mem = lib.llama_get_memory(self.ctx)
         self.n_ctx = lib.llama_n_ctx(self.ctx)
         self.n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self.model))
@@ -270,7 +275,8 @@ def extra_bufts_safe() -> bool:
 
 
 def _free(lib, ctx, model, batch) -> None:
-    lib.llama_batch_free(batch)
+    if batch is not None:
+        lib.llama_batch_free(batch)
     lib.llama_free(ctx)
     lib.llama_model_free(model)
 
