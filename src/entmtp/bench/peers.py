@@ -17,11 +17,11 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from ..accept import Sampling
+from ..backends.llama_cpp import LLAMA_CPP_HINT
 from ..errors import EntMTPError
 from ..model import check_request, context_window, embedded_gguf, eos_token_ids
 from ..records import Result
 
-LLAMA_CPP_HINT = "pip install llama-cpp-python (builds llama.cpp from source, a few minutes)"
 PEERS = ("hf-generate", "hf-prompt-lookup", "llama-cpp")  # the bench's names for them
 
 # Generation settings that change the output but whose only "off" value is None: transformers fills None from
@@ -197,19 +197,18 @@ def _cut(new: list[int], eos: set[int], max_new_tokens: int) -> tuple[list[int],
 
 
 def _import_llama_cpp():
+    from ..backends.llama_cpp import LlamaCppError, import_llama_cpp
+
     try:
-        import llama_cpp
-    except ImportError as e:
+        return import_llama_cpp()
+    except LlamaCppError as e:
         raise PeerUnavailable(f"llama.cpp peer needs llama-cpp-python: {LLAMA_CPP_HINT}") from e
-    return llama_cpp
 
 
 def llama_cpp_available() -> bool:
-    try:
-        _import_llama_cpp()
-    except PeerUnavailable:
-        return False
-    return True
+    from ..backends.llama_cpp import available
+
+    return available()
 
 
 @contextlib.contextmanager
