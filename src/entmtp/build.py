@@ -154,8 +154,9 @@ def build(spec: EngineSpec = EngineSpec(), *, log=None) -> Built:
     elif cached is not None:
         reason = backend_reason = f"measured earlier on this machine ({_choices_path()} holds the choice)"
     else:
+        one_backend = len({_split(c)[0] for c in speeds}) == 1  # then the dtypes alone name the candidates
         reason = backend_reason = "most expected tokens/s here: " + ", ".join(
-            f"{c} {s:.1f}" for c, s in speeds.items()
+            f"{_split(c)[1] if one_backend else c} {s:.1f}" for c, s in speeds.items()
         )
         _save_choice(choice_key, chosen)
     option = loaded[chosen]
