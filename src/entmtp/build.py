@@ -40,7 +40,7 @@ from .errors import EntMTPError
 from .files import write_text_atomic
 from .lookup import Lookup
 from .machine import cpu_info, digest
-from .model import DTYPES, EMBEDDED
+from .model import DTYPES, is_embedded, is_gguf
 from .scheduler.hybrid import hybrid
 from .scheduler.policies import POLICIES
 from .shipped import HEAD_KINDS, default_heads
@@ -203,10 +203,10 @@ def check_spec(spec: EngineSpec) -> None:
     if spec.backend not in BACKENDS:
         raise EntMTPError(f"unknown backend {spec.backend!r}: use one of {', '.join(BACKENDS)}")
     if spec.backend == "llama-cpp":
-        from .backends.llama_cpp import import_llama_cpp, is_gguf
+        from .backends.llama_cpp import import_llama_cpp
 
         import_llama_cpp()  # not installed: one line that says how
-        if spec.model is not None and not is_gguf(spec.model) and spec.model not in ("embedded", EMBEDDED):
+        if not (is_embedded(spec.model) or is_gguf(spec.model)):
             raise EntMTPError(
                 f"--backend llama-cpp runs GGUF files: give --model FILE.gguf (not {spec.model!r}), or "
                 "omit --model for the embedded model's GGUF"
@@ -341,7 +341,7 @@ def load_base(spec: EngineSpec, backend: str, dtype: str):
         from .backends.llama_cpp import load_gguf
         from .model import embedded_gguf, embedded_model_dir
 
-        embedded = spec.model in (None, "", "embedded", EMBEDDED)
+        embedded = is_embedded(spec.model)
         path = embedded_gguf() if embedded else spec.model
         tokenizer_dir = str(embedded_model_dir()) if embedded else None
         return load_gguf(path, dtype=DTYPES[dtype], threads=spec.threads, tokenizer_dir=tokenizer_dir)
@@ -359,9 +359,9 @@ def _split(cand: str) -> tuple[str, str]:
 def _backends(spec: EngineSpec) -> list[str]:
     if spec.backend != "auto":
         return [spec.backend]
-    from .backends.llama_cpp import available, is_gguf
+    from .backends.llama_cpp import available
 
-    gguf = spec.model in (None, "", "embedded", EMBEDDED) or is_gguf(spec.model)
+    gguf = is_embedded(spec.model) or is_gguf(spec.model)
     if spec.device.startswith("cpu") and gguf and available():
         return ["transformers", "llama-cpp"]
     return ["transformers"]

