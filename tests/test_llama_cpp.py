@@ -145,6 +145,51 @@ def test_seeded_gumbel_sampling_writes_plain_samplings_tokens(f32):
     assert sum(s.accepted for s in spec.steps) > 0
 
 
+def test_a_seeded_sampled_row_repeats_whatever_its_batch_mates():
+    """llama.cpp's logits for a sequence move (by up to ~1 on the Q4_1 file) when other sequences' cells
+    interleave with its own in a shared KV cache; a seeded sampled row therefore runs in a context of its own,
+    and writes what it writes alone."""
+    from entmtp.batch import Batch
+    from entmtp.model import embedded_gguf, embedded_model_dir
+    from entmtp.shipped import resolve_heads
+
+    model, tok = load_gguf(embedded_gguf(), threads=2, tokenizer_dir=str(embedded_model_dir()))
+    engine = Engine(model, tok, heads=resolve_heads("hydra", model), tree=Tree.root_only())
+    haiku = [{"role": "user", "content": "Write a haiku about autumn leaves."}]
+    story = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
+    kwargs = dict(max_new_tokens=40, temperature=0.8, seed=1234)
+    alone = engine.generate(haiku, **kwargs).token_ids
+    batch = Batch(engine)
+    for seed in (11, 12, 13):
+        batch.start(story, max_new_tokens=64, temperature=0.8, seed=seed)
+    row = batch.start(haiku, **kwargs)
+    mine = None
+    while len(batch):
+        for r, event in batch.step():
+            if r is row and event.result is not None:
+                mine = event.result.token_ids
+    assert mine == alone
+    assert model.runtime.reserved == 0 and len(model.runtime.free_seqs) == MAX_SEQ
+
+
+def test_kv_cells_are_promised_at_a_generations_start_and_come_back(f32):
+    """Generations share the context's n_ctx cells: one that would not fit fails before decoding anything
+    (a decode failing later for lack of room would end its batch-mates' steps too)."""
+    model, _ = f32
+    rt, base = model.runtime, model.entmtp_base()
+    big = base.new_cache(rt.n_ctx - 100)
+    with pytest.raises(LlamaCppError, match="KV cells"):
+        base.new_cache(200)
+    small = base.new_cache(100)
+    with pytest.raises(LlamaCppError, match="KV cells"):
+        small.capacity = 101
+    big.release()
+    small.capacity = 300
+    assert rt.reserved == 300
+    small.release()
+    assert rt.reserved == 0 and free_seqs_are_all_back(model)
+
+
 def test_the_quantized_gguf_drafts_and_accepts():
     """The shipped Q4_1 file: the backend's plain and speculative greedy texts may part at a near-tie
     (the bench reports how often, as "identical"); here, drafts are accepted and the run completes."""

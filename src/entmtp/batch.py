@@ -175,7 +175,8 @@ class Batch:
         room = scratch(policy)
         tokens = min(engine.window, len(ids) + max_new)
         need = min(engine.window, tokens + max(room, engine.scratch)) if alone else len(ids)
-        state = engine.new_state(ids, engine.base.new_cache(need), policy=policy, **kwargs)
+        cache = engine.base.new_cache(need, private=alone)  # alone: numbers that batch-mates cannot move
+        state = engine.new_state(ids, cache, policy=policy, **kwargs)
         return Row(state, time.perf_counter(), tokens, room, alone)
 
     def _prefill(self, row: Row) -> TokenEvent | None:

@@ -289,8 +289,9 @@ class BaseModel:
     def new_batch(self) -> BatchKV:
         return BatchKV(self.model)
 
-    def new_cache(self, capacity: int, *, static: bool = False) -> KVCache | DynamicKV:
-        """A cache for `capacity` tokens (prompt, output and the largest tree's scratch)."""
+    def new_cache(self, capacity: int, *, static: bool = False, private: bool = False) -> KVCache | DynamicKV:
+        """A cache for `capacity` tokens (prompt, output and the largest tree's scratch). Every cache here is
+        private (`private` is for backends whose generations share one: backends/__init__.py)."""
         if not self.preallocate:
             return DynamicKV(self.model.config)
         return KVCache(self.num_layers, capacity, static=static)

@@ -33,7 +33,9 @@ class Base(Protocol):
     vocab_size: int
     batchable: bool  # whether `new_batch` / `forward_batch` serve continuous batching
 
-    def new_cache(self, capacity: int): ...
+    def new_cache(self, capacity: int, *, private: bool = False):
+        """A generation's cache; `private`: one whose numbers no other generation's cache can move (a seeded
+        sampled batch row's, which must repeat whatever its batch-mates)."""
 
     def forward(self, tokens: torch.Tensor, tree: Tree | None, cache, *, logits_to_keep: int = 0): ...
 

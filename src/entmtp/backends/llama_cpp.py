@@ -164,19 +164,32 @@ class Runtime:
     reusable batch, and the pool of sequence ids."""
 
     def __init__(
-        self, path: Path, *, threads: int, n_ctx: int, kv_type: str = "f16", extra_bufts: bool = False
+        self,
+        path: Path,
+        *,
+        threads: int,
+        n_ctx: int,
+        kv_type: str = "f16",
+        extra_bufts: bool = False,
+        parent: Runtime | None = None,
     ):
         lib = self.lib = import_llama_cpp()
-        _quiet(lib)
-        lib.llama_backend_init()
-        mp = lib.llama_model_default_params()
-        mp.n_gpu_layers = 0
-        mp.use_extra_bufts = extra_bufts_safe() if extra_bufts is None else extra_bufts
-        self.model = lib.llama_model_load_from_file(str(path).encode(), mp)
-        if not self.model:
-            raise LlamaCppError(
-                f"llama.cpp could not load {path}: check that it is a complete GGUF model file"
-            )
+        self.path, self.threads, self.kv_type = path, threads, kv_type
+        self.parent = parent  # a private context's: the runtime whose model it shares (kept alive)
+        if parent is not None:
+            self.model = parent.model
+        else:
+            _quiet(lib)
+            lib.llama_backend_init()
+            mp = lib.llama_model_default_params()
+            mp.n_gpu_layers = 0
+            mp.use_extra_bufts = extra_bufts_safe() if extra_bufts is None else extra_bufts
+            self.model = lib.llama_model_load_from_file(str(path).encode(), mp)
+            if not self.model:
+                raise LlamaCppError(
+                    f"llama.cpp could not load {path}: check that it is a complete GGUF model file"
+                )
+        owned = self.model if parent is None else None  # freed with this runtime
         cp = lib.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, N_BATCH, N_BATCH, MAX_SEQ
         cp.n_threads = cp.n_threads_batch = threads
@@ -185,10 +198,11 @@ class Runtime:
         cp.type_k = cp.type_v = KV_TYPES[kv_type]
         self.ctx = lib.llama_init_from_model(self.model, cp)
         if not self.ctx:
-            lib.llama_model_free(self.model)
+            if owned is not None:
+                lib.llama_model_free(owned)
             raise LlamaCppError(f"llama.cpp could not make a context of {n_ctx} tokens for {path}")
         if lib.llama_pooling_type(self.ctx) != lib.LLAMA_POOLING_TYPE_NONE:
-            _free(lib, self.ctx, self.model, None)
+            _free(lib, self.ctx, owned, None)
             raise LlamaCppError(
                 f"{path} is an embedding model (it pools its states): give a causal LM's GGUF"
             )
@@ -199,8 +213,30 @@ class Runtime:
         self.batch = lib.llama_batch_init(N_BATCH, 0, MAX_SEQ)
         self._seq_rows = [None] * N_BATCH  # numpy views of batch.seq_id[i], made on first use
         self.free_seqs = list(range(MAX_SEQ - 1, -1, -1))  # pop() hands out 0 first
+        self.reserved = 0  # KV cells promised to the live generations (`reserve`)
         self.embeddings = True  # the context's setting: with it on, llama.cpp outputs every token
-        self._finalizer = weakref.finalize(self, _free, lib, self.ctx, self.model, self.batch)
+        self._finalizer = weakref.finalize(self, _free, lib, self.ctx, owned, self.batch)
+
+    def private(self, n_ctx: int) -> Runtime:
+        """A context of its own for one generation, on the same loaded model. llama.cpp's numbers for a
+        sequence depend on where its cells lie in the KV cache: in a shared context, other sequences' cells
+        interleave with its own and its logits move (by up to ~1 on the Q4_1 model), so a seeded sampled
+        generation would not repeat beside batch-mates. In a context of its own its cells lie in order, as
+        when it runs alone."""
+        n_ctx = max(n_ctx, N_BATCH)  # llama.cpp asserts on a context smaller than its batch
+        return Runtime(self.path, threads=self.threads, n_ctx=n_ctx, kv_type=self.kv_type, parent=self)
+
+    def reserve(self, cells: int) -> None:
+        """Promise `cells` more KV cells to a generation (negative: give them back). Every generation of a
+        context shares its n_ctx cells; a promise past them fails here, before any token of it is decoded,
+        instead of a later decode failing for lack of room (which would end its batch-mates' steps too)."""
+        if cells > 0 and self.reserved + cells > self.n_ctx:
+            raise LlamaCppError(
+                f"this generation needs {cells} KV cells, but {self.n_ctx - self.reserved} of the llama.cpp "
+                f"context's {self.n_ctx} are free (the others are held by running generations): retry when "
+                "they finish, ask for fewer tokens, or give the context more cells (n_ctx)"
+            )
+        self.reserved += cells
 
     def take_seq(self) -> int:
         if not self.free_seqs:
@@ -275,7 +311,8 @@ def _free(lib, ctx, model, batch) -> None:
     if batch is not None:
         lib.llama_batch_free(batch)
     lib.llama_free(ctx)
-    lib.llama_model_free(model)
+    if model is not None:  # None: a private context's, whose model its parent runtime frees
+        lib.llama_model_free(model)
 
 
 def _quiet(lib) -> None:
@@ -377,15 +414,28 @@ class LlamaSeq:
     step in flight (the sequence ids its tree borrowed, and for each node one sequence that holds it)."""
 
     def __init__(self, runtime: Runtime, capacity: int):
-        self.runtime, self.capacity = runtime, capacity
+        runtime.reserve(capacity)
+        self.runtime, self._capacity = runtime, capacity
         self.seq = runtime.take_seq()
         self.length = 0
         self.borrowed: list[int] = []
         self.node_seq: list[int] | None = None
-        self._finalizer = weakref.finalize(self, runtime.give_seq, self.seq)
+        self._held = [capacity]  # the promise, in a list the finalizer shares (it must not hold self)
+        self._finalizer = weakref.finalize(self, _give_back, runtime, self.seq, self._held)
+
+    @property
+    def capacity(self) -> int:
+        """Tokens this generation may hold (its promise of KV cells, `Runtime.reserve`)."""
+        return self._capacity
+
+    @capacity.setter
+    def capacity(self, cells: int) -> None:
+        self.runtime.reserve(cells - self._capacity)
+        self._held[0] += cells - self._capacity
+        self._capacity = cells
 
     def release(self) -> None:
-        """Give the sequence id and its KV cells back (also done when the cache is collected)."""
+        """Give the sequence id, its KV cells and its promise back (also done when the cache is collected)."""
         self._return_borrowed()
         self._finalizer()
 
@@ -424,6 +474,11 @@ class LlamaSeq:
         self.length += a
 
 
+def _give_back(runtime: Runtime, seq: int, held: list[int]) -> None:
+    runtime.give_seq(seq)
+    runtime.reserve(-held[0])
+
+
 def _chunks(start: int, end: int, embeddings: bool) -> list[tuple[int, int, bool]]:
     return [(a, min(end, a + N_BATCH), embeddings) for a in range(start, end, N_BATCH)]
 
@@ -451,6 +506,8 @@ class LlamaBatch:
         """A row for `tokens` tokens (its prompt and output) whose steps verify up to `scratch` more; `like`: a
         cache whose prompt was prefilled apart, which becomes the row as it is (its cells are already in the
         shared context: nothing is copied). A llama.cpp batch pads no row to another's tree."""
+        if like is not None and like.runtime is not self.runtime:
+            raise LlamaCppError("a generation in a private llama.cpp context cannot join a batch")
         row = like if like is not None else LlamaSeq(self.runtime, tokens + scratch)
         row.capacity = tokens + scratch
         self.rows.append(row)
@@ -476,8 +533,11 @@ class LlamaCppBase:
         self.lm_head = model.lm_head
         self.dtype = model.dtype
 
-    def new_cache(self, capacity: int) -> LlamaSeq:
-        return LlamaSeq(self.runtime, capacity)
+    def new_cache(self, capacity: int, *, private: bool = False) -> LlamaSeq:
+        """A generation's cache in the shared context, or (`private`) in a context of its own
+        (`Runtime.private`: its numbers then do not depend on other generations')."""
+        runtime = self.runtime.private(capacity) if private else self.runtime
+        return LlamaSeq(runtime, capacity)
 
     def new_batch(self) -> LlamaBatch:
         return LlamaBatch(self.runtime)
@@ -493,12 +553,14 @@ class LlamaCppBase:
         toks = tokens.tolist()
         seqs = cache.open_step(tree, n)
         if tree is None:
-            return self._prefill(toks, past, seqs[0], logits_to_keep)
+            return self._prefill(cache.runtime, toks, past, seqs[0], logits_to_keep)
         positions = (past + tree.depths).tolist()
-        logits, hidden = self.runtime.decode(toks, positions, seqs, [True] * n)
+        logits, hidden = cache.runtime.decode(toks, positions, seqs, [True] * n)
         return self._forward(logits, hidden)
 
-    def _prefill(self, toks: list[int], past: int, seq: list[int], logits_to_keep: int) -> Forward:
+    def _prefill(
+        self, runtime: Runtime, toks: list[int], past: int, seq: list[int], logits_to_keep: int
+    ) -> Forward:
         """A causal chain into the home sequence, in chunks of N_BATCH. llama.cpp makes every token an output
         row while hidden states are on, so unless the heads read every position (`full_hidden`) all but the
         last token run with them off (logits of the last `logits_to_keep` only), the last one with them on."""
@@ -508,7 +570,7 @@ class LlamaCppBase:
         logits, hidden = [], []
         for start, end, emb in [*_chunks(0, plain, False), *_chunks(plain, n, True)]:
             outputs = [i >= n - keep for i in range(start, end)]
-            lg, hd = self.runtime.decode(
+            lg, hd = runtime.decode(
                 toks[start:end], list(range(past + start, past + end)), [seq] * (end - start), outputs, emb
             )
             logits.append(lg)
