@@ -9,7 +9,7 @@ one adds them back. The policy and its cost curve are the default's as built (fo
 this measures the per-step saving and the acceptance lost, not a recalibrated schedule. In float32 every
 variant writes plain greedy decoding's text.
 
-    .venv/bin/python scripts/draft_vocab_ab.py --sizes 8192,4096 --tasks specbench-translation,humaneval \
+    .venv/bin/python docs/results/hardware-aware/draft_vocab_ab.py --sizes 8192,4096 --tasks specbench-translation,humaneval \
         --out docs/results/hardware-aware/draft-vocab.json
 
 `--before REV` adds what a git revision shipped, whole: its Hydra draft vocabulary and its mixed profile's
@@ -40,7 +40,7 @@ from entmtp.scheduler.hybrid import hybrid
 from entmtp.scheduler.profiles import load_profile, shipped_profiles_dir
 from entmtp.shipped import resolve_heads, shipped_heads_dir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]  # the checkout (this file: docs/results/hardware-aware/)
 
 
 def shipped_at(rev: str, default, folder: Path) -> Engine:
