@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
-from build_draft_vocab import corpus_counts, corpus_texts
-from interleave import finish, interleaved, lookup_alone
 from rich.table import Table
 
 from entmtp.build import EngineSpec, build, scheduled_policy
@@ -41,6 +40,9 @@ from entmtp.scheduler.profiles import load_profile, shipped_profiles_dir
 from entmtp.shipped import resolve_heads, shipped_heads_dir
 
 ROOT = Path(__file__).resolve().parents[3]  # the checkout (this file: docs/results/hardware-aware/)
+sys.path.insert(0, str(ROOT / "scripts"))  # build_draft_vocab.py, a maintained tool
+from build_draft_vocab import corpus_counts, corpus_texts  # noqa: E402
+from interleave import finish, interleaved, lookup_alone  # noqa: E402  (beside this file)
 
 
 def shipped_at(rev: str, default, folder: Path) -> Engine:
