@@ -44,6 +44,18 @@ def test_every_relative_link_points_to_an_existing_file_and_heading(page):
     assert not dead, f"{page.relative_to(ROOT)}: " + "; ".join(dead)
 
 
+GUIDES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SCRIPT = re.compile(r"(?<![\w/.-])((?:scripts|docs/results)/[\w./-]+\.(?:py|sh))\b")
+
+
+@pytest.mark.parametrize("page", GUIDES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_script_a_guide_names_exists(page):
+    """A guide that says `python scripts/x.py` or `docs/results/<name>/x.py` names a file of the checkout (scripts
+    move from scripts/ to docs/results/<name>/ when their experiment is finished)."""
+    missing = sorted({m for m in SCRIPT.findall(page.read_text()) if not (ROOT / m).exists()})
+    assert not missing, f"{page.relative_to(ROOT)} names {', '.join(missing)}"
+
+
 def test_a_dead_link_and_a_dead_anchor_are_found(tmp_path):
     page = tmp_path / "page.md"
     page.write_text(
@@ -51,3 +63,7 @@ def test_a_dead_link_and_a_dead_anchor_are_found(tmp_path):
     )
     assert links(page) == ["#title-here", "missing.md", "#nowhere"]
     assert anchors(page) == {"title-here"}
+    assert SCRIPT.findall("run `python scripts/a_b.py` then docs/results/x-y/c.sh, not myscripts/d.py") == [
+        "scripts/a_b.py",
+        "docs/results/x-y/c.sh",
+    ]
