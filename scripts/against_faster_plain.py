@@ -8,16 +8,18 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    run = Path(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "run", type=Path, help="the folder of an `entmtp bench --defaults` run (holds results.json)"
+    )
+    run = ap.parse_args().run
     data = json.loads((run / "results.json").read_text())
     summary = data["summary"]
     methods: list[str] = []

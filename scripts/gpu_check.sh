@@ -4,6 +4,9 @@
 # preallocated cache (eager) and against CUDA graphs, and the #8 targets checked from them.
 # Usage: scripts/gpu_check.sh [OUT_DIR]   (PY=python3 by default; run from anywhere)
 set -euo pipefail
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then  # the header comment above is the help
+  sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0
+fi
 cd "$(dirname "$0")/.."
 OUT_DIR=${1:-runs/gpu-check}
 PY=${PY:-python3}

@@ -4,8 +4,8 @@ Prints a Markdown table: each target, the measured ratio, and whether it holds.
 Usage: python scripts/gpu_targets.py PROFILE_SMOLLM2.json PROFILE_LLAMA7B.json
 """
 
+import argparse
 import json
-import sys
 
 
 def rows(path):
@@ -58,4 +58,8 @@ def main(small_path, big_path):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("smollm2", help="step-costs JSON of the smollm2-135m shape (profile-smollm2-135m.json)")
+    ap.add_argument("llama7b", help="step-costs JSON of the llama-7b shape (profile-llama-7b.json)")
+    args = ap.parse_args()
+    main(args.smollm2, args.llama7b)

@@ -8,9 +8,9 @@ run without the hardware record now calls unknown). Prints SAME or the first dif
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import json
-import sys
 from pathlib import Path
 
 from entmtp.bench.report import _images, markdown, task_label
@@ -38,8 +38,11 @@ def comparable(text: str, drop_probe: bool) -> list[str]:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("reports", nargs="+", type=Path, help="published report.md (or X-report.md) files")
+    reports = ap.parse_args().reports
     same = 0
-    for report in map(Path, sys.argv[1:]):
+    for report in reports:
         results = report.with_name(report.name.removesuffix("report.md") + "results.json")
         data = json.loads(results.read_text())
         old = report.read_text()
@@ -53,7 +56,7 @@ def main() -> None:
         else:
             print(f"DIFF {report}")
             print("\n".join(list(difflib.unified_diff(a, b, lineterm="", n=0))[:12]))
-    print(f"{same} of {len(sys.argv) - 1} reproduced")
+    print(f"{same} of {len(reports)} reproduced")
 
 
 if __name__ == "__main__":

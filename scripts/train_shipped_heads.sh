@@ -4,7 +4,12 @@
 # on one H200 with the defaults below (see issue #3's note); on a CPU use DEVICE=cpu and smaller sizes.
 # Time limits bound each stage: generation starts no new shard after GEN_LIMIT seconds, and training plans
 # as many steps (with a full lr schedule) as fit in its limit.
+# Usage: [DEVICE=cpu] [WORK=runs/shipped] [STEPS=...] scripts/train_shipped_heads.sh   (every setting below is an
+# environment variable with its default)
 set -euo pipefail
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then  # the header comment above is the help
+  sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0
+fi
 DEVICE=${DEVICE:-cuda}
 DATA_DIR=${DATA_DIR:-../shared/data}  # training prompts; never the benchmark sets
 WORK=${WORK:-runs/shipped}

@@ -143,7 +143,7 @@ def test_costs_are_measured_once_then_read_from_the_cache(tmp_path, monkeypatch)
 def test_the_probe_measures_every_size_cpu_policies_choose_and_a_new_plan_measures_again(
     tmp_path, monkeypatch
 ):
-    """A CPU's step cost climbs in steps (scripts/probe_sizes.py), so the sizes CPU policies choose (1-8
+    """A CPU's step cost climbs in steps (docs/results/probe-sizes/probe_sizes.py), so the sizes CPU policies choose (1-8
     nodes) are measured, not interpolated; a curve cached under another plan of sizes is measured again."""
     assert set(range(9)) <= set(costs_mod.SIZES) and max(costs_mod.SIZES) == 64
     calls = counted_probes(tmp_path, monkeypatch)

@@ -9,7 +9,7 @@ mask and LM head over every prompt position (`BaseModel.forward` as at commit 0f
 decodes the whole output every step, and the zero-filled KV cache. `--against step-without-mask` runs, as
 "before", a variant NOT adopted: the one-token step with no attention mask (what transformers' generate
 runs; faster, but it rounds differently in bfloat16, see README.md). Same prompts, timing and quiet-waiting
-as scripts/plain_step_check.py.
+as docs/results/plain-step/plain_step_check.py.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from entmtp.model import encode_prompt, load_model
 from entmtp.prompts import load_prompts
 from entmtp.text import Detokenizer as _Detokenizer  # engine.py's until 9564a0a
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # plain_step_check.py, beside this file
 from plain_step_check import PROMPTS, machine, run_entmtp, run_hf, wait_quiet  # noqa: E402
 
 NEW_FORWARD, NEW_PUSH, TORCH = C.BaseModel.forward, _Detokenizer.push, C.torch

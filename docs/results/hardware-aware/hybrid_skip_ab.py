@@ -7,7 +7,7 @@ In float32 every method writes plain greedy decoding's text, so tokens/s differ 
 per-step work only (in bf16 each tree shape rounds differently and the texts drift apart, which swamps a few
 percent). Each prompt runs every method in turn, the order reversed on alternate prompts, twice over.
 
-    .venv/bin/python scripts/hybrid_skip_ab.py --tasks specbench-translation,specbench-qa --num-prompts 10 \
+    .venv/bin/python docs/results/hardware-aware/hybrid_skip_ab.py --tasks specbench-translation,specbench-qa --num-prompts 10 \
         --out docs/results/hardware-aware/skip-ab.json
 """
 

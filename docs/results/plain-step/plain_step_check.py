@@ -1,7 +1,7 @@
 """entmtp's plain decoding against transformers' own greedy `generate`, on the same model object and the same
 chat-templated token ids, interleaved round by round in one process (medians, warm-up round dropped).
 
-    python scripts/plain_step_check.py [--dtypes bfloat16 float32] [--rounds 6] [--tokens 64] [--threads 2]
+    python docs/results/plain-step/plain_step_check.py [--dtypes bfloat16 float32] [--rounds 6] [--tokens 64] [--threads 2]
         [--unpacked] [--out FILE.json]
 
 Per prompt and dtype, in ms: the prefill (entmtp: `result.prefill_seconds`; transformers: from calling

@@ -5,7 +5,7 @@ entmtp's graph replay) and token count: the wall time, the host time to enqueue 
 profiler, how many kernels ran and how long the GPU was busy in them; then the top kernels of the replays.
 If enqueueing takes as long as the whole forward, the step is host-bound: the GPU waits for Python.
 
-Usage: PYTHONPATH=src python3 scripts/gpu_kernels.py [smollm2-135m|llama-7b|CONFIG.json]
+Usage: PYTHONPATH=src python3 docs/results/gpu-check/gpu_kernels.py [smollm2-135m|llama-7b|CONFIG.json]
 """
 
 import sys

@@ -5,7 +5,7 @@ picks them too often; one that understates the small trees' picks plain steps to
 the steps by the acceptance model's context bucket (head 1's top probability, bucketed by the model's
 `ctx_edges`: 0 = least confident), the trees' steps and the plain ones apart.
 
-    .venv/bin/python scripts/expected_vs_realized.py --task writing --temperature 0.7 [--acceptance sample]
+    .venv/bin/python docs/results/sampling/expected_vs_realized.py --task writing --temperature 0.7 [--acceptance sample]
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Times `Drafter.probe` of mc_sim_7b_63 with the shipped Hydra heads on the embedd
 repeated calls after a warm-up), then profiles it with torch.profiler and prints the ops by self CPU time and
 the draft projection's shape and bytes (its weight is read in full on every probe).
 
-    .venv/bin/python scripts/probe_profile.py [--threads 2] [--calls 200]
+    .venv/bin/python docs/results/hardware-aware/probe_profile.py [--threads 2] [--calls 200]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 caches)? The default engine's one-token forward timed right after a Hydra probe and without one, interleaved,
 on a translation prompt's prefilled cache; then the probe alone.
 
-    .venv/bin/python scripts/verify_after_probe.py [--dtype bfloat16] [--reps 200]
+    .venv/bin/python docs/results/hardware-aware/verify_after_probe.py [--dtype bfloat16] [--reps 200]
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Gumbel-max posterior: the winning value is Gumbel(0) at the emitted token, the o
 text with such noise is distributed as a gumbel generation). Both traces then replay the same methods on the
 same cost curves: a paired comparison, free of the texts' own variance.
 
-    python scripts/gumbel_vs_sample.py [--out docs/results/sampling] [--draws 4] [--heads hydra]
+    python docs/results/sampling/gumbel_vs_sample.py [--out docs/results/sampling] [--draws 4] [--heads hydra]
 """
 
 from __future__ import annotations
@@ -13,12 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import torch
-from machine_curves import shared_curves
-from replay_policies import _commit
-from replay_sampling import _replay_methods
 from rich.console import Console
 from rich.table import Table
 
@@ -30,6 +28,11 @@ from entmtp.model import load_model
 from entmtp.prompts import FOUR_TASKS
 from entmtp.scheduler.profiles import resolve_profile
 from entmtp.shipped import resolve_heads
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))  # replay_sampling.py and its kin
+from machine_curves import shared_curves  # noqa: E402
+from replay_policies import _commit  # noqa: E402
+from replay_sampling import _replay_methods  # noqa: E402
 
 METHODS = ("mc_sim_7b_63", "EntMTP*", "cost", "dynamic", "dynamic+lookup", "oracle")
 
@@ -78,7 +81,11 @@ def main() -> None:
     temperature, vocab = settings["temperature"], model.get_output_embeddings().weight.shape[0]
     curves = shared_curves()
     g = torch.Generator().manual_seed(0)
-    result = {"command": "python scripts/gumbel_vs_sample.py", "commit": _commit(), "settings": settings}
+    result = {
+        "command": "python docs/results/sampling/gumbel_vs_sample.py",
+        "commit": _commit(),
+        "settings": settings,
+    }
     rows = {}
     for task in FOUR_TASKS:
         pairs = [(list(a), list(b)) for a, b in saved["tasks"][task] if len(b) >= 2]

@@ -5,7 +5,7 @@ and with EntMTP* (`--policy static`: the same size every step), interleaved, and
 of each (policy, drafted nodes, what the previous step was: the same size, a plain step, another size) with
 at least 8 steps: whether a policy that changes its tree from step to step pays for the change.
 
-    .venv/bin/python scripts/step_transitions.py [--task writing] [--num-prompts 5] [--temperature 0.7]
+    .venv/bin/python docs/results/probe-sizes/step_transitions.py [--task writing] [--num-prompts 5] [--temperature 0.7]
 """
 
 from __future__ import annotations

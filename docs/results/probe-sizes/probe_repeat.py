@@ -6,7 +6,7 @@ budget (costs.measure), nothing cached or written to the cache. `--disturb S`: a
 spinning on one core for S seconds from 1 s into every probe (a machine whose speed changes while it is
 measured: another tenant of the host, a throttled core).
 
-    .venv/bin/python scripts/probe_repeat.py [--runs 5] [--disturb 0] [--out FILE.json]
+    .venv/bin/python docs/results/probe-sizes/probe_repeat.py [--runs 5] [--disturb 0] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def main() -> None:
     if args.out is not None:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
         doc = {
-            "command": f"python scripts/probe_repeat.py --runs {args.runs} --dtype {args.dtype} "
+            "command": f"python docs/results/probe-sizes/probe_repeat.py --runs {args.runs} --dtype {args.dtype} "
             f"--disturb {args.disturb:g} --out {args.out}",
             "machine": machine,
             "threads": args.threads,

@@ -8,7 +8,7 @@ traces), each policy built once on the sparse curve and once on the dense one, a
 the dense curve's cost (the measured truth at every size). So the table says what interpolating between sparse
 sizes costs a policy on this machine, without timing noise.
 
-    .venv/bin/python scripts/probe_sizes.py [--dtype bfloat16] [--out docs/results/probe-sizes]
+    .venv/bin/python docs/results/probe-sizes/probe_sizes.py [--dtype bfloat16] [--out docs/results/probe-sizes]
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
         doc = {
-            "command": f"python scripts/probe_sizes.py --dtype {args.dtype} --out {args.out}",
+            "command": f"python docs/results/probe-sizes/probe_sizes.py --dtype {args.dtype} --out {args.out}",
             "machine": machine,
             "threads": args.threads,
             "dtype": str(model.dtype),

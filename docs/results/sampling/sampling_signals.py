@@ -14,7 +14,7 @@ two folds (fit on the even-numbered generations, replay on the odd ones, and the
 For each: the predicted minus measured P(accepted >= depth k) of the master tree on the held-out fold, and
 `dynamic`'s replayed tokens/s over EntMTP*'s (the profile's stored latencies: the calibration machine).
 
-    .venv/bin/python scripts/sampling_signals.py --out docs/results/sampling/signals.json
+    .venv/bin/python docs/results/sampling/sampling_signals.py --out docs/results/sampling/signals.json
 """
 
 from __future__ import annotations
@@ -181,7 +181,9 @@ def main() -> None:
         table.add_row(task, *cells)
     console.print(table)
     if args.out is not None:
-        command = "python scripts/sampling_signals.py --rule " + args.rule + f" --out {args.out}"
+        command = (
+            "python docs/results/sampling/sampling_signals.py --rule " + args.rule + f" --out {args.out}"
+        )
         args.out.write_text(json.dumps({"command": command, "rows": rows}, indent=1))
         console.print(f"wrote {args.out}")
 

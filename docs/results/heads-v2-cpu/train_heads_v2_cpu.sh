@@ -5,6 +5,9 @@
 # The time limits bound each stage: generation starts no new shard after GEN_LIMIT seconds, training plans as
 # many steps (with a full lr schedule) as fit in its limit. Everything lands in $WORK, with logs.
 set -euo pipefail
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then  # the header comment above is the help
+  sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0
+fi
 WORK=${WORK:-runs/heads-v2}
 ENTMTP=${ENTMTP:-.venv/bin/entmtp}
 GEN_LIMIT=${GEN_LIMIT:-1500}

@@ -3,7 +3,7 @@ tree with a lookup chain, the heads' tree alone, the chain alone or a plain step
 cost, and where the rest of a step's time went (probe, choose, draft, verify). With `--lookup-alone`, entmtp's
 prompt lookup alone instead, for comparison.
 
-    .venv/bin/python scripts/hybrid_steps.py --task specbench-rag --dtype float32 [--lookup-alone]
+    .venv/bin/python docs/results/hardware-aware/hybrid_steps.py --task specbench-rag --dtype float32 [--lookup-alone]
 """
 
 from __future__ import annotations

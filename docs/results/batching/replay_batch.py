@@ -4,10 +4,10 @@ noise, for plain batched decoding, EntMTP* (the profile's static tree), `dynamic
 single-row costs, `dynamic` choosing batch-aware (the whole step's latency and the joint budget), and the
 per-step hindsight oracle over the bank.
 
-    .venv/bin/python scripts/replay_batch.py --surface docs/results/batching/offline-float32.json \
+    .venv/bin/python docs/results/batching/replay_batch.py --surface docs/results/batching/offline-float32.json \
         --batches 1,4,8,16 --out docs/results/batching/replay-float32.json
 
-`--surface`: a JSON with a "surface" entry (what scripts/bench_batch.py writes) or a surface file itself.
+`--surface`: a JSON with a "surface" entry (what docs/results/batching/bench_batch.py writes) or a surface file itself.
 """
 
 from __future__ import annotations

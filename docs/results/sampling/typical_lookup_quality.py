@@ -15,18 +15,17 @@ scripts/replay_sampling.py) and typical acceptance with tree_8 (OUT/outputs-typi
   repeated  the share of a continuation's 4-grams that already occurred earlier in the same continuation
   lookup    the share of an engine's emitted tokens drafted by lookup nodes, and its tokens per step
 
-    .venv/bin/python scripts/typical_lookup_quality.py [--num-prompts 8] [--out docs/results/sampling]
+    .venv/bin/python docs/results/sampling/typical_lookup_quality.py [--num-prompts 8] [--out docs/results/sampling]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
-from replay_policies import _commit
-from replay_sampling import continuation_nll
 from rich.console import Console
 from rich.table import Table
 
@@ -34,6 +33,10 @@ from entmtp.build import EngineSpec, build
 from entmtp.lookup import Lookup
 from entmtp.machine import describe, hardware
 from entmtp.prompts import FOUR_TASKS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))  # replay_sampling.py and its kin
+from replay_policies import _commit  # noqa: E402
+from replay_sampling import continuation_nll  # noqa: E402
 
 SAMPLED_KEY = {"max_new_tokens": 96, "dtype": "bfloat16", "temperature": 0.7}  # replay_sampling.py's outputs
 
@@ -120,7 +123,7 @@ def main() -> None:
         table.add_row(task, *cells)
     console.print(table)
     doc = {
-        "command": f"python scripts/typical_lookup_quality.py --num-prompts {args.num_prompts} --out {args.out}",
+        "command": f"python docs/results/sampling/typical_lookup_quality.py --num-prompts {args.num_prompts} --out {args.out}",
         "commit": _commit(),
         "machine": describe(hardware(model)),
         "rows": rows,

@@ -1,7 +1,7 @@
 """#25's ratios from a sampling bench run: each method's tokens/s over plain sampling (ratio of sums, prefill
 included), and the recommended policies against EntMTP* (`hydra/static`) and Hydra's mc_sim_7b_63.
 
-    .venv/bin/python scripts/live_ratios.py docs/results/sampling/live-epyc-avx512/sample ...
+    .venv/bin/python docs/results/sampling/live_ratios.py docs/results/sampling/live-epyc-avx512/sample ...
 
 Reads RUN/results.json of `entmtp bench --heads hydra,medusa --trees mc_sim_7b_63 --policies
 hydra:static,hydra:binary,hydra:cost,hydra:dynamic,hydra:dynamic+lookup,medusa:static` (docs/results/sampling).

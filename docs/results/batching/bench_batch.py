@@ -3,7 +3,7 @@ sizes, for plain batched decoding (every row the root alone), speculation with t
 single-row cost curve, and speculation with trees chosen on the cost of the whole batched step (the surface,
 surface.py). Prints a table and writes JSON; in float32 it also checks every row against plain decoding.
 
-    .venv/bin/python scripts/bench_batch.py --dtype float32 --batches 1,4,8,16 --prompts 16 --max-new 128 \
+    .venv/bin/python docs/results/batching/bench_batch.py --dtype float32 --batches 1,4,8,16 --prompts 16 --max-new 128 \
         --out docs/results/batching/offline.json
 """
 

@@ -4,7 +4,7 @@ Times the static-shape verification forward (the one CUDA graphs replay: preallo
 mask) eagerly and compiled with inductor, for 1 and 17 tokens, and prints the compile time, the saving per
 step and the steps needed to earn the compile time back. Embedded SmolLM2-135M, bf16, 300-token past.
 
-Usage: python scripts/cpu_compile_check.py [--threads 2] [--json OUT.json]
+Usage: python docs/results/kv-cache-cpu/cpu_compile_check.py [--threads 2] [--json OUT.json]
 """
 
 import argparse

@@ -9,7 +9,7 @@ one adds them back. The policy and its cost curve are the default's as built (fo
 this measures the per-step saving and the acceptance lost, not a recalibrated schedule. In float32 every
 variant writes plain greedy decoding's text.
 
-    .venv/bin/python scripts/draft_vocab_ab.py --sizes 8192,4096 --tasks specbench-translation,humaneval \
+    .venv/bin/python docs/results/hardware-aware/draft_vocab_ab.py --sizes 8192,4096 --tasks specbench-translation,humaneval \
         --out docs/results/hardware-aware/draft-vocab.json
 
 `--before REV` adds what a git revision shipped, whole: its Hydra draft vocabulary and its mixed profile's
@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
-from build_draft_vocab import corpus_counts, corpus_texts
-from interleave import finish, interleaved, lookup_alone
 from rich.table import Table
 
 from entmtp.build import EngineSpec, build, scheduled_policy
@@ -40,7 +39,10 @@ from entmtp.scheduler.hybrid import hybrid
 from entmtp.scheduler.profiles import load_profile, shipped_profiles_dir
 from entmtp.shipped import resolve_heads, shipped_heads_dir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]  # the checkout (this file: docs/results/hardware-aware/)
+sys.path.insert(0, str(ROOT / "scripts"))  # build_draft_vocab.py, a maintained tool
+from build_draft_vocab import corpus_counts, corpus_texts  # noqa: E402
+from interleave import finish, interleaved, lookup_alone  # noqa: E402  (beside this file)
 
 
 def shipped_at(rev: str, default, folder: Path) -> Engine:

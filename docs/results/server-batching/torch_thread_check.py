@@ -1,7 +1,7 @@
 """The same plain greedy generation on the thread that built the engine and on a second thread: median verify
 ms per step of each (why `entmtp serve` builds and decodes on one thread: src/entmtp/server/thread.py).
 
-    .venv/bin/python scripts/torch_thread_check.py --dtype bfloat16 --threads 2
+    .venv/bin/python docs/results/server-batching/torch_thread_check.py --dtype bfloat16 --threads 2
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Prepacked bf16 linears on this CPU: verification forward and heads' drafting per tree, packed against
 unpacked, interleaved round by round (medians), and whether the logits and drafts are bit-for-bit the same.
 
-    python scripts/pack_check.py [--rounds 5] [--steps 10] [--past 300] [--threads 2] [--out FILE.json] [--ops]
+    python docs/results/packing-cpu/pack_check.py [--rounds 5] [--steps 10] [--past 300] [--threads 2] [--out FILE.json] [--ops]
 
 Prints a table and writes JSON (default docs/results/packing-cpu/pack-check.json). `--ops` adds where a packed
 one-token forward's time goes, operator by operator (torch.profiler; the profiler's own overhead inflates
@@ -137,7 +137,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = dict(
-        command="python scripts/pack_check.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
+        command="python docs/results/packing-cpu/pack_check.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
         date=time.strftime("%Y-%m-%dT%H:%M:%S"), torch=torch.__version__, machine=platform.machine(),
         threads=args.threads, weight_bytes=wb, copy_bandwidth=bw, floor_ms=floor,
     )  # fmt: skip

@@ -3,7 +3,7 @@ replayed on the traces of tree_8's typical generations (docs/results/sampling/ou
 scripts/replay_sampling.py), against real typical decodes with that tree of the same prompts and lengths (other
 seeds). The tree_8 row is the seed noise: the replay of tree_8's own trajectories is exact per step.
 
-    python scripts/typical_replay_check.py [N]     # the first N prompts of GSM8K and ShareGPT (default 4)
+    python docs/results/sampling/typical_replay_check.py [N]     # the first N prompts of GSM8K and ShareGPT (default 4)
 """
 
 import json
