@@ -1,4 +1,5 @@
-"""The probe's step is the engine's (costs/probe.py)."""
+"""The probe's step is the engine's (costs/probe.py), and replays charge the heads' drafting and probe at the
+measured curve's share (calibration/replay.py), the constant of another machine only without one."""
 
 from __future__ import annotations
 
@@ -8,9 +9,14 @@ from conftest import tiny_model
 from entmtp import engine as engine_mod
 from entmtp.accept import Sampling
 from entmtp.cache import BaseModel
-from entmtp.costs import CostCurve, measure, measure_surface, priced_ms
+from entmtp.calibration.calibrate import fit_acceptance
+from entmtp.calibration.replay import replay, step_ms
+from entmtp.costs import HEADS_DRAFT_COST, CostCurve, measure, measure_surface, priced_ms
 from entmtp.costs.probe import Probe
 from entmtp.heads import HeadsConfig, random_heads
+from entmtp.scheduler.policies import DynamicPolicy
+from entmtp.tree import Tree, load_tree, with_lookup
+from scheduler_helpers import synthetic_traces
 
 
 def recorded(monkeypatch) -> dict[str, list]:
@@ -90,3 +96,37 @@ def test_a_curve_probed_without_heads_saves_no_drafting_and_a_profiles_latencies
     plain = CostCurve((0, 4), (10.0, 20.0), (0.0, 0.0), key={"heads": None}, source="probe")
     assert plain.draft_share == 0.0  # measured: nothing drafts, so dropping the heads saves nothing
     assert CostCurve.from_latency([0, 4], [10.0, 20.0], "profile").draft_share is None
+
+
+# ---- replays: the measured drafting share -----------------------------------------------------------------
+
+MEASURED = CostCurve(
+    (0, 1, 4), (10.0, 14.0, 20.0), (0.0, 3.0, 3.0), key={"heads": {"kind": "hydra"}}, source="probe"
+)  # drafting: 3 ms of a 10 ms plain step, 0.3 plain steps (another machine's constant says 0.11)
+
+
+def test_replays_price_lookup_only_steps_and_unused_probes_at_the_measured_share():
+    prices = step_ms(MEASURED)
+    lookup = with_lookup(Tree.root_only(), 4, 1)  # four lookup nodes, no head node
+    assert prices(lookup) == pytest.approx(20.0 - 3.0)  # the heads drafted nothing
+    assert prices(lookup, probed=True) == pytest.approx(20.0)  # ... but their probe was computed
+    assert prices(Tree.root_only(), probed=True) == pytest.approx(13.0)
+    assert prices(Tree.root_only()) == pytest.approx(10.0)
+    assert prices(load_tree("chain_1")) == pytest.approx(14.0)  # a heads' tree: its drafting is in its ms
+    assert "measured" in prices.note and "3.00 ms" in prices.note
+    fallback = step_ms(MEASURED.latency())  # no measured curve: another machine's constant, and it says so
+    assert fallback(lookup) == pytest.approx(20.0 - HEADS_DRAFT_COST * 10.0)
+    assert "HEADS_DRAFT_COST" in fallback.note and "no measured curve" in fallback.note
+
+
+def test_a_replay_charges_the_probe_of_every_step_that_drafted_nothing_from_it():
+    """A dynamic policy on a curve where every tree loses reads the heads' probe and takes plain steps: the
+    engine pays for each probe, so the replay does, at the measured share, and says so in its output."""
+    dear = CostCurve((0, 1, 4, 64), (10.0, 40.0, 80.0, 900.0), (0.0, 3.0, 3.0, 3.0), key={"h": 1})
+    traces = synthetic_traces()
+    acceptance = fit_acceptance(traces[:1], probe_depth=3, num_heads=3)
+    policy = DynamicPolicy(load_tree("tree_16"), acceptance, dear.latency(), online=False)
+    r = replay(policy, traces, step_ms(dear))
+    assert r.usage and set(r.usage) == {Tree.root_only().name}  # plain steps only, each after a probe
+    assert r.ms == pytest.approx(r.steps * (10.0 + 3.0))  # uncharged, they cost 10 ms each
+    assert "measured" in r.to_json()["pricing"]
