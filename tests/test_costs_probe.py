@@ -130,3 +130,15 @@ def test_a_replay_charges_the_probe_of_every_step_that_drafted_nothing_from_it()
     assert r.usage and set(r.usage) == {Tree.root_only().name}  # plain steps only, each after a probe
     assert r.ms == pytest.approx(r.steps * (10.0 + 3.0))  # uncharged, they cost 10 ms each
     assert "measured" in r.to_json()["pricing"]
+
+
+def test_a_probed_generation_runs_past_the_models_end_of_text_token():
+    """Random context makes a model write anything, its end-of-text token included: the probe's generation
+    does not end there (its steps would be cut short, and the probe fail), whatever the model's config says."""
+    first = Probe(tiny_model(), None, (0, 2))
+    state, _, _ = row = first.row(16, first.room(4))
+    first.step(row, 2)
+    eos = state.out[-1]  # a token this row writes: made the end-of-text token of the same model below
+    probe = Probe(tiny_model(eos_token_id=eos), None, (0, 2))
+    row = probe.row(16, probe.room(4))
+    assert [probe.step(row, 2)[0] > 0 for _ in range(3)] == [True] * 3

@@ -56,7 +56,7 @@ def now(dev: torch.device) -> float:
 
 
 class _NoText:
-    """The probe's tokenizer: random tokens have no text to decode, and no token ends a probe's generation."""
+    """The probe's tokenizer: random tokens have no text to decode, and no end-of-text token of its own."""
 
     eos_token_id = None
 
@@ -92,6 +92,7 @@ class Probe:
 
         self.loop = engine_mod  # the engine's decode, prefill, prepare and conclude (looked up at each call)
         self.engine = engine = engine_mod.Engine(model, _NoText(), heads, Tree.root_only(), graphs=False)
+        engine.eos_ids = set()  # the model's end-of-text tokens too: a probe's generation ends when it stops
         self.graphs = None
         if graphs and engine.base.preallocate:  # as the engine verifies on CUDA (quiet: no capture lines)
             from ..graphs import VerifyGraphs
@@ -151,10 +152,12 @@ class Probe:
         state, events, context = row
         state.policy = self.policies[n]
         self._rewind(state, context)
-        taken = next(events, None)
-        step = taken.step if taken is not None else None
-        if step is None or step.tree_nodes != n:
-            raise CostsError(f"the probe's {n}-node step ran out of room: {step}")
+        event = next(events, None)
+        if event is None:
+            raise CostsError(f"the probe's generation ended before its {n}-node step")
+        step = event.step
+        if step.tree_nodes != n:  # the engine fell back to a plain step
+            raise CostsError(f"the probe's {n}-node step verified {step.tree_nodes}: no room left for it")
         return priced_ms(step.seconds), 1000 * step.seconds["draft"] if self.heads is not None else 0.0
 
     def batch(self, rows: int, context: int, room: int):
@@ -186,6 +189,6 @@ class Probe:
         for s, p, f in zip(rows, pending, fwds, strict=True):
             fns.conclude(engine, s, p, f)  # (4) (5) (6) accept, commit, finish
         ms = 1000 * (now(self.dev) - t0)
-        if any(p.tree.num_nodes != n for p in pending):
-            raise CostsError(f"the probe's batched {n}-node step ran out of room")
+        if any(p.tree.num_nodes != n for p in pending):  # the engine fell back to a plain step
+            raise CostsError(f"the probe's batched {n}-node step verified fewer nodes: no room left for it")
         return ms
