@@ -86,7 +86,7 @@ def test_a_measured_curve_and_surface_are_timed_through_the_engine(monkeypatch):
         "forward_batch",
         lambda self, tokens, trees, kv: batched.append(len(tokens)) or real_batch(self, tokens, trees, kv),
     )
-    surface = measure_surface(model, None, batches=(1, 3), sizes=(0, 2), budget_s=2.0, progress=False)
+    surface = measure_surface(model, None, batches=(1, 3), sizes=(0, 2), budget_s=60.0, progress=False)
     assert surface.batches == (1, 3) and set(batched) == {3}
     concluded = [out.step.tree_nodes for _, out in calls["conclude"]]
     assert len(concluded) == len(calls["prepare"]) >= 3 * len(batched) and set(concluded) == {0, 2}
