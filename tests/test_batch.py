@@ -12,7 +12,7 @@ import torch
 from conftest import ByteTokenizer, tiny_model
 from entmtp.batch import GATE_EXPLORE, GATE_EXPLORE_MAX, GATE_WINDOW, Batch, Gate
 from entmtp.cache import BaseModel, BatchKV
-from entmtp.costs import LatencyModel
+from entmtp.costs import CostSurface, LatencyModel
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
 from entmtp.heads import HeadsConfig, random_heads
@@ -20,7 +20,6 @@ from entmtp.lookup import Lookup
 from entmtp.policy import Menu
 from entmtp.scheduler.hybrid import hybrid
 from entmtp.scheduler.joint import joint_budget
-from entmtp.surface import CostSurface
 from entmtp.tree import Tree, load_tree
 
 # prompts of different lengths; the repeated ones give the lookup drafts something to copy

@@ -202,10 +202,9 @@ def test_doctor_reports_the_installation(capsys):
 
 
 def test_doctor_names_each_cached_cost_file_for_what_it_is(capsys, tmp_path, monkeypatch):
-    """The cost cache holds curves (costs.py) and batched surfaces (surface.py): each is summarised as what it
-    is, and only a file that cannot be read is called unreadable (with the fix)."""
-    from entmtp.costs import CostCurve, costs_dir, save_curve
-    from entmtp.surface import CostSurface
+    """The cost cache holds curves and batched surfaces (costs/): each is summarised as what it is, and only a
+    file that cannot be read is called unreadable (with the fix)."""
+    from entmtp.costs import CostCurve, CostSurface, costs_dir, save_curve
 
     monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
     hw = {"hardware": {"dtype": "bfloat16", "threads": 2}, "heads": {"kind": "hydra"}}

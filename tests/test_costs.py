@@ -24,7 +24,9 @@ from entmtp.build import EngineSpec, build, scheduled_policy
 from entmtp.calibration.replay import replay, step_ms
 from entmtp.calibration.traces import load_traces
 from entmtp.cli import main
-from entmtp.costs import CostCorrector, CostCurve, CostsError, costs_for, measure, synthetic_tree
+from entmtp.costs import CostCorrector, CostCurve, CostsError, costs_for, fill, measure, synthetic_tree
+from entmtp.costs import measured as measured_mod
+from entmtp.costs.probe import Probe
 from entmtp.errors import EntMTPError
 from entmtp.machine import describe, describe_record, record
 from entmtp.policy import StaticPolicy
@@ -89,10 +91,10 @@ def test_synthetic_trees_are_valid_trees_of_the_asked_size_and_depth():
 
 def test_sizes_past_the_budget_are_extrapolated_pessimistically():
     row = {0: 10.0, 1: 11.0, 2: 12.0, 4: 20.0}
-    out = costs_mod._extrapolate(row, (0, 1, 2, 4, 8))
+    out = fill.extrapolate(row, (0, 1, 2, 4, 8))
     assert out[:4] == [10.0, 11.0, 12.0, 20.0]
     assert out[4] == pytest.approx(20.0 + 4 * 4.0)  # the last segment's slope (4 ms/node) is the steeper
-    flat = costs_mod._extrapolate({0: 10.0, 1: 9.0}, (0, 1, 8))  # noise made the last segment fall
+    flat = fill.extrapolate({0: 10.0, 1: 9.0}, (0, 1, 8))  # noise made the last segment fall
     assert flat[2] >= 9.0
 
 
@@ -117,13 +119,13 @@ def counted_probes(tmp_path, monkeypatch) -> list[int]:
     """A cache under tmp_path and a small, counted `measure`: the list grows by one per probe."""
     monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
     calls = []
-    real = costs_mod.measure
+    real = measured_mod.measure
 
     def counted(*a, **kw):
         calls.append(1)
         return real(*a, sizes=(0, 1), contexts=(16,), progress=False)
 
-    monkeypatch.setattr(costs_mod, "measure", counted)
+    monkeypatch.setattr(measured_mod, "measure", counted)
     return calls
 
 
@@ -145,11 +147,11 @@ def test_the_probe_measures_every_size_cpu_policies_choose_and_a_new_plan_measur
 ):
     """A CPU's step cost climbs in steps (docs/results/probe-sizes/probe_sizes.py), so the sizes CPU policies choose (1-8
     nodes) are measured, not interpolated; a curve cached under another plan of sizes is measured again."""
-    assert set(range(9)) <= set(costs_mod.SIZES) and max(costs_mod.SIZES) == 64
+    assert set(range(9)) <= set(measured_mod.SIZES) and max(measured_mod.SIZES) == 64
     calls = counted_probes(tmp_path, monkeypatch)
     model = tiny_model()
     costs_for(model, None)
-    monkeypatch.setattr(costs_mod, "SIZES", (0, 1, 2, 4, 8, 16, 32, 64))  # the old, sparse plan
+    monkeypatch.setattr(measured_mod, "SIZES", (0, 1, 2, 4, 8, 16, 32, 64))  # the old, sparse plan
     costs_for(model, None)
     costs_for(model, None)
     assert len(calls) == 2 and len(list((tmp_path / "costs").glob("*.json"))) == 2
@@ -158,15 +160,15 @@ def test_the_probe_measures_every_size_cpu_policies_choose_and_a_new_plan_measur
 def test_a_slowdown_while_the_probe_measures_moves_every_size_alike(monkeypatch):
     """The machine runs 3x slower for a stretch of 30 steps in the middle of the probe (a busy neighbour): each
     size's cost in plain steps, what the policies choose by, stays what it is."""
-    true_ms = {n: 10.0 + 2.0 * n for n in costs_mod.SIZES}
+    true_ms = {n: 10.0 + 2.0 * n for n in measured_mod.SIZES}
     calls = []
 
-    def step(self, n, cache):
+    def step(self, row, n):
         calls.append(n)
         slow = 3.0 if 40 <= len(calls) < 70 else 1.0
         return true_ms[n] * slow, 0.0
 
-    monkeypatch.setattr(costs_mod._Probe, "step", step)
+    monkeypatch.setattr(Probe, "step", step)
     c = measure(tiny_model(), None, contexts=(16,), budget_s=30.0, progress=False)
     for n, rel in zip(c.nodes, c.relative(c.nodes), strict=True):
         assert rel == pytest.approx(true_ms[n] / true_ms[0], rel=1e-6)
@@ -294,7 +296,7 @@ def test_two_cpus_of_one_name_with_other_flags_do_not_share_a_cost_curve(monkeyp
 
 
 def test_a_cost_curve_from_before_machine_records_loads_as_machine_unknown():
-    from entmtp.surface import CostSurface
+    from entmtp.costs import CostSurface
 
     curve = CostCurve((0, 1, 4), (30.0, 33.0, 36.0), (0.0, 1.5, 2.0), machine=record())
     surface = CostSurface((1, 8), (0, 4), ((30.0, 36.0), (80.0, 120.0)), machine=record())
@@ -310,8 +312,8 @@ def test_generate_measures_the_machine_once_and_says_what_it_chose(tmp_path, mon
     save_tiny_model(tmp_path / "m")
     monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("ENTMTP_NO_PROBE")
-    monkeypatch.setattr(costs_mod, "SIZES", (0, 1, 4))
-    monkeypatch.setattr(costs_mod, "measure", _small(costs_mod.measure))
+    monkeypatch.setattr(measured_mod, "SIZES", (0, 1, 4))
+    monkeypatch.setattr(measured_mod, "measure", _small(measured_mod.measure))
     args = [
         "-v",
         "generate",

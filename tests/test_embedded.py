@@ -101,7 +101,7 @@ def test_a_continuous_batch_of_the_default_engine_gives_every_prompt_its_plain_d
     """The scheduled default (dynamic with a lookup branch, shipped Hydra heads) decoding six prompts of the
     four sets as one continuous batch of at most three rows, trees set by the joint budget on a cost surface
     and steps by the gate: each prompt's tokens are its plain greedy decoding."""
-    from entmtp.surface import CostSurface
+    from entmtp.costs import CostSurface
 
     model, tok, plain, _ = engines
     heads = heads_for("hydra", model)

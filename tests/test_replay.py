@@ -10,14 +10,13 @@ from entmtp.calibration.calibrate import fit_acceptance
 from entmtp.calibration.replay import oracle, oracle_batch, replay, replay_batch
 from entmtp.calibration.search import simulate
 from entmtp.calibration.traces import trace_generation
-from entmtp.costs import CostCurve
+from entmtp.costs import CostCurve, CostSurface
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
 from entmtp.lookup import Lookup
 from entmtp.policy import StaticPolicy
 from entmtp.scheduler.hybrid import HybridPolicy, hybrid
 from entmtp.scheduler.policies import BinaryPolicy, CostPolicy, DynamicPolicy, LadderPolicy, LatencyModel
-from entmtp.surface import CostSurface
 from entmtp.tree import load_tree
 from scheduler_helpers import fitted_setup, small_acceptance, synthetic_traces
 

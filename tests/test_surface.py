@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from entmtp.costs import CostsError
+from entmtp.costs import CostsError, CostSurface, measure_surface, surface_for
+from entmtp.costs import measured as measured_mod
+from entmtp.costs.fill import complete, monotone
 from entmtp.records import StepContext
 from entmtp.scheduler.policies import AcceptanceModel, DynamicPolicy
-from entmtp.surface import CostSurface, measure_surface, surface_for
 from entmtp.tree import load_tree
 
 
@@ -59,10 +60,8 @@ def test_the_dynamic_policy_picks_smaller_trees_when_the_whole_batched_step_cost
 
 
 def test_sizes_not_measured_in_time_take_the_shape_measured_elsewhere():
-    from entmtp.surface import _complete
-
     measured = {1: {0: 10.0, 4: 12.0, 8: 14.0}, 2: {0: 20.0, 4: 26.0}, 4: {0: 30.0}, 8: {}}
-    rows = _complete(measured, (1, 2, 4, 8), (0, 4, 8))
+    rows = complete(measured, (1, 2, 4, 8), (0, 4, 8))
     assert rows[1] == [10.0, 12.0, 14.0]
     assert rows[2] == [20.0, 26.0, 32.0]  # linear from its two measured sizes
     assert rows[4] == pytest.approx(
@@ -72,10 +71,8 @@ def test_sizes_not_measured_in_time_take_the_shape_measured_elsewhere():
 
 
 def test_a_timing_outlier_is_pooled_with_its_neighbours_not_carried_to_every_larger_size():
-    from entmtp.surface import _monotone
-
-    assert _monotone([10.0, 12.0, 14.0]) == [10.0, 12.0, 14.0]
-    assert _monotone([10.0, 30.0, 20.0, 25.0, 40.0]) == [10.0, 25.0, 25.0, 25.0, 40.0]
+    assert monotone([10.0, 12.0, 14.0]) == [10.0, 12.0, 14.0]
+    assert monotone([10.0, 30.0, 20.0, 25.0, 40.0]) == [10.0, 25.0, 25.0, 25.0, 40.0]
 
 
 def test_an_unreadable_cached_surface_is_named_and_measured_again(tmp_path, monkeypatch, capsys):
@@ -94,8 +91,6 @@ def test_a_slow_first_plain_step_does_not_make_trees_look_free(monkeypatch):
     """Every batch shape is run once untimed, and its plain step timed again last, the lower kept: a plain
     step timed slow at the start (159 ms against 87 ms at 8 rows, seen in a server's cached surface here)
     had been pooled with the trees up to 8 nodes, which then cost nothing more than a plain step."""
-    import entmtp.surface as surface_module
-
     calls: dict[tuple[int, int], int] = {}
 
     def time(self, b: int, n: int) -> float:
@@ -104,8 +99,8 @@ def test_a_slow_first_plain_step_does_not_make_trees_look_free(monkeypatch):
             return {1: 500.0, 2: 100.0}.get(k, 10.0 * b)  # untimed, slow start, then the true cost
         return 10.0 * b + n
 
-    monkeypatch.setattr(surface_module._BatchProbe, "__init__", lambda self, *a: None)
-    monkeypatch.setattr(surface_module._BatchProbe, "time", time)
+    monkeypatch.setattr(measured_mod._Points, "__init__", lambda self, *a: None)
+    monkeypatch.setattr(measured_mod._Points, "time", time)
     model = tiny_model("llama", seed=1)
     surface = measure_surface(model, batches=(1, 8), sizes=(0, 4, 8), progress=False)
     assert surface.row(8).tolist() == [80.0, 84.0, 88.0] and surface.row(1).tolist() == [10.0, 14.0, 18.0]

@@ -35,12 +35,12 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .accept import TREE_INVARIANT, Sampling
+from .costs import CostSurface
 from .engine import DecodeState, Engine, Pending, conclude, prefill_chunk, prepare, redraft, scratch
 from .errors import EntMTPError
 from .heads import Drafter, Probe
 from .records import Result, Step, TokenEvent
 from .scheduler.joint import joint_budget
-from .surface import CostSurface
 
 _ids = itertools.count()
 

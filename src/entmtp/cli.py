@@ -248,14 +248,14 @@ def cmd_serve(args) -> int:
 
 
 def _batch_costs(engine, args):
-    """The cost surface (surface.py: ms of a batched step by rows and nodes per row, measured once per
+    """The cost surface (costs/: ms of a batched step by rows and nodes per row, measured once per
     machine and cached) that a batch's policies weigh their trees by; None with --no-probe, or when this
     model cannot be batched (the server then says why and serves one request at a time)."""
     from .costs import probing_disabled
 
     if args.no_probe or probing_disabled() or not engine.base.preallocate:
         return None
-    from .surface import surface_for
+    from .costs import surface_for
 
     return surface_for(engine.model, engine.heads, max_batch=args.max_batch)
 

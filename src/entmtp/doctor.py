@@ -81,7 +81,7 @@ def report() -> dict:
 
 
 def _cached_costs() -> dict:
-    """The cost curves (costs.py) and batched cost surfaces (surface.py) measured on this machine so far,
+    """The cost curves and batched cost surfaces (costs/) measured on this machine so far,
     one line each."""
     from .costs import CostsError, costs_dir
 
@@ -121,12 +121,11 @@ def _profile_machines(profiles_dir) -> dict:
 
 def _read_cached(path: Path):
     """(a cached cost curve or surface, its one-line summary); CostsError naming the file when unreadable."""
-    from .costs import CostsError, load_curve
-    from .surface import FORMAT, CostSurface
+    from .costs import SURFACE_FORMAT, CostsError, CostSurface, load_curve
 
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(d, dict) and d.get("format") == FORMAT:
+        if isinstance(d, dict) and d.get("format") == SURFACE_FORMAT:
             s = CostSurface.from_json(d)
             b, plain = s.batches, [row[0] for row in s.ms]
             return s, (

@@ -34,7 +34,7 @@ class Lookup:
     adaptive: choose the branch length per step from the match and the acceptance so far (scheduler.hybrid);
         False = always `tokens` nodes, as prompt lookup decoding does
     node_cost: None = the adaptive rule costs a step by measured latencies (the profile's curve when the
-        policy comes from one, else one measured on a 2-core CPU: scheduler.hybrid.CPU_COST); a number c =
+        policy comes from one, else one measured on a 2-core CPU: costs.CPU_COST); a number c =
         a step of n drafted tokens costs 1 + c n one-token steps (~0.01 on a GPU, where verifying up to ~64
         tokens is nearly free)
     typical: also under typical acceptance, where the engine has heads. Off by default: a copied token passes

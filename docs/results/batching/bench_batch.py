@@ -19,10 +19,10 @@ import time
 import torch
 
 from entmtp.build import EngineSpec, build
+from entmtp.costs import surface_for
 from entmtp.lookup import Lookup
 from entmtp.machine import hardware
 from entmtp.prompts import FOUR_TASKS, load_prompts
-from entmtp.surface import surface_for
 from entmtp.tree import Tree
 
 METHODS = ("plain", "spec-single-row-costs", "spec-batch-aware")

@@ -18,10 +18,10 @@ import sys
 
 from entmtp.calibration.replay import oracle_batch, replay_batch
 from entmtp.calibration.traces import load_traces
+from entmtp.costs import CostSurface
 from entmtp.policy import StaticPolicy
 from entmtp.prompts import FOUR_TASKS
 from entmtp.scheduler.profiles import resolve_profile
-from entmtp.surface import CostSurface
 from entmtp.tree import Tree
 
 METHODS = ("plain", "EntMTP*", "dynamic-alone", "dynamic-batch-aware", "oracle-per-step")

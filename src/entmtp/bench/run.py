@@ -183,7 +183,7 @@ def _replay_heads(methods: Methods, kind: str, task: str, outputs) -> dict:
     base = methods.engine(heads=heads).base
     traces = [trace_generation(base, heads, ids + out, len(ids)) for ids, out in outputs if len(out) >= 2]
     latency = costs.latency() if costs is not None else profile.latency.model()
-    ms_of = step_ms(latency)
+    ms_of = step_ms(costs if costs is not None else latency)  # the measured drafting share, when measured
     out = {}
     for p in methods.policies(kind):
         name, lookup = methods.plan.split_lookup(p)

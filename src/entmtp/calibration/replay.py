@@ -3,11 +3,14 @@
 Because a trace fixes every tree's accepted length at every position (traces.py), a replay walks the same
 steps a real greedy decode would take under the policy, and charges each step its tree's measured latency:
 tokens per second without running the model (decode steps only; the prefill is the same for every policy).
+A step that verifies no head node is charged without the heads' drafting, and a step whose policy computed
+the heads' probe and then drafted nothing from it pays for the probe, both at the measured curve's draft share
+(`step_ms`: the constant of another machine only when no measured curve exists, and the replay says so).
 The oracle is the best schedule over the bank in hindsight: a dynamic programme over positions,
 time(j) = min over trees of latency(tree) + time(j + accepted + 1), so no policy's replay can beat it.
 
 Batches (`replay_batch`, `oracle_batch`): several traces step together as rows of a continuous batch, each
-step charged once by the cost surface (surface.py) for its rows and its largest tree.
+step charged once by the cost surface (costs/) for its rows and its largest tree.
 """
 
 from __future__ import annotations
@@ -19,13 +22,13 @@ import torch
 
 from .. import metrics
 from ..accept import accept_targets
+from ..costs import HEADS_DRAFT_COST, CostCurve, LatencyModel
 from ..engine import draft_tree, step_record
 from ..errors import EntMTPError
-from ..heads import Draft, Probe
+from ..heads import Draft, LazyProbe, Probe, taken
 from ..lookup import NgramIndex
 from ..policy import StaticPolicy
 from ..records import Step, StepContext
-from ..scheduler.hybrid import HEADS_DRAFT_COST
 from ..scheduler.joint import joint_budget
 from ..tree import Tree
 from .search import TraceAcceptance
@@ -38,6 +41,7 @@ class Replay:
     steps: int = 0
     ms: float = 0.0
     usage: dict[str, int] = field(default_factory=dict)  # tree name -> steps
+    pricing: str | None = None  # what the heads' drafting and probe were charged at (`StepPrices.note`)
 
     @property
     def tokens_per_second(self) -> float:
@@ -57,6 +61,7 @@ class Replay:
             "tokens_per_step": self.tokens_per_step,
             "steps": self.steps,
             "usage": self.usage,
+            **({"pricing": self.pricing} if self.pricing is not None else {}),
         }
 
 
@@ -64,13 +69,14 @@ def replay(
     policy, traces: Sequence[Trace], ms_of: Callable[[Tree], float], record: list[Step] | None = None
 ) -> Replay:
     """Run `policy` (fresh per trace, choose/observe, as in the engine) over the traces; `ms_of(tree)`: its
-    step latency; `record`, when given, receives every replayed `Step`.
+    step latency (a `StepPrices` also charges the probes computed and not drafted from); `record`, when given,
+    receives every replayed `Step`.
 
     Trees with prompt-lookup nodes (a hybrid policy's, scheduler/hybrid.py) are replayed too, from the
     traces' tokens, by the engine's own drafting, acceptance and step record (`_hybrid_step`): a lookup node
     copies what the n-gram index of the text so far proposes (greedy traces only; a lookup node below a wrong
     head draft, never accepted, is kept or dropped as the index answers for a stand-in branch)."""
-    out = Replay()
+    out = Replay(pricing=ms_of.note if isinstance(ms_of, StepPrices) else None)
     for tr in traces:
         row = TraceRow(policy, tr)
         while not row.done:
@@ -78,7 +84,8 @@ def replay(
             step = row.take(choice.tree, choice.signals)
             if record is not None:
                 record.append(step)
-            out.add(step, ms_of(row.last_tree))
+            probed = isinstance(ms_of, StepPrices) and row.probed
+            out.add(step, ms_of(row.last_tree, probed) if probed else ms_of(row.last_tree))
     return out
 
 
@@ -94,14 +101,19 @@ class TraceRow:
         self.index = _index(self.policy.lookup, tr, self.toks)
         self.j = self.steps = 0  # the step's root row; steps taken
         self.last_tree: Tree | None = None
+        self.probed = False  # whether the last step's policy computed the heads' probe
 
     @property
     def done(self) -> bool:
         return self.j >= len(self.rows) - 1
 
     def context(self, latency=None) -> StepContext:
-        tr, j = self.trace, self.j
-        self._probe = _probe(tr, j, self.toks)
+        """What the policy sees before the step; the heads' probe is offered as the engine offers it: when the
+        policy has a master tree, computed when first read (`probed`)."""
+        tr, j, toks = self.trace, self.j, self.toks
+        self._probe = None
+        if self.policy.master is not None:
+            self._probe = LazyProbe(lambda: _probe(tr, j, toks))
         root, n_max = tr.prompt_len + j, len(self.rows) - 1 - j  # tokens[root]: the root; tokens left
         return StepContext(
             self.steps,
@@ -120,10 +132,10 @@ class TraceRow:
 
     def take(self, tree: Tree, signals: dict[str, float]) -> Step:
         j, root, n_max = self.j, self.trace.prompt_len + self.j, len(self.rows) - 1 - self.j
+        probe = taken(self._probe)
+        self.probed = probe is not None
         if tree.num_lookup:  # the tree the step verified: lookup nodes without a proposal dropped
-            tree, step = _hybrid_step(
-                tree, self.rows[j], self.toks, root, self.index, self._probe, signals, n_max
-            )
+            tree, step = _hybrid_step(tree, self.rows[j], self.toks, root, self.index, probe, signals, n_max)
         else:
             accepted = self.accepted(tree)
             n = min(accepted + 1, n_max)
@@ -151,16 +163,39 @@ def _index(lookup, tr: Trace, toks: list[int] | None) -> NgramIndex | None:
 _EMPTY = torch.empty(0, dtype=torch.long)
 
 
-def step_ms(latency) -> Callable[[Tree], float]:
-    """A replay's step cost from a profile's `LatencyModel` (measured with the heads drafting): a tree without
-    head nodes (lookup only) is charged less the heads' drafting, as the hybrid policy itself assumes."""
-    draft_ms = HEADS_DRAFT_COST * float(latency(0))
+@dataclass(frozen=True)
+class StepPrices:
+    """What a replay charges a step (ms): its tree's latency (measured with the heads drafting); less the heads'
+    drafting when it drafts no head node (a lookup-only step, as the hybrid policy itself assumes); plus the
+    heads' probe when its policy computed one and then drafted no head node from it (the engine pays for a
+    probe whatever the policy chose; drafted from, the probe's work is the drafting's). Both at `draft_ms`,
+    the heads' drafting; `note` says where that figure comes from."""
 
-    def ms_of(tree: Tree) -> float:
-        ms = latency.ms_of(tree)
-        return ms - draft_ms if tree.num_nodes and not tree.heads_tree.num_nodes else ms
+    latency: LatencyModel
+    draft_ms: float
+    note: str
 
-    return ms_of
+    def __call__(self, tree: Tree, probed: bool = False) -> float:
+        ms = self.latency.ms_of(tree)
+        if tree.heads_tree.num_nodes:
+            return ms
+        saved = self.draft_ms if tree.num_nodes else 0.0  # a plain step's latency drafts nothing
+        return ms - saved + (self.draft_ms if probed else 0.0)
+
+
+def step_ms(costs: CostCurve | LatencyModel) -> StepPrices:
+    """A replay's step prices from this machine's measured `CostCurve` (its drafting share measured with it)
+    or from a profile's `LatencyModel` (no drafting split: the constant `HEADS_DRAFT_COST`, measured on another
+    machine, which `note` says)."""
+    latency = costs.latency() if isinstance(costs, CostCurve) else costs
+    share = costs.draft_share if isinstance(costs, CostCurve) else None
+    plain = float(latency(0))
+    if share is not None:
+        where = f"measured ({costs.source} curve)"
+    else:
+        share, where = HEADS_DRAFT_COST, "the constant HEADS_DRAFT_COST, another machine's: no measured curve"
+    note = f"heads' drafting and probe charged {share * plain:.2f} ms ({share:.3f} plain steps), {where}"
+    return StepPrices(latency, share * plain, note)
 
 
 def _probe(tr: Trace, j: int, toks: list[int] | None) -> Probe:

@@ -34,11 +34,12 @@ prior, so the heads are probed again now and then (about one step in 16 where th
 where they are right (yield above 1) every step is probed. Measured: `scripts/hybrid_skip_ab.py`.
 
 Cost, in one-token steps: the measured step latency of n drafted tokens relative to a plain step (`latency`:
-this machine's cost curve, costs.py, or a profile's stored latencies; else `CPU_COST`, measured on one 2-core
-CPU), less the heads' drafting (`draft_cost`: the curve's measured share, else `HEADS_DRAFT_COST`) on steps
-that use no head; or, with
-`Lookup.node_cost` set, 1 + c n (c near 0 on a GPU, where verifying up to ~64 tokens is nearly free). The
-choice depends on the text alone, so seeded sampling repeats exactly.
+this machine's cost curve, costs/, or a profile's stored latencies; else `costs.CPU_COST`, another machine's),
+less the heads' drafting (`draft_cost`: the curve's measured share, `CostCurve.draft_share`, else
+`costs.HEADS_DRAFT_COST`, another machine's) on steps that use no head; a probe that is computed and then not
+drafted from costs the same drafting. Or, with `Lookup.node_cost` set, 1 + c n (c near 0 on a GPU, where
+verifying up to ~64 tokens is nearly free). The choice depends on the text alone, so seeded sampling repeats
+exactly.
 
 With `Lookup.adaptive` False the branch is always `Lookup.tokens` long when there is a match (prompt lookup
 decoding's rule) and the heads' tree is always kept.
@@ -51,7 +52,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..costs import CostCurve, LatencyModel
+from ..costs.curves import CPU_COST, HEADS_DRAFT_COST, CostCurve, LatencyModel
 from ..heads import taken
 from ..lookup import Lookup
 from ..policy import Choice, Menu, Stateful, StaticPolicy, TreePolicy
@@ -60,16 +61,6 @@ from ..tree import Tree, load_tree, with_lookup
 
 WINDOW = 16  # steps; older evidence decays by (1 - 1/WINDOW) per step
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind each prior
-# Step latency (ms) by drafted nodes with Hydra's shipped heads, 2-core CPU (AMD EPYC), SmolLM2-135M bf16 with
-# packed weights: the shipped profile's measurements (entmtp calibrate --latency-only, hydra/mixed.json,
-# 2026-12-01); relative to the plain step. LatencyModel makes it non-decreasing.
-CPU_COST = LatencyModel(
-    [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 90],
-    [28.0, 33.0, 32.7, 32.3, 33.1, 35.8, 37.8, 42.1, 46.2, 56.3, 70.2, 89.6, 111.9, 136.1],
-)
-# the heads' drafting, in plain steps: Hydra's draft phase took 3.95-4.2 ms (median Step.seconds["draft"],
-# chain_2 / tree_4 / EntMTP*, bf16) against 36-38 ms plain steps on this project's 2-core CPU (2026-11-30)
-HEADS_DRAFT_COST = 0.11
 HEADS_PRIOR = 0.6  # c_d prior, so H_k starts at 0.6^k
 LOOKUP_PRIOR = {0: 0.0, 1: 0.25, 2: 0.45, 3: 0.6}  # r_m prior by match length (3 = 3 or more)
 # tokens per plain step's cost of the steps without a match that probed the heads, before any such step: above
@@ -308,7 +299,8 @@ def hybrid(
 ) -> HybridPolicy:
     """`inner` (a tree name, a tree, a policy, or None: the root alone, i.e. prompt lookup decoding) with a
     lookup branch (`lookup`, default `Lookup()`) sized per step on `costs` (this machine's cost curve,
-    costs.py; None: `CPU_COST`)."""
+    costs/; its measured draft share prices lookup-only steps and the probe; None: `CPU_COST` and
+    `HEADS_DRAFT_COST`, another machine's)."""
     if inner is None:
         inner = Tree.root_only()
     elif isinstance(inner, str):

@@ -29,9 +29,9 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..accept import SAMPLED_CHOICES
+from ..costs import CostSurface
 from ..engine import Engine
 from ..errors import EntMTPError
-from ..surface import CostSurface
 from . import routes
 from .metrics import Metrics
 from .state import BODY_TIMEOUT_S, ServerState

@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass
 
 from ..batch import Batch, Row
+from ..costs import CostSurface
 from ..engine import Engine
 from ..errors import EntMTPError
-from ..surface import CostSurface
 from .thread import TorchThread
 from .worker import Job, Worker
 

@@ -8,8 +8,8 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from ..costs import CostSurface
 from ..engine import Engine
-from ..surface import CostSurface
 from . import schema
 from .batching import start_worker
 from .metrics import Metrics

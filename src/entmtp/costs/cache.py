@@ -1,0 +1,114 @@
+"""The cost cache: what a measured curve or surface belongs to (`cost_key`), where it is kept, and reading and
+writing it. Files live under `$ENTMTP_CACHE/costs/`, one per key digest, written atomically; a file whose key
+is not the one asked for (another machine, model, heads, plan of sizes, acceptance rule or way of measuring)
+is measured again, never used (measured.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from .. import __version__
+from ..accept import Sampling
+from ..backends import backend_name
+from ..files import write_text_atomic
+from ..machine import digest, hardware, heads_checksum, model_fingerprint
+from ..packing import PackedLinear
+from .curves import CostCurve, CostsError, CostSurface
+
+# How the probe times a step, part of every key: a curve measured another way is measured again. 2: the
+# engine's own prepare / forward / conclude under the generation's acceptance rule (1: the probe's own copy of
+# the step, greedy acceptance whatever the rule).
+PROBE = 2
+
+
+def cost_key(model, heads, graphs: bool = False, sampling: Sampling | None = None, sizes=(), **plan) -> dict:
+    """Everything that changes what a step costs: the machine, the model, its dtype and packing, the heads,
+    CUDA graphs, the acceptance rule, and the plan of sizes measured (`sizes`, and `plan`'s other entries)."""
+    key = {
+        "graphs": graphs,
+        "hardware": hardware(model),
+        "model": model_fingerprint(model),
+        "packed": any(isinstance(m, PackedLinear) for m in model.modules()),
+        "heads": None
+        if heads is None
+        else {
+            "kind": heads.config.kind,
+            "num_heads": heads.config.num_heads,
+            "checksum": heads_checksum(heads),
+        },
+        "versions": {"entmtp": __version__, "torch": torch.__version__},
+        "probe": PROBE,
+        "acceptance": (sampling or Sampling()).rule,
+        "probe_sizes": list(sizes),  # a curve cached under another plan of sizes is measured again
+        **{k: list(v) for k, v in plan.items()},
+    }
+    if backend_name(model) != "transformers":  # llama.cpp: its own kernels, its own curve
+        key["backend"] = backend_name(model)
+    return key
+
+
+def costs_dir() -> Path:
+    from ..model import cache_dir
+
+    return cache_dir() / "costs"
+
+
+def cost_path(key: dict) -> Path:
+    return costs_dir() / f"{digest(key)}.json"
+
+
+def uses_graphs(model, graphs: bool = True) -> bool:
+    """Whether an engine over `model` verifies with CUDA graphs (the engine's rule: on CUDA, with the
+    preallocated cache)."""
+    from ..cache import preallocation_blocker
+
+    return graphs and model.device.type == "cuda" and preallocation_blocker(model) is None
+
+
+def probing_disabled() -> bool:
+    return os.environ.get("ENTMTP_NO_PROBE", "").strip() not in ("", "0", "false", "no")
+
+
+def load_curve(path: str | os.PathLike[str]) -> CostCurve:
+    p = Path(path)
+    try:
+        return CostCurve.from_json(json.loads(p.read_text(encoding="utf-8")))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as e:
+        raise CostsError(
+            f"cost curve {p} is unreadable ({type(e).__name__}: {e}): delete it to measure again"
+        ) from e
+
+
+def save_curve(curve: CostCurve, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(curve.to_json(), indent=1) + "\n")
+
+
+def load_surface(path: Path) -> CostSurface:
+    try:
+        return CostSurface.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+        raise CostsError(f"cost surface {path} is unreadable ({e})") from e
+
+
+def save_surface(surface: CostSurface, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(surface.to_json(), indent=1) + "\n")
+
+
+def cached(path: Path, key: dict, load):
+    """The measurement at `path` if it exists and was measured for `key` (None: measure it); an unreadable
+    file is named on stderr and measured again."""
+    if not path.exists():
+        return None
+    try:
+        found = load(path)
+    except CostsError as e:
+        print(f"entmtp: {e}; measuring again", file=sys.stderr)
+        return None
+    return found if found.key == json.loads(json.dumps(key)) else None

@@ -1,0 +1,144 @@
+"""The probe's step is the engine's (costs/probe.py), and replays charge the heads' drafting and probe at the
+measured curve's share (calibration/replay.py), the constant of another machine only without one."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import tiny_model
+from entmtp import engine as engine_mod
+from entmtp.accept import Sampling
+from entmtp.cache import BaseModel
+from entmtp.calibration.calibrate import fit_acceptance
+from entmtp.calibration.replay import replay, step_ms
+from entmtp.costs import HEADS_DRAFT_COST, CostCurve, measure, measure_surface, priced_ms
+from entmtp.costs.probe import Probe
+from entmtp.heads import HeadsConfig, random_heads
+from entmtp.scheduler.policies import DynamicPolicy
+from entmtp.tree import Tree, load_tree, with_lookup
+from scheduler_helpers import synthetic_traces
+
+
+def recorded(monkeypatch) -> dict[str, list]:
+    """The engine's prepare / conclude / accept, wrapped to record what each was called with (and conclude's
+    events): the probe reaches them as the engine's module attributes, so it goes through these."""
+    calls: dict[str, list] = {"prepare": [], "conclude": [], "accept": [], "forward_batch": []}
+
+    def wrap(name):
+        real = getattr(engine_mod, name)
+
+        def spy(*args, **kwargs):
+            out = real(*args, **kwargs)
+            calls[name].append((args, out))
+            return out
+
+        monkeypatch.setattr(engine_mod, name, spy)
+
+    for name in ("prepare", "conclude", "accept"):
+        wrap(name)
+    return calls
+
+
+def heads_for(model):
+    heads = random_heads(HeadsConfig.for_model(model, "hydra", num_heads=3), seed=0)
+    return heads.bind(model)  # bound before probing, as the caller hands them over
+
+
+@pytest.mark.parametrize("rule", ["sample", "gumbel"])
+def test_a_probed_step_is_the_engines_step_under_the_generations_rule(monkeypatch, rule):
+    """Every timed step went through the engine's prepare and conclude, on a DecodeState sampling by the
+    asked rule, its acceptance being the engine's accept() under that rule (a probe that accepted greedily
+    in its own copy, as the curves once were, records no such call), and the ms it returns are the engine's
+    own clock's for that step."""
+    model = tiny_model()
+    heads = heads_for(model)
+    calls = recorded(monkeypatch)
+    probe = Probe(model, heads, (0, 1, 4), Sampling(0.7, rule))
+    row = probe.row(16, probe.room(8))
+    got = [probe.step(row, n) for n in (0, 4, 1, 4)]
+    concluded = [out.step for _, out in calls["conclude"]]
+    assert [s.tree_nodes for s in concluded] == [0, 4, 1, 4]
+    assert [ms for ms, _ in got] == [priced_ms(s.seconds) for s in concluded]  # the engine's clock
+    assert [draft for _, draft in got] == [1000 * s.seconds["draft"] for s in concluded]
+    assert len(calls["prepare"]) == 4 and all(a[1].sampling.rule == rule for a, _ in calls["prepare"])
+    rules = [args[3].rule for args, _ in calls["accept"]]
+    assert len(rules) == 5 and set(rules) == {rule}  # the prefill's token and each step's
+
+
+def test_a_measured_curve_and_surface_are_timed_through_the_engine(monkeypatch):
+    """measure / measure_surface, end to end: every step each timed went through the engine's prepare and
+    conclude, the batched ones with one forward_batch for their rows, and the curve's key names the rule."""
+    model = tiny_model()
+    calls = recorded(monkeypatch)
+    curve = measure(
+        model, None, sizes=(0, 2), contexts=(16,), budget_s=2.0, progress=False, sampling=Sampling(0.7)
+    )
+    assert curve.key["acceptance"] == "sample" and curve.key["probe"] == 2
+    steps = [out.step for _, out in calls["conclude"] if out.step is not None]
+    assert {s.tree_nodes for s in steps} == {0, 2} and len(calls["prepare"]) == len(steps)
+    assert {args[3].rule for args, _ in calls["accept"]} == {"sample"}
+    for name in ("prepare", "conclude", "accept"):
+        calls[name].clear()
+    batched = []  # rows per forward_batch
+    real_batch = BaseModel.forward_batch
+    monkeypatch.setattr(
+        BaseModel,
+        "forward_batch",
+        lambda self, tokens, trees, kv: batched.append(len(tokens)) or real_batch(self, tokens, trees, kv),
+    )
+    surface = measure_surface(model, None, batches=(1, 3), sizes=(0, 2), budget_s=60.0, progress=False)
+    assert surface.batches == (1, 3) and set(batched) == {3}
+    concluded = [out.step.tree_nodes for _, out in calls["conclude"]]
+    assert len(concluded) == len(calls["prepare"]) >= 3 * len(batched) and set(concluded) == {0, 2}
+
+
+def test_a_curve_probed_without_heads_saves_no_drafting_and_a_profiles_latencies_split_none():
+    plain = CostCurve((0, 4), (10.0, 20.0), (0.0, 0.0), key={"heads": None}, source="probe")
+    assert plain.draft_share == 0.0  # measured: nothing drafts, so dropping the heads saves nothing
+    assert CostCurve.from_latency([0, 4], [10.0, 20.0], "profile").draft_share is None
+
+
+# ---- replays: the measured drafting share -----------------------------------------------------------------
+
+MEASURED = CostCurve(
+    (0, 1, 4), (10.0, 14.0, 20.0), (0.0, 3.0, 3.0), key={"heads": {"kind": "hydra"}}, source="probe"
+)  # drafting: 3 ms of a 10 ms plain step, 0.3 plain steps (another machine's constant says 0.11)
+
+
+def test_replays_price_lookup_only_steps_and_unused_probes_at_the_measured_share():
+    prices = step_ms(MEASURED)
+    lookup = with_lookup(Tree.root_only(), 4, 1)  # four lookup nodes, no head node
+    assert prices(lookup) == pytest.approx(20.0 - 3.0)  # the heads drafted nothing
+    assert prices(lookup, probed=True) == pytest.approx(20.0)  # ... but their probe was computed
+    assert prices(Tree.root_only(), probed=True) == pytest.approx(13.0)
+    assert prices(Tree.root_only()) == pytest.approx(10.0)
+    assert prices(load_tree("chain_1")) == pytest.approx(14.0)  # a heads' tree: its drafting is in its ms
+    assert "measured" in prices.note and "3.00 ms" in prices.note
+    fallback = step_ms(MEASURED.latency())  # no measured curve: another machine's constant, and it says so
+    assert fallback(lookup) == pytest.approx(20.0 - HEADS_DRAFT_COST * 10.0)
+    assert "HEADS_DRAFT_COST" in fallback.note and "no measured curve" in fallback.note
+
+
+def test_a_replay_charges_the_probe_of_every_step_that_drafted_nothing_from_it():
+    """A dynamic policy on a curve where every tree loses reads the heads' probe and takes plain steps: the
+    engine pays for each probe, so the replay does, at the measured share, and says so in its output."""
+    dear = CostCurve((0, 1, 4, 64), (10.0, 40.0, 80.0, 900.0), (0.0, 3.0, 3.0, 3.0), key={"h": 1})
+    traces = synthetic_traces()
+    acceptance = fit_acceptance(traces[:1], probe_depth=3, num_heads=3)
+    policy = DynamicPolicy(load_tree("tree_16"), acceptance, dear.latency(), online=False)
+    r = replay(policy, traces, step_ms(dear))
+    assert r.usage and set(r.usage) == {Tree.root_only().name}  # plain steps only, each after a probe
+    assert r.ms == pytest.approx(r.steps * (10.0 + 3.0))  # uncharged, they cost 10 ms each
+    assert "measured" in r.to_json()["pricing"]
+
+
+def test_a_probed_generation_runs_past_the_models_end_of_text_token():
+    """Random context makes a model write anything, its end-of-text token included: the probe's generation
+    does not end there (its steps would be cut short, and the probe fail), whatever the model's config says."""
+    first = Probe(tiny_model(), None, (0, 2))
+    state, _, _ = row = first.row(16, first.room(4))
+    first.step(row, 2)
+    eos = state.out[-1]  # a token this row writes: made the end-of-text token of the same model below
+    probe = Probe(tiny_model(eos_token_id=eos), None, (0, 2))
+    row = probe.row(16, probe.room(4))
+    assert [probe.step(row, 2)[0] > 0 for _ in range(3)] == [True] * 3
