@@ -7,7 +7,7 @@ Curves: two 2-core CPUs of the pool, AVX2-only and AVX-512 with native bf16 (tes
 float32 each), the AVX-512/bf16 2-core CPU whose latencies the shipped profiles store, one H200 with CUDA
 graphs (docs/results/gpu-check), and with --this-machine the curves measured here (`costs_for`, bf16 and
 float32: measured once, then cached).
-Per (profile, curve): EntMTP*'s nodes, and the replayed tokens/s of the default schedule (build.scheduled_policy)
+Per (profile, curve): EntMTP*'s nodes, and the replayed tokens/s of the default schedule (scheduler.factory.scheduled_policy)
 and of EntMTP*, over plain decoding on that curve.
 """
 
@@ -20,11 +20,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from entmtp.build import scheduled_policy
 from entmtp.calibration.replay import replay, step_ms
 from entmtp.calibration.traces import load_traces
 from entmtp.costs import CostCurve, costs_for
 from entmtp.policy import StaticPolicy
+from entmtp.scheduler.factory import scheduled_policy
 from entmtp.scheduler.profiles import PROFILE_TASKS, resolve_profile
 from entmtp.tree import Tree
 

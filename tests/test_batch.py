@@ -3,6 +3,8 @@ its batch-mates are, do, or when they join and leave; the batched KV cache keeps
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -10,16 +12,23 @@ import pytest
 import torch
 
 from conftest import ByteTokenizer, tiny_model
-from entmtp.batch import GATE_EXPLORE, GATE_EXPLORE_MAX, GATE_WINDOW, Batch, Gate
+from entmtp.batch import (
+    GATE_EXPLORE,
+    GATE_EXPLORE_MAX,
+    GATE_WINDOW,
+    Batch,
+    BatchOptions,
+    Gate,
+    generate_batch,
+)
 from entmtp.cache import BaseModel, BatchKV
 from entmtp.costs import CostSurface, LatencyModel
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
 from entmtp.heads import HeadsConfig, random_heads
 from entmtp.lookup import Lookup
-from entmtp.policy import Menu
+from entmtp.policy import Menu, joint_budget
 from entmtp.scheduler.hybrid import hybrid
-from entmtp.scheduler.joint import joint_budget
 from entmtp.tree import Tree, load_tree
 
 # prompts of different lengths; the repeated ones give the lookup drafts something to copy
@@ -52,7 +61,9 @@ def test_every_row_of_a_mixed_batch_equals_its_own_plain_decoding(engine):
     """Rows with different prompt lengths, the root alone, a static tree, a deep tree and a lookup hybrid, in
     one batch: each row's tokens are its plain greedy decoding, and each takes the steps it takes alone."""
     trees = [Tree.root_only(), "tree_8", "mc_sim_7b_63", hybrid("tree_8", Lookup()), hybrid(None, Lookup())]
-    batch = Batch(engine, gate=False)  # every step as the rows' policies choose (the gate changes steps only)
+    batch = Batch(
+        engine, BatchOptions(gate=False)
+    )  # every step as the rows' policies choose (the gate changes steps only)
     results = {}
     for i, (prompt, tree) in enumerate(zip(PROMPTS, trees, strict=True)):
         row, _ = batch.add(prompt, tree=tree, max_new_tokens=24 + 4 * i)
@@ -99,7 +110,7 @@ def test_rows_that_finish_early_or_are_cancelled_leave_the_others_exact(engine):
 
 def test_rows_join_a_running_batch_between_steps(engine):
     """generate_batch with max_batch=2 over five prompts: rows join as others leave; each is exact."""
-    results = engine.generate_batch(PROMPTS, max_new_tokens=20, max_batch=2)
+    results = generate_batch(engine, PROMPTS, BatchOptions(max_batch=2), max_new_tokens=20)
     for prompt, result in zip(PROMPTS, results, strict=True):
         assert result.token_ids == plain(engine, prompt, 20)
         assert result.finish_reason == "length"
@@ -109,7 +120,7 @@ def test_seeded_sampling_of_a_row_repeats_whatever_its_batch_mates_do(engine):
     want = alone(engine, PROMPTS[0], 24, temperature=0.8, seed=11).token_ids
     for mates in ([], PROMPTS[1:3], PROMPTS[2:]):
         batch_prompts = [PROMPTS[0], *mates]
-        results = engine.generate_batch(batch_prompts, max_new_tokens=24, temperature=0.8, seed=11)
+        results = generate_batch(engine, batch_prompts, max_new_tokens=24, temperature=0.8, seed=11)
         assert results[0].token_ids == want
     other = alone(engine, PROMPTS[0], 24, temperature=0.8, seed=12).token_ids
     assert other != want  # the seed matters: the check has teeth
@@ -121,7 +132,9 @@ def test_gumbel_rows_of_a_gated_budgeted_batch_write_their_plain_sampling_tokens
     plain = Engine(engine.model, ByteTokenizer())
     kw = dict(max_new_tokens=24, temperature=0.8, acceptance="gumbel")
     want = [plain.generate(p, seed=11 + i, **kw).token_ids for i, p in enumerate(PROMPTS)]
-    batch = Batch(engine, CostSurface((1, 8), (0, 64), ((10.0, 12.0), (20.0, 400.0))))  # the gate on
+    batch = Batch(
+        engine, BatchOptions(costs=CostSurface((1, 8), (0, 64), ((10.0, 12.0), (20.0, 400.0))))
+    )  # the gate on
     rows = {batch.add(p, seed=11 + i, **kw)[0].id: i for i, p in enumerate(PROMPTS)}
     got: dict[int, list[int]] = {}
     while len(batch):
@@ -182,8 +195,8 @@ def test_graphs_or_no_preallocated_cache_are_refused_with_the_fix():
     model = tiny_model("llama", seed=3)
     with pytest.raises(EntMTPError, match="max-batch 1"):
         Batch(Engine(model, ByteTokenizer(), kv="dynamic"))
-    with pytest.raises(EntMTPError, match="max_batch"):
-        list(Engine(model, ByteTokenizer()).stream_batch([[1, 2]], max_batch=0))
+    with pytest.raises(EntMTPError, match="max_batch must be >= 1, got 0"):
+        BatchOptions(max_batch=0)
 
 
 def test_the_gate_runs_the_faster_kind_of_step_and_tries_the_other_again_in_time():
@@ -209,7 +222,9 @@ def test_the_gate_runs_the_faster_kind_of_step_and_tries_the_other_again_in_time
 
 
 def test_a_gated_batch_still_gives_every_row_its_plain_decoding(engine):
-    results = engine.generate_batch(PROMPTS, max_new_tokens=30, max_batch=3)  # the gate on (the default)
+    results = generate_batch(
+        engine, PROMPTS, BatchOptions(max_batch=3), max_new_tokens=30
+    )  # the gate on (the default)
     for prompt, result in zip(PROMPTS, results, strict=True):
         assert result.token_ids == plain(engine, prompt, 30)
 
@@ -233,7 +248,7 @@ def test_the_joint_budget_maximizes_the_batchs_tokens_per_ms_of_the_whole_step()
 def test_batch_aware_rows_verify_trees_within_the_joint_budget_and_stay_exact(engine):
     steep = CostSurface((1, 8), (0, 64), ((10.0, 12.0), (20.0, 400.0)))
     spec = Engine(engine.model, ByteTokenizer(), heads=engine.heads, tree=hybrid("tree_8", Lookup()))
-    batch = Batch(spec, steep, gate=False)
+    batch = Batch(spec, BatchOptions(costs=steep, gate=False))
     for p in PROMPTS:
         batch.add(p, max_new_tokens=24)
     budgets, done = set(), []
@@ -253,7 +268,7 @@ def test_a_row_at_the_window_s_end_beside_sampled_rows_with_trees_never_overflow
     fits the cache. Every row runs to its end; the edge row's tokens are its plain greedy decoding."""
     window = engine.window
     edge = [(7 * i) % 250 + 3 for i in range(window - 40)]
-    batch = Batch(engine, gate=False)
+    batch = Batch(engine, BatchOptions(gate=False))
     rows = [batch.add(p, max_new_tokens=60, temperature=0.8)[0] for p in PROMPTS[:2]]  # unseeded: batched
     edge_row, _ = batch.add(edge, max_new_tokens=40)
     out = {r.id: list(r.state.out) for r in (*rows, edge_row)}  # the prefill's token
@@ -267,7 +282,7 @@ def test_a_row_at_the_window_s_end_beside_sampled_rows_with_trees_never_overflow
 
 
 def test_a_row_whose_own_step_fails_leaves_alone_and_the_others_go_on(engine):
-    batch = Batch(engine, gate=False)  # every step drafts
+    batch = Batch(engine, BatchOptions(gate=False))  # every step drafts
     rows = [batch.add(p, max_new_tokens=30)[0] for p in PROMPTS[:3]]
     rows[1].state.drafter.draft = lambda *args: 1 / 0  # its drafting fails
     out = {r.id: list(r.state.out) for r in rows}
@@ -336,7 +351,7 @@ def test_a_seeded_sampled_row_repeats_bit_for_bit_in_busy_batches(engine):
     for trial in range(12):
         seed, prompt = 1000 + trial, PROMPTS[trial % 4]
         want = alone(engine, prompt, seed=seed, **kw)
-        batch = Batch(engine, gate=False)
+        batch = Batch(engine, BatchOptions(gate=False))
         mates = [long, *PROMPTS]
         for m in range(rng.integers(1, 6)):
             batch.add(mates[(trial + m) % len(mates)], max_new_tokens=20, temperature=0.8 if m % 2 else 0.0)
@@ -348,3 +363,42 @@ def test_a_seeded_sampled_row_repeats_bit_for_bit_in_busy_batches(engine):
         got = event.result
         assert got.token_ids == want.token_ids, f"trial {trial}"
         assert [lp.logprob for lp in got.logprobs] == [lp.logprob for lp in want.logprobs], f"trial {trial}"
+
+
+# ---- the import direction --------------------------------------------------------------------------------
+
+SRC = Path(__file__).parents[1] / "src" / "entmtp"
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every entmtp module (or name in one) `path` imports, at the top or inside a function."""
+    package = _module(path).split(".")[: None if path.name == "__init__.py" else -1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            out |= {module, *(f"{module}.{a.name}" for a in node.names)}
+    return out
+
+
+def test_the_engine_never_imports_batching_directly_or_through_another_module():
+    """Batching is a function over an engine (batch.generate_batch(engine, ...)): batch.py imports engine.py,
+    and nothing engine.py imports (at the top or inside a function, followed through every module) leads
+    back to batch.py, so the two never form an import cycle again."""
+    graph = {_module(p): _imports(p) for p in SRC.rglob("*.py")}
+    graph = {m: {d for d in deps if d in graph} for m, deps in graph.items()}
+    seen, todo = set(), ["entmtp.engine"]
+    while todo:
+        for dep in graph[todo.pop()] - seen:
+            seen.add(dep)
+            todo.append(dep)
+    assert "entmtp.batch" not in seen
+    assert "entmtp.engine" in graph["entmtp.batch"]

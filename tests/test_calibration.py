@@ -242,7 +242,9 @@ def test_a_built_engine_gives_each_acceptance_rule_its_sections_policy(
     assert lookup_rules(lone) == ["greedy", "sample", "gumbel"]  # every rule runs the greedy section's policy
     assert same(lone.engine.policy_for(Sampling(0.7, "typical")), sections["greedy"])
     # a forced policy one section cannot build: that rule runs the asked rule's policy, and the log says so
-    no_ladder = copy_profile(out, tmp_path, lambda d: d["modes"]["typical"]["thresholds"].update(ladder=None))
+    no_ladder = copy_profile(
+        out, tmp_path, lambda d: d["modes"]["typical"]["measured_on"]["thresholds"].update(ladder=None)
+    )
     said = []
     forced = build(replace(spec, profile=str(no_ladder), policy="ladder"), log=said.append)
     assert forced.plan.other_rules == {"sample": "ladder", "gumbel": "ladder"}

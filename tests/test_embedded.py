@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from entmtp.batch import BatchOptions, generate_batch
 from entmtp.engine import Engine
 from entmtp.heads import HeadsConfig, random_heads
 from entmtp.lookup import Lookup
@@ -111,7 +112,7 @@ def test_a_continuous_batch_of_the_default_engine_gives_every_prompt_its_plain_d
         (1, 2, 3), (0, 8, 64), ((30.0, 36.0, 70.0), (34.0, 50.0, 120.0), (40.0, 66.0, 170.0))
     )
     prompts = [p for _, p in PROMPTS[::4]][:6]
-    results = engine.generate_batch(prompts, max_new_tokens=N_NEW, max_batch=3, costs=surface)
+    results = generate_batch(engine, prompts, BatchOptions(max_batch=3, costs=surface), max_new_tokens=N_NEW)
     for prompt, result in zip(prompts, results, strict=True):
         assert result.token_ids == plain.generate(prompt, max_new_tokens=N_NEW).token_ids
     assert any(s.accepted for r in results for s in r.steps)  # drafts were accepted: the check has teeth

@@ -28,6 +28,7 @@ from entmtp.backends.llama_cpp import (  # noqa: E402
     load_gguf,
     read_gguf,
 )
+from entmtp.batch import generate_batch  # noqa: E402
 from entmtp.engine import Engine  # noqa: E402
 from entmtp.lookup import Lookup  # noqa: E402
 from entmtp.scheduler.hybrid import hybrid  # noqa: E402
@@ -127,7 +128,7 @@ def test_lookup_nodes_and_batch_rows_equal_plain(f32, plain):
     alone = [engine.generate(p, max_new_tokens=N) for p in PROMPTS]
     assert [r.token_ids for r in alone] == [plain[p] for p in PROMPTS]
     assert sum(s.lookup_accepted for r in alone for s in r.steps) > 0  # copies from the prompt were kept
-    batched = engine.generate_batch(PROMPTS, max_new_tokens=N)
+    batched = generate_batch(engine, PROMPTS, max_new_tokens=N)
     assert [r.token_ids for r in batched] == [plain[p] for p in PROMPTS]
     assert free_seqs_are_all_back(model)
 

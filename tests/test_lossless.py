@@ -19,6 +19,7 @@ import torch
 
 import entmtp.accept as accept_mod
 from conftest import ByteTokenizer, OracleHeads, tiny_model
+from entmtp.batch import generate_batch
 from entmtp.engine import Engine
 from entmtp.heads import HeadsConfig, random_heads
 from entmtp.tree import Tree
@@ -89,7 +90,7 @@ def draw(
     torch.manual_seed(seed)
     kw = dict(max_new_tokens=K, temperature=temperature, acceptance=rule)
     if batched:
-        results = [r for _ in range(DRAWS // ROWS) for r in engine.generate_batch([PROMPT] * ROWS, **kw)]
+        results = [r for _ in range(DRAWS // ROWS) for r in generate_batch(engine, [PROMPT] * ROWS, **kw)]
     else:
         results = [engine.generate(PROMPT, **kw) for _ in range(DRAWS)]
     return torch.tensor([r.token_ids for r in results]), results

@@ -1,9 +1,11 @@
-"""Profiles (scheduler/profiles.py): the typed format round-trips every shipped file unchanged, a calibrated
-profile round-trips and gives lossless policies, and every bad or foreign file gets a clear error."""
+"""Profiles (scheduler/profiles.py): every older file loads with every value it held, a calibrated profile
+round-trips exactly and gives lossless policies, and every bad or foreign file gets a clear error."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +14,13 @@ from conftest import ByteTokenizer, tiny_model
 from entmtp.calibration.traces import load_traces
 from entmtp.engine import Engine
 from entmtp.machine import describe_record, record
-from entmtp.scheduler.profiles import Profile, ProfileError, load_profile, shipped_profiles_dir
+from entmtp.scheduler.profiles import (
+    MachineSection,
+    Profile,
+    ProfileError,
+    load_profile,
+    shipped_profiles_dir,
+)
 from scheduler_helpers import copy_profile, fitted_setup, tiny_profile_setup
 
 
@@ -26,22 +34,53 @@ def tiny_profile(fitted, tmp_path_factory):
     return tiny_profile_setup(fitted, tmp_path_factory.mktemp("profiles"))
 
 
+RESULTS = Path(__file__).parents[1] / "docs" / "results" / "profiles"
+MACHINE_SECTION = [f.name for f in dataclasses.fields(MachineSection)]
+
 # ---- the format --------------------------------------------------------------------------------------------
 
 SHIPPED = sorted(shipped_profiles_dir("hydra").glob("*.json")) + sorted(
     shipped_profiles_dir("medusa").glob("*.json")
 )
+VERSION_1 = [*SHIPPED, *sorted(RESULTS.glob("*.json"))]  # files written by an older entmtp
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=[f"{p.parent.name}/{p.stem}" for p in SHIPPED])
-def test_every_shipped_profile_round_trips_unchanged(path):
-    """from_json then to_json gives the very file back (the same JSON, byte for byte as written), and
-    to_json then from_json the same profile: the typed format loses and adds nothing."""
-    text = path.read_text()
+def as_version_1(d: dict) -> dict:
+    """A version-2 document in version 1's layout, written here apart from the reader's conversion: each
+    section's `measured_on` fields beside its own, a frontier entry's `measured` fields beside its own."""
+    d = json.loads(json.dumps(d))  # a copy: the caller's document stays as it is
+    modes = {}
+    for name, section in d["modes"].items():
+        machine = section.pop("measured_on")
+        section["acceptance_frontier"] = [
+            {**{k: v for k, v in e.items() if k != "measured"}, **e.get("measured", {})}
+            for e in section["acceptance_frontier"]
+        ]
+        modes[name] = {**section, **machine}
+    return {**d, "version": 1, "modes": modes}
+
+
+@pytest.mark.parametrize("path", VERSION_1, ids=[f"{p.parent.name}/{p.stem}" for p in VERSION_1])
+def test_every_version_1_file_loads_with_every_value_in_its_new_place(path):
+    """An older file (the shipped profiles, the results' profile) loads; written again it is version 2, each
+    section's machine numbers under `measured_on`, and holds every value it held; that document round-trips
+    exactly (the same JSON, byte for byte as written), and to_json then from_json gives the same profile."""
+    old = json.loads(path.read_text())
+    assert old["version"] == 1
     profile = load_profile(path)
-    assert profile.to_json() == json.loads(text)
-    assert json.dumps(profile.to_json(), indent=1) + "\n" == text
-    assert Profile.from_json(profile.to_json()) == profile
+    new = profile.to_json()
+    assert new["version"] == 2
+    assert set(new["modes"]["greedy"]["measured_on"]) == set(MACHINE_SECTION)
+    back = as_version_1(new)
+    for name, section in old["modes"].items():
+        rule = section["sampling"]["acceptance"] if "sampling" in section else "greedy"
+        assert back["modes"][name]["acceptance_model"]["rule"] == rule  # written out now
+        if "rule" not in section["acceptance_model"]:
+            del back["modes"][name]["acceptance_model"]["rule"]
+    assert back == old
+    text = json.dumps(new, indent=1) + "\n"
+    again = Profile.from_json(json.loads(text))
+    assert again == profile and json.dumps(again.to_json(), indent=1) + "\n" == text
 
 
 def test_shipped_profiles_cover_every_task_and_both_head_kinds():
@@ -57,7 +96,7 @@ def test_shipped_profiles_cover_every_task_and_both_head_kinds():
             assert section.sampling.temperature == 0.7 and section.sampling.rule == rule
             assert profile.acceptance(rule).rule == rule and section.acceptance_check
         assert profile.mode("typical").trace_tree is not None
-        assert profile.best_tree().name == profile.mode().best
+        assert profile.best_tree().name == profile.mode().measured_on.best
         assert [t.name for t in profile.bank()] == list(profile.mode().bank)
 
 
@@ -67,7 +106,8 @@ def test_shipped_profiles_cover_every_task_and_both_head_kinds():
 def test_profile_round_trips(tiny_profile):
     model, heads, path, traces = tiny_profile
     p = load_profile(path)
-    assert p.to_json() == json.loads(path.read_text())
+    assert p.to_json() == json.loads(path.read_text()) and p.to_json()["version"] == 2
+    assert json.dumps(p.to_json(), indent=1) + "\n" == path.read_text()  # exactly what `save` wrote
     assert p.task == "tiny" and p.best_tree().name in [t.name for t in p.bank()]
     sizes = [t.num_nodes for t in p.bank()]
     assert sizes == sorted(sizes)
@@ -78,7 +118,7 @@ def test_profile_round_trips(tiny_profile):
     p.check(model, heads["hydra"], warn_hardware=False)
     assert p.machine == record(model.device)  # the calibration machine: CPU, flags, cores, versions
     assert p.machine_description == describe_record(record(model.device))
-    m = p.mode("greedy")
+    m = p.mode("greedy").measured_on
     assert {"static", "binary", "ladder", "cost", "dynamic", "oracle"} <= set(m.replay)
     assert (
         m.replay["oracle"].tokens_per_second
@@ -114,6 +154,20 @@ def test_bad_profile_files_get_clear_errors(tiny_profile, tmp_path):
         load_profile(
             copy_profile(path, tmp_path, edit=lambda d: d["modes"]["greedy"]["master"].update(paths=[[0, 0]]))
         )
+
+
+def test_a_field_the_reader_does_not_know_is_refused_naming_the_file_and_the_field(tiny_profile, tmp_path):
+    """A field this entmtp does not know (a newer entmtp's, or an edit by hand) is refused, not dropped."""
+    _, _, path, _ = tiny_profile
+    with pytest.raises(ProfileError, match=r"p\.json is malformed at colour: unknown field 'colour'"):
+        load_profile(copy_profile(path, tmp_path, edit=lambda d: d.update(colour="red")))
+
+    def edit(d):
+        d["modes"]["greedy"]["measured_on"]["thresholds"]["binary"]["tau_middle"] = 0.5
+
+    where = r"modes\.greedy\.measured_on\.thresholds\.binary\.tau_middle: unknown field 'tau_middle'"
+    with pytest.raises(ProfileError, match=rf"p\.json is malformed at {where} \(a BinaryThresholds has"):
+        load_profile(copy_profile(path, tmp_path, edit=edit))
 
 
 def test_profile_for_other_model_or_heads_is_refused(tiny_profile, tmp_path):

@@ -5,23 +5,26 @@ A `Batch` over an engine holds rows, each one generation's `DecodeState` over it
 steps, one chunk (engine.PREFILL_CHUNK tokens) per step between the other rows' steps, so a long prompt
 never stalls them for its whole prefill (the server's way). `step` runs one step of every decoding row:
 
-  (1)(2) each row chooses and drafts its tree (engine.prepare); with a cost surface (`costs`, surface.py) a
-         greedy (or gumbel) row's policy weighs its trees by the ms of the WHOLE step at this batch size, so
-         trees shrink when the batch is busy and grow when it is idle; and a measured `Gate` decides whether
-         the step speculates at all (plain steps skip each row's probe and drafting). Neither changes such a
+  (1)(2) each row chooses and drafts its tree (engine.choose, engine.draft); with a cost surface (`costs`,
+         surface.py) a greedy (or gumbel) row's policy weighs its trees by the ms of the WHOLE step at this
+         batch size, so trees shrink when the batch is busy and grow when it is idle (the joint choice,
+         policy.joint_budget); and a measured `Gate` decides whether the step speculates at all (plain steps
+         skip each row's probe and drafting, and its policy is neither asked nor told). Neither changes such a
          row's tokens (accept.TREE_INVARIANT); a row sampled otherwise chooses on its own text alone
   (3)    ONE forward verifies every row's tree (cache.BaseModel.forward_batch: padded to the largest), but
          for seeded rows sampled by the sample or typical rule, each verified by a forward of its own
          (`Batch` says why: their seeded output is then bit for bit what it is alone, whatever the batch)
-  (4)-(6) each row accepts, commits and finishes its step (engine.conclude), exactly as `engine.decode`
+  (4)-(6) each row accepts, commits and finishes its step (engine.conclude), exactly as `engine.decode`,
+         and its policy observes it
 
 Rows join (`add`, `start`) and leave (finished, failed, or `cancel`) between steps: nobody waits for the
 slowest, and a row whose own part of a step fails leaves alone. A row never sees another's tokens, cache,
 heads' state, policy, lookup index or random stream, so each row's output is what `Engine.stream` gives it
 alone: bit for bit for those seeded sampled rows; token for token for the others in float32 greedy decoding,
 but for near-ties (a batched forward's logits differ from a single row's in their last bits, ~1e-6 in
-float32, so two tokens whose logits are that close may swap). `Engine.generate_batch` and `stream_batch` are
-the offline API on top; the server (server/worker.py) keeps one batch.
+float32, so two tokens whose logits are that close may swap). `generate_batch(engine, prompts, options,
+**generation)` and `stream_batch` are the offline API on top (`BatchOptions`: the batch's settings;
+`generation`: `Engine.stream`'s); the server (server/batching.py) keeps one batch.
 """
 
 from __future__ import annotations
@@ -36,13 +39,38 @@ import torch
 
 from .accept import TREE_INVARIANT, Sampling
 from .costs import CostSurface
-from .engine import DecodeState, Engine, Pending, conclude, prefill_chunk, prepare, redraft, scratch
+from .engine import Clock, DecodeState, Engine, Pending, choose, conclude, draft, prefill_chunk, scratch
 from .errors import EntMTPError
 from .heads import Drafter, Probe
+from .policy import Choice, Menu, joint_budget
 from .records import Result, Step, TokenEvent
-from .scheduler.joint import joint_budget
+from .tree import Tree
 
 _ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """How a continuous batch runs (`Batch`, `stream_batch`, `generate_batch`; a server's worker sizes its batch
+    itself and takes `costs` and `gate` from here)."""
+
+    max_batch: int | None = None  # rows at once in `stream_batch` (None: every prompt)
+    costs: CostSurface | None = None  # the cost surface greedy rows weigh their trees by (surface.py)
+    gate: bool = True  # whether steps speculate at all is measured (`Gate`); False: as the policies choose
+
+    def __post_init__(self):
+        if self.max_batch is not None and self.max_batch < 1:
+            raise EntMTPError(f"max_batch must be >= 1, got {self.max_batch}")
+
+
+@dataclass
+class RowStep:
+    """A row's step chosen and drafted (engine.Pending), with what the batch's joint choice reads."""
+
+    pending: Pending
+    chosen: bool = True  # the policy chose the tree and observes the step (False: a plain step of the gate's)
+    menu: Menu | None = None  # the policy's best tree per node budget, when it gives one
+    probe: Probe | None = None  # the heads' probe the drafts reuse when the joint choice redrafts
 
 
 @dataclass(eq=False)
@@ -76,9 +104,8 @@ class BatchStep:
 
 
 class Batch:
-    """Rows stepped together over one engine (see the module docstring). `costs`: the cost surface greedy rows
-    weigh their trees by; `gate`: whether steps speculate at all is measured (`Gate`). Not thread-safe: one
-    thread drives it.
+    """Rows stepped together over one engine (see the module docstring), run as `options` say (`costs`, `gate`;
+    its `max_batch` is for whoever adds the rows). Not thread-safe: one thread drives it.
 
     A seeded row sampled by a rule whose tokens depend on the trees and on the logits' last bits (sample,
     typical) is verified ALONE, by a forward of its own over a cache of its own, as `Engine.stream` verifies
@@ -87,7 +114,7 @@ class Batch:
     blocking by the number of rows; attention sums over the longest row's keys), so a seeded draw near a
     boundary would change with the batch. Its seed then repeats whatever the batch, in every dtype."""
 
-    def __init__(self, engine: Engine, costs: CostSurface | None = None, gate: bool = True):
+    def __init__(self, engine: Engine, options: BatchOptions = BatchOptions()):
         if engine.graphs is not None:
             raise EntMTPError("batched decoding runs eagerly: build the engine with graphs=False")
         if not engine.base.batchable:
@@ -95,14 +122,14 @@ class Batch:
                 "batched decoding needs the preallocated KV cache, which this model cannot use "
                 "(sliding-window or linear-attention layers): serve it with --max-batch 1"
             )
-        self.engine, self.costs = engine, costs
+        self.engine, self.options = engine, options
         self.kv = engine.base.new_batch()  # cache.BatchKV, or llama.cpp's sequences
         self._rows: dict[int, Row] = {}  # id(row's cache) -> a row verified by the batched forward
         self._alone: list[Row] = []  # rows verified by forwards of their own
         self._prefills: deque[Row] = deque()  # rows whose prompt is not all in yet, oldest first
         self.failed: list[tuple[Row, Exception]] = []  # the rows the latest step ended with an error
         self.last: BatchStep | None = None  # the latest step's record (None: it verified nothing)
-        self.gate = Gate() if gate else None  # None: every step as the rows' policies choose
+        self.gate = Gate() if options.gate else None  # None: every step as the rows' policies choose
 
     def __len__(self) -> int:
         return len(self._rows) + len(self._alone) + len(self._prefills)
@@ -205,18 +232,20 @@ class Batch:
         t0 = time.perf_counter()
         rows, engine = self.rows, self.engine
         # one row alone chooses on its policy's own cost curve, exactly as `Engine.stream` does
-        latency = self.costs.latency(len(rows)) if self.costs is not None and len(rows) > 1 else None
+        costs = self.options.costs
+        latency = costs.latency(len(rows)) if costs is not None and len(rows) > 1 else None
         speculate = self.gate is None or self.gate.speculate(len(rows))
         probes = _probes(rows, speculate)  # every batched row's probe of its master, batched per master
-        pending: dict[int, Pending] = {}  # (1) (2) each row chooses and drafts its tree
+        drafted: dict[int, RowStep] = {}  # (1) (2) each row chooses and drafts its tree
         for r in [*rows, *self._alone]:
             if (p := self._own(r, self._prepare, r, latency, speculate, probes.get(r.id))) is not None:
-                pending[r.id] = p
+                drafted[r.id] = p
         for r, _ in self.failed:  # nothing of this step is in their slots yet: they leave now
             self._drop(r)
         rows = self.rows
         if latency is not None and speculate:
-            pending.update(self._joint(rows, [pending[r.id] for r in rows], latency))
+            self._joint(rows, [drafted[r.id] for r in rows], latency)
+        pending = {rid: step.pending for rid, step in drafted.items()}
         t1 = time.perf_counter()
         fwds = self._verify(rows, pending)  # (3) verify every batched row's tree in ONE forward
         for r in self._alone:  # each by a forward of its own
@@ -232,6 +261,8 @@ class Batch:
             p.clock.lap()  # the forward is charged once per row as `verify`, not to the next phase
             event = self._own(row, conclude, engine, row.state, p, fwds[row.id])  # (4) (5) (6)
             if event is not None:
+                if drafted[row.id].chosen:  # the policy observes the step it chose
+                    row.state.policy.observe(event.step)
                 row.steps.append(event.step)
                 out.append((row, self._finish(row, event)))
         # rows leave after every row committed (a leaving row moves another's slots)
@@ -283,29 +314,36 @@ class Batch:
             tokens = sum(len(e.token_ids) for r, e in out if not r.alone)
             self.gate.observe(len(rows), speculate, tokens, self.last.seconds)
 
-    def _joint(self, rows: list[Row], pending: list[Pending], latency) -> dict[int, Pending]:
-        """Every greedy or gumbel row's tree within the node budget best for the whole step (scheduler/joint.py)."""
-        menus = [p.menu if _gated(r) else None for r, p in zip(rows, pending, strict=True)]
-        budget = joint_budget(menus, [p.tree.num_nodes for p in pending], latency)
+    def _joint(self, rows: list[Row], steps: list[RowStep], latency) -> None:
+        """Every greedy or gumbel row's tree within the node budget best for the whole step (policy.joint_budget),
+        redrafted where it changes."""
+        menus = [p.menu if _gated(r) else None for r, p in zip(rows, steps, strict=True)]
+        budget = joint_budget(menus, [p.pending.tree.num_nodes for p in steps], latency)
         if budget is None:
-            return {}
-        out = {}
-        for row, p, menu in zip(rows, pending, menus, strict=True):
+            return
+        for row, step, menu in zip(rows, steps, menus, strict=True):
             if menu is not None:
                 tree = menu.tree(min(budget, len(menu.expected) - 1))
-                if tree is not p.tree:
-                    p = redraft(self.engine, row.state, p, tree)
-                p.signals["budget"] = float(budget)
-            out[row.id] = p
-        return out
+                p = step.pending
+                if tree is not p.tree:  # drafted again: its drafting time adds up
+                    step.pending = draft(
+                        self.engine, row.state, Choice(tree, p.signals), step.probe, p.clock, p.times
+                    )
+                step.pending.signals["budget"] = float(budget)
 
-    def _prepare(self, row: Row, latency, speculate: bool, probe) -> Pending:
+    def _prepare(self, row: Row, latency, speculate: bool, probe: Probe | None) -> RowStep:
         """A greedy or gumbel row weighs its trees by the whole batched step's cost and follows the gate
-        (neither changes its tokens); a row sampled otherwise chooses on its own text alone, so its seeded
-        output is what it is alone."""
-        if not _gated(row):
-            return prepare(self.engine, row.state, probe=probe)
-        return prepare(self.engine, row.state, latency, speculate, probe)
+        (neither changes its tokens): on the gate's plain step its policy is neither asked nor told; a row
+        sampled otherwise chooses on its own text alone, so its seeded output is what it is alone."""
+        engine, state, gated = self.engine, row.state, _gated(row)
+        clock, times = Clock(engine.base.device), {}
+        if gated and not speculate:
+            times["probe"] = clock.lap()
+            times["choose"] = clock.lap()
+            pending = draft(engine, state, Choice(Tree.root_only(), {}), None, clock, times)
+            return RowStep(pending, chosen=False)
+        choice, probe = choose(engine, state, clock, times, probe=probe, latency=latency if gated else None)
+        return RowStep(draft(engine, state, choice, probe, clock, times), menu=choice.menu, probe=probe)
 
     def _finish(self, row: Row, event: TokenEvent) -> TokenEvent:
         """The event, with its result when it ends the row (the caller then drops the row)."""
@@ -409,24 +447,18 @@ class Gate:
 
 
 def stream_batch(
-    engine: Engine,
-    prompts: Sequence,
-    *,
-    max_batch: int | None = None,
-    costs: CostSurface | None = None,
-    **kwargs,
+    engine: Engine, prompts: Sequence, options: BatchOptions = BatchOptions(), **generation
 ) -> Iterator[tuple[int, TokenEvent]]:
-    """(prompt index, event) as rows step together, at most `max_batch` at once (None: all); a prompt
-    joins as soon as a row leaves. `kwargs`: `Engine.stream`'s, the same for every prompt."""
-    if max_batch is not None and max_batch < 1:
-        raise EntMTPError(f"max_batch must be >= 1, got {max_batch}")
-    batch = Batch(engine, costs)
+    """(prompt index, event) as rows step together, at most `options.max_batch` at once; a prompt joins as soon
+    as a row leaves. `generation`: `Engine.stream`'s keyword arguments, the same for every prompt; a row's last
+    event carries its `finish_reason` and `result`."""
+    batch = Batch(engine, options)
     waiting = list(enumerate(prompts))[::-1]
     index: dict[int, int] = {}  # row id -> prompt index
     while waiting or len(batch):
-        while waiting and (max_batch is None or len(batch) < max_batch):
+        while waiting and (options.max_batch is None or len(batch) < options.max_batch):
             i, prompt = waiting.pop()
-            row, event = batch.add(prompt, **kwargs)
+            row, event = batch.add(prompt, **generation)
             index[row.id] = i
             yield i, event
         for row, event in batch.step():
@@ -435,10 +467,13 @@ def stream_batch(
             raise batch.failed[0][1]
 
 
-def generate_batch(engine: Engine, prompts: Sequence, **kwargs) -> list[Result]:
-    """Every prompt's `Result`, in prompt order (`stream_batch`'s arguments)."""
+def generate_batch(
+    engine: Engine, prompts: Sequence, options: BatchOptions = BatchOptions(), **generation
+) -> list[Result]:
+    """Every prompt's `Result`, in prompt order, the prompts decoded together as one continuous batch
+    (`stream_batch`'s arguments)."""
     results: list[Result | None] = [None] * len(prompts)
-    for i, event in stream_batch(engine, prompts, **kwargs):
+    for i, event in stream_batch(engine, prompts, options, **generation):
         if event.result is not None:
             results[i] = event.result
     return results  # type: ignore[return-value]

@@ -41,6 +41,7 @@ from .files import write_text_atomic
 from .lookup import Lookup
 from .machine import cpu_info, digest
 from .model import DTYPES, is_embedded, is_gguf
+from .scheduler.factory import section_policy
 from .scheduler.hybrid import hybrid
 from .scheduler.policies import POLICIES
 from .shipped import HEAD_KINDS, default_heads
@@ -48,7 +49,6 @@ from .tree import Tree
 
 DTYPE_CHOICES = ("auto", *DTYPES)
 CPU_CANDIDATES = ("bfloat16", "float32")  # what `auto` compares on a CPU (fp16 matmuls are slow there)
-THRESHOLD_POLICIES = ("binary", "ladder")
 AUTO_BUDGET_S = 12.0  # per dtype candidate when `auto` measures two (one probe: costs.BUDGET_S)
 
 
@@ -282,7 +282,7 @@ def _policy(spec: EngineSpec, heads_spec: str, model, heads, costs: CostCurve | 
     profile.check(model, heads, warn_hardware=costs is None)
     rule = Sampling(spec.temperature, spec.acceptance).rule
     mode = profile.mode_for_rule(rule)
-    policy, name, reason, expected = _section_policy(spec, profile, mode, costs)
+    policy, name, reason, expected = section_policy(profile, mode, costs, spec.policy)
     others, built = {}, {}  # rules that share a section (gumbel runs sample's) share its policy
     for other in ACCEPTANCE:
         other_mode = profile.mode_for_rule(other)
@@ -290,39 +290,12 @@ def _policy(spec: EngineSpec, heads_spec: str, model, heads, costs: CostCurve | 
             continue
         if other_mode not in built:
             try:
-                built[other_mode] = _section_policy(spec, profile, other_mode, costs)[:2]
+                built[other_mode] = section_policy(profile, other_mode, costs, spec.policy)[:2]
             except ProfileError as e:  # a forced --policy this section cannot build: the rule runs `policy`
                 log(f"{other} acceptance runs the {rule} policy: {e}")
                 continue
         others[other] = built[other_mode]
     return policy, name, reason, expected, others
-
-
-def _section_policy(spec: EngineSpec, profile, mode: str, costs: CostCurve | None):
-    """(policy, its name, why, expected tokens/s) from `profile`'s section `mode`."""
-    name = spec.policy or profile.recommended_policy(mode)
-    if costs is None:
-        return profile.policy(name, mode), name, "the profile's stored latencies (no probe)", 0.0
-    policy, reason, expected = scheduled_policy(profile, mode, costs.latency(), spec.policy)
-    return policy, ("plain" if isinstance(policy, Tree) else name), reason, expected
-
-
-def scheduled_policy(profile, mode: str, latency, name: str | None = None):
-    """(policy or the root-only tree, why, expected tokens/s) of a profile on a machine's `latency` curve:
-    the policy `name`, or by default plain steps when no bank tree is expected to beat a plain step here, else
-    the profile's recommended policy (`dynamic` in place of binary and ladder, whose thresholds were tuned
-    on the calibration machine's latencies)."""
-    speeds = profile.static_speeds(mode, latency)
-    best = max(speeds, key=speeds.get)
-    if best == "none" and name is None:
-        why = f"no tree of the {profile.task} profile beats a plain step on this machine's costs"
-        return Tree.root_only(), why, speeds[best]
-    if name is None:
-        name = profile.recommended_policy(mode)
-        if name in THRESHOLD_POLICIES:  # tuned on the calibration machine's latencies: they do not transfer
-            name = "dynamic"
-    why = f"{profile.task} profile, {name}; EntMTP* here: {best} ({speeds[best]:.1f} tokens/s expected)"
-    return profile.policy(name, mode, latency=latency), why, speeds[best]
 
 
 def _tree_speed(tree: str, costs: CostCurve | None) -> float:

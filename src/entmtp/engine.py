@@ -3,9 +3,10 @@
 Everything else plugs into `decode`: heads draft (heads.py), prompt lookup drafts (lookup.py), trees are
 data (tree.py), acceptance rules (accept.py), the KV cache and the verification forward (cache.py), the tree
 policy (policy.py; lookup branches: scheduler/hybrid.py). With no heads and no lookup the same loop is plain
-decoding: the root-only tree, one token per step. A step's phases are `prepare` (1-2), the forward (3) and
-`conclude` (4-6), so a continuous batch (batch.py) runs each row through the very same code, with one
-forward for all its rows.
+decoding: the root-only tree, one token per step. A step's phases are `prepare` (1-2: `choose`, `draft`),
+the forward (3) and `conclude` (4-6), after which the policy observes the step, so a continuous batch
+(batch.py, which this module never imports) runs each row through the very same code, with one forward for
+all its rows.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .heads import Drafter, LazyProbe, Probe, taken
 from .lookup import Lookup, NgramIndex, draft_lookup, source_depths
 from .model import check_request, context_window, encode_prompt, eos_token_ids
 from .packing import PackedLinear, pack_linears
-from .policy import Choice, Menu, StaticPolicy, TreePolicy
+from .policy import Choice, StaticPolicy, TreePolicy
 from .records import MAX_TOP_LOGPROBS, Result, Step, StepContext, TokenEvent, TokenLogprob
 from .text import Detokenizer, find_end
 from .tree import Tree, load_tree, prune
@@ -151,21 +152,6 @@ class Engine:
         if self._corrector is not None:
             self._corrector.observe(steps)
         yield dataclasses.replace(event, result=result)
-
-    def generate_batch(self, prompts, **kwargs) -> list[Result]:
-        """Every prompt's `Result` (in prompt order), the prompts decoded together as one continuous batch
-        (batch.py): `max_batch` rows at once (None: all), `costs` a cost surface (surface.py) for trees chosen
-        by the cost of the whole batched step, the rest `stream`'s keyword arguments."""
-        from .batch import generate_batch
-
-        return generate_batch(self, prompts, **kwargs)
-
-    def stream_batch(self, prompts, **kwargs) -> Iterator[tuple[int, TokenEvent]]:
-        """(prompt index, `TokenEvent`) per row and step of a continuous batch (`generate_batch`'s arguments);
-        a row's last event carries its `finish_reason` and `result`."""
-        from .batch import stream_batch
-
-        return stream_batch(self, prompts, **kwargs)
 
     def encode(
         self, prompt, max_new_tokens: int, *, chat: bool = True, logprobs: int | None = None
@@ -318,6 +304,7 @@ def decode(engine: Engine, state: DecodeState) -> Iterator[TokenEvent]:
             fwd = engine.base.forward(step.tokens, step.tree, state.cache)
         step.times["verify"] = step.clock.lap()
         event = conclude(engine, state, step, fwd)  # (4) accept, (5) commit, (6) finish the step
+        state.policy.observe(event.step)  # ... and the policy observes it
         yield event
 
 
@@ -364,68 +351,67 @@ class Pending:
     tokens: torch.Tensor  # [N+1] root first
     signals: dict[str, float]
     times: dict[str, float]
-    clock: _Clock
-    chosen: bool = True  # the policy chose the tree (and observes the step)
-    menu: Menu | None = None  # the policy's best tree per node budget, when it gives one
-    probe: object | None = None  # the heads' probe the drafts reuse
+    clock: Clock
 
 
-def prepare(
+def prepare(engine: Engine, state: DecodeState) -> Pending:
+    """Phases (1) and (2) of a step."""
+    clock, times = Clock(engine.base.device), {}
+    choice, probe = choose(engine, state, clock, times)
+    return draft(engine, state, choice, probe, clock, times)
+
+
+def choose(
     engine: Engine,
     state: DecodeState,
-    latency: LatencyModel | None = None,
-    speculate: bool = True,
+    clock: Clock,
+    times: dict[str, float],
+    *,
     probe: Probe | None = None,
-) -> Pending:
-    """Phases (1) and (2) of a step. In a batch (batch.py): `latency`, ms of this step by drafted nodes;
-    `speculate` False, a plain step, the policy neither asked nor told; `probe`, this row's probe of the
-    policy's master, computed with the other rows' (`Drafter.probe_rows`)."""
-    drafter, cache = state.drafter, state.cache
-    clock, dev = _Clock(engine.base.device), engine.base.device
-    # (1) choose a tree: the policy reads the base distribution at the root and, when it has a master
-    #     tree, the heads' probe of it (what all its subtrees draft first; computed when first read, so a
-    #     choice made without the heads costs none of their work); never past the context window
-    root_t = torch.tensor([state.root], device=dev)
-    master = state.policy.master if drafter is not None and speculate else None
+    latency: LatencyModel | None = None,
+) -> tuple[Choice, Probe | None]:
+    """Phase (1): the policy's choice and the heads' probe it read (None: it read none), its seconds in `times`.
+    `probe`: the probe of the policy's master computed already (a batch probes its rows together); `latency`:
+    ms of this step by drafted nodes, when not the policy's own curve (a batched step's, surface.py)."""
+    # the policy reads the base distribution at the root and, when it has a master tree, the heads' probe of
+    # it (what all its subtrees draft first; computed when first read, so a choice made without the heads
+    # costs none of their work)
+    drafter, root_t = state.drafter, torch.tensor([state.root], device=engine.base.device)
+    master = state.policy.master if drafter is not None else None
     offered = (
         probe if probe is not None or master is None else LazyProbe(lambda: drafter.probe(master, root_t))
     )
-    times = {"probe": clock.lap()}
-    pos, remaining = cache.length, state.max_new_tokens - len(state.out)
-    choice = Choice(Tree.root_only(), {})
-    if speculate:
-        ctx = StepContext(
-            state.steps, pos, remaining, state.root_logits, offered, lookup=state.index, latency=latency
-        )
-        choice = state.policy.choose(ctx)
-    tree, probe = _fit(engine, state, choice.tree), taken(offered)
+    times["probe"] = clock.lap()
+    remaining = state.max_new_tokens - len(state.out)
+    ctx = StepContext(
+        state.steps, state.cache.length, remaining, state.root_logits, offered, lookup=state.index,
+        latency=latency,
+    )  # fmt: skip
+    choice = state.policy.choose(ctx)
     times["choose"] = clock.lap()
     if isinstance(offered, LazyProbe):  # the probe's time is its own phase, wherever the policy read it
         times["probe"] += offered.seconds
         times["choose"] -= offered.seconds
-    # (2) draft: one token per tree node from the heads (the probed ones are reused) and the lookup
-    #     index; lookup nodes the context has no continuation for are dropped from the tree
-    tree, tokens = draft_tree(drafter, tree, root_t, probe, state.index)  # tokens [N+1]
-    times["draft"] = clock.lap()
-    return Pending(tree, tokens, choice.signals, times, clock, speculate, choice.menu, probe)
+    return choice, taken(offered)
 
 
-def redraft(engine: Engine, state: DecodeState, step: Pending, tree: Tree) -> Pending:
-    """`step` with another tree (from its policy's menu: a batch's joint choice, batch.py), drafted again."""
-    root_t = step.tokens[:1]
-    tree, tokens = draft_tree(state.drafter, _fit(engine, state, tree), root_t, step.probe, state.index)
-    step.times["draft"] += step.clock.lap()
-    return dataclasses.replace(step, tree=tree, tokens=tokens)
-
-
-def _fit(engine: Engine, state: DecodeState, tree: Tree) -> Tree:
-    """`tree`, or the root alone where it would run past the context window or the cache."""
+def draft(
+    engine: Engine, state: DecodeState, choice: Choice, probe, clock: Clock, times: dict[str, float]
+) -> Pending:
+    """Phase (2): the chosen tree (the root alone where it would run past the context window or the cache)
+    drafted: one token per tree node from the heads (the probed ones are reused) and the lookup index; lookup
+    nodes the context has no continuation for are dropped from the tree. Its seconds add to `times`."""
     limit = min(engine.window, state.cache.capacity)
-    return tree if state.cache.length + tree.size <= limit else Tree.root_only()
+    tree = choice.tree if state.cache.length + choice.tree.size <= limit else Tree.root_only()
+    root_t = torch.tensor([state.root], device=engine.base.device)
+    tree, tokens = draft_tree(state.drafter, tree, root_t, probe, state.index)  # tokens [N+1]
+    times["draft"] = times.get("draft", 0.0) + clock.lap()
+    return Pending(tree, tokens, choice.signals, times, clock)
 
 
 def conclude(engine: Engine, state: DecodeState, step: Pending, fwd) -> TokenEvent:
-    """Phases (4) to (6) of a step verified by `fwd` (its logits and hidden states [N+1, .])."""
+    """Phases (4) to (6) of a step verified by `fwd` (its logits and hidden states [N+1, .]); the caller has
+    the policy observe the step (`decode`; a batch's plain steps are the policy's to neither ask nor tell)."""
     tree, tokens, times, clock = step.tree, step.tokens, step.times, step.clock
     # (4) accept: the longest path the base model agrees with, plus its bonus token
     noise = None
@@ -443,13 +429,11 @@ def conclude(engine: Engine, state: DecodeState, step: Pending, fwd) -> TokenEve
     if state.index is not None:
         state.index.extend(new)
     times["commit"] = clock.lap()
-    # (6) finish the step (cut at max tokens, EOS or a stop string), then the policy observes it
+    # (6) finish the step (cut at max tokens, EOS or a stop string)
     state.root, state.root_logits = acc.bonus, fwd.logits[acc.path[-1]].clone()  # a graph's output is reused
     times["total"] = clock.total()
     rows = fwd.logits[path] if state.logprobs is not None else None  # [len(new), V] when asked for
     event = _emit(engine, state, (tree, tokens, acc, times, step.signals), new, rows)
-    if step.chosen:
-        state.policy.observe(event.step)
     state.steps += 1
     return event
 
@@ -522,7 +506,7 @@ def draft_tree(
     return prune(tree, tuple(keep)), torch.tensor([toks[0], *(toks[i] for i in keep)], device=root_t.device)
 
 
-class _Clock:
+class Clock:
     """Phase timer: lap() = seconds since the previous lap, total() = since start. Synchronises CUDA first so
     each phase is charged its own kernels (on the CPU there is nothing to wait for)."""
 

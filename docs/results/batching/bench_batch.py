@@ -1,4 +1,4 @@
-"""Offline continuous batching on this machine: aggregate tokens/s of `Engine.generate_batch` at several batch
+"""Offline continuous batching on this machine: aggregate tokens/s of `batch.stream_batch` at several batch
 sizes, for plain batched decoding (every row the root alone), speculation with trees chosen per row on the
 single-row cost curve, and speculation with trees chosen on the cost of the whole batched step (the surface,
 surface.py). Prints a table and writes JSON; in float32 it also checks every row against plain decoding.
@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from entmtp.batch import BatchOptions, stream_batch
 from entmtp.build import EngineSpec, build
 from entmtp.costs import surface_for
 from entmtp.lookup import Lookup
@@ -34,9 +35,8 @@ def run(engine, prompts, batch: int, method: str, surface, max_new: int) -> dict
     t0 = time.perf_counter()
     results = [None] * len(prompts)
     steps = rows = 0
-    for i, event in engine.stream_batch(
-        prompts, max_batch=batch, costs=costs, max_new_tokens=max_new, tree=tree
-    ):
+    options = BatchOptions(max_batch=batch, costs=costs)
+    for i, event in stream_batch(engine, prompts, options, max_new_tokens=max_new, tree=tree):
         if event.step is not None:
             rows += 1
         if event.result is not None:

@@ -28,13 +28,14 @@ from pathlib import Path
 
 from rich.table import Table
 
-from entmtp.build import EngineSpec, build, scheduled_policy
+from entmtp.build import EngineSpec, build
 from entmtp.costs import costs_for
 from entmtp.engine import Engine
 from entmtp.heads import DRAFT_VOCAB_FILE, frequent_tokens
 from entmtp.lookup import Lookup
 from entmtp.machine import describe, hardware
 from entmtp.prompts import load_prompts
+from entmtp.scheduler.factory import scheduled_policy
 from entmtp.scheduler.hybrid import hybrid
 from entmtp.scheduler.profiles import load_profile, shipped_profiles_dir
 from entmtp.shipped import resolve_heads, shipped_heads_dir

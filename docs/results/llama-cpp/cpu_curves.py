@@ -112,12 +112,12 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from entmtp.build import scheduled_policy
     from entmtp.calibration.replay import replay, step_ms
     from entmtp.calibration.traces import load_traces
     from entmtp.machine import cpu_info
     from entmtp.model import cache_dir
     from entmtp.policy import StaticPolicy
+    from entmtp.scheduler.factory import scheduled_policy
     from entmtp.scheduler.profiles import PROFILE_TASKS, resolve_profile
     from entmtp.tree import Tree
 

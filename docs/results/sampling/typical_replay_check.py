@@ -30,7 +30,7 @@ for task in ("gsm8k", "sharegpt"):
     pairs = out[task][:n]
     eng = Engine(model, tok, heads=heads)
     traces = [trace_generation(eng.base, heads, ids + o, len(ids), TYPICAL, union) for ids, o in pairs]
-    for name in ("tree_8", "mc_sim_7b_63", prof.mode("typical").best):
+    for name in ("tree_8", "mc_sim_7b_63", prof.mode("typical").measured_on.best):
         tree = load_tree(name) if name in ("tree_8", "mc_sim_7b_63") else prof.trees("typical")[name]
         rep = [k for tr in traces for k in step_tokens(tree, tr)]
         e = Engine(model, tok, heads=heads, tree=tree)

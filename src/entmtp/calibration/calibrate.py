@@ -55,6 +55,7 @@ from ..scheduler.profiles import (
     HeadsInfo,
     LadderThresholds,
     Latency,
+    MachineSection,
     MeasuredTree,
     ModelInfo,
     ModeProfile,
@@ -384,21 +385,24 @@ def build_section(
     acceptance = fit_acceptance(traces, probe_depth(heads), heads.config.num_heads, rule)
     thresholds, replays = tune(bank, best, traces, latency, window, acceptance, master)
     candidates = {k: r.tokens_per_second for k, r in replays.items() if k != "oracle"}
-    return ModeProfile(
-        growth={g.max_depth: g.order for g in grown},
-        acceptance_frontier=tuple(_entry(ft, measured.get(ft.tree.name)) for ft in frontier),
-        bank=tuple(t.name for t in bank),
+    measured_on = MachineSection(
         throughput_frontier=throughput,
         best=best.name,
-        master=NamedPaths(master.name, master.paths),
         reference=_reference(traces, measured),
-        acceptance_model=acceptance,
-        signals=signal_stats(traces),
         thresholds=thresholds,
         replay=replays,
         recommended_policy=max(candidates, key=candidates.get),
         plain_tokens_per_second=metrics.replay_tokens_per_second(1, measured["none"].ms_per_step),
+    )
+    return ModeProfile(
+        growth={g.max_depth: g.order for g in grown},
+        acceptance_frontier=tuple(_entry(ft, measured.get(ft.tree.name)) for ft in frontier),
+        bank=tuple(t.name for t in bank),
+        master=NamedPaths(master.name, master.paths),
+        acceptance_model=acceptance,
+        signals=signal_stats(traces),
         positions=sum(len(t.ranks) for t in traces),
+        measured_on=measured_on,
         acceptance_check=check_acceptance(traces, heads, rule, master),
     )
 
@@ -472,7 +476,7 @@ def build_profile(
         seconds=time.perf_counter() - t0,
     )
     profile = _profile(model, heads, heads_name, task, run, Latency.of(measured), section)
-    log(f"calibrated {heads_name}/{task} in {run.seconds:.0f} s: EntMTP* = {section.best}")
+    log(f"calibrated {heads_name}/{task} in {run.seconds:.0f} s: EntMTP* = {section.measured_on.best}")
     return profile, traces
 
 
@@ -543,7 +547,7 @@ def add_sampled(
     trace_tree = None if union is None else NamedPaths(union.name, union.paths)
     section = replace(section, sampling=sampling, trace_tree=trace_tree)
     where = f"{profile.heads.name}/{profile.task}"
-    log(f"{rule} section (T={sampling.temperature}) for {where}: EntMTP* = {section.best}")
+    log(f"{rule} section (T={sampling.temperature}) for {where}: EntMTP* = {section.measured_on.best}")
     return replace(profile, modes={**profile.modes, rule: section})
 
 
@@ -558,7 +562,7 @@ def retune(
         _, grown, frontier = search(traces, heads.config.num_heads)
         section = build_section(traces, grown, frontier, profile.latency.trees, heads, settings.window, mode)
         modes[mode] = replace(section, sampling=old.sampling, traces=old.traces, trace_tree=old.trace_tree)
-        log(f"retuned {profile.heads.name}/{profile.task} ({mode}): EntMTP* = {section.best}")
+        log(f"retuned {profile.heads.name}/{profile.task} ({mode}): EntMTP* = {section.measured_on.best}")
     return replace(profile, modes=modes)
 
 

@@ -253,7 +253,7 @@ def print_profile(profile: Profile) -> None:
             console.print(
                 f"{mode}: P(accepted >= depth) on held-out positions, predicted vs measured: {check}"
             )
-        console.print(f"{mode}: recommended policy {section.recommended_policy}")
+        console.print(f"{mode}: recommended policy {section.measured_on.recommended_policy}")
 
 
 def _frontier_table(profile: Profile) -> Table:
@@ -265,12 +265,12 @@ def _frontier_table(profile: Profile) -> Table:
     )
     for col in FRONTIER_COLUMNS:
         table.add_column(col, justify="right")
-    bank = {e.name for e in m.throughput_frontier}
+    bank = {e.name for e in m.measured_on.throughput_frontier}
     for e in m.acceptance_frontier:
         if e.name not in lat:
             continue
         ms, tps = lat[e.name].ms_per_step, e.tokens_per_step_simulated
-        mark = "EntMTP*" if e.name == m.best else ("yes" if e.name in bank else "")
+        mark = "EntMTP*" if e.name == m.measured_on.best else ("yes" if e.name in bank else "")
         table.add_row(
             e.name,
             str(e.nodes),
@@ -282,7 +282,7 @@ def _frontier_table(profile: Profile) -> Table:
             f"{lat[e.name].measured_tokens_per_second:.1f}",
             mark,
         )
-    for name, r in m.reference.items():
+    for name, r in m.measured_on.reference.items():
         table.add_row(
             name,
             str(r.nodes),
@@ -294,7 +294,7 @@ def _frontier_table(profile: Profile) -> Table:
             f"{lat[name].measured_tokens_per_second:.1f}",
             "default",
         )
-    plain = (f"{profile.latency.plain_ms_per_step:.1f}", f"{m.plain_tokens_per_second:.1f}")
+    plain = (f"{profile.latency.plain_ms_per_step:.1f}", f"{m.measured_on.plain_tokens_per_second:.1f}")
     table.add_row("plain", "0", "", "", "1.00", *plain, f"{lat['none'].measured_tokens_per_second:.1f}", "")
     return table
 
@@ -306,12 +306,12 @@ def _replay_table(mode: str, section: ModeProfile) -> Table:
     )
     for col in ("policy", "tokens/s", "tokens/step", "vs EntMTP*", "settings"):
         rt.add_column(col, justify="right")
-    base = section.replay["static"].tokens_per_second
-    for name, r in section.replay.items():
-        th = getattr(section.thresholds, name, None)
+    base = section.measured_on.replay["static"].tokens_per_second
+    for name, r in section.measured_on.replay.items():
+        th = getattr(section.measured_on.thresholds, name, None)
         setting = ", ".join(f"{k}={v}" for k, v in th.to_json().items() if k != "window") if th else ""
         if name == "static":
-            setting = f"EntMTP* = {section.best}"
+            setting = f"EntMTP* = {section.measured_on.best}"
         rt.add_row(
             name,
             f"{r.tokens_per_second:.1f}",

@@ -46,7 +46,7 @@ def _acceptance_panel(ax, m: ModeProfile) -> None:
         color="tab:blue",
         label="tokens/step (own-tree decodes)",
     )
-    for name, r in m.reference.items():
+    for name, r in m.measured_on.reference.items():
         ax.plot([r.nodes], [r.tokens_per_step_simulated], "s", color="tab:red", label=f"{name} (default)")
     ax.set_xlabel("tree nodes")
     ax.set_ylabel("tokens per step")
@@ -62,7 +62,7 @@ def _throughput_panel(ax, m: ModeProfile, trees: Mapping[str, MeasuredTree]) -> 
     xs = [nodes for nodes, _ in measured]
     ys = [by_name[n].tokens_per_step_simulated * 1000 / trees[n].ms_per_step for _, n in measured]
     ax.plot(xs, ys, ".-", color="tab:gray", label="measured frontier trees")
-    bank = m.throughput_frontier
+    bank = m.measured_on.throughput_frontier
     ax.plot(
         [e.nodes for e in bank],
         [e.tokens_per_second for e in bank],
@@ -70,13 +70,13 @@ def _throughput_panel(ax, m: ModeProfile, trees: Mapping[str, MeasuredTree]) -> 
         color="tab:blue",
         label="throughput frontier",
     )
-    best = next(e for e in bank if e.name == m.best)
+    best = next(e for e in bank if e.name == m.measured_on.best)
     ax.plot(
         [best.nodes], [best.tokens_per_second], "*", ms=16, color="tab:green", label=f"EntMTP* {best.name}"
     )
-    for name, r in m.reference.items():
+    for name, r in m.measured_on.reference.items():
         ax.plot([r.nodes], [r.tokens_per_second], "s", color="tab:red", label=f"{name} (default)")
-    ax.axhline(m.plain_tokens_per_second, color="k", lw=0.8, ls="--", label="plain decoding")
+    ax.axhline(m.measured_on.plain_tokens_per_second, color="k", lw=0.8, ls="--", label="plain decoding")
     ax.set_xlabel("tree nodes")
     ax.set_ylabel("tokens/s (sim. tokens/step / measured ms/step)")
     ax.legend(fontsize=8)

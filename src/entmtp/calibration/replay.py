@@ -27,9 +27,8 @@ from ..engine import draft_tree, step_record
 from ..errors import EntMTPError
 from ..heads import Draft, LazyProbe, Probe, taken
 from ..lookup import NgramIndex
-from ..policy import StaticPolicy
+from ..policy import StaticPolicy, joint_budget
 from ..records import Step, StepContext
-from ..scheduler.joint import joint_budget
 from ..tree import Tree
 from .search import TraceAcceptance
 from .traces import MISS, TOPK, Trace
@@ -274,7 +273,7 @@ def replay_batch(policy, traces: Sequence[Trace], surface, batch: int, *, aware:
     """Continuous batching replayed: up to `batch` traces step together (one joins as soon as one ends), each
     under its own `policy.fresh()`, and each step is charged once, the surface's ms (surface.py) for its rows
     and its largest tree. `aware`: every row chooses on the whole step's latency at this batch size and the
-    rows' trees are set within the joint budget (scheduler/joint.py), as `Batch.step` does; else each row
+    rows' trees are set within the joint budget (policy.joint_budget), as `Batch.step` does; else each row
     chooses alone on the policy's own single-row costs. Tokens per second of the whole batch; `steps` counts
     rows' steps."""
     out = Replay()

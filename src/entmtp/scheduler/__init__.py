@@ -5,7 +5,8 @@ What runs during `generate` (the offline calibration that makes profiles is entm
 signals.py    online signals (entropy EMA, path value, accepted-length EMA), one host sync per step
 policies.py   static, binary (hysteresis), ladder, cost and dynamic policies; the acceptance model
 hybrid.py     a prompt-lookup branch sized per step over any tree policy
-profiles.py   profile files: load, check against model, heads and hardware, build policies from them
+profiles.py   profile files: typed data (entmtp.codec's JSON), load, check against model, heads and hardware
+factory.py    policies from a profile section on a machine's costs (`scheduled_policy`: what `build` runs)
 """
 
 from .policies import POLICIES, BinaryPolicy, CostPolicy, DynamicPolicy, LadderPolicy

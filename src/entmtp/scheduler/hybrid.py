@@ -229,7 +229,7 @@ class HybridPolicy(Stateful):
         return self._hybrid(inner, length)
 
     def _menu(self, step: tuple, options) -> Menu:
-        """The best option within each node budget (a batch's joint choice, scheduler/joint.py); taking one
+        """The best option within each node budget (a batch's joint choice, policy.joint_budget); taking one
         makes it the step's choice."""
         top = max(n for _, _, n, _ in options)
         expected, pick = np.zeros(top + 1), [(True, 0)] * (top + 1)

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from ..accept import ACCEPTANCE
+from ..codec import JsonForm
 from ..costs import LatencyModel
 from ..errors import EntMTPError
 from ..policy import Choice, Menu, Stateful
@@ -54,7 +55,7 @@ MAX_SUBTREES = 4096  # distinct subtrees the dynamic policy keeps built (each ho
 
 
 @dataclass(frozen=True)
-class AcceptanceModel:
+class AcceptanceModel(JsonForm):
     """Calibrated P(node accepted | its parent accepted), per depth and per step context.
 
     The context of a step is how sure head 1 is of its top candidate (the probe's first probability, which
@@ -76,31 +77,6 @@ class AcceptanceModel:
             raise EntMTPError(
                 f"unknown acceptance rule {self.rule!r} in an acceptance model: use {ACCEPTANCE}"
             )
-
-    def to_json(self) -> dict:
-        def lists(x):
-            return [lists(v) for v in x] if isinstance(x, tuple) else x
-
-        return {
-            "edges": list(self.edges),
-            "ctx_edges": list(self.ctx_edges),
-            "rates": lists(self.rates),
-            "rank_rates": lists(self.rank_rates),
-            "rule": self.rule,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict) -> AcceptanceModel:
-        def nested(x):
-            return tuple(nested(v) for v in x) if isinstance(x, list) else float(x)
-
-        return cls(
-            tuple(d["edges"]),
-            tuple(d["ctx_edges"]),
-            nested(d["rates"]),
-            nested(d["rank_rates"]),
-            d.get("rule", "greedy"),
-        )
 
 
 class PathProbabilities:

@@ -2,25 +2,27 @@
 
 What a profile holds splits by what it depends on. The task part (acceptance frontier with each tree's
 simulated tokens per step, bank, master tree, acceptance model, signal statistics; the traces beside it) is
-portable across machines. The machine part (`latency`: ms per step of each measured tree, on the machine that
-calibrated) is not: `policy(name, latency=curve)` and `best_tree(latency=...)` re-derive EntMTP* and build the
-cost-aware policies on another machine's curve (costs.py) in microseconds. Tuned binary/ladder thresholds and
-the recommended policy stay those of the calibration machine.
+portable across machines. The machine part is not: `latency` (ms per step of each measured tree, on the
+machine that calibrated) and, in each section, `measured_on` (what those latencies decided there: throughput
+frontier, EntMTP*, tuned thresholds, replays, the recommended policy). `policy(name, latency=curve)` and
+`best_tree(latency=...)` re-derive EntMTP* and build the cost-aware policies on another machine's curve
+(costs.py) in microseconds (scheduler/factory.py). Tuned binary/ladder thresholds stay those of the
+calibration machine.
 
-`entmtp calibrate` (entmtp.calibration) builds a `Profile`; everything else reads its attributes.
+`entmtp calibrate` (entmtp.calibration) builds a `Profile`; everything else reads its attributes. Each part is
+a frozen dataclass whose JSON form is entmtp.codec's (its fields, by their types): the file format below is
+the dataclasses' fields.
 
-THE FILE FORMAT (`"format": "entmtp-profile"`, `"version": 1`), one JSON object written with indent 1:
+THE FILE FORMAT (`"format": "entmtp-profile"`, `"version": 2`), one JSON object written with indent 1:
 
-  format, version   "entmtp-profile", 1
+  format, version   "entmtp-profile", 2
   task              the task's name (a shipped task, or the prompt file's stem)
   created           when it was calibrated, "%Y-%m-%dT%H:%M:%S%z"
   model             the base model's fingerprint: name, hidden_size, vocab_size, num_hidden_layers,
                     embedding_sha256 (machine.model_fingerprint; `check` compares the last four)
   heads             name, kind (medusa | hydra), num_heads, checksum (machine.heads_checksum)
-  hardware          device, name, cpu_flags (optional: older files lack it), cpu_count, threads, dtype
+  hardware          device, name, cpu_count, threads, dtype, cpu_flags (optional: older files lack it)
   versions          entmtp, torch, transformers
-  machine           optional (older files lack it: "machine unknown"): machine.record of the calibration
-                    machine (CPU model, kernel flags, cores, threads; GPU and driver; library versions)
   calibration       latency_prompt_ids (token ids of the prompts decoded to time trees), prompts (traced),
                     positions, max_new_tokens, latency_prompts, latency_tokens, latency_repeats,
                     trace_seconds (null when the traces were shared between profiles), seconds
@@ -32,23 +34,23 @@ THE FILE FORMAT (`"format": "entmtp-profile"`, `"version": 1`), one JSON object 
                     sampling, drafts under the same noise), each calibrated at T=0.7:
     growth                max depth ("1".."D") -> the greedy growth's rank paths, in the order they were added
     acceptance_frontier   [{name, nodes, depth, paths, mean_accepted_all_positions, tokens_per_step_simulated,
-                          and, for trees measured here, ms_per_step, measured_tokens_per_second,
-                          measured_tokens_per_step, timed_steps (optional)}], smallest first
+                          and, for trees measured here, measured: {as latency.trees}}], smallest first
     bank                  the tree names the policies switch between ("none" first), smallest first
-    throughput_frontier   [{name, nodes, tokens_per_step_simulated, ms_per_step, tokens_per_second,
-                          measured_tokens_per_second (null if not measured)}]
-    best                  EntMTP*: the name of the fastest static tree on the calibration machine
     master                {name, paths}: the union tree the dynamic policy takes subtrees of
-    reference             name -> {nodes, tokens_per_step_simulated, ms_per_step, tokens_per_second}: the
-                          published default tree, for comparison ({} when it was not measured)
-    acceptance_model      {edges, ctx_edges, rates, rank_rates, rule (optional: the section's rule when
-                          absent)} (policies.AcceptanceModel)
+    acceptance_model      {edges, ctx_edges, rates, rank_rates, rule} (policies.AcceptanceModel)
     signals               name -> {mean, std, quantiles, corr_with_chain_accepted}
-    thresholds            binary: {small, large, signal, tau_off, tau_on, window}; ladder: {trees, signal,
-                          thresholds, window} (each optional; window 8 when absent)
-    replay                policy (and "oracle") -> {tokens_per_second, tokens_per_step, steps, usage}
-    recommended_policy    the replayed policy of most tokens/s ("static" when absent)
-    plain_tokens_per_second, positions
+    positions             the calibration positions the section's numbers are over
+    measured_on           what the calibration machine's latencies decided for this section:
+      throughput_frontier   [{name, nodes, tokens_per_step_simulated, ms_per_step, tokens_per_second,
+                            measured_tokens_per_second (null if not measured)}]
+      best                  EntMTP*: the name of the fastest static tree on the calibration machine
+      reference             name -> {nodes, tokens_per_step_simulated, ms_per_step, tokens_per_second}: the
+                            published default tree, for comparison ({} when it was not measured)
+      thresholds            binary: {small, large, signal, tau_off, tau_on, window}; ladder: {trees, signal,
+                            thresholds, window} (each optional; window 8 when absent)
+      replay                policy (and "oracle") -> {tokens_per_second, tokens_per_step, steps, usage}
+      recommended_policy    the replayed policy of most tokens/s
+      plain_tokens_per_second
     sampling              T > 0 sections only: {temperature, acceptance, typical_eps, typical_alpha}
     traces                T > 0 sections only: [{prompt_len, length}] of the section's traces in the sidecar
     acceptance_check      optional: [{depth, predicted, measured, positions}], the acceptance model against
@@ -57,47 +59,45 @@ THE FILE FORMAT (`"format": "entmtp-profile"`, `"version": 1`), one JSON object 
                           typical section without it comes from an older entmtp: its traces are not read)
   traces            [{prompt_len, length}] of the greedy traces in the sidecar (absent until it is written)
   traces_sha256     the sidecar's sha256 (absent likewise)
+  machine           optional (older files lack it: "machine unknown"): machine.record of the calibration
+                    machine (CPU model, kernel flags, cores, threads; GPU and driver; library versions)
 
 The traces themselves live in a sidecar `<profile>.traces.safetensors` (calibration.traces), written before
 the JSON, each atomically, so `entmtp calibrate --latency-only` can re-measure the hardware side elsewhere and
 `--retune` re-derive every section without decoding again.
 
-THE VERSION RULE: a reader reads its own version only, and refuses any other with "calibrate again". Change
-`VERSION` whenever a field is removed, renamed or changes meaning, or a new field becomes required; a field
-that readers may do without (marked optional above) can be added within a version. `Profile.from_json(
-p.to_json())` returns `p`, and `to_json(from_json(d))` returns `d` for every file of this version (tests).
+THE VERSION RULE: a reader reads its own version and the versions it knows how to convert (version 1: each
+section's machine fields sat beside the task fields, a measured frontier entry's fields beside its own, and the
+acceptance model's rule was optional; `_from_version_1`), and refuses any other with "calibrate again". Change
+`VERSION` (and convert the previous one) whenever a field is removed, renamed or changes meaning, or a new
+field becomes required; a field that readers may do without (marked optional above) can be added within a
+version, but a reader refuses a field it does not know, naming it. `Profile.from_json(p.to_json())` returns
+`p`, and `to_json(from_json(d))` returns `d` for every file of this version (tests).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
 
 from .. import metrics
 from ..accept import SAMPLED, Sampling
+from ..codec import NOT_WRITTEN, CodecError, JsonForm, from_json, to_json
 from ..errors import EntMTPError
 from ..files import write_text_atomic
 from ..machine import describe_record, hardware, heads_checksum, model_fingerprint
 from ..shipped import HEAD_KINDS
 from ..tree import RankPath, Tree, TreeError
-from .policies import (
-    POLICIES,
-    AcceptanceModel,
-    BinaryPolicy,
-    CostPolicy,
-    DynamicPolicy,
-    LadderPolicy,
-    LatencyModel,
-)
+from .policies import AcceptanceModel, LatencyModel
 
 FORMAT = "entmtp-profile"
-VERSION = 1
+VERSION = 2
+CONVERTED = {1}  # older versions this reader converts (`_from_version_1`)
 PROFILE_TASKS = ("humaneval", "sharegpt", "gsm8k", "writing", "mixed")
 DEFAULT_WINDOW = 8  # a threshold policy's EMA window when its entry has none
 
@@ -106,38 +106,11 @@ class ProfileError(EntMTPError):
     """A scheduler profile is missing, corrupt, or made for another model or heads."""
 
 
-# ---- the parts of a profile, each with its JSON form --------------------------------------------------------
-
-
-def _paths(rows) -> tuple[RankPath, ...]:
-    return tuple(tuple(p) for p in rows)
-
-
-def _paths_json(paths: tuple[RankPath, ...]) -> list[list[int]]:
-    return [list(p) for p in paths]
-
-
-class _Record:
-    """A flat JSON object whose keys are the dataclass's fields, in order (tuples written as lists)."""
-
-    def to_json(self) -> dict:
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
-
-    @classmethod
-    def from_json(cls, d: Mapping):
-        return cls(**{f.name: _frozen(d[f.name]) for f in dataclasses.fields(cls)})
-
-
-def _plain(x):
-    return [_plain(v) for v in x] if isinstance(x, tuple) else x
-
-
-def _frozen(x):
-    return tuple(_frozen(v) for v in x) if isinstance(x, list) else x
+# ---- the parts of a profile (each a dataclass: its JSON form is entmtp.codec's) -----------------------------
 
 
 @dataclass(frozen=True)
-class ModelInfo(_Record):
+class ModelInfo(JsonForm):
     name: str
     hidden_size: int
     vocab_size: int
@@ -148,7 +121,7 @@ class ModelInfo(_Record):
 
 
 @dataclass(frozen=True)
-class HeadsInfo(_Record):
+class HeadsInfo(JsonForm):
     name: str
     kind: str
     num_heads: int
@@ -165,7 +138,7 @@ def describe_machine(machine: Mapping | None, hw: Hardware) -> str:
 
 
 @dataclass(frozen=True)
-class Hardware:
+class Hardware(JsonForm):
     device: str
     name: str
     cpu_count: int
@@ -174,29 +147,6 @@ class Hardware:
     cpu_flags: tuple[str, ...] | None = None  # None: a file from before CPU flags were recorded
 
     CHECKED = ("device", "name", "threads", "dtype", "cpu_flags")  # what a latency depends on
-
-    def to_json(self) -> dict:
-        flags = {} if self.cpu_flags is None else {"cpu_flags": list(self.cpu_flags)}
-        return {
-            "device": self.device,
-            "name": self.name,
-            **flags,
-            "cpu_count": self.cpu_count,
-            "threads": self.threads,
-            "dtype": self.dtype,
-        }
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> Hardware:
-        flags = d.get("cpu_flags")
-        return cls(
-            d["device"],
-            d["name"],
-            d["cpu_count"],
-            d["threads"],
-            d["dtype"],
-            None if flags is None else tuple(flags),
-        )
 
     def differences(self, here: Hardware) -> list[str]:
         """'key calibrated -> here' for every field that differs (CPU flags only when this profile has them)."""
@@ -209,14 +159,14 @@ class Hardware:
 
 
 @dataclass(frozen=True)
-class Versions(_Record):
+class Versions(JsonForm):
     entmtp: str
     torch: str
     transformers: str
 
 
 @dataclass(frozen=True)
-class CalibrationRun(_Record):
+class CalibrationRun(JsonForm):
     """What the profile was made from, and how long it took."""
 
     latency_prompt_ids: tuple[tuple[int, ...], ...]  # the prompts decoded to time trees (token ids)
@@ -231,7 +181,7 @@ class CalibrationRun(_Record):
 
 
 @dataclass(frozen=True)
-class MeasuredTree:
+class MeasuredTree(JsonForm):
     """A tree's real decodes on the calibration machine (medians over interleaved rounds)."""
 
     nodes: int
@@ -240,23 +190,9 @@ class MeasuredTree:
     measured_tokens_per_step: float
     timed_steps: int | None = None  # None: a file from before it was recorded
 
-    def to_json(self) -> dict:
-        d = dataclasses.asdict(self)
-        return d if self.timed_steps is not None else {k: v for k, v in d.items() if k != "timed_steps"}
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> MeasuredTree:
-        return cls(
-            d["nodes"],
-            d["ms_per_step"],
-            d["measured_tokens_per_second"],
-            d["measured_tokens_per_step"],
-            d.get("timed_steps"),
-        )
-
 
 @dataclass(frozen=True)
-class Latency:
+class Latency(JsonForm):
     """The machine part measured at calibration."""
 
     nodes: tuple[int, ...]  # one per measured tree, in `trees` order
@@ -271,26 +207,13 @@ class Latency:
 
     def model(self) -> LatencyModel:
         """`ms_of(tree)`: a tree's own measured latency, else interpolated by its node count."""
-        return LatencyModel.from_measured({name: m.to_json() for name, m in self.trees.items()})
-
-    def to_json(self) -> dict:
-        return {
-            "nodes": list(self.nodes),
-            "ms_per_step": list(self.ms_per_step),
-            "plain_ms_per_step": self.plain_ms_per_step,
-            "trees": {name: m.to_json() for name, m in self.trees.items()},
-        }
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> Latency:
-        trees = {name: MeasuredTree.from_json(m) for name, m in d["trees"].items()}
-        return cls(tuple(d["nodes"]), tuple(d["ms_per_step"]), d["plain_ms_per_step"], trees)
+        return LatencyModel.from_measured({name: to_json(m) for name, m in self.trees.items()})
 
 
 @dataclass(frozen=True)
-class FrontierEntry:
+class FrontierEntry(JsonForm):
     """A tree of the acceptance frontier: its search score, its own simulated decodes, and its real decodes
-    when it was measured (the JSON object holds the measurement's fields beside its own)."""
+    when it was measured."""
 
     name: str
     nodes: int
@@ -303,33 +226,9 @@ class FrontierEntry:
     def tree(self) -> Tree:
         return Tree(self.name, self.paths)
 
-    def to_json(self) -> dict:
-        own = {
-            "name": self.name,
-            "nodes": self.nodes,
-            "depth": self.depth,
-            "paths": _paths_json(self.paths),
-            "mean_accepted_all_positions": self.mean_accepted_all_positions,
-            "tokens_per_step_simulated": self.tokens_per_step_simulated,
-        }
-        return own if self.measured is None else {**own, **self.measured.to_json()}
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> FrontierEntry:
-        measured = MeasuredTree.from_json(d) if "ms_per_step" in d else None
-        return cls(
-            d["name"],
-            d["nodes"],
-            d["depth"],
-            _paths(d["paths"]),
-            d["mean_accepted_all_positions"],
-            d["tokens_per_step_simulated"],
-            measured,
-        )
-
 
 @dataclass(frozen=True)
-class ThroughputEntry(_Record):
+class ThroughputEntry(JsonForm):
     """A tree of the throughput frontier: simulated tokens per step over its step latency."""
 
     name: str
@@ -341,7 +240,7 @@ class ThroughputEntry(_Record):
 
 
 @dataclass(frozen=True)
-class ReferenceTree(_Record):
+class ReferenceTree(JsonForm):
     nodes: int
     tokens_per_step_simulated: float
     ms_per_step: float
@@ -349,23 +248,16 @@ class ReferenceTree(_Record):
 
 
 @dataclass(frozen=True)
-class NamedPaths:
+class NamedPaths(JsonForm):
     name: str
     paths: tuple[RankPath, ...]
 
     def tree(self) -> Tree:
         return Tree(self.name, self.paths)
 
-    def to_json(self) -> dict:
-        return {"name": self.name, "paths": _paths_json(self.paths)}
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> NamedPaths:
-        return cls(d["name"], _paths(d["paths"]))
-
 
 @dataclass(frozen=True)
-class BinaryThresholds(_Record):
+class BinaryThresholds(JsonForm):
     small: str
     large: str
     signal: str
@@ -373,46 +265,25 @@ class BinaryThresholds(_Record):
     tau_on: float
     window: int = DEFAULT_WINDOW
 
-    @classmethod
-    def from_json(cls, d: Mapping) -> BinaryThresholds:
-        return super().from_json({"window": DEFAULT_WINDOW, **d})
-
 
 @dataclass(frozen=True)
-class LadderThresholds(_Record):
+class LadderThresholds(JsonForm):
     trees: tuple[str, ...]
     signal: str
     thresholds: tuple[float, ...]
     window: int = DEFAULT_WINDOW
 
-    @classmethod
-    def from_json(cls, d: Mapping) -> LadderThresholds:
-        return super().from_json({"window": DEFAULT_WINDOW, **d})
-
 
 @dataclass(frozen=True)
-class Thresholds:
+class Thresholds(JsonForm):
     """The tuned threshold policies (None: not tuned, e.g. a bank too small for a ladder)."""
 
     binary: BinaryThresholds | None = None
     ladder: LadderThresholds | None = None
 
-    def to_json(self) -> dict:
-        return {
-            k: v.to_json() for k, v in (("binary", self.binary), ("ladder", self.ladder)) if v is not None
-        }
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> Thresholds:
-        binary, ladder = d.get("binary"), d.get("ladder")
-        return cls(
-            None if binary is None else BinaryThresholds.from_json(binary),
-            None if ladder is None else LadderThresholds.from_json(ladder),
-        )
-
 
 @dataclass(frozen=True)
-class SignalStats(_Record):
+class SignalStats(JsonForm):
     mean: float
     std: float
     quantiles: tuple[float, ...]  # at 0.1, 0.25, 0.5, 0.75, 0.9
@@ -420,7 +291,7 @@ class SignalStats(_Record):
 
 
 @dataclass(frozen=True)
-class ReplayResult:
+class ReplayResult(JsonForm):
     """A policy replayed on the calibration traces with the measured latencies (decode steps only)."""
 
     tokens_per_second: float
@@ -428,16 +299,9 @@ class ReplayResult:
     steps: int
     usage: Mapping[str, int]  # tree name -> steps
 
-    def to_json(self) -> dict:
-        return {**dataclasses.asdict(self), "usage": dict(self.usage)}
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> ReplayResult:
-        return cls(d["tokens_per_second"], d["tokens_per_step"], d["steps"], dict(d["usage"]))
-
 
 @dataclass(frozen=True)
-class DepthCheck(_Record):
+class DepthCheck(JsonForm):
     """The acceptance model against held-out calibration positions at one depth: the mean predicted and the
     measured share of positions where the master tree accepts at least `depth` drafts (two folds: fitted on
     half the traces, checked on the other half, and the reverse)."""
@@ -449,91 +313,44 @@ class DepthCheck(_Record):
 
 
 @dataclass(frozen=True)
-class TraceMeta(_Record):
+class TraceMeta(JsonForm):
     """One calibration trace in the sidecar: its prompt length and its whole length (prompt + output)."""
 
     prompt_len: int
     length: int
 
 
-def _trace_metas(rows) -> tuple[TraceMeta, ...] | None:
-    return None if rows is None else tuple(TraceMeta.from_json(r) for r in rows)
-
-
 @dataclass(frozen=True)
-class ModeProfile:
-    """One acceptance rule's section: what the search found, the bank, and the policies tuned on it."""
+class MachineSection(JsonForm):
+    """What the calibration machine's latencies decided for one section: these numbers hold there only (on
+    another machine, scheduler/factory.py re-derives the choice from that machine's cost curve)."""
 
-    growth: Mapping[int, tuple[RankPath, ...]]  # max depth -> rank paths in the order they were grown
-    acceptance_frontier: tuple[FrontierEntry, ...]
-    bank: tuple[str, ...]
     throughput_frontier: tuple[ThroughputEntry, ...]
     best: str  # EntMTP* on the calibration machine
-    master: NamedPaths
     reference: Mapping[str, ReferenceTree]
-    acceptance_model: AcceptanceModel
-    signals: Mapping[str, SignalStats]
     thresholds: Thresholds
     replay: Mapping[str, ReplayResult]
     recommended_policy: str
     plain_tokens_per_second: float
+
+
+@dataclass(frozen=True)
+class ModeProfile(JsonForm):
+    """One acceptance rule's section: what the search found, the bank, the acceptance model, and (under
+    `measured_on`) what the calibration machine's latencies decided."""
+
+    growth: Mapping[int, tuple[RankPath, ...]]  # max depth -> rank paths in the order they were grown
+    acceptance_frontier: tuple[FrontierEntry, ...]
+    bank: tuple[str, ...]
+    master: NamedPaths
+    acceptance_model: AcceptanceModel
+    signals: Mapping[str, SignalStats]
     positions: int
+    measured_on: MachineSection
     sampling: Sampling | None = None  # T > 0 sections only
     traces: tuple[TraceMeta, ...] | None = None  # T > 0 sections only: this section's traces in the sidecar
     acceptance_check: tuple[DepthCheck, ...] = ()  # the acceptance model on held-out positions, per depth
     trace_tree: NamedPaths | None = None  # typical only: the union tree its traces verified at every root
-
-    def to_json(self) -> dict:
-        out = {
-            "growth": {str(d): _paths_json(order) for d, order in self.growth.items()},
-            "acceptance_frontier": [e.to_json() for e in self.acceptance_frontier],
-            "bank": list(self.bank),
-            "throughput_frontier": [e.to_json() for e in self.throughput_frontier],
-            "best": self.best,
-            "master": self.master.to_json(),
-            "reference": {name: r.to_json() for name, r in self.reference.items()},
-            "acceptance_model": self.acceptance_model.to_json(),
-            "signals": {name: s.to_json() for name, s in self.signals.items()},
-            "thresholds": self.thresholds.to_json(),
-            "replay": {name: r.to_json() for name, r in self.replay.items()},
-            "recommended_policy": self.recommended_policy,
-            "plain_tokens_per_second": self.plain_tokens_per_second,
-            "positions": self.positions,
-        }
-        if self.sampling is not None:
-            out["sampling"] = dataclasses.asdict(self.sampling)
-        if self.traces is not None:
-            out["traces"] = [t.to_json() for t in self.traces]
-        if self.acceptance_check:
-            out["acceptance_check"] = [c.to_json() for c in self.acceptance_check]
-        if self.trace_tree is not None:
-            out["trace_tree"] = self.trace_tree.to_json()
-        return out
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> ModeProfile:
-        sampling = Sampling(**d["sampling"]) if "sampling" in d else None
-        rule = "greedy" if sampling is None else sampling.rule
-        return cls(
-            growth={int(k): _paths(order) for k, order in d["growth"].items()},
-            acceptance_frontier=tuple(FrontierEntry.from_json(e) for e in d["acceptance_frontier"]),
-            bank=tuple(d["bank"]),
-            throughput_frontier=tuple(ThroughputEntry.from_json(e) for e in d["throughput_frontier"]),
-            best=d["best"],
-            master=NamedPaths.from_json(d["master"]),
-            reference={name: ReferenceTree.from_json(r) for name, r in d.get("reference", {}).items()},
-            acceptance_model=AcceptanceModel.from_json({"rule": rule, **d["acceptance_model"]}),
-            signals={name: SignalStats.from_json(s) for name, s in d["signals"].items()},
-            thresholds=Thresholds.from_json(d["thresholds"]),
-            replay={name: ReplayResult.from_json(r) for name, r in d["replay"].items()},
-            recommended_policy=d.get("recommended_policy", "static"),
-            plain_tokens_per_second=d["plain_tokens_per_second"],
-            positions=d["positions"],
-            sampling=sampling,
-            traces=_trace_metas(d.get("traces")),
-            acceptance_check=tuple(DepthCheck.from_json(c) for c in d.get("acceptance_check", ())),
-            trace_tree=NamedPaths.from_json(d["trace_tree"]) if "trace_tree" in d else None,
-        )
 
     def trees(self) -> dict[str, Tree]:
         """Every tree the section names (acceptance frontier, plain decoding, master), by name."""
@@ -560,49 +377,19 @@ class Profile:
     traces: tuple[TraceMeta, ...] | None = None  # the greedy traces in the sidecar (None: not written yet)
     traces_sha256: str | None = None
     machine: Mapping | None = None  # machine.record of the calibration machine (None: an older file)
-    path: Path | None = field(default=None, compare=False)  # the file it was read from or saved to
+    path: Path | None = field(default=None, compare=False, metadata=NOT_WRITTEN)  # the file read or saved
 
     def to_json(self) -> dict:
-        out = {
-            "format": FORMAT,
-            "version": VERSION,
-            "task": self.task,
-            "created": self.created,
-            "model": self.model.to_json(),
-            "heads": self.heads.to_json(),
-            "hardware": self.hardware.to_json(),
-            "versions": self.versions.to_json(),
-            "calibration": self.calibration.to_json(),
-            "latency": self.latency.to_json(),
-            "modes": {name: m.to_json() for name, m in self.modes.items()},
-        }
-        if self.traces is not None:
-            out["traces"] = [t.to_json() for t in self.traces]
-        if self.traces_sha256 is not None:
-            out["traces_sha256"] = self.traces_sha256
-        if self.machine is not None:
-            out["machine"] = dict(self.machine)
-        return out
+        return {"format": FORMAT, "version": VERSION, **to_json(self)}
 
     @classmethod
     def from_json(cls, d: Mapping, path: Path | None = None) -> Profile:
-        """The profile of a JSON document of this format version (KeyError, TypeError or ValueError when it
-        is malformed: `load_profile` names them)."""
-        return cls(
-            task=d["task"],
-            created=d["created"],
-            model=ModelInfo.from_json(d["model"]),
-            heads=HeadsInfo.from_json(d["heads"]),
-            hardware=Hardware.from_json(d["hardware"]),
-            versions=Versions.from_json(d["versions"]),
-            calibration=CalibrationRun.from_json(d["calibration"]),
-            latency=Latency.from_json(d["latency"]),
-            modes={name: ModeProfile.from_json(m) for name, m in d["modes"].items()},
-            traces=_trace_metas(d.get("traces")),
-            traces_sha256=d.get("traces_sha256"),
-            machine=d.get("machine"),
-            path=path,
-        )
+        """The profile of a JSON document of this format version or one it converts (`codec.CodecError`, a
+        ValueError naming the place, or KeyError when it is malformed: `load_profile` names the file)."""
+        if d.get("version") in CONVERTED:
+            d = _from_version_1(d)
+        body = {k: v for k, v in d.items() if k not in ("format", "version")}
+        return replace(from_json(cls, body), path=path)
 
     # -- reading --
     @property
@@ -631,7 +418,7 @@ class Profile:
         """EntMTP*: the fastest static tree of the task, plain decoding included; on the calibration hardware
         (stored), or re-derived under `latency` (another machine's curve)."""
         if latency is None:
-            return self.trees(mode)[self.mode(mode).best]
+            return self.trees(mode)[self.mode(mode).measured_on.best]
         speed = self.static_speeds(mode, latency)
         return self.trees(mode)[max(speed, key=speed.get)]
 
@@ -661,7 +448,7 @@ class Profile:
         return "greedy"
 
     def recommended_policy(self, mode: str = "greedy") -> str:
-        return self.mode(mode).recommended_policy
+        return self.mode(mode).measured_on.recommended_policy
 
     def trace_metas(self, mode: str = "greedy") -> tuple[TraceMeta, ...]:
         """The mode's traces in the sidecar (none recorded: empty)."""
@@ -676,41 +463,11 @@ class Profile:
         online: bool = True,
         latency: LatencyModel | None = None,
     ):
-        """A policy object for the engine, built from this profile's task part and `latency` (this machine's
-        cost curve, `CostCurve.latency()`; None: the latencies stored at calibration). `online`: `cost` and
-        `dynamic` recalibrate their acceptance model on the text at hand (policies.OnlineCalibration)."""
-        from ..policy import StaticPolicy
+        """The policy `name` built from this profile's section `mode` (scheduler.factory.profile_policy, which
+        says what the arguments do)."""
+        from .factory import profile_policy  # the factory reads profiles: imported when first asked for
 
-        m = self.mode(mode)
-        stored = latency is None
-        latency = self.latency.model() if stored else latency
-        if name == "static":
-            return StaticPolicy(self.best_tree(mode, None if stored else latency))
-        trees = m.trees()
-        if name in ("binary", "ladder"):
-            return self._threshold_policy(name, m.thresholds, trees)
-        if name == "cost":
-            bank = self.bank(mode)
-            return CostPolicy(bank, m.acceptance_model, [latency.ms_of(t) for t in bank], online=online)
-        if name == "dynamic":
-            return DynamicPolicy(
-                trees[m.master.name],
-                m.acceptance_model,
-                latency,
-                require_contiguous=require_contiguous,
-                online=online,
-            )
-        raise ProfileError(f"unknown policy {name!r}: use {', '.join(POLICIES)}")
-
-    def _threshold_policy(self, name: str, thresholds: Thresholds, trees: dict[str, Tree]):
-        th = getattr(thresholds, name)
-        if th is None:
-            raise ProfileError(f"profile {self.where} has no tuned {name} thresholds: calibrate again")
-        if name == "binary":
-            return BinaryPolicy(
-                trees[th.small], trees[th.large], th.signal, th.tau_off, th.tau_on, window=th.window
-            )
-        return LadderPolicy([trees[n] for n in th.trees], th.signal, th.thresholds, window=th.window)
+        return profile_policy(self, name, mode, require_contiguous, online, latency)
 
     @property
     def where(self) -> str:
@@ -787,13 +544,19 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
         for mode in profile.modes:
             profile.trees(mode)  # the trees are valid
         profile.latency.model()
+    except CodecError as e:
+        raise ProfileError(
+            f"profile {p} is malformed at {e.where or 'the top'}: {e.problem}: calibrate again (a field this "
+            "entmtp does not know comes from a newer entmtp, or from an edit by hand)"
+        ) from e
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ProfileError(f"profile {p} is malformed ({type(e).__name__}: {e}): calibrate again") from e
     return profile
 
 
 def _read_document(p: Path) -> dict:
-    """The JSON object of a profile file of this format and version, with every top-level section."""
+    """The JSON object of a profile file of this format and a version this entmtp reads, with every top-level
+    section."""
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -805,9 +568,10 @@ def _read_document(p: Path) -> dict:
             f'{p} is not an entmtp scheduler profile (no "format": "{FORMAT}"): '
             "give a file written by `entmtp calibrate`"
         )
-    if data.get("version") != VERSION:
+    if data.get("version") != VERSION and data.get("version") not in CONVERTED:
+        versions = ", ".join(map(str, sorted({*CONVERTED, VERSION})))
         raise ProfileError(
-            f"profile {p} has format version {data.get('version')}, this entmtp reads {VERSION}: calibrate again"
+            f"profile {p} has format version {data.get('version')}, this entmtp reads {versions}: calibrate again"
         )
     missing = [k for k in ("task", "model", "heads", "hardware", "latency", "modes") if k not in data]
     if missing:
@@ -815,6 +579,34 @@ def _read_document(p: Path) -> dict:
             f"profile {p} lacks {', '.join(missing)} (truncated or hand-edited): calibrate again"
         )
     return data
+
+
+MACHINE_FIELDS = tuple(f.name for f in fields(MachineSection))  # a version-1 section held them beside its own
+MEASURED_FIELDS = tuple(f.name for f in fields(MeasuredTree) if f.name != "nodes")  # ... and a frontier entry
+
+
+def _from_version_1(d: Mapping) -> dict:
+    """A version-1 document as version 2: each section's machine fields under `measured_on` (a missing
+    `reference` was {} and a missing `recommended_policy` "static"), a measured frontier entry's fields under
+    `measured`, and the acceptance model's rule written out (absent, it was the section's)."""
+    modes = {}
+    for name, old in d["modes"].items():
+        section = {k: v for k, v in old.items() if k not in MACHINE_FIELDS}
+        machine = {"reference": {}, "recommended_policy": "static"}
+        machine |= {k: old[k] for k in MACHINE_FIELDS if k in old}
+        section["measured_on"] = {k: machine[k] for k in MACHINE_FIELDS if k in machine}
+        section["acceptance_frontier"] = [_frontier_entry_v1(e) for e in old["acceptance_frontier"]]
+        rule = Sampling(**old["sampling"]).rule if "sampling" in old else "greedy"
+        section["acceptance_model"] = {"rule": rule, **old["acceptance_model"]}
+        modes[name] = section
+    return {**d, "version": VERSION, "modes": modes}
+
+
+def _frontier_entry_v1(e: Mapping) -> dict:
+    if "ms_per_step" not in e:
+        return dict(e)
+    own = {k: v for k, v in e.items() if k not in MEASURED_FIELDS}
+    return {**own, "measured": {"nodes": e["nodes"], **{k: e[k] for k in MEASURED_FIELDS if k in e}}}
 
 
 def shipped_profiles_dir(heads_kind: str) -> Path:

@@ -16,7 +16,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from ..batch import Batch, Row
+from ..batch import Batch, BatchOptions, Row
 from ..costs import CostSurface
 from ..engine import Engine
 from ..errors import EntMTPError
@@ -40,7 +40,8 @@ def start_worker(
     `thread` (the one that built the engine: thread.py says why), the batch is built and the loop runs there."""
     if max_batch > 1:
         try:
-            batch = thread.call(Batch, engine, costs) if thread else Batch(engine, costs)
+            options = BatchOptions(costs=costs)
+            batch = thread.call(Batch, engine, options) if thread else Batch(engine, options)
         except EntMTPError as e:
             log.warning("serving one request at a time, not %d together: %s", max_batch, e)
         else:
@@ -136,7 +137,7 @@ class BatchWorker(Worker):
         """End every row's job with `error` and start over on a fresh batch (the old one's state is unknown)."""
         log.error("a batched step failed; ending its %d request(s): %r", len(self._rows), error)
         old, failed = self.batch, list(self._rows.values())
-        self.batch = Batch(old.engine, old.costs, gate=old.gate is not None)  # before any job hears of it
+        self.batch = Batch(old.engine, old.options)  # before any job hears of it
         self._rows.clear()
         for running in failed:
             self._end(running.job, None, False, running.t0, error)
