@@ -144,10 +144,10 @@ def _engine_replicas() -> set[str]:
     return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if ENGINE in a["name"]}
 
 
-def _stream(cluster: str, outcomes: list, started: threading.Event) -> None:
+def _stream(cluster: str, outcomes: list, started: list) -> None:
     """One client's streamed completion, recorded as how it ended: ("done", text), ("error", message) for an
     error event then [DONE], ("status", code) for a JSON error, or ("broken", ...) for anything else."""
-    body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 48, "temperature": 0, "stream": True}
+    body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0, "stream": True}
     text, error, events = "", None, []
     try:
         with httpx.stream("POST", f"{cluster}/v1/completions", json=body, timeout=60) as r:
@@ -165,8 +165,9 @@ def _stream(cluster: str, outcomes: list, started: threading.Event) -> None:
                 if "error" in obj:
                     error = obj["error"]
                 else:
+                    if len(events) == 1:  # its first event: the answer is under way
+                        started.append(1)
                     text += obj["choices"][0]["text"]
-                    started.set()
     except httpx.HTTPError as e:
         outcomes.append(("broken", repr(e)))
         return
@@ -176,20 +177,34 @@ def _stream(cluster: str, outcomes: list, started: threading.Event) -> None:
         outcomes.append(("error", error) if error else ("done", text))
 
 
+def _served_again(cluster: str, since: float):
+    """A future of the seconds from `since` until a new request is answered 200 (tried every 0.2 s)."""
+
+    def probe() -> float:
+        body = {"model": "m", "prompt": "Hi", "max_tokens": 2, "temperature": 0}
+        while httpx.post(f"{cluster}/v1/completions", json=body, timeout=60).status_code != 200:
+            time.sleep(0.2)
+        return time.monotonic() - since
+
+    return ThreadPoolExecutor(1).submit(probe)
+
+
 def test_a_replica_killed_under_load_ends_its_requests_cleanly_and_the_cluster_serves_on(cluster, reference):
     want = reference.post(
         "/v1/completions",
-        json={"model": "m", "prompt": "Once upon a time", "max_tokens": 48, "temperature": 0},
+        json={"model": "m", "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0},
     ).json()["choices"][0]["text"]
     before = _engine_replicas()
-    outcomes, started = [], threading.Event()
+    outcomes, started = [], []
     clients = [threading.Thread(target=_stream, args=(cluster, outcomes, started)) for _ in range(8)]
     for c in clients:
         c.start()
-    assert started.wait(60), "no stream started"
+    deadline = time.monotonic() + 60  # most streams under way: the killed replica is mid-answer on some
+    while len(started) < 6 and time.monotonic() < deadline:
+        time.sleep(0.05)
     victim = sorted(before)[0]
     ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
-    killed_at = time.monotonic()
+    served_again = _served_again(cluster, time.monotonic())  # new requests go to the live replica
     for c in clients:
         c.join(timeout=90)
     assert not any(c.is_alive() for c in clients), "a client hung"
@@ -200,15 +215,11 @@ def test_a_replica_killed_under_load_ends_its_requests_cleanly_and_the_cluster_s
         if o[0] == "error":
             assert o[1]["type"] == "server_error" and o[1]["code"] == "replica_failed"
         if o[0] == "status":
-            assert o[1] in (503,) and o[2] in ("server_error", "server_busy")
+            assert o[1] == 503 and o[2] in ("server_error", "server_busy")
     assert kinds.count("error") + kinds.count("status") >= 1, outcomes  # the killed replica held some
     assert "done" in kinds, outcomes  # the live one's
-    # new requests go to the live replica at once
-    ok = httpx.post(
-        f"{cluster}/v1/completions", json={"model": "m", "prompt": "Hi", "max_tokens": 4}, timeout=60
-    )
-    assert ok.status_code == 200, ok.text
-    recovered_s = time.monotonic() - killed_at
+    recovered_s = served_again.result(timeout=60)
+    assert recovered_s < 15, f"served again only {recovered_s:.1f} s after the kill"
     # and Ray starts a replica in the dead one's place
     deadline = time.monotonic() + 30
     while not (_engine_replicas() - before) and time.monotonic() < deadline:
