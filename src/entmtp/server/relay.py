@@ -137,8 +137,8 @@ def failed_before_answer(e: Exception, request_id: str) -> JSONResponse:
 
 def _failure_message(e: Exception) -> str:
     return (
-        f"the replica serving this request failed ({_name(e)}); the request was not completed and not "
-        "retried: send it again"
+        f"the replica serving this request stopped ({_name(e)}: it died, or was shut down past its drain "
+        "timeout); the request was not completed and not retried: send it again"
     )
 
 
