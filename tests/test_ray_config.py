@@ -204,6 +204,19 @@ def test_a_replica_that_dies_before_answering_is_a_503_in_openais_shape():
     assert status == 503 and body["error"]["type"] == "server_busy" and headers["retry-after"] == "1"
 
 
+def test_a_failed_call_whose_cancel_raises_its_error_again_is_still_a_503():
+    """Ray's DeploymentResponseGenerator.cancel() raises the call's error again when the call failed."""
+
+    def cancel():
+        raise BackPressureError("full")
+
+    async def run():
+        response = await relay(_dies_after([], BackPressureError("full")), cancel, "rid")
+        return response.status_code, json.loads(response.body)["error"]["type"]
+
+    assert asyncio.run(run()) == (503, "server_busy")
+
+
 def test_closing_the_relay_tells_the_app_its_client_left():
     seen = []
 

@@ -13,6 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import yaml
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
@@ -140,6 +141,30 @@ def test_health_errors_and_metrics_are_the_servers(cluster):
     assert "entmtp_generated_tokens_total" in httpx.get(f"{cluster}/metrics", timeout=30).text
 
 
+def test_streams_whose_clients_leave_free_their_rows_on_every_replica(cluster):
+    body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}
+    for _ in range(4):  # over both replicas: each stream leaves after its first event
+        with httpx.stream("POST", f"{cluster}/v1/completions", json=body, timeout=60) as r:
+            next(line for line in r.iter_lines() if line.startswith("data: "))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # /health answers from either replica: both must be idle
+        polls = [httpx.get(f"{cluster}/health", timeout=30).json() for _ in range(8)]
+        if all(p["running"] == 0 and p["queue"] == 0 for p in polls):
+            break
+        time.sleep(0.5)
+    assert all(p["running"] == 0 for p in polls), polls  # 400 tokens each would take far longer
+
+
+def test_print_config_passes_rays_own_schema(capsys):
+    from ray.serve.schema import ServeDeploySchema
+
+    from entmtp.cli import main
+
+    assert main(["serve", "--ray", "--print-config", "--min-replicas", "1", "--max-replicas", "3"]) == 0
+    deploy = ServeDeploySchema.model_validate(yaml.safe_load(capsys.readouterr().out))
+    assert deploy.applications[0].import_path == "entmtp.server.ray_serve:build_app"
+
+
 def _engine_replicas() -> set[str]:
     return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if ENGINE in a["name"]}
 
@@ -153,7 +178,10 @@ def _stream(cluster: str, outcomes: list, started: list) -> None:
         with httpx.stream("POST", f"{cluster}/v1/completions", json=body, timeout=60) as r:
             if r.status_code != 200:
                 r.read()
-                outcomes.append(("status", r.status_code, r.json()["error"]["type"]))
+                try:
+                    outcomes.append(("status", r.status_code, r.json()["error"]["type"]))
+                except (ValueError, KeyError):  # not OpenAI's shape
+                    outcomes.append(("broken", r.status_code, r.text[:300]))
                 return
             for line in r.iter_lines():
                 if not line.startswith("data: "):
@@ -168,8 +196,8 @@ def _stream(cluster: str, outcomes: list, started: list) -> None:
                     if len(events) == 1:  # its first event: the answer is under way
                         started.append(1)
                     text += obj["choices"][0]["text"]
-    except httpx.HTTPError as e:
-        outcomes.append(("broken", repr(e)))
+    except (httpx.HTTPError, ValueError) as e:  # a cut connection, an event that is not JSON
+        outcomes.append(("broken", repr(e), events[-2:]))
         return
     if events[-1:] != ["[DONE]"]:
         outcomes.append(("broken", events[-2:]))

@@ -89,6 +89,7 @@ async def asgi_messages(app, data: dict) -> AsyncIterator[dict]:
 async def relay(messages: AsyncIterator[dict], cancel: Callable[[], None], request_id: str) -> Response:
     """The response to the client of the replica's `messages` (asgi_messages's, through Ray). `cancel()`
     stops the replica's side (the client left, or the answer ended early)."""
+    cancel = _quiet(cancel)
     try:
         start = await anext(messages)
         first = await anext(messages)
@@ -133,6 +134,19 @@ def failed_before_answer(e: Exception, request_id: str) -> JSONResponse:
         message = "the server is busy: every replica's batch and queue are full; retry in 1 s"
         return error(503, message, kind="server_busy", **{"Retry-After": "1"})
     return error(503, _failure_message(e), kind="server_error", code="replica_failed")
+
+
+def _quiet(cancel: Callable[[], None]) -> Callable[[], None]:
+    """`cancel` that raises nothing: Ray's DeploymentResponseGenerator.cancel raises the call's own error
+    again (a BackPressureError, a dead replica's) when the call failed, which is already being answered."""
+
+    def quiet() -> None:
+        try:
+            cancel()
+        except Exception as e:  # noqa: BLE001 - nothing is left to cancel
+            log.debug("cancelling a failed call: %s", _name(e))
+
+    return quiet
 
 
 def _failure_message(e: Exception) -> str:
