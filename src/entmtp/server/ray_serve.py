@@ -109,8 +109,9 @@ class EngineReplica:
 
     def __del__(self):
         """Ray stops the replica (after its drain): cut what is left, end the generation thread."""
-        self.stop.set()
-        self.state.close()
+        if hasattr(self, "state"):  # not when the constructor failed (a bad --model): nothing to end
+            self.stop.set()
+            self.state.close()
 
 
 def _ray_gauge(name: str, description: str, tag_keys: tuple[str, ...]):
@@ -159,8 +160,10 @@ def serve_ray(args, spec) -> int:
     ray, serve = require_ray()
     local = args.ray_address is None
     ray.init(address=args.ray_address, log_to_driver=args.verbose)
+    deployed = False
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
+        deployed = True  # from here on, a failure or a signal still deletes what was deployed
         serve.run(build_app(config.to_dict()), name=APP_NAME, route_prefix="/")
         where = "a local Ray cluster" if local else f"the Ray cluster at {args.ray_address}"
         print(
@@ -171,8 +174,9 @@ def serve_ray(args, spec) -> int:
         )
         _wait_for_signal()
         print(f"entmtp: draining (up to {config.drain_timeout:g} s), then stopping", file=sys.stderr)
-        serve.delete(APP_NAME)  # each replica drains: Ray's graceful shutdown (ray_config.engine_options)
     finally:
+        if deployed:  # each replica drains: Ray's graceful shutdown (ray_config.engine_options)
+            serve.delete(APP_NAME)
         if local:
             serve.shutdown()
             ray.shutdown()
