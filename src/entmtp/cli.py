@@ -201,6 +201,13 @@ def cmd_serve(args) -> int:
         raise EntMTPError(f"--max-batch must be >= 1 (1: one request at a time), got {args.max_batch}")
     if args.drain_timeout < 0 or args.header_timeout <= 0 or args.body_timeout <= 0:
         raise EntMTPError("--drain-timeout must be >= 0, --header-timeout and --body-timeout > 0 (seconds)")
+    from .server.ray_config import check_ray_arguments
+
+    check_ray_arguments(args)
+    if args.ray:  # Ray Serve: replicas of the engine on a cluster (server/ray_serve.py)
+        from .server.ray_serve import serve_ray
+
+        return serve_ray(args, engine_spec(args))
     try:
         from .server.run import bind, serve  # light: the port is bound before torch is even imported
 
@@ -492,6 +499,9 @@ def _add_serve(sub) -> None:
         "with or without speculation); "
         "each rule runs its profile section's policy",
     )
+    from .server.ray_config import add_ray_arguments
+
+    add_ray_arguments(sv)
     # the profile's greedy section picks the engine's policy; requests at T > 0 run their rule's section's
     sv.set_defaults(func=cmd_serve, temperature=0.0)
 

@@ -10,4 +10,9 @@ batching.py   the generation thread of --max-batch B > 1: up to B requests stepp
 thread.py     the one thread that builds the engine and runs the generation loop (torch is slower on two)
 metrics.py    the Prometheus counters, gauges and histograms (the batched steps' too)
 run.py        binding, the header timeout and the draining shutdown
+ray_config.py `serve --ray`'s settings, arguments and `serve deploy` YAML (no Ray needed)
+ray_serve.py  `serve --ray`: the engine replicas and the front as a Ray Serve application (docs/serving-ray.md)
+ray_front.py  the Ray application's HTTP ingress, relaying each request to an engine replica
+relay.py      a request and its answer carried between the front and a replica; failures in OpenAI's shape
+ray_metrics.py a replica's Prometheus metrics mirrored into Ray's metrics export
 """
