@@ -73,6 +73,7 @@ class Soak:
         self.scenario = "start"
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.signalled = threading.Event()  # SIGTERM sent: the server stops listening, the probe stops asking
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -98,8 +99,9 @@ class Soak:
 
     def _probe(self) -> None:
         """A small greedy chat (max_tokens 8) every 0.5 s until stopped: its latency, how it ended, and whether
-        it was sent while a long prompt was prefilling."""
-        while not self._stop.wait(0.5):
+        it was sent while a long prompt was prefilling; none once the server was sent SIGTERM (it stops
+        listening then: a refused connection is what it should do, not a small request's outcome)."""
+        while not self._stop.wait(0.5) and not self.signalled.is_set():
             long_prefill, sent = self.prefilling > 0, self.now()
             try:
                 r = httpx.post(
@@ -376,6 +378,7 @@ def final_signal(soak: Soak, proc: subprocess.Popen, twice: bool, rng: random.Ra
     streams.start()
     time.sleep(2.0)
     t0 = time.perf_counter()
+    soak.signalled.set()
     proc.send_signal(signal.SIGTERM)
     if twice:
         time.sleep(1.0)
