@@ -339,6 +339,30 @@ def test_a_long_prompt_prefills_in_chunks_between_the_other_rows_steps():
     assert tokens == engine.generate(prompt, max_new_tokens=10).token_ids
 
 
+def test_a_short_prompt_does_not_wait_for_a_long_prompts_whole_prefill():
+    """Prompts going in take turns, a chunk each per step: a one-chunk prompt started after a 5-chunk one
+    has its first token at the second step, not after the long prompt's five; both then decode what they
+    decode alone."""
+    from entmtp.engine import PREFILL_CHUNK
+
+    model = tiny_model("llama", seed=4, max_position_embeddings=2048)
+    engine = Engine(model, ByteTokenizer())
+    batch = Batch(engine)
+    prompt = [(5 * i) % 250 + 3 for i in range(4 * PREFILL_CHUNK + 7)]
+    long = batch.start(prompt, max_new_tokens=6)
+    short = batch.start(PROMPTS[0], max_new_tokens=6)
+    first_token_step, tokens = {}, {long.id: [], short.id: []}
+    step = 0
+    while len(batch):
+        step += 1
+        for r, e in batch.step():
+            first_token_step.setdefault(r.id, step)
+            tokens[r.id] += e.token_ids
+    assert first_token_step[short.id] == 2 and first_token_step[long.id] == 6
+    assert tokens[long.id] == engine.generate(prompt, max_new_tokens=6).token_ids
+    assert tokens[short.id] == engine.generate(PROMPTS[0], max_new_tokens=6).token_ids
+
+
 def test_a_seeded_sampled_row_repeats_bit_for_bit_in_busy_batches(engine):
     """A batched forward's logits for a row differ in their last bits from that row's own forward, and with
     its batch-mates (the kernels' blocking follows the rows and the longest row's keys), which moves a seeded

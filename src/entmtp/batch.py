@@ -126,7 +126,7 @@ class Batch:
         self.kv = engine.base.new_batch()  # cache.BatchKV, or llama.cpp's sequences
         self._rows: dict[int, Row] = {}  # id(row's cache) -> a row verified by the batched forward
         self._alone: list[Row] = []  # rows verified by forwards of their own
-        self._prefills: deque[Row] = deque()  # rows whose prompt is not all in yet, oldest first
+        self._prefills: deque[Row] = deque()  # rows whose prompt is not all in yet, next chunk's first
         self.failed: list[tuple[Row, Exception]] = []  # the rows the latest step ended with an error
         self.last: BatchStep | None = None  # the latest step's record (None: it verified nothing)
         self.gate = Gate() if options.gate else None  # None: every step as the rows' policies choose
@@ -171,7 +171,8 @@ class Batch:
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Row, TokenEvent]]:
-        """One step of every decoding row, then one chunk of the oldest prompt still going in: (row, event)
+        """One step of every decoding row, then one chunk of a prompt still going in (in turns: a prompt with
+        chunks left goes behind the others, so a short prompt never waits for a long one's whole prefill): (row, event)
         for each row that has one, the decoding rows first; finished rows leave the batch. A row whose own
         part fails (its prefill, drafting, verification or acceptance) leaves too, listed in `failed` with its
         error; the other rows go on."""
@@ -187,6 +188,8 @@ class Batch:
             else:
                 if event is not None:
                     out.append((row, event))
+                elif self._prefills and self._prefills[0] is row:
+                    self._prefills.rotate(-1)
         return out
 
     def _new_row(self, prompt, chat: bool, tree, kwargs: dict) -> Row:
