@@ -162,6 +162,33 @@ def test_shards_and_manifest(distill):
     assert not list(distill.glob(".*tmp*"))
 
 
+def test_load_split_is_the_shards_concatenated_and_refuses_a_bad_shard(distill, tmp_path):
+    """load_split fills one preallocated tensor per field (no second copy of the split in memory): the
+    same as concatenating the shards; an unreadable shard or one the manifest miscounts is a clear error."""
+    files = sorted(distill.glob("train-*.safetensors"))
+    shards = [load_file(str(f)) for f in files]
+    data = load_split(distill, "train")
+    assert torch.equal(data.hidden, torch.cat([s["hidden"] for s in shards]))
+    assert torch.equal(data.topk_ids, torch.cat([s["topk_ids"] for s in shards]).long())
+    assert torch.equal(data.topk_logp, torch.cat([s["topk_logp"] for s in shards]))
+    assert torch.equal(data.tokens, torch.cat([s["tokens"] for s in shards]).long())
+    lengths = torch.cat([s["offsets"].diff() for s in shards])
+    assert torch.equal(data.offsets, torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]))
+    assert torch.equal(data.prompt_lens, torch.cat([s["prompt_lens"] for s in shards]).long())
+    d = tmp_path / "bad"
+    d.mkdir()
+    for f in distill.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    manifest = json.loads((d / "manifest.json").read_text())
+    manifest["shards"][-1]["positions"] += 1
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match="manifest lists"):
+        load_split(d, manifest["shards"][-1]["split"])
+    (d / "train-00001.safetensors").write_bytes(b"not a shard")
+    with pytest.raises(DataError, match="cannot read shard .*train-00001"):
+        load_split(d, "train")
+
+
 def test_greedy_targets_match_tokens(base, distill):
     """In a greedy response, the stored argmax at t is the next stored token x_{t+1}."""
     shard = load_file(str(distill / "train-00000.safetensors"))

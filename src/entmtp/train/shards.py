@@ -47,8 +47,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors import SafetensorError, safe_open
 
 from ..batch import generate_batch
 from ..engine import Engine
@@ -659,24 +658,43 @@ def load_split(directory: str | os.PathLike[str], split: str, manifest: Manifest
             + ("" if manifest.complete else " (generation has not finished: run the gen stage again)")
             + ("; generate with more prompts so that some are held out" if split == "val" else "")
         )
-    parts: dict[str, list[torch.Tensor]] = {}
-    base = 0
-    for file in files:
-        try:
-            shard = load_file(str(d / file))
-        except (OSError, SafetensorError) as e:
-            raise DataError(
-                f"cannot read shard {d / file} ({e}): delete it and its manifest entry, then rerun gen"
-            ) from e
-        shard["offsets"] = shard["offsets"][:-1] + base
-        base += int(shard["tokens"].shape[0])
-        for k, v in shard.items():
-            parts.setdefault(k, []).append(v)
-    return SplitData(
-        hidden=torch.cat(parts["hidden"]),
-        tokens=torch.cat(parts["tokens"]).long(),
-        topk_ids=torch.cat(parts["topk_ids"]).long(),
-        topk_logp=torch.cat(parts["topk_logp"]),
-        offsets=torch.cat([*parts["offsets"], torch.tensor([base])]),
-        prompt_lens=torch.cat(parts["prompt_lens"]).long(),
+    entries = {e["file"]: e for e in manifest.shards}
+    n, seqs = sum(entries[f]["positions"] for f in files), sum(entries[f]["sequences"] for f in files)
+    first = _read_shard(d, files[0], ("hidden", "topk_ids"))
+    hidden_size, k = first["hidden"].shape[1], first["topk_ids"].shape[1]
+    out = SplitData(  # filled shard by shard: memory holds the split once, plus one shard's tensors
+        hidden=torch.empty(n, hidden_size, dtype=first["hidden"].dtype),
+        tokens=torch.empty(n, dtype=torch.long),
+        topk_ids=torch.empty(n, k, dtype=torch.long),
+        topk_logp=torch.empty(n, k, dtype=torch.float16),
+        offsets=torch.empty(seqs + 1, dtype=torch.long),
+        prompt_lens=torch.empty(seqs, dtype=torch.long),
     )
+    pos = seq = 0
+    for file in files:
+        shard = _read_shard(d, file)
+        m, s = shard["tokens"].shape[0], shard["prompt_lens"].shape[0]
+        if (m, s) != (entries[file]["positions"], entries[file]["sequences"]):
+            raise DataError(
+                f"shard {d / file} holds {m} positions of {s} sequences but the manifest lists "
+                f"{entries[file]['positions']} of {entries[file]['sequences']}: delete the shard and its "
+                f"manifest entry, then rerun gen"
+            )
+        for key in ("hidden", "tokens", "topk_ids", "topk_logp"):
+            getattr(out, key)[pos : pos + m] = shard[key]
+        out.offsets[seq : seq + s] = shard["offsets"][:-1] + pos
+        out.prompt_lens[seq : seq + s] = shard["prompt_lens"]
+        pos, seq = pos + m, seq + s
+    out.offsets[seq] = pos
+    return out
+
+
+def _read_shard(d: Path, file: str, keys: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors ``keys`` (None: all) of one shard, with a clear error for an unreadable file."""
+    try:
+        with safe_open(str(d / file), "pt") as f:
+            return {k: f.get_tensor(k) for k in (keys or f.keys())}
+    except (OSError, SafetensorError) as e:
+        raise DataError(
+            f"cannot read shard {d / file} ({e}): delete it and its manifest entry, then rerun gen"
+        ) from e
