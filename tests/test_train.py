@@ -175,6 +175,12 @@ def test_load_split_is_the_shards_concatenated_and_refuses_a_bad_shard(distill, 
     lengths = torch.cat([s["offsets"].diff() for s in shards])
     assert torch.equal(data.offsets, torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]))
     assert torch.equal(data.prompt_lens, torch.cat([s["prompt_lens"] for s in shards]).long())
+    # what the draft vocabulary and the Hydra++ prefix layer's scale read, one shard at a time
+    manifest = shards_mod.Manifest.read(distill)
+    counts = shards_mod.token_counts(distill, "train", manifest)
+    assert torch.equal(counts, torch.bincount(data.tokens, minlength=manifest.vocab_size))
+    rms = float(data.hidden.float().pow(2).mean(-1).sqrt().mean())
+    assert shards_mod.mean_feature_rms(distill, "train", manifest) == pytest.approx(rms, rel=1e-5)
     d = tmp_path / "bad"
     d.mkdir()
     for f in distill.iterdir():

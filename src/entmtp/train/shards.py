@@ -689,6 +689,26 @@ def load_split(directory: str | os.PathLike[str], split: str, manifest: Manifest
     return out
 
 
+def token_counts(directory: str | os.PathLike[str], split: str, manifest: Manifest) -> torch.Tensor:
+    """How often each token id occurs in ``split``'s stored positions [V] (only the tokens are read)."""
+    counts = torch.zeros(manifest.vocab_size, dtype=torch.long)
+    for file in manifest.shard_files(split):
+        tokens = _read_shard(Path(directory), file, ("tokens",))["tokens"].long()
+        counts += torch.bincount(tokens, minlength=manifest.vocab_size)
+    return counts
+
+
+def mean_feature_rms(directory: str | os.PathLike[str], split: str, manifest: Manifest) -> float:
+    """The mean over ``split``'s positions of the stored features' RMS, read one shard at a time."""
+    total, n = 0.0, 0
+    for file in manifest.shard_files(split):
+        hidden = _read_shard(Path(directory), file, ("hidden",))["hidden"]  # [N, H]
+        for c in range(0, hidden.shape[0], 65536):
+            total += float(hidden[c : c + 65536].float().pow(2).mean(-1).sqrt().double().sum())
+        n += hidden.shape[0]
+    return total / max(1, n)
+
+
 def _read_shard(d: Path, file: str, keys: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
     """The tensors ``keys`` (None: all) of one shard, with a clear error for an unreadable file."""
     try:
