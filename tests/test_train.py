@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -161,6 +162,39 @@ def test_shards_and_manifest(distill):
     assert not list(distill.glob(".*tmp*"))
 
 
+def test_load_split_is_the_shards_concatenated_and_refuses_a_bad_shard(distill, tmp_path):
+    """load_split fills one preallocated tensor per field (no second copy of the split in memory): the
+    same as concatenating the shards; an unreadable shard or one the manifest miscounts is a clear error."""
+    files = sorted(distill.glob("train-*.safetensors"))
+    shards = [load_file(str(f)) for f in files]
+    data = load_split(distill, "train")
+    assert torch.equal(data.hidden, torch.cat([s["hidden"] for s in shards]))
+    assert torch.equal(data.topk_ids, torch.cat([s["topk_ids"] for s in shards]).long())
+    assert torch.equal(data.topk_logp, torch.cat([s["topk_logp"] for s in shards]))
+    assert torch.equal(data.tokens, torch.cat([s["tokens"] for s in shards]).long())
+    lengths = torch.cat([s["offsets"].diff() for s in shards])
+    assert torch.equal(data.offsets, torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]))
+    assert torch.equal(data.prompt_lens, torch.cat([s["prompt_lens"] for s in shards]).long())
+    # what the draft vocabulary and the Hydra++ prefix layer's scale read, one shard at a time
+    manifest = shards_mod.Manifest.read(distill)
+    counts = shards_mod.token_counts(distill, "train", manifest)
+    assert torch.equal(counts, torch.bincount(data.tokens, minlength=manifest.vocab_size))
+    rms = float(data.hidden.float().pow(2).mean(-1).sqrt().mean())
+    assert shards_mod.mean_feature_rms(distill, "train", manifest) == pytest.approx(rms, rel=1e-5)
+    d = tmp_path / "bad"
+    d.mkdir()
+    for f in distill.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    manifest = json.loads((d / "manifest.json").read_text())
+    manifest["shards"][-1]["positions"] += 1
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match="manifest lists"):
+        load_split(d, manifest["shards"][-1]["split"])
+    (d / "train-00001.safetensors").write_bytes(b"not a shard")
+    with pytest.raises(DataError, match="cannot read shard .*train-00001"):
+        load_split(d, "train")
+
+
 def test_greedy_targets_match_tokens(base, distill):
     """In a greedy response, the stored argmax at t is the next stored token x_{t+1}."""
     shard = load_file(str(distill / "train-00000.safetensors"))
@@ -183,8 +217,8 @@ def test_generation_resumes_and_is_reused(base, distill, tmp_path, monkeypatch):
     before = load_file(str(d / "train-00001.safetensors"))
     (d / "train-00001.safetensors").unlink()  # as if killed while writing it
     calls = []
-    real = shards_mod.generate_responses
-    monkeypatch.setattr(shards_mod, "generate_responses", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = shards_mod.engine_responses
+    monkeypatch.setattr(shards_mod, "engine_responses", lambda *a, **k: calls.append(1) or real(*a, **k))
     generate_data(
         model, tok, d, prompts=PROMPTS, settings=GEN, batch_size=3, base_model="tiny", progress=False
     )
@@ -199,6 +233,86 @@ def test_generation_resumes_and_is_reused(base, distill, tmp_path, monkeypatch):
     with pytest.raises(DataError, match="other settings.*max_new_tokens"):
         other = GenSettings(**{**GEN.__dict__, "max_new_tokens": 8})
         generate_data(model, tok, d, prompts=PROMPTS, settings=other, base_model="tiny", progress=False)
+
+
+def _sequences(d: Path) -> list[tuple[int, list[int]]]:
+    """(sampled, tokens) of every stored sequence of a distillation directory, shard by shard."""
+    out = []
+    for f in sorted(d.glob("*.safetensors")):
+        shard = load_file(str(f))
+        o = shard["offsets"].tolist()
+        out += [
+            (int(shard["sampled"][s]), shard["tokens"][o[s] : o[s + 1]].tolist()) for s in range(len(o) - 1)
+        ]
+    return out
+
+
+def test_both_answers_are_batched_and_seeded_whatever_the_batch(base, tmp_path):
+    """Every prompt answered greedy and sampled (T=0.7, gumbel), next to each other in one shard; the
+    continuous batch's rows repeat token for token with another batch size, sampled ones too."""
+    model, tok = base
+    both = replace(GEN, both_answers=True, num_prompts=5, shard_size=4, max_new_tokens=16)
+    runs = {}
+    for batch_size in (1, 3):
+        d = tmp_path / f"b{batch_size}"
+        m = generate_data(
+            model,
+            tok,
+            d,
+            prompts=PROMPTS,
+            settings=both,
+            batch_size=batch_size,
+            base_model="t",
+            progress=False,
+        )
+        runs[batch_size] = _sequences(d)
+        assert m.num_val == 2 and m.num_train == 8 and sum(s["sequences"] for s in m.shards) == 10
+    assert runs[1] == runs[3]
+    seqs = runs[1]
+    assert [s for s, _ in seqs] == [0, 1] * 5  # greedy then sampled, prompt after prompt
+    prompts = load_file(str(tmp_path / "b1" / "train-00000.safetensors"))["prompt_lens"].tolist()
+    assert prompts[0] == prompts[1] and prompts[2] == prompts[3]  # the same prompt, twice
+    assert any(g != s for (_, g), (_, s) in zip(seqs[::2], seqs[1::2], strict=True))  # sampling differs
+
+
+def test_shard_records_both_phases(distill, capsys):
+    """Each shard's manifest entry records generation (tokens, seconds) and the teacher-forced pass
+    (positions, seconds), wall and CPU, and its bytes; the log line gives their rates."""
+    manifest = shards_mod.Manifest.read(distill)
+    for entry in manifest.shards:
+        assert entry["anchors"] > 0 and entry["positions"] >= entry["anchors"]
+        assert entry["gen_seconds"] > 0 and entry["targets_seconds"] > 0 and entry["gen_cpu_seconds"] >= 0
+        assert entry["bytes"] == (distill / entry["file"]).stat().st_size
+    line = shards_mod.shard_line(manifest.shards[-1], manifest)
+    assert (
+        "tokens/s" in line and "bytes per anchor" in line and f"{manifest.positions('train')} train" in line
+    )
+
+
+def test_resume_after_a_kill_and_refuse_a_second_writer(base, distill, tmp_path):
+    """A run killed mid-shard leaves its temp file (no rename happened) and its lock: the next run deletes
+    the temp file and takes over the dead run's lock; a live writer's lock is refused. Data made before
+    both_answers existed (no such key in its manifest) is resumed as made with the default."""
+    model, tok = base
+    d = tmp_path / "killed"
+    d.mkdir()
+    for f in distill.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    (d / "train-00002.safetensors").unlink()
+    (d / ".train-00002.safetensors.tmp-99999-abcdef01").write_bytes(b"half a shard")
+    manifest = json.loads((d / "manifest.json").read_text())
+    del manifest["settings"]["both_answers"]
+    manifest["shards"] = [s for s in manifest["shards"] if s["file"] != "train-00002.safetensors"]
+    manifest["complete"] = False
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    (d / ".lock").write_text(f"{os.getppid()}\n")  # a live process that is not this one
+    run = dict(prompts=PROMPTS, settings=GEN, batch_size=3, base_model="tiny", progress=False)
+    with pytest.raises(DataError, match=f"being written by process {os.getppid()}"):
+        generate_data(model, tok, d, **run)
+    (d / ".lock").write_text("999999999\n")  # no such process: a killed run's lock
+    m = generate_data(model, tok, d, **run)
+    assert m.complete and len(m.shards) == 4 and not list(d.glob(".*tmp*")) and not (d / ".lock").exists()
+    assert _sequences(d) == _sequences(distill)
 
 
 # ---- training ------------------------------------------------------------------------------------------
@@ -263,6 +377,36 @@ def test_resume_matches_uninterrupted(base, distill, tmp_path):
     with pytest.raises(HeadsError, match="other settings.*lr"):
         other = TrainSettings(**{**FAST.__dict__, "lr": 1e-3})
         train(model, medusa(model), distill, tmp_path / "b", settings=other, progress=False, resume=True)
+
+
+def test_bfloat16_training_runs_the_heads_in_bf16_and_resumes_a_float32_run(base, distill, tmp_path):
+    """precision=bfloat16 on the CPU: the heads' matmuls run in bf16 (autocast), their weights and optimiser
+    stay fp32; a float32 run's checkpoint resumes in bf16 (precision is not part of the run's identity)."""
+    model, _ = base
+    seen: dict[str, set] = {}
+    for precision in ("float32", "bfloat16"):
+        heads = medusa(model)
+        linear = next(m for m in heads.heads[0].blocks.modules() if isinstance(m, torch.nn.Linear))
+        hook = linear.register_forward_hook(
+            lambda m, i, o, p=precision: seen.setdefault(p, set()).add(o.dtype)
+        )
+        s = replace(FAST, steps=4, precision=precision, eval_every=0, checkpoint_every=0)
+        train(model, heads, distill, tmp_path / precision, settings=s, progress=False, stop_after=2)
+        hook.remove()
+        assert all(p.dtype == torch.float32 for p in heads.parameters())
+    assert seen == {"float32": {torch.float32}, "bfloat16": {torch.bfloat16}}
+    resumed = train(
+        model,
+        medusa(model),
+        distill,
+        tmp_path / "float32",
+        settings=replace(FAST, steps=4, precision="bfloat16", eval_every=0, checkpoint_every=0),
+        progress=False,
+        resume=True,
+    )
+    assert resumed.step == 4 and not resumed.stopped_early
+    with pytest.raises(DataError, match="precision 'fp8' is unknown"):
+        TrainSettings(precision="fp8")
 
 
 def test_saved_heads_give_identical_logits(base, distill, tmp_path):

@@ -23,7 +23,7 @@ from ..shipped import HEAD_KINDS, heads_path, shipped_heads_dir
 from .evaluate import DEFAULT_TREES, EVAL_TASKS, evaluate_heads, plot_learning_curve, write_report
 from .pipeline import EvalSettings, HeadsSettings, train_heads
 from .shards import GenSettings
-from .trainer import LOG, LOSSES, TrainSettings
+from .trainer import LOG, LOSSES, PRECISIONS, TrainSettings
 
 # ---- arguments ---------------------------------------------------------------------------------------
 
@@ -90,7 +90,14 @@ def _gen_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--val-fraction", type=float, default=g.val_fraction, help="prompts held out for validation"
     )
-    p.add_argument("--shard-size", type=int, default=g.shard_size, help="prompts per data shard")
+    p.add_argument(
+        "--both-answers",
+        action="store_true",
+        help="answer every prompt twice, greedy and sampled at T=0.7 (instead of --sample-fraction)",
+    )
+    p.add_argument(
+        "--shard-size", type=int, default=g.shard_size, help="sequences (prompts, or answers) per data shard"
+    )
     p.add_argument(
         "--gen-batch-size", type=int, default=None, help="generation batch (default 32 CPU, 128 CUDA)"
     )
@@ -133,6 +140,12 @@ def _optimiser_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-every", type=int, default=t.eval_every, help="steps between validation runs")
     p.add_argument("--checkpoint-every", type=int, default=t.checkpoint_every)
     p.add_argument("--seed", type=int, default=t.seed)
+    p.add_argument(
+        "--precision",
+        default=t.precision,
+        choices=list(PRECISIONS),
+        help="the heads' matmuls in training: auto (bfloat16 on CUDA, float32 on CPU), bfloat16, float32",
+    )
 
 
 def _eval_options(p: argparse.ArgumentParser, prefix: str = "", tasks: tuple[str, ...] = FOUR_TASKS) -> None:
@@ -203,6 +216,7 @@ def train_settings_from_args(args) -> dict:
         max_new_tokens=args.max_new_tokens,
         max_prompt_tokens=args.max_prompt_tokens,
         sample_fraction=args.sample_fraction,
+        both_answers=args.both_answers,
         top_k=args.top_k,
         val_fraction=args.val_fraction,
         shard_size=args.shard_size,
@@ -218,6 +232,7 @@ def train_settings_from_args(args) -> dict:
         eval_every=args.eval_every,
         checkpoint_every=args.checkpoint_every,
         seed=args.seed,
+        precision=args.precision,
     )
     heads = HeadsSettings(
         num_heads=args.num_heads,

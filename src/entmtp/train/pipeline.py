@@ -34,7 +34,7 @@ from ..prompts import FOUR_TASKS, TASKS
 from ..shipped import heads_path
 from .evaluate import DEFAULT_TREES, evaluate_heads, plot_learning_curve, write_report
 from .prompt_sources import load_training_prompts
-from .shards import GenSettings, Manifest, generate_data, load_split, model_name
+from .shards import GenSettings, Manifest, generate_data, mean_feature_rms, model_name, token_counts
 from .trainer import LOG, TrainSettings, check_output_dir, train
 
 STAGES = ("gen", "train", "eval")
@@ -290,8 +290,7 @@ def _set_draft_vocab(
     ``init`` heads could draft stays draftable (up to ``max_draft_vocab``). Nothing when ``draft_vocab`` is 0."""
     if not s.draft_vocab:
         return
-    tokens = load_split(distill, "train", manifest).tokens
-    counts = torch.bincount(tokens, minlength=model.config.vocab_size)
+    counts = token_counts(distill, "train", manifest)  # [V]; the data's vocab_size is the model's
     ids = frequent_tokens(counts, s.draft_vocab, keep=tokenizer.all_special_ids)
     if init_vocab is not None:
         ids = torch.cat([ids, init_vocab.to(ids.device)]).unique()
@@ -359,7 +358,7 @@ def _init_heads(path, config: HeadsConfig, distill: Path, seed: int = 0) -> Head
             "--head-arch prefix-mlp), or drop --init to train from scratch"
         )
     if upgrade:
-        scale = float(load_split(distill, "train").hidden.float().pow(2).mean(-1).sqrt().mean())
+        scale = mean_feature_rms(distill, "train", Manifest.read(distill))
         heads = _add_prefix_layer(heads, config, scale, seed)
     return heads
 

@@ -20,17 +20,26 @@ Layout of a distillation directory (written once, reused by every training run o
   A sequence of L tokens (prompt + response) stores positions 0..L-2: every position whose next token
   exists. The prompt positions are kept as context for heads that read earlier positions (Hydra++'s
   prefix layer); the loss ignores them.
-* ``manifest.json``: base model, sizes, settings, the shards written so far, ``complete``. Updated after
-  every shard; shards and manifest are written to a temp file and renamed, so a killed run leaves no
-  half-written file, and a rerun skips the shards already listed.
+* ``manifest.json``: base model, sizes, settings, the shards written so far (each with its two phases'
+  record: response tokens and seconds of generation, positions and seconds of the teacher-forced pass,
+  wall and CPU), ``complete``. Updated after every shard; shards and manifest are written to a temp file
+  and renamed, so a killed run leaves no half-written shard (a rerun deletes its temp file), and a rerun
+  skips the shards already listed. ``.lock`` holds the process id of the run writing the directory.
+
+The responses come from the batched engine (``batch.generate_batch``: continuous batching, plain decoding),
+greedy or sampled at T by the gumbel rule; then one teacher-forced forward per sequence batch stores what
+the heads read and learn from. Pausing the process (SIGSTOP / SIGCONT) changes nothing but the wall
+seconds recorded: no token depends on time (only the optional time limit reads the clock).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import random
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -38,9 +47,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors import SafetensorError, safe_open
 
+from ..batch import generate_batch
+from ..engine import Engine
 from ..errors import DataError, PromptError
 from ..files import save_tensors_atomic, write_text_atomic
 from ..model import encode_prompt, eos_token_ids
@@ -49,6 +59,7 @@ FORMAT = "entmtp-distill"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 PROMPTS = "prompts.jsonl"
+LOCK = ".lock"
 HIDDEN_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -65,10 +76,13 @@ class GenSettings:
     max_new_tokens: int = 256  # response cap; long enough for GSM8K-style reasoning and short code
     max_prompt_tokens: int = 256  # longer prompts are skipped (truncating a chat template would break it)
     sample_fraction: float = 0.25  # some sampled responses: the heads see off-greedy contexts too
+    both_answers: bool = False  # answer every prompt twice, greedy and sampled (sample_fraction unused)
     temperature: float = 0.7  # for the sampled fraction
     top_k: int = 10  # soft targets kept per position (the KL loss renormalises over them)
     val_fraction: float = 0.02  # prompts held out for validation (at least one)
-    shard_size: int = 64  # prompts per shard: the unit of resumption
+    shard_size: int = (
+        64  # sequences (prompts, or answers with both_answers) per shard: the unit of resumption
+    )
     seed: int = 0  # prompt shuffle, sampled-or-greedy choice, sampling
     hidden_dtype: str = "bfloat16"  # storage dtype of hidden states
     hidden_state_offset: int = 0  # store the hidden state this many layers before the last (0: final, normed)
@@ -187,10 +201,13 @@ def select_prompts(
     n = len(chosen)
     num_val = max(1, round(n * settings.val_fraction)) if n >= 2 and settings.val_fraction > 0 else 0
     sample_rng = random.Random(settings.seed + 1)
-    selected = [
-        Selected(ids, "val" if j < num_val else "train", sample_rng.random() < settings.sample_fraction, src)
-        for j, (ids, src) in enumerate(zip(chosen, origin, strict=True))
-    ]
+    selected = []
+    for j, (ids, src) in enumerate(zip(chosen, origin, strict=True)):
+        split = "val" if j < num_val else "train"
+        if settings.both_answers:  # the prompt's greedy answer, then its sampled one, in the same shard
+            selected += [Selected(ids, split, False, src), Selected(ids, split, True, src)]
+        else:
+            selected.append(Selected(ids, split, sample_rng.random() < settings.sample_fraction, src))
     return selected, skipped
 
 
@@ -337,37 +354,76 @@ def generate_data(
     if d.exists() and not d.is_dir():
         raise DataError(f"distillation directory {d} is a file: give a directory")
     selected, skipped = select_prompts(tokenizer, prompts, settings, sources)
-    manifest = _open_manifest(d, _new_manifest(model, base_model, settings, selected, skipped), selected)
-    done = {s["file"] for s in manifest.shards}
-    plan = [
-        (n, f, idx) for n, (f, idx) in enumerate(_shard_plan(selected, settings.shard_size)) if f not in done
-    ]
-    with _GenProgress(progress, len(plan)) as bar:
-        for n, file, idx in plan:
-            t0 = time.perf_counter()
-            if time_limit is not None and t0 - t_start > time_limit:
-                return manifest  # complete stays False: a later run finishes the remaining shards
-            # seeded per shard: sampling repeats whether or not the run resumed
-            torch.manual_seed(settings.seed * 1_000_003 + n)
-            tensors, new_tokens = _make_shard(
-                model, tokenizer, [selected[i] for i in idx], settings, batch_size
-            )
-            save_tensors_atomic(d / file, tensors)
-            manifest.shards.append(
-                {
-                    "file": file,
-                    "split": file.split("-")[0],
-                    "sequences": len(idx),
-                    "positions": int(tensors["offsets"][-1]),
-                    "anchors": new_tokens,  # positions >= prompt_len - 1: one per response token
-                    "seconds": round(time.perf_counter() - t0, 2),
-                }
-            )
-            manifest.write(d)
-            bar.advance(new_tokens)
-    manifest.complete = True
-    manifest.write(d)
+    d.mkdir(parents=True, exist_ok=True)
+    with _writer_lock(d):
+        manifest = _open_manifest(d, _new_manifest(model, base_model, settings, selected, skipped), selected)
+        engine = Engine(model, tokenizer, graphs=False)  # no heads: plain decoding, batched
+        plan = [
+            (n, f, idx)
+            for n, (f, idx) in enumerate(_shard_plan(selected, settings.shard_size))
+            if f not in {s["file"] for s in manifest.shards}
+        ]
+        with _GenProgress(progress, len(plan)) as bar:
+            for n, file, idx in plan:
+                if time_limit is not None and time.perf_counter() - t_start > time_limit:
+                    return manifest  # complete stays False: a later run finishes the remaining shards
+                torch.manual_seed(settings.seed * 1_000_003 + n)  # per shard: resumed or not, same samples
+                entry = _write_shard(engine, d, file, [selected[i] for i in idx], settings, batch_size)
+                manifest.shards.append(entry)
+                manifest.write(d)
+                bar.advance(entry, manifest)
+        manifest.complete = True
+        manifest.write(d)
     return manifest
+
+
+def _write_shard(
+    engine: Engine, d: Path, file: str, chosen: list[Selected], settings: GenSettings, batch_size: int
+) -> dict:
+    """Generate and write shard ``file`` of ``chosen``; returns its manifest entry."""
+    t0 = time.perf_counter()
+    tensors, phases = _make_shard(engine, chosen, settings, batch_size)
+    save_tensors_atomic(d / file, tensors)
+    return {
+        "file": file,
+        "split": file.split("-")[0],
+        "sequences": len(chosen),
+        "positions": int(tensors["offsets"][-1]),
+        **phases,
+        "bytes": (d / file).stat().st_size,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+
+
+@contextlib.contextmanager
+def _writer_lock(d: Path):
+    """Hold ``d/.lock`` (this process's id) while writing ``d``: a second run on a directory that a live
+    process (running or paused) is writing is refused; a dead process's lock is taken over."""
+    path = d / LOCK
+    try:
+        pid = int(path.read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        pid = None
+    if pid is not None and pid != os.getpid() and _alive(pid):
+        raise DataError(
+            f"{d} is being written by process {pid} (see {path}): let it finish or stop it (delete {path} "
+            f"if that process is not a generation), or use another --distill-dir"
+        )
+    write_text_atomic(path, f"{os.getpid()}\n")
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _new_manifest(
@@ -395,6 +451,8 @@ def _open_manifest(d: Path, fresh: Manifest, selected: list[Selected]) -> Manife
         manifest = Manifest.read(d)
         _check_same_data(d, manifest, fresh)
         manifest.shards = [s for s in manifest.shards if (d / s["file"]).is_file()]
+        for tmp in d.glob(".*.tmp-*"):  # a killed run's half-written file (a rename never happened)
+            tmp.unlink(missing_ok=True)
         return manifest
     if any(d.glob("*.safetensors")):
         raise DataError(f"{d} holds shards but no {MANIFEST}: delete them or use another --distill-dir")
@@ -407,20 +465,56 @@ def _open_manifest(d: Path, fresh: Manifest, selected: list[Selected]) -> Manife
     return fresh
 
 
+def engine_responses(
+    engine: Engine,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    sample: bool = False,
+    temperature: float = 0.7,
+    batch_size: int = 32,
+) -> list[list[int]]:
+    """Each prompt's response, decoded by the batched engine (continuous batching: a row leaves as it ends
+    and the next prompt takes its place), ``batch_size`` rows at once. Greedy, or sampled at ``temperature``
+    by the gumbel rule: exact sampling whose noise is a function of (seed, position), each row's seed drawn
+    from torch's global RNG as it joins, so a seeded run repeats whatever the batch. A response ends at its
+    first EOS (kept) or after ``max_new_tokens``."""
+    sampling = {"temperature": temperature, "acceptance": "gumbel"} if sample else {"temperature": 0.0}
+    results = generate_batch(
+        engine, prompts, max_new_tokens=max_new_tokens, chat=False, max_batch=batch_size, **sampling
+    )
+    return [r.token_ids for r in results]
+
+
+class _Clock:
+    """Wall and CPU seconds since the last `lap`. CPU seconds stop while the process is stopped (SIGSTOP)
+    and count every thread, so a phase's wall rate is comparable only between runs that were not paused."""
+
+    def __init__(self):
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def lap(self) -> tuple[float, float]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = (wall - self.wall, cpu - self.cpu)
+        self.wall, self.cpu = wall, cpu
+        return out
+
+
 def _make_shard(
-    model, tokenizer, chosen: list[Selected], settings: GenSettings, batch_size: int
-) -> tuple[dict[str, torch.Tensor], int]:
-    """One shard's tensors (see the module docstring) for the prompts ``chosen``, and the number of response
-    tokens generated. Greedy and sampled responses are generated in separate groups."""
+    engine: Engine, chosen: list[Selected], settings: GenSettings, batch_size: int
+) -> tuple[dict[str, torch.Tensor], dict]:
+    """One shard's tensors (see the module docstring) for the prompts ``chosen``, and the record of its two
+    phases: generation (response tokens, seconds) then the teacher-forced pass (positions, seconds).
+    Greedy and sampled responses are generated in separate batches."""
+    clock = _Clock()
     prompt_ids = [s.ids for s in chosen]
     responses: list[list[int]] = [[] for _ in chosen]
     for sample in (False, True):
         group = [j for j, s in enumerate(chosen) if s.sampled == sample]
         if not group:
             continue
-        got = generate_responses(
-            model,
-            tokenizer,
+        got = engine_responses(
+            engine,
             [prompt_ids[j] for j in group],
             max_new_tokens=settings.max_new_tokens,
             sample=sample,
@@ -429,9 +523,10 @@ def _make_shard(
         )
         for j, r in zip(group, got, strict=True):
             responses[j] = r
+    gen_wall, gen_cpu = clock.lap()
     seqs = [p + r for p, r in zip(prompt_ids, responses, strict=True)]
     rows = base_targets(
-        model,
+        engine.model,
         seqs,
         top_k=settings.top_k,
         hidden_state_offset=settings.hidden_state_offset,
@@ -447,7 +542,15 @@ def _make_shard(
         "prompt_lens": torch.tensor([len(p) for p in prompt_ids], dtype=torch.int32),
         "sampled": torch.tensor([s.sampled for s in chosen], dtype=torch.uint8),
     }
-    return tensors, sum(len(r) for r in responses)
+    tf_wall, tf_cpu = clock.lap()
+    phases = {
+        "anchors": sum(len(r) for r in responses),  # positions >= prompt_len - 1: one per response token
+        "gen_seconds": round(gen_wall, 2),
+        "gen_cpu_seconds": round(gen_cpu, 2),
+        "targets_seconds": round(tf_wall, 2),
+        "targets_cpu_seconds": round(tf_cpu, 2),
+    }
+    return tensors, phases
 
 
 def _check_same_data(d: Path, old: Manifest, new: Manifest) -> None:
@@ -457,7 +560,9 @@ def _check_same_data(d: Path, old: Manifest, new: Manifest) -> None:
         new.vocab_size,
     ):
         raise DataError(f"{d} holds data of base model {old.base_model!r}, not {new.base_model!r}: {fix}")
-    diff = {k: (old.settings.get(k), v) for k, v in new.settings.items() if old.settings.get(k) != v}
+    defaults = asdict(GenSettings())  # a setting added since the data was made had its default value
+    had = {k: old.settings.get(k, defaults.get(k)) for k in new.settings}
+    diff = {k: (had[k], v) for k, v in new.settings.items() if had[k] != v}
     if diff:
         said = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
         raise DataError(f"{d} was generated with other settings ({said}): {fix}")
@@ -465,8 +570,23 @@ def _check_same_data(d: Path, old: Manifest, new: Manifest) -> None:
         raise DataError(f"{d} was generated from another prompt set (prompt file or data dir changed): {fix}")
 
 
+def shard_line(entry: dict, manifest: Manifest) -> str:
+    """One shard's log line: its two phases' rates (wall seconds, which include any pause; CPU seconds
+    beside them) and the data so far."""
+    gen, tf = entry["gen_seconds"], entry["targets_seconds"]
+    return (
+        f"{entry['file']}: {entry['sequences']} sequences; gen {entry['anchors']} tokens in {gen:.0f} s "
+        f"({entry['anchors'] / max(gen, 1e-9):.0f} tokens/s, {entry['gen_cpu_seconds']:.0f} CPU s); "
+        f"targets {entry['positions']} positions in {tf:.0f} s ({entry['positions'] / max(tf, 1e-9):.0f}/s, "
+        f"{entry['targets_cpu_seconds']:.0f} CPU s); {entry['bytes'] / max(1, entry['anchors']):.0f} bytes "
+        f"per anchor; so far {manifest.positions('train')} train + {manifest.positions('val')} val anchors "
+        f"in {len(manifest.shards)} shards"
+    )
+
+
 class _GenProgress:
-    """A rich progress bar over shards showing generated tokens per second (or nothing)."""
+    """A rich progress bar over shards showing generated tokens per second, or (disabled) one line per shard
+    on stderr, for a log file."""
 
     def __init__(self, enabled: bool, shards: int):
         self.enabled, self.shards = enabled and shards > 0, shards
@@ -487,11 +607,15 @@ class _GenProgress:
             self.task = self.bar.add_task("gen", total=self.shards, rate="")
         return self
 
-    def advance(self, tokens: int) -> None:
-        self.tokens += tokens
-        if self.enabled:
-            rate = self.tokens / max(1e-9, time.perf_counter() - self.t0)
-            self.bar.update(self.task, advance=1, rate=f"{self.tokens} tokens, {rate:.0f} tok/s")
+    def advance(self, entry: dict, manifest: Manifest) -> None:
+        self.tokens += entry["anchors"]
+        line = shard_line(entry, manifest)
+        if not self.enabled:
+            print(f"entmtp gen {time.strftime('%Y-%m-%dT%H:%M:%S')} {line}", file=sys.stderr, flush=True)
+            return
+        rate = self.tokens / max(1e-9, time.perf_counter() - self.t0)
+        self.bar.console.log(line)
+        self.bar.update(self.task, advance=1, rate=f"{self.tokens} tokens, {rate:.0f} tok/s")
 
     def __exit__(self, *exc) -> None:
         if self.enabled:
@@ -534,24 +658,63 @@ def load_split(directory: str | os.PathLike[str], split: str, manifest: Manifest
             + ("" if manifest.complete else " (generation has not finished: run the gen stage again)")
             + ("; generate with more prompts so that some are held out" if split == "val" else "")
         )
-    parts: dict[str, list[torch.Tensor]] = {}
-    base = 0
-    for file in files:
-        try:
-            shard = load_file(str(d / file))
-        except (OSError, SafetensorError) as e:
-            raise DataError(
-                f"cannot read shard {d / file} ({e}): delete it and its manifest entry, then rerun gen"
-            ) from e
-        shard["offsets"] = shard["offsets"][:-1] + base
-        base += int(shard["tokens"].shape[0])
-        for k, v in shard.items():
-            parts.setdefault(k, []).append(v)
-    return SplitData(
-        hidden=torch.cat(parts["hidden"]),
-        tokens=torch.cat(parts["tokens"]).long(),
-        topk_ids=torch.cat(parts["topk_ids"]).long(),
-        topk_logp=torch.cat(parts["topk_logp"]),
-        offsets=torch.cat([*parts["offsets"], torch.tensor([base])]),
-        prompt_lens=torch.cat(parts["prompt_lens"]).long(),
+    entries = {e["file"]: e for e in manifest.shards}
+    n, seqs = sum(entries[f]["positions"] for f in files), sum(entries[f]["sequences"] for f in files)
+    first = _read_shard(d, files[0], ("hidden", "topk_ids"))
+    hidden_size, k = first["hidden"].shape[1], first["topk_ids"].shape[1]
+    out = SplitData(  # filled shard by shard: memory holds the split once, plus one shard's tensors
+        hidden=torch.empty(n, hidden_size, dtype=first["hidden"].dtype),
+        tokens=torch.empty(n, dtype=torch.long),
+        topk_ids=torch.empty(n, k, dtype=torch.long),
+        topk_logp=torch.empty(n, k, dtype=torch.float16),
+        offsets=torch.empty(seqs + 1, dtype=torch.long),
+        prompt_lens=torch.empty(seqs, dtype=torch.long),
     )
+    pos = seq = 0
+    for file in files:
+        shard = _read_shard(d, file)
+        m, s = shard["tokens"].shape[0], shard["prompt_lens"].shape[0]
+        if (m, s) != (entries[file]["positions"], entries[file]["sequences"]):
+            raise DataError(
+                f"shard {d / file} holds {m} positions of {s} sequences but the manifest lists "
+                f"{entries[file]['positions']} of {entries[file]['sequences']}: delete the shard and its "
+                f"manifest entry, then rerun gen"
+            )
+        for key in ("hidden", "tokens", "topk_ids", "topk_logp"):
+            getattr(out, key)[pos : pos + m] = shard[key]
+        out.offsets[seq : seq + s] = shard["offsets"][:-1] + pos
+        out.prompt_lens[seq : seq + s] = shard["prompt_lens"]
+        pos, seq = pos + m, seq + s
+    out.offsets[seq] = pos
+    return out
+
+
+def token_counts(directory: str | os.PathLike[str], split: str, manifest: Manifest) -> torch.Tensor:
+    """How often each token id occurs in ``split``'s stored positions [V] (only the tokens are read)."""
+    counts = torch.zeros(manifest.vocab_size, dtype=torch.long)
+    for file in manifest.shard_files(split):
+        tokens = _read_shard(Path(directory), file, ("tokens",))["tokens"].long()
+        counts += torch.bincount(tokens, minlength=manifest.vocab_size)
+    return counts
+
+
+def mean_feature_rms(directory: str | os.PathLike[str], split: str, manifest: Manifest) -> float:
+    """The mean over ``split``'s positions of the stored features' RMS, read one shard at a time."""
+    total, n = 0.0, 0
+    for file in manifest.shard_files(split):
+        hidden = _read_shard(Path(directory), file, ("hidden",))["hidden"]  # [N, H]
+        for c in range(0, hidden.shape[0], 65536):
+            total += float(hidden[c : c + 65536].float().pow(2).mean(-1).sqrt().double().sum())
+        n += hidden.shape[0]
+    return total / max(1, n)
+
+
+def _read_shard(d: Path, file: str, keys: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors ``keys`` (None: all) of one shard, with a clear error for an unreadable file."""
+    try:
+        with safe_open(str(d / file), "pt") as f:
+            return {k: f.get_tensor(k) for k in (keys or f.keys())}
+    except (OSError, SafetensorError) as e:
+        raise DataError(
+            f"cannot read shard {d / file} ({e}): delete it and its manifest entry, then rerun gen"
+        ) from e

@@ -42,6 +42,7 @@ from .shards import Manifest, SplitData, load_split
 CHECKPOINTS = "checkpoints"
 LOG = "train_log.jsonl"
 LOSSES = ("kl", "ce", "mix")
+PRECISIONS = ("auto", "bfloat16", "float32")  # bfloat16: autocast (CPU: avx512_bf16 / AMX matrix units)
 TIME_PROBE_STEPS = 20  # steps timed before a time limit re-plans the run
 
 
@@ -65,10 +66,13 @@ class TrainSettings:
     log_every: int = 10  # steps between learning-curve lines
     keep_checkpoints: int = 2  # older checkpoints are deleted
     seed: int = 0  # window order
+    precision: str = "auto"  # the heads' matmuls: auto = bfloat16 on CUDA, float32 on CPU; weights stay fp32
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
             raise DataError(f"loss {self.loss!r} is unknown: use one of {', '.join(LOSSES)}")
+        if self.precision not in PRECISIONS:
+            raise DataError(f"precision {self.precision!r} is unknown: use one of {', '.join(PRECISIONS)}")
         for name in ("steps", "batch_size", "window", "log_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -191,10 +195,11 @@ def _chunk_rows(settings: TrainSettings, vocab: int, device: torch.device) -> in
     return settings.chunk or max(64, budget // vocab)
 
 
-def _autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return torch.autocast("cpu", enabled=False)
+def _autocast(device: torch.device, precision: str = "auto"):
+    """The heads' forward in bfloat16 (autocast: fp32 weights, optimiser and loss) or float32."""
+    device = torch.device(device)
+    bf16 = precision == "bfloat16" or (precision == "auto" and device.type == "cuda")
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
 
 
 def _to(batch: Batch, device: torch.device) -> Batch:
@@ -222,7 +227,7 @@ def train_step(
     weights = head_weights(K, settings.head_decay)
     chunk = _chunk_rows(settings, heads.config.vocab_size, torch.device(device))
     j = torch.arange(batch.anchor.shape[1], device=device)
-    with _autocast(device):
+    with _autocast(device, settings.precision):
         feats = heads.features(batch.hidden, batch.tokens)  # K x [B, T, H]
     selected, grads, total, correct, counts = [], [], 0.0, [], []
     for k in range(1, K + 1):
@@ -239,7 +244,7 @@ def train_step(
         leaf = f.detach().requires_grad_(True)
         hits = 0
         for c in range(0, m, chunk):
-            with _autocast(device):
+            with _autocast(device, settings.precision):
                 logits = heads.project(k - 1, leaf[c : c + chunk])  # [c, V]
             per_pos = distill_loss(logits, ids[c : c + chunk], logp[c : c + chunk], settings.loss)
             part = per_pos.sum() * (weights[k - 1] / m)
@@ -265,7 +270,7 @@ def evaluate_split(heads: Heads, data: SplitData, windows: Windows, settings: Tr
             make_batch(data, windows, torch.arange(b, min(b + settings.batch_size, len(windows)))), device
         )
         j = torch.arange(batch.anchor.shape[1], device=device)
-        with _autocast(device):
+        with _autocast(device, settings.precision):
             feats = heads.features(batch.hidden, batch.tokens)
         for k in range(1, K + 1):
             valid = batch.anchor & (j[None] + k < batch.length[:, None])
@@ -273,7 +278,7 @@ def evaluate_split(heads: Heads, data: SplitData, windows: Windows, settings: Tr
             tgt = (batch.index[valid] + k).cpu()
             ids, logp = data.topk_ids[tgt].to(device), data.topk_logp[tgt].to(device)
             for c in range(0, f.shape[0], chunk):
-                with _autocast(device):
+                with _autocast(device, settings.precision):
                     logits = heads.project(k - 1, f[c : c + chunk])
                 losses[k - 1] += float(
                     distill_loss(logits, ids[c : c + chunk], logp[c : c + chunk], settings.loss).sum()
@@ -347,7 +352,7 @@ def _signature(heads: Heads, manifest: Manifest, settings: TrainSettings) -> dic
     keep = {
         k: v
         for k, v in asdict(settings).items()
-        if k not in ("eval_every", "checkpoint_every", "log_every", "keep_checkpoints")
+        if k not in ("eval_every", "checkpoint_every", "log_every", "keep_checkpoints", "precision")
     }
     return {"heads": asdict(heads.config), "data": manifest.prompts_sha, **keep}
 
