@@ -363,7 +363,7 @@ def test_bench_on_a_tiny_model_runs_every_task_and_writes_json_markdown_and_plot
 def test_the_benchs_default_is_generates_engine_on_the_models_the_bench_loaded_once():
     """--defaults' `default` and `hydra/dynamic+lookup` run the policies `entmtp generate` builds (each rule's),
     and every default shares the bench's loaded models instead of loading its own."""
-    from entmtp.build import EngineSpec, build
+    from entmtp.build import EngineSpec, Loader, build
     from entmtp.lookup import Lookup
 
     args = [
@@ -381,10 +381,11 @@ def test_the_benchs_default_is_generates_engine_on_the_models_the_bench_loaded_o
     plan = make_plan(bench_args(*args, "--defaults", "--tasks", "gsm8k", "--num-prompts", "1"))
     methods = load(plan)
     default, dynamic = methods.static["default"], methods.for_task("gsm8k")["hydra/dynamic+lookup"]
-    generate = build(EngineSpec(lookup=Lookup()), log=lambda m: None).engine
+    loader = Loader()  # generate's own loads (one model for both), apart from the bench's
+    generate = build(EngineSpec(lookup=Lookup()), loader=loader, log=lambda m: None).engine
     assert default.policy == generate.policy and default.policies == generate.policies
     spec = EngineSpec(heads="hydra", policy="dynamic", profile="gsm8k", lookup=Lookup(), dtype="bfloat16")
-    generate = build(spec, log=lambda m: None).engine
+    generate = build(spec, loader=loader, log=lambda m: None).engine
     assert dynamic.policy == generate.policy and dynamic.policies == generate.policies
     assert len(dynamic.policies) == 4 and dynamic.policies["typical"] != dynamic.policies["greedy"]
     assert default.model is methods.model  # bfloat16: the bench's own
