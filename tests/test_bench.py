@@ -8,6 +8,7 @@ import argparse
 import json
 import math
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -272,6 +273,30 @@ def test_every_engine_of_a_bench_is_built_by_one_function(tiny_dir, monkeypatch)
     assert methods.count == 8 and methods.logged == "heads/static"
 
 
+@pytest.mark.parametrize("sampling", [(), ("--temperature", "0.7", "--acceptance", "typical")])
+def test_a_bench_method_runs_the_policies_generate_builds_for_its_spec(tiny_dir, sampling):
+    """`heads/dynamic+lookup` and a static tree are composed as `entmtp generate` composes them (build): the
+    same policy per acceptance rule (under typical acceptance without lookup drafts, as generate runs it), on
+    the bench's one loaded model."""
+    from entmtp.build import EngineSpec, build
+    from entmtp.lookup import Lookup
+
+    model, heads, profile = str(tiny_dir / "model"), str(tiny_dir / "heads"), str(tiny_dir / "profile.json")
+    args = ["--model", model, "--heads", heads, "--tasks", "gsm8k", "--trees", "tree_4+lookup", "--peers", ""]
+    args += ["--policies", "dynamic+lookup", "--lookup-only", "", "--profile", profile, "--no-probe"]
+    methods = load(make_plan(bench_args(*args, *sampling, "--dtype", "float32", "--num-prompts", "1")))
+    ran = methods.for_task("gsm8k")
+    temperature, acceptance = (0.7, "typical") if sampling else (0.0, "auto")
+    spec = EngineSpec(model=model, heads=heads, dtype="float32", lookup=Lookup(), probe=False)
+    spec = replace(spec, temperature=temperature, acceptance=acceptance)
+    dynamic = dict(policy="dynamic", profile=profile)
+    for method, asked in (("dynamic+lookup", dynamic), ("tree_4+lookup", dict(tree="tree_4"))):
+        generate = build(replace(spec, **asked), log=lambda m: None).engine
+        bench = ran[f"heads/{method}"]
+        assert bench.policy == generate.policy and bench.policies == generate.policies, method
+        assert bench.model is methods.model and bench.heads is methods.heads[heads]
+
+
 def test_bench_on_a_tiny_model_runs_every_task_and_writes_json_markdown_and_plots(tiny_dir, capsys):
     out = tiny_dir / "bench"
     heads = str(tiny_dir / "heads")
@@ -332,6 +357,42 @@ def test_bench_on_a_tiny_model_runs_every_task_and_writes_json_markdown_and_plot
 
 
 # -- the embedded model: the command end to end (slow) --------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_benchs_default_is_generates_engine_on_the_models_the_bench_loaded_once():
+    """--defaults' `default` and `hydra/dynamic+lookup` run the policies `entmtp generate` builds (each rule's),
+    and every default shares the bench's loaded models instead of loading its own."""
+    from entmtp.build import EngineSpec, Loader, build
+    from entmtp.lookup import Lookup
+
+    args = [
+        "--heads",
+        "hydra",
+        "--trees",
+        "",
+        "--policies",
+        "dynamic+lookup",
+        "--peers",
+        "",
+        "--lookup-only",
+        "",
+    ]
+    plan = make_plan(bench_args(*args, "--defaults", "--tasks", "gsm8k", "--num-prompts", "1"))
+    methods = load(plan)
+    default, dynamic = methods.static["default"], methods.for_task("gsm8k")["hydra/dynamic+lookup"]
+    loader = Loader()  # generate's own loads (one model for both), apart from the bench's
+    generate = build(EngineSpec(lookup=Lookup()), loader=loader, log=lambda m: None).engine
+    assert default.policy == generate.policy and default.policies == generate.policies
+    spec = EngineSpec(heads="hydra", policy="dynamic", profile="gsm8k", lookup=Lookup(), dtype="bfloat16")
+    generate = build(spec, loader=loader, log=lambda m: None).engine
+    assert dynamic.policy == generate.policy and dynamic.policies == generate.policies
+    assert len(dynamic.policies) == 4 and dynamic.policies["typical"] != dynamic.policies["greedy"]
+    assert default.model is methods.model  # bfloat16: the bench's own
+    assert methods.static["previous-default"].model is methods.model
+    if "default@llama-cpp" in methods.static:
+        assert methods.static["default@transformers"].model is methods.model
+        assert methods.static["plain@llama-cpp"].model is methods.static["default@llama-cpp"].model
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ llama_cpp = pytest.importorskip(
     "llama_cpp", reason="the llama-cpp extra is not installed (make setup installs it)"
 )
 
+from entmtp.accept import ACCEPTANCE  # noqa: E402
 from entmtp.backends import backend_name  # noqa: E402
 from entmtp.backends.llama_cpp import (  # noqa: E402
     MAX_SEQ,
@@ -31,6 +32,7 @@ from entmtp.backends.llama_cpp import (  # noqa: E402
 from entmtp.batch import generate_batch  # noqa: E402
 from entmtp.engine import Engine  # noqa: E402
 from entmtp.lookup import Lookup  # noqa: E402
+from entmtp.policy import StaticPolicy  # noqa: E402
 from entmtp.scheduler.hybrid import hybrid  # noqa: E402
 from entmtp.tree import load_tree  # noqa: E402
 
@@ -289,9 +291,13 @@ def test_auto_keeps_the_backend_with_the_most_expected_tokens_per_second(monkeyp
     speeds = {"transformers/bfloat16": 40.0, "transformers/float32": 30.0, "llama-cpp/bfloat16": 90.0}
     loaded = []
 
-    def fake_load(spec, heads_spec, cand, probe, budget, log):
+    def fake_load(loader, spec, cand, budget, max_batch, log):
         loaded.append(cand)
-        return build_mod._Option(object(), None, None, Tree.root_only(), "plain", "test", None, speeds[cand])
+        model = build_mod.Loaded(spec, object(), None, None, "none", None)
+        policies = dict.fromkeys(ACCEPTANCE, StaticPolicy(Tree.root_only()))
+        return build_mod._Option(
+            model, build_mod.Composed(policies, "greedy", "plain", "test", speeds[cand], {}, (), False)
+        )
 
     monkeypatch.setattr(build_mod, "_load", fake_load)
     monkeypatch.setattr(build_mod, "_candidates", lambda spec, probe: list(speeds))

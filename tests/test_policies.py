@@ -55,6 +55,20 @@ def test_every_policy_gives_plain_greedy_output(fitted, kind, name):
     assert all(s.signals for s in r.steps)  # what the policy read is recorded per step
 
 
+def test_policies_built_from_the_same_settings_are_equal_and_no_others():
+    """Equality by what a policy was built from (policy.Settings): what one face builds can be checked
+    against what another builds. A generation's state and a changed setting are told apart."""
+    first, second = all_policies(), all_policies()
+    for name, policy in first.items():
+        assert policy == second[name] and policy.fresh() == second[name] and policy is not second[name], name
+    assert all(first[x] != second[y] for x in first for y in second if x != y)
+    small, large, acc = load_tree("chain_1"), load_tree("mc_sim_7b_63"), small_acceptance()
+    assert BinaryPolicy(small, large, "entropy", 0.3, 0.6) != first["binary-entropy"]  # another threshold
+    assert CostPolicy([small, large], acc, [11.0, 31.0]) != CostPolicy([small, large], acc, [11.0, 30.0])
+    lat = LatencyModel([0, 1, 4, 63], [10.0, 11.0, 12.0, 30.0])
+    assert DynamicPolicy(large, acc, lat, online=False) != first["dynamic"]
+
+
 def test_dynamic_policy_switches_trees_and_stays_lossless(fitted):
     model, ids, ref, heads = fitted
     policy = DynamicPolicy(load_tree("mc_sim_7b_63"), small_acceptance(), LatencyModel([0, 63], [10.0, 13.0]))

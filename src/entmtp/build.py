@@ -1,8 +1,18 @@
 """One way to build an engine: `EngineSpec` names what is wanted, `build` resolves it once.
 
-Every face (the CLI's generate / chat / serve, library users) goes through here: model and dtype, heads, a
-static tree or a scheduling policy from a profile, prompt lookup, and this machine's cost curve (costs.py).
-Every name is checked before a model loads, and each rule lives in one place:
+Every face (the CLI's generate / chat / serve, the bench, library users) goes through here: model and dtype,
+heads, a static tree or a scheduling policy from a profile, prompt lookup, and this machine's cost curve
+(costs.py). Every name is checked before a model loads. Building is two steps, so that a bench can load once
+and compose each of its methods exactly as `generate` does:
+
+  load     `load(spec) -> Loaded`: the model and tokenizer, the heads bound, moved and packed for it (once,
+           before any probe times them), and the costs measured on that pair (the curve; the surface of
+           batched steps when asked). A `Loader` keeps what it loaded, for the next spec on the same model.
+  compose  `compose(loaded, spec) -> Composed`: one policy per acceptance rule, the prompt-lookup branch
+           wrapped around each once, and why; `assemble` hands them to an `Engine`, which coerces nothing.
+
+`build(spec)` loads and composes each (backend, dtype) candidate and keeps the fastest. Each rule lives in one
+place:
 
   backend  `auto`: on a CPU, with llama-cpp-python installed and a GGUF to run (the embedded model's, or
            `--model X.gguf`), both transformers and llama.cpp are candidates, measured like dtypes; else
@@ -26,7 +36,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -34,18 +44,18 @@ import torch
 from . import metrics
 from .accept import ACCEPTANCE, Sampling
 from .backends import BACKENDS
-from .costs import CostCurve, costs_dir, costs_for, probing_disabled
-from .engine import Engine, default_tree
+from .costs import CostCorrector, CostCurve, costs_dir, costs_for, probing_disabled, surface_for
+from .engine import Engine
 from .errors import EntMTPError
 from .files import write_text_atomic
 from .lookup import Lookup
 from .machine import cpu_info, digest
 from .model import DTYPES, is_embedded, is_gguf
+from .policy import TreePolicy, as_policy
 from .scheduler.factory import section_policy
 from .scheduler.hybrid import hybrid
 from .scheduler.policies import POLICIES
 from .shipped import HEAD_KINDS, default_heads
-from .tree import Tree
 
 DTYPE_CHOICES = ("auto", *DTYPES)
 CPU_CANDIDATES = ("bfloat16", "float32")  # what `auto` compares on a CPU (fp16 matmuls are slow there)
@@ -115,6 +125,8 @@ class Plan:
 class Built:
     engine: Engine
     plan: Plan
+    loaded: Loaded | None = None  # the chosen candidate's model, heads and costs (`surface` for batching)
+    composed: Composed | None = None  # its policies, one per acceptance rule
 
 
 def build_engine(spec: EngineSpec = EngineSpec(), *, log=None) -> Engine:
@@ -122,76 +134,67 @@ def build_engine(spec: EngineSpec = EngineSpec(), *, log=None) -> Engine:
     return build(spec, log=log).engine
 
 
-def build(spec: EngineSpec = EngineSpec(), *, log=None) -> Built:
-    """The engine and the plan behind it. `log(str)`: notes for the user (default: stderr)."""
-    log = log or (lambda msg: print(f"entmtp: {msg}", file=sys.stderr))
+def build(
+    spec: EngineSpec = EngineSpec(), *, loader: Loader | None = None, max_batch: int | None = None, log=None
+) -> Built:
+    """The engine and the plan behind it: each (backend, dtype) candidate loaded (`load`) and composed
+    (`compose`), the one with the most expected tokens/s kept. `loader`: models loaded already (the bench
+    shares its own); `max_batch`: also measure the cost surface of batches up to that many rows
+    (`Built.loaded.surface`); `log(str)`: notes for the user (default: stderr)."""
+    log = log or _say
     check_spec(spec)
     if spec.threads:
         torch.set_num_threads(spec.threads)
-    heads_spec = spec.heads if spec.heads is not None else default_heads()
+    loader = loader or Loader()
     probe = spec.probe and not probing_disabled()
     candidates = _candidates(spec, probe)
-    choice_key = _choice_key(spec, heads_spec) if len(candidates) > 1 and probe else None
+    choice_key = _choice_key(spec, _heads_spec(spec)) if len(candidates) > 1 and probe else None
     cached = _cached_choice(choice_key)
-    if cached in candidates:
+    cached = cached if cached in candidates else None
+    if cached is not None:
         candidates = [cached]
-    loaded = {}
+    options: dict[str, _Option] = {}
     for cand in candidates:
-        if loaded and not _room_for_another(next(iter(loaded.values())).model, cand):
+        first = next(iter(options.values()), None)
+        if first and not loader.has(_at(spec, cand)) and not _room_for_another(first.loaded.model, cand):
             log(f"not comparing {cand}: a second copy of the model would not fit in free memory")
             break
         budget = AUTO_BUDGET_S if len(candidates) > 1 else None
-        loaded[cand] = _load(spec, heads_spec, cand, probe, budget, log)
-    speeds = {c: option.expected for c, option in loaded.items()}
+        options[cand] = _load(loader, spec, cand, budget, max_batch, log)
+    speeds = {c: option.composed.expected for c, option in options.items()}
     chosen = max(speeds, key=speeds.get)
     backend, dtype = _split(chosen)
-    if len(candidates) == 1 and cached is None:
-        reason = "CUDA" if spec.device.startswith("cuda") else "as asked" if spec.dtype != "auto" else None
-        reason = reason or (
-            "the heads' dtype: " + _heads_dtype_reason() if backend == "llama-cpp" else "the only candidate"
-        )
-        backend_reason = "as asked" if spec.backend != "auto" else _single_backend_reason(spec)
-    elif cached is not None:
-        reason = backend_reason = f"measured earlier on this machine ({_choices_path()} holds the choice)"
-    else:
+    reason, backend_reason = _why(spec, backend, len(candidates), cached, speeds)
+    if len(candidates) > 1:
+        _save_choice(choice_key, chosen)
+    loaded, composed = options[chosen].loaded, options[chosen].composed
+    plan = Plan(
+        dtype, reason, composed.name, composed.reason, loaded.costs, speeds, composed.others,
+        composed.lookup_rules, backend, backend_reason,
+    )  # fmt: skip
+    return Built(assemble(loaded, composed, spec), plan, loaded, composed)
+
+
+def _why(spec: EngineSpec, backend: str, candidates: int, cached: str | None, speeds: dict[str, float]):
+    """(why this dtype, why this backend) for the plan."""
+    if cached is not None:
+        why = f"measured earlier on this machine ({_choices_path()} holds the choice)"
+        return why, why
+    if candidates > 1:
         one_backend = len({_split(c)[0] for c in speeds}) == 1  # then the dtypes alone name the candidates
-        reason = backend_reason = "most expected tokens/s here: " + ", ".join(
+        why = "most expected tokens/s here: " + ", ".join(
             f"{_split(c)[1] if one_backend else c} {s:.1f}" for c, s in speeds.items()
         )
-        _save_choice(choice_key, chosen)
-    option = loaded[chosen]
-    heads = option.heads if option.uses_heads else None
-
-    def lookup_under(rule: str) -> bool:  # typical acceptance gets lookup drafts only when asked
-        return spec.lookup is not None and (rule != "typical" or heads is None or spec.lookup.typical)
-
-    def with_lookup(policy, rule: str):  # a prompt-lookup branch sized per step on this machine's costs
-        if not lookup_under(rule):
-            return policy
-        return hybrid(policy if policy is not None else default_tree(heads), spec.lookup, option.costs)
-
-    rule = Sampling(spec.temperature, spec.acceptance).rule
-    policies = {other: with_lookup(p, other) for other, (p, _) in option.others.items()}
-    if lookup_under(rule) and not lookup_under("typical") and "typical" not in policies:
-        # typical acceptance runs the main policy, without its lookup branch
-        policies["typical"] = option.policy
-    engine = Engine(
-        option.model,
-        option.tokenizer,
-        heads=heads,
-        tree=with_lookup(option.policy, rule),
-        policies=policies,
-        kv=spec.kv,
-        graphs=spec.graphs,
-        costs=option.costs,
+        return why, why
+    reason = "CUDA" if spec.device.startswith("cuda") else "as asked" if spec.dtype != "auto" else None
+    reason = reason or (
+        "the heads' dtype: " + _heads_dtype_reason() if backend == "llama-cpp" else "the only candidate"
     )
-    others = {rule: name for rule, (_, name) in option.others.items()}
-    lookup = tuple(r for r in ACCEPTANCE if lookup_under(r))
-    plan = Plan(
-        dtype, reason, option.policy_name, option.policy_reason, option.costs, speeds, others, lookup,
-        backend, backend_reason,
-    )  # fmt: skip
-    return Built(engine, plan)
+    return reason, "as asked" if spec.backend != "auto" else _single_backend_reason(spec)
+
+
+def _say(msg: str) -> None:
+    print(f"entmtp: {msg}", file=sys.stderr)
 
 
 def check_spec(spec: EngineSpec) -> None:
@@ -221,42 +224,195 @@ def check_spec(spec: EngineSpec) -> None:
         load_tree(spec.tree)  # a bad name or file fails here, with the tree module's message
 
 
-# ---- one dtype candidate ---------------------------------------------------------------------------------
+# ---- load: the model, its heads and this machine's costs, once --------------------------------------------
+
+
+@dataclass
+class Loaded:
+    """A model loaded once with one heads ready for it, and this machine's costs for the pair: what `compose`
+    makes policies on, as many times as asked (the bench composes every method on one)."""
+
+    spec: EngineSpec  # what was loaded, backend and dtype concrete (never `auto`)
+    model: object
+    tokenizer: object
+    heads: object | None  # bound, on the model's device and dtype, packed like it (shipped.bind_heads)
+    heads_spec: str  # medusa | hydra | none | a heads directory: the spec's, or the shipped default
+    costs: CostCurve | None  # ms per step by drafted nodes, measured with these heads (None: not measured)
+    surface: object | None = None  # surface.CostSurface of batched steps, when loaded for batching
+
+
+class Loader:
+    """Loads each (model, backend, dtype, device) once and each heads on it once, with their costs: `build`
+    and the bench share one, so every method they compose runs on the same loaded weights."""
+
+    def __init__(self):
+        self._bases: dict[tuple, tuple] = {}  # base key -> (model, tokenizer)
+        self._loaded: dict[tuple, Loaded] = {}
+
+    def has(self, spec: EngineSpec) -> bool:
+        """Whether `spec`'s model is loaded already (backend and dtype concrete)."""
+        return _base_key(spec) in self._bases
+
+    def load(
+        self, spec: EngineSpec, *, budget_s: float | None = None, max_batch: int | None = None
+    ) -> Loaded:
+        """See `load`; what was loaded before is reused."""
+        spec = _concrete(spec)
+        probe = spec.probe and not probing_disabled()
+        key = (_base_key(spec), _heads_spec(spec), probe, spec.graphs, spec.kv, max_batch)
+        if key not in self._loaded:
+            if not self.has(spec):
+                self._bases[_base_key(spec)] = load_base(spec, spec.backend, spec.dtype)
+            model, tokenizer = self._bases[_base_key(spec)]
+            self._loaded[key] = _ready(spec, model, tokenizer, probe, budget_s, max_batch)
+        return self._loaded[key]
+
+
+def load(
+    spec: EngineSpec = EngineSpec(), *, budget_s: float | None = None, max_batch: int | None = None
+) -> Loaded:
+    """`spec`'s model and tokenizer, its heads bound, moved and packed for the model before anything times
+    them, and this machine's step costs for the pair (measured once and cached, unless `spec.probe` is off or
+    ENTMTP_NO_PROBE=1; `budget_s`: a first measurement's time) and, with `max_batch`, the cost surface of
+    batched steps up to that many rows. An `auto` backend or dtype is the unmeasured default (transformers;
+    bf16 on a CPU): `build` measures the candidates and keeps the fastest."""
+    check_spec(spec)
+    return Loader().load(spec, budget_s=budget_s, max_batch=max_batch)
+
+
+def _ready(spec: EngineSpec, model, tokenizer, probe: bool, budget_s: float | None, max_batch: int | None):
+    """`Loaded` for a loaded model: the heads ready first (shipped.bind_heads), then the probes time them."""
+    from .shipped import resolve_heads
+
+    heads_spec = _heads_spec(spec)
+    heads = resolve_heads(heads_spec, model)  # bound and packed: heads made for another model fail here
+    kwargs = {} if budget_s is None else {"budget_s": budget_s}
+    sampling = Sampling(spec.temperature, spec.acceptance)  # steps priced under the rule they will run
+    costs = costs_for(model, heads, graphs=spec.graphs, sampling=sampling, **kwargs) if probe else None
+    surface = None
+    if probe and max_batch and _batchable(spec, model):
+        surface = surface_for(model, heads, max_batch=max_batch, sampling=sampling)
+    return Loaded(spec, model, tokenizer, heads, heads_spec, costs, surface)
+
+
+def _batchable(spec: EngineSpec, model) -> bool:
+    """Whether the engine can step a batch of rows over `model` (batch.py: the preallocated cache of
+    transformers); else the server serves one request at a time and no surface is measured."""
+    from .cache import preallocation_blocker
+
+    return spec.backend == "transformers" and spec.kv == "auto" and preallocation_blocker(model) is None
+
+
+def _heads_spec(spec: EngineSpec) -> str:
+    return spec.heads if spec.heads is not None else default_heads()
+
+
+def _concrete(spec: EngineSpec) -> EngineSpec:
+    """`spec` with an `auto` backend or dtype made the unmeasured default (`_candidates` without a probe)."""
+    if "auto" not in (spec.backend, spec.dtype):
+        return spec
+    return _at(spec, _candidates(spec, probe=False)[0])
+
+
+def _at(spec: EngineSpec, cand: str) -> EngineSpec:
+    """`spec` with the candidate "backend/dtype"'s backend and dtype."""
+    backend, dtype = _split(cand)
+    return replace(spec, backend=backend, dtype=dtype)
+
+
+def _base_key(spec: EngineSpec) -> tuple:
+    return (spec.model, spec.backend, spec.dtype, spec.device, spec.pack, spec.threads)
+
+
+# ---- compose: one policy per acceptance rule -------------------------------------------------------------
+
+
+@dataclass
+class Composed:
+    """The policies an engine runs, one per acceptance rule, and why (what `Plan` reports)."""
+
+    policies: dict[str, TreePolicy]  # every rule of accept.ACCEPTANCE -> the policy its generations run
+    rule: str  # the spec's own rule (its temperature and acceptance)
+    name: str  # the rule's policy: a policy name, "tree <name>", "plain" or "lookup"
+    reason: str
+    expected: float  # tokens/s expected of the rule's policy on the loaded costs (0: not measured)
+    others: dict[str, str]  # rules with a policy from their own profile section -> its name
+    lookup_rules: tuple[str, ...]  # rules whose trees get prompt-lookup drafts
+    uses_heads: bool  # whether any policy drafts with the heads (else the engine runs without them)
+    observers: tuple = ()  # told each generation's steps: the cost curve's corrector (costs.CostCorrector)
+
+    @property
+    def policy(self) -> TreePolicy:
+        return self.policies[self.rule]
+
+
+def compose(loaded: Loaded, spec: EngineSpec = EngineSpec(), *, profile=None, log=None) -> Composed:
+    """One policy per acceptance rule on `loaded` (the module docstring's `policy`): each rule's own from its
+    profile section (a tree is the same for all), made a policy once (policy.as_policy), and the prompt-lookup
+    branch wrapped around it once where `spec.lookup` asks for it under that rule (scheduler.hybrid, sized on
+    `loaded.costs`). `profile`: one resolved for `spec.profile` and checked against `loaded` already (the bench
+    reads each once); None: resolved and checked here. The cost curve's corrector observes the generations."""
+    inner, name, reason, expected, others = _policy(spec, loaded, profile, log or _say)
+    main = as_policy(inner, loaded.heads)
+    inners = {r: as_policy(others[r][0], loaded.heads) if r in others else main for r in ACCEPTANCE}
+    uses_heads = loaded.heads is not None and any(_drafts(p) for p in inners.values())
+    lookup = spec.lookup
+    # typical acceptance gets lookup drafts only when asked (Lookup.typical) or without heads
+    rules = tuple(
+        r for r in ACCEPTANCE if lookup is not None and (r != "typical" or not uses_heads or lookup.typical)
+    )
+    wrapped: dict[int, TreePolicy] = {}  # id(inner) -> its wrap: rules that share a policy share its wrap
+    for r in rules:
+        if id(inners[r]) not in wrapped:
+            wrapped[id(inners[r])] = hybrid(inners[r], lookup, loaded.costs)
+    policies = {r: wrapped[id(inners[r])] if r in rules else inners[r] for r in ACCEPTANCE}
+    rule = Sampling(spec.temperature, spec.acceptance).rule
+    names = {r: n for r, (_, n) in others.items()}
+    corrector = CostCorrector.for_curve(loaded.costs) if loaded.costs is not None else None
+    observers = (corrector,) if corrector is not None else ()
+    return Composed(policies, rule, name, reason, expected, names, rules, uses_heads, observers)
+
+
+def assemble(loaded: Loaded, composed: Composed, spec: EngineSpec = EngineSpec()) -> Engine:
+    """The engine running `composed`'s policies on `loaded`'s model: with its heads when a policy drafts with
+    them, and the costs the policies were sized on (steps that disagree with them correct the cached curve)."""
+    return Engine(
+        loaded.model,
+        loaded.tokenizer,
+        heads=loaded.heads if composed.uses_heads else None,
+        tree=composed.policy,
+        policies=composed.policies,
+        kv=spec.kv,
+        graphs=spec.graphs,
+        costs=loaded.costs,
+        observers=composed.observers,
+    )
+
+
+def _drafts(policy: TreePolicy) -> bool:
+    """Whether any tree `policy` may verify (its master included) has head nodes."""
+    master = [policy.master] if policy.master is not None else []
+    return any(t.heads_tree.num_nodes for t in (*policy.trees, *master))
 
 
 @dataclass
 class _Option:
-    model: object
-    tokenizer: object
-    heads: object
-    policy: object  # a tree name, a Tree, or a policy object
-    policy_name: str
-    policy_reason: str
-    costs: CostCurve | None
-    expected: float  # tokens/s
-    uses_heads: bool = True
-    others: dict = field(default_factory=dict)  # other acceptance rules: rule -> (policy, its name)
+    """One (backend, dtype) candidate, loaded and composed."""
+
+    loaded: Loaded
+    composed: Composed
 
 
-def _load(spec: EngineSpec, heads_spec: str, cand: str, probe: bool, budget: float | None, log) -> _Option:
-    from .shipped import resolve_heads
-
-    model, tokenizer = load_base(spec, *_split(cand))
-    heads = resolve_heads(heads_spec, model)  # bound: heads made for another model fail here
-    kwargs = {} if budget is None else {"budget_s": budget}
-    costs = costs_for(model, heads, graphs=spec.graphs, **kwargs) if probe else None
-    policy, name, reason, expected, others = _policy(spec, heads_spec, model, heads, costs, log)
-    uses_heads = heads is not None and any(
-        not (isinstance(p, Tree) and p.heads_tree.num_nodes == 0)
-        for p in (policy, *(p for p, _ in others.values()))
-    )
-    return _Option(model, tokenizer, heads, policy, name, reason, costs, expected, uses_heads, others)
+def _load(loader: Loader, spec: EngineSpec, cand: str, budget, max_batch, log) -> _Option:
+    loaded = loader.load(_at(spec, cand), budget_s=budget, max_batch=max_batch)
+    return _Option(loaded, compose(loaded, spec, log=log))
 
 
-def _policy(spec: EngineSpec, heads_spec: str, model, heads, costs: CostCurve | None, log):
-    """(tree or policy, its name, why, expected tokens/s, {other acceptance rule: (policy, name)}) for one
-    loaded candidate. A policy from a profile has one per rule, each from the profile's section for it (a
-    server's requests differ in temperature); a tree is the same under every rule."""
+def _policy(spec: EngineSpec, loaded: Loaded, profile, log):
+    """(tree or policy, its name, why, expected tokens/s, {other acceptance rule: (policy, name)}) on `loaded`.
+    A policy from a profile has one per rule, each from the profile's section for it (a server's requests
+    differ in temperature); a tree is the same under every rule. `profile`: see `compose`."""
+    heads_spec, model, heads, costs = loaded.heads_spec, loaded.model, loaded.heads, loaded.costs
     plain_speed = metrics.replay_tokens_per_second(1, costs.plain_ms) if costs is not None else 0.0
     if heads is None:
         name = (
@@ -267,19 +423,20 @@ def _policy(spec: EngineSpec, heads_spec: str, model, heads, costs: CostCurve | 
         return spec.tree, f"tree {spec.tree}", "as asked", _tree_speed(spec.tree, costs), {}
     from .scheduler.profiles import ProfileError, resolve_profile, shipped_profiles_dir
 
-    if spec.profile is None and heads_spec not in HEAD_KINDS:
-        if spec.policy is not None:
-            raise EntMTPError(
-                f"--policy {spec.policy} needs a profile for these heads: make one with `entmtp calibrate "
-                f"--heads {heads_spec} --task TASK --out P.json` and pass --profile P.json"
-            )
-        log("no --profile for these heads: using the static tree tree_8")
-        return "tree_8", "tree tree_8", "no profile for these heads", _tree_speed("tree_8", costs), {}
-    if spec.profile is None and not (shipped_profiles_dir(heads_spec) / "mixed.json").exists():
-        log(f"no shipped scheduler profile for {heads_spec} heads: using the static tree tree_8")
-        return "tree_8", "tree tree_8", "no shipped profile", _tree_speed("tree_8", costs), {}
-    profile = resolve_profile(spec.profile, heads_spec)
-    profile.check(model, heads, warn_hardware=costs is None)
+    if profile is None:
+        if spec.profile is None and heads_spec not in HEAD_KINDS:
+            if spec.policy is not None:
+                raise EntMTPError(
+                    f"--policy {spec.policy} needs a profile for these heads: make one with `entmtp calibrate "
+                    f"--heads {heads_spec} --task TASK --out P.json` and pass --profile P.json"
+                )
+            log("no --profile for these heads: using the static tree tree_8")
+            return "tree_8", "tree tree_8", "no profile for these heads", _tree_speed("tree_8", costs), {}
+        if spec.profile is None and not (shipped_profiles_dir(heads_spec) / "mixed.json").exists():
+            log(f"no shipped scheduler profile for {heads_spec} heads: using the static tree tree_8")
+            return "tree_8", "tree tree_8", "no shipped profile", _tree_speed("tree_8", costs), {}
+        profile = resolve_profile(spec.profile, heads_spec)
+        profile.check(model, heads, warn_hardware=costs is None)
     rule = Sampling(spec.temperature, spec.acceptance).rule
     mode = profile.mode_for_rule(rule)
     policy, name, reason, expected = section_policy(profile, mode, costs, spec.policy)

@@ -14,31 +14,38 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
 from .accept import ACCEPTANCE, GumbelNoise, Sampling, accept
 from .backends import base_for
-from .costs import CostCorrector, CostCurve, LatencyModel
+from .costs import CostCurve, LatencyModel
 from .errors import EntMTPError
 from .heads import Drafter, LazyProbe, Probe, taken
 from .lookup import Lookup, NgramIndex, draft_lookup, source_depths
 from .model import check_request, context_window, encode_prompt, eos_token_ids
-from .packing import PackedLinear, pack_linears
-from .policy import Choice, StaticPolicy, TreePolicy
+from .policy import Choice, TreePolicy, as_policy
 from .records import MAX_TOP_LOGPROBS, Result, Step, StepContext, TokenEvent, TokenLogprob
+from .shipped import bind_heads
 from .text import Detokenizer, find_end
-from .tree import Tree, load_tree, prune
+from .tree import Tree, prune
+
+
+class GenerationObserver(Protocol):
+    """Told each finished generation's steps (a stream's, in order)."""
+
+    def observe(self, steps: list[Step]) -> object: ...
 
 
 class Engine:
     """Self-speculative decoding with Medusa/Hydra heads over a frozen Hugging Face causal LM.
 
-    `tree` is a tree name, a `Tree` (hybrid trees with lookup nodes too), or a ready `TreePolicy` choosing a
-    tree per step (policy.py; `scheduler.hybrid.hybrid(inner, Lookup())` adds a prompt-lookup branch sized per
-    step). `heads=None` with the root-only tree is plain decoding (one token per step), the baseline for speed
+    `tree` is a ready `TreePolicy` choosing a tree per step (policy.py; `scheduler.hybrid.hybrid(inner,
+    Lookup())` adds a prompt-lookup branch sized per step), or for short a tree name or a `Tree` (hybrid trees
+    with lookup nodes too), which `policy.as_policy` makes a static policy. `heads=None` with the root-only tree is plain decoding (one token per step), the baseline for speed
     and equality; `heads=None` with `hybrid(None, Lookup())` is prompt lookup decoding.
 
     `policies`: other acceptance rules' own trees or policies (`{"sample": ..., "typical": ...}`, a profile's
@@ -48,8 +55,12 @@ class Engine:
     `kv="auto"` keeps keys and values in a preallocated cache where the model allows it (cache.py);
     `kv="dynamic"` uses transformers' DynamicCache. On CUDA, `graphs=True` replays one captured graph per
     tree size for verification (graphs.py). `costs`: this machine's cost curve (costs.py) that the policy was
-    built on: measured steps that disagree with it correct the cached curve for later engines. `build_engine`
-    (build.py) assembles all of this from names.
+    built on. `observers` are told each finished generation's steps (`build.compose` attaches the curve's
+    corrector, costs.CostCorrector: measured steps that disagree with the curve correct the cached one for
+    later engines). The heads are
+    made ready for the model (`shipped.bind_heads`: bound, moved, packed; `build.load` does it before it
+    measures the costs). `build.build` assembles all of this from names: `load` then `compose`, which hands
+    the engine its policies ready.
     """
 
     def __init__(
@@ -63,19 +74,15 @@ class Engine:
         kv: str = "auto",
         graphs: bool = True,
         costs: CostCurve | None = None,
+        observers: Sequence[GenerationObserver] = (),
     ):
-        self.model, self.tokenizer, self.heads = model, tokenizer, heads
-        if heads is not None:
-            if not heads.is_bound_to(model):
-                heads.bind(model)
-            heads.to(device=model.device, dtype=model.dtype)
-            if any(isinstance(m, PackedLinear) for m in model.modules()):
-                pack_linears(heads)  # the heads follow the model (packing.py): same drafts, faster
-        policy = self.as_policy(default_tree(heads) if tree is None else tree)
+        self.model, self.tokenizer = model, tokenizer
+        self.heads = bind_heads(heads, model) if heads is not None else None  # a no-op for `build`'s heads
+        policy = self.as_policy(tree)
         self.policy = policy  # each generation runs its own `policy.fresh()`
         self.policies = {rule: self.as_policy(p) for rule, p in _check_rules(policies or {}).items()}
         self.costs = costs  # the machine's cost curve the policy was built on (costs.py), if any
-        self._corrector = CostCorrector.for_curve(costs) if costs is not None else None
+        self.observers = tuple(observers)  # told every finished generation's steps
         offset = heads.config.hidden_state_offset if heads is not None else 0
         full_hidden = (
             heads is not None and getattr(heads.config, "head_arch", None) == "prefix-mlp"
@@ -90,11 +97,10 @@ class Engine:
             self.graphs = VerifyGraphs(self.base)
         self.eos_ids = eos_token_ids(model, tokenizer)
 
-    def as_policy(self, tree: str | Tree | TreePolicy) -> TreePolicy:
-        """`tree` as a policy whose every tree these heads can draft (checked up front, with the fix)."""
-        if isinstance(tree, str):
-            tree = load_tree(tree)
-        policy: TreePolicy = StaticPolicy(tree) if isinstance(tree, Tree) else tree
+    def as_policy(self, tree: str | Tree | TreePolicy | None) -> TreePolicy:
+        """`tree` as a policy (policy.as_policy: None is tree_8 with heads, else the root alone) whose every tree
+        these heads can draft (checked up front, with the fix)."""
+        policy = as_policy(tree, self.heads)
         heads = self.heads
         for t in _trees(policy):
             if heads is None and t.heads_tree.num_nodes:
@@ -149,8 +155,8 @@ class Engine:
                 event = next(events)
                 steps.append(event.step)
         result = state.result(steps, time.perf_counter() - t0, prefill_seconds, event.finish_reason)
-        if self._corrector is not None:
-            self._corrector.observe(steps)
+        for observer in self.observers:
+            observer.observe(steps)
         yield dataclasses.replace(event, result=result)
 
     def encode(
@@ -226,11 +232,6 @@ def scratch(policy: TreePolicy) -> int:
     """Slots a step of `policy` may need past the committed tokens: its largest tree, with a lookup chain."""
     lookup = policy.lookup
     return max(t.size for t in _trees(policy)) + (lookup.tokens if lookup is not None else 0)
-
-
-def default_tree(heads) -> str | Tree:
-    """The tree an engine verifies when none is named: tree_8 with heads, else the root alone (plain decoding)."""
-    return "tree_8" if heads is not None else Tree.root_only()
 
 
 @contextlib.contextmanager

@@ -4,7 +4,9 @@ Per generation the engine takes `policy.fresh()` (the same settings, its own sta
 share trackers), then per step calls `choose(ctx)` before drafting and `observe(step)` after the step is
 finished (cut at EOS, a stop string or the token limit). The engine reads exactly the members declared here.
 The static policy always returns the same tree (what Medusa and Hydra do); the scheduling policies live in
-entmtp.scheduler.
+entmtp.scheduler. `as_policy` is the one place a `tree=` argument (a name, a `Tree` or a policy) becomes a
+policy. Policies compare equal when they were built from the same settings (`Settings`), so two faces that
+should run the same policy (`entmtp generate` and a bench's method) can be checked to.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
+import torch
 
 from .records import Step, StepContext
-from .tree import Tree
+from .tree import Tree, load_tree
 
 if TYPE_CHECKING:
     from .costs import LatencyModel
@@ -80,6 +83,37 @@ class TreePolicy(Protocol):
     def observe(self, step: Step) -> None: ...
 
 
+class Settings:
+    """Equality by what a policy was built from: the attributes named in `SETTINGS` (trees by name and paths,
+    tensors by value), never its per-generation state or its caches of built trees."""
+
+    SETTINGS: tuple[str, ...] = ()
+
+    def settings(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.SETTINGS)
+
+    def __eq__(self, other) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return same(self.settings(), other.settings())
+
+    __hash__ = None  # equal settings, equal policies: and the settings hold tensors and lists
+
+
+def same(a, b) -> bool:
+    """Whether two settings are equal: trees by name and paths, tensors and arrays by value, containers item by
+    item, everything else (policies included) by `==`."""
+    if isinstance(a, Tree) or isinstance(b, Tree):
+        return isinstance(a, Tree) and isinstance(b, Tree) and (a.name, a.paths) == (b.name, b.paths)
+    if isinstance(a, torch.Tensor | np.ndarray):
+        return type(a) is type(b) and a.shape == b.shape and bool((a == b).all())
+    if isinstance(a, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return a == b
+
+
 class Stateful:
     """`fresh()` for a policy whose `reset()` rebinds every piece of per-generation state (never mutates a
     shared object): a shallow copy, reset, shares settings and caches of built trees, and no state."""
@@ -93,9 +127,10 @@ class Stateful:
         return new
 
 
-class StaticPolicy:
+class StaticPolicy(Settings):
     """One fixed tree for the whole generation."""
 
+    SETTINGS = ("tree",)
     master = None  # nothing to probe: the tree is fixed
     lookup = None  # a hybrid tree's lookup nodes are drafted with `Lookup()`'s n-grams
 
@@ -111,3 +146,14 @@ class StaticPolicy:
 
     def observe(self, step: Step) -> None:
         pass
+
+
+def as_policy(tree: str | Tree | TreePolicy | None = None, heads=None) -> TreePolicy:
+    """`tree` as a policy (the one coercion of a `tree=` argument): a tree name (`entmtp trees`, or a JSON file
+    of paths) or a `Tree` becomes a `StaticPolicy`, a policy stays itself; None is tree_8 with `heads`, else
+    the root alone (plain decoding)."""
+    if tree is None:
+        tree = "tree_8" if heads is not None else Tree.root_only()
+    if isinstance(tree, str):
+        tree = load_tree(tree)
+    return StaticPolicy(tree) if isinstance(tree, Tree) else tree

@@ -29,12 +29,27 @@ def heads_path(spec: str | Path) -> Path:
 
 def resolve_heads(spec: str | None, model):
     """`spec`: medusa | hydra (shipped heads for the embedded model) | none | a heads directory. The heads
-    come bound to `model` (heads made for another model fail here, before anything else uses them)."""
+    come ready for `model` (`bind_heads`: heads made for another model fail here, before anything else uses
+    them)."""
     from .heads import load_heads
 
     if spec in (None, "none"):
         return None
-    return load_heads(heads_path(spec), dtype=model.dtype, device=model.device).bind(model)
+    return bind_heads(load_heads(heads_path(spec), dtype=model.dtype, device=model.device), model)
+
+
+def bind_heads(heads, model):
+    """`heads` ready to draft for `model`, in place (the one place heads are bound): bound to it, on its device
+    in its dtype, and their linears packed when the model's are (packing.py: the same drafts, faster), so a
+    cost probe times the heads the engine runs. Idempotent; returns `heads`."""
+    from .packing import PackedLinear, pack_linears
+
+    if not heads.is_bound_to(model):
+        heads.bind(model)
+    heads.to(device=model.device, dtype=model.dtype)
+    if any(isinstance(m, PackedLinear) for m in model.modules()):
+        pack_linears(heads)  # the heads follow the model; layers packed already stay as they are
+    return heads
 
 
 def default_heads() -> str:

@@ -1,29 +1,33 @@
-"""The methods a bench compares, loaded once for all tasks: the model, its heads, this machine's step costs, the
-profiles, and an engine (or peer decoder) per method. Every engine of the bench is built by `engine`."""
+"""The methods a bench compares, loaded once for all tasks and composed as `entmtp generate` composes its engine.
+
+One `build.Loader` loads the model once per dtype (and llama.cpp's, for --defaults), each heads once on it,
+bound and packed before this machine's step costs are measured with them. A method is an `EngineSpec` on
+those: plain decoding and lookup without heads, a static tree (`+lookup`), a policy from the task's profile
+(`+lookup`), and --defaults' `default` (the very `build` of `entmtp generate`, sharing the loaded models).
+`build.compose` turns each into its policies, so the bench measures what `generate` runs; every engine of the
+bench is built by `engine`.
+"""
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..costs import CostCurve, costs_for, probing_disabled
-from ..engine import Engine, default_tree
+from ..build import EngineSpec, Loaded, Loader, assemble, compose
+from ..engine import Engine
 from ..heads import Heads
 from ..lookup import Lookup
-from ..scheduler.hybrid import hybrid
+from ..scheduler.policies import POLICIES
 from ..scheduler.profiles import Profile
-from ..shipped import resolve_heads
 from .peers import build_peers, llama_cpp_available
 from .plan import LOOKUP_VARIANTS, Plan
 
 
-def engine(model, tokenizer, heads=None, tree=None, lookup: Lookup | None = None, costs=None) -> Engine:
-    """The one place the bench builds an `Engine`: `tree` is a tree name or a policy, `lookup` adds a prompt
-    lookup branch sized on `costs`, this machine's cost curve (None: the hybrid's `CPU_COST`)."""
-    if lookup is not None:
-        tree = hybrid(tree if tree is not None else default_tree(heads), lookup, costs)
-    return Engine(model, tokenizer, heads=heads, tree=tree, costs=costs)
+def engine(loaded: Loaded, spec: EngineSpec, profile: Profile | None = None, log=None) -> Engine:
+    """The one place the bench builds an `Engine`: `spec`'s policies composed on `loaded` by `build.compose`
+    (what `entmtp generate` runs); `profile`: the one `spec.policy` comes from, read and checked once."""
+    return assemble(loaded, compose(loaded, spec, profile=profile, log=log), spec)
 
 
 @dataclass
@@ -31,14 +35,34 @@ class Methods:
     """Everything a bench runs, loaded. Method names are plain, peers, lookup variants and HEADS/ITEM."""
 
     plan: Plan
-    model: object
-    tokenizer: object
-    heads: dict[str, Heads]  # heads spec -> loaded heads (a spec that resolves to no heads is left out)
+    loader: Loader
+    spec: EngineSpec  # the command line's model, dtype, sampling and probe: every method's spec starts here
+    loaded: dict[str, Loaded]  # "none" or heads spec -> the model with those heads, and their step costs
     labels: dict[str, str]  # heads spec -> the heads part of its methods' names
-    costs: dict[str, CostCurve | None]  # "none" or heads spec -> step costs (None: the profiles' latencies)
-    static: dict[str, object]  # method -> engine or peer decoder, the same on every task; plain first
-    profiles: dict[tuple[str, str], Profile]  # (heads spec, task) -> the profile its policies come from
-    plans: dict[str, str]  # --defaults: each built engine's plan, for the results' meta
+    static: dict[str, object] = field(
+        default_factory=dict
+    )  # method -> engine or peer, every task; plain first
+    profiles: dict[tuple[str, str], Profile] = field(default_factory=dict)  # (heads spec, task) -> profile
+    plans: dict[str, str] = field(default_factory=dict)  # --defaults: each built engine's plan, for the meta
+    said: set[str] = field(default_factory=set)  # composition notes printed once, not once per task
+
+    @property
+    def model(self):
+        return self.loaded["none"].model
+
+    @property
+    def tokenizer(self):
+        return self.loaded["none"].tokenizer
+
+    @property
+    def heads(self) -> dict[str, Heads]:
+        """Heads spec -> its loaded heads (bound to `model`, packed like it)."""
+        return {k: x.heads for k, x in self.loaded.items() if k != "none"}
+
+    @property
+    def costs(self) -> dict:
+        """ "none" or heads spec -> this machine's step costs with them (None: the profiles' latencies)."""
+        return {k: x.costs for k, x in self.loaded.items()}
 
     def policies(self, kind: str) -> list[str]:
         return self.plan.policies(kind)
@@ -58,43 +82,59 @@ class Methods:
     def for_task(self, task: str) -> dict[str, object]:
         """The static methods, then every heads' policies built from the task's profile."""
         engines = dict(self.static)
-        mode_args = (self.plan.args.temperature, self.plan.args.acceptance)
-        for kind, heads in self.heads.items():
-            profile, costs = self.profiles.get((kind, task)), self.costs[kind]
+        for kind in self.heads:
             for item in self.policies(kind):
-                name, lookup = self.plan.split_lookup(item)
-                latency = costs.latency() if costs is not None else None
-                policy = profile.policy(name, profile.mode_for(*mode_args), latency=latency)
-                engines[f"{self.labels[kind]}/{item}"] = self.engine(
-                    heads=heads, tree=policy, lookup=lookup, costs=costs
-                )
+                engines[f"{self.labels[kind]}/{item}"] = self.engine(kind, item, task)
         return engines
 
-    def engine(self, **kw) -> Engine:
-        """An engine on the benchmarked model (see `engine`)."""
-        return engine(self.model, self.tokenizer, **kw)
+    def method_spec(self, kind: str, item: str, task: str | None = None) -> EngineSpec:
+        """The spec of heads `kind`'s method `item`: a policy (from `task`'s profile) or a static tree, each
+        optionally `+lookup`."""
+        name, lookup = self.plan.split_lookup(item)
+        spec = replace(self.spec, heads=kind, lookup=lookup)
+        if name not in POLICIES:
+            return replace(spec, tree=name)
+        return replace(spec, policy=name, profile=str(self.profiles[(kind, task)].path))
+
+    def engine(self, kind: str, item: str, task: str | None = None) -> Engine:
+        """Heads `kind`'s method `item` on `task` (see `method_spec`), through `engine`."""
+        profile = self.profiles.get((kind, task))
+        return engine(self.loaded[kind], self.method_spec(kind, item, task), profile, self.say)
+
+    def policy(self, kind: str, item: str, task: str):
+        """The greedy policy of heads `kind`'s method `item` on `task`, composed as its engine's is (a replay
+        of plain greedy outputs runs it)."""
+        spec = replace(self.method_spec(kind, item, task), temperature=0.0, acceptance="auto")
+        return compose(self.loaded[kind], spec, profile=self.profiles[(kind, task)], log=self.say).policy
+
+    def say(self, msg: str) -> None:
+        if msg not in self.said:
+            self.said.add(msg)
+            print(f"entmtp: {msg}")
 
 
 def load(plan: Plan) -> Methods:
     """Load the model and heads, measure (or read) this machine's step costs, and build the static methods,
     --defaults' engines and each heads' profiles."""
-    from ..model import load_model
-
     args = plan.args
-    model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, pack=not args.no_pack)
-    heads = {kind: h for kind in plan.heads if (h := resolve_heads(kind, model)) is not None}
+    spec = EngineSpec(
+        model=args.model, dtype=args.dtype, device=args.device, threads=args.threads, pack=not args.no_pack,
+        graphs=not args.no_graphs, probe=not args.no_probe, temperature=args.temperature,
+        acceptance=args.acceptance,
+    )  # fmt: skip
     # this machine's step costs (costs.py; measured once, cached): what policies and lookup branches are sized
-    # by, unless --no-probe or ENTMTP_NO_PROBE=1 (then the profiles' stored latencies, and the lookup-only rule's CPU_COST)
-    measured = not (args.no_probe or probing_disabled())
-    costs = {k: costs_for(model, h) if measured else None for k, h in [("none", None), *heads.items()]}
-    methods = Methods(plan, model, tokenizer, heads, heads_labels(list(heads)), costs, {}, {}, {})
+    # by, unless --no-probe or ENTMTP_NO_PROBE=1 (then the profiles' stored latencies, and the lookup-only
+    # rule's CPU_COST)
+    loader = Loader()
+    loaded = {k: loader.load(replace(spec, heads=k)) for k in ("none", *plan.heads)}
+    methods = Methods(plan, loader, spec, loaded, heads_labels(plan.heads))
+    methods.profiles = {
+        (k, t): _profile(methods, k, t) for k in plan.heads for t in plan.tasks if plan.policies(k)
+    }
     methods.static = _static(methods)
     if args.defaults:
         defaults, methods.plans = _defaults(methods)
         methods.static |= defaults
-    methods.profiles = {
-        (k, t): _profile(methods, k, t) for k in heads for t in plan.tasks if plan.policies(k)
-    }
     return methods
 
 
@@ -106,17 +146,14 @@ def heads_labels(specs: list[str]) -> dict[str, str]:
 
 def _static(m: Methods) -> dict[str, object]:
     """Plain decoding, the peers, lookup without heads, and every heads with each static tree."""
-    plan = m.plan
-    static = {"plain": m.engine()}
+    plan, plain = m.plan, replace(m.spec, heads="none")
+    static = {"plain": engine(m.loaded["none"], plain)}
     static |= build_peers(plan.peers, m.model, m.tokenizer, embedded=plan.args.model is None)
     for x in plan.lookup_only:
-        static[LOOKUP_VARIANTS[x]] = m.engine(lookup=plan.lookup(x), costs=m.costs["none"])
-    for kind, heads in m.heads.items():
+        static[LOOKUP_VARIANTS[x]] = engine(m.loaded["none"], replace(plain, lookup=plan.lookup(x)))
+    for kind in m.heads:
         for item in plan.trees(kind):
-            tree, lookup = plan.split_lookup(item)
-            static[f"{m.labels[kind]}/{item}"] = m.engine(
-                heads=heads, tree=tree, lookup=lookup, costs=m.costs[kind]
-            )
+            static[f"{m.labels[kind]}/{item}"] = m.engine(kind, item)
     return static
 
 
@@ -140,47 +177,36 @@ def _defaults(m: Methods) -> tuple[dict[str, Engine], dict[str, str]]:
     defaults: bfloat16, the shipped `mixed` profile's recommended policy on its stored latencies, no lookup).
     With llama-cpp-python installed and the embedded model: the default built on each backend
     (`default@transformers`, `default@llama-cpp`), and llama.cpp's plain decoding and prompt lookup through
-    entmtp's engine (`plain@llama-cpp`, `lookup@llama-cpp`). Returns the engines by method name and the built
-    engines' plans, for the results' meta."""
-    from ..build import EngineSpec, build
-    from ..model import load_model
-    from ..scheduler.profiles import resolve_profile
+    entmtp's engine (`plain@llama-cpp`, `lookup@llama-cpp`). Every one on the bench's loaded models where they
+    share one. Returns the engines by method name and the built engines' plans, for the results' meta."""
+    from ..build import build
 
     args = m.plan.args
-    other = "float32" if args.dtype == "bfloat16" else "bfloat16"
-    m2, t2 = load_model(args.model, dtype=other, device=args.device, pack=not args.no_pack)
-    engines = {f"plain@{other}": engine(m2, t2)}
+    other = replace(m.spec, heads="none", dtype="float32" if args.dtype == "bfloat16" else "bfloat16")
+    engines = {f"plain@{other.dtype}": engine(m.loader.load(other), other)}
     spec = EngineSpec(model=args.model, device=args.device, threads=args.threads, lookup=Lookup())
-    built = build(spec)
+    built = build(spec, loader=m.loader)
     engines["default"] = built.engine
     plans = {"default": built.plan.describe()}
     if args.model is None and llama_cpp_available() and args.device == "cpu":
-        engines |= _llama_cpp_defaults(spec, plans)
-    old_model, old_tok = (m.model, m.tokenizer) if args.dtype == "bfloat16" else (m2, t2)
-    profile = resolve_profile("mixed", "hydra")
-    previous = profile.policy(profile.recommended_policy())
-    engines["previous-default"] = engine(
-        old_model, old_tok, heads=resolve_heads("hydra", old_model), tree=previous
-    )
+        engines |= _llama_cpp_defaults(m, spec, plans)
+    previous = replace(m.spec, heads="hydra", dtype="bfloat16", profile="mixed", probe=False)
+    engines["previous-default"] = engine(m.loader.load(previous), previous, log=m.say)
     return engines, plans
 
 
-def _llama_cpp_defaults(spec, plans: dict[str, str]) -> dict[str, Engine]:
+def _llama_cpp_defaults(m: Methods, spec: EngineSpec, plans: dict[str, str]) -> dict[str, Engine]:
     """The default on each backend, and llama.cpp's plain decoding and prompt lookup (see `_defaults`)."""
-    from dataclasses import replace
-
     from ..build import build
 
-    engines = {}
+    engines, llama = {}, None
     for backend in ("transformers", "llama-cpp"):
-        built = build(replace(spec, backend=backend))
+        built = build(replace(spec, backend=backend), loader=m.loader)
         engines[f"default@{backend}"] = built.engine
         plans[f"default@{backend}"] = built.plan.describe()
-    llama = engines["default@llama-cpp"]
-    model, tokenizer = llama.model, llama.tokenizer
-    engines["plain@llama-cpp"] = engine(model, tokenizer)
-    costs = llama.costs if llama.heads is None else None  # the heads-less curve is measured below
-    if costs is None and not probing_disabled():
-        costs = costs_for(model, None)
-    engines["lookup@llama-cpp"] = engine(model, tokenizer, lookup=Lookup(), costs=costs)
+        llama = built.loaded
+    plain = replace(llama.spec, heads="none", lookup=None)
+    heads_less = m.loader.load(plain)  # the same llama.cpp model, its curve without heads
+    engines["plain@llama-cpp"] = engine(heads_less, plain)
+    engines["lookup@llama-cpp"] = engine(heads_less, replace(plain, lookup=Lookup()))
     return engines

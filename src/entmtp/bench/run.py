@@ -177,20 +177,14 @@ def _replay_heads(methods: Methods, kind: str, task: str, outputs) -> dict:
     oracle on them."""
     from ..calibration.replay import oracle, replay, step_ms
     from ..calibration.traces import trace_generation
-    from ..scheduler.hybrid import HybridPolicy
 
     heads, profile, costs = methods.heads[kind], methods.profiles[(kind, task)], methods.costs[kind]
-    base = methods.engine(heads=heads).base
+    base = methods.engine(kind, "tree_8").base
     traces = [trace_generation(base, heads, ids + out, len(ids)) for ids, out in outputs if len(out) >= 2]
     latency = costs.latency() if costs is not None else profile.latency.model()
     ms_of = step_ms(costs if costs is not None else latency)  # the measured drafting share, when measured
     out = {}
     for p in methods.policies(kind):
-        name, lookup = methods.plan.split_lookup(p)
-        policy = profile.policy(name, latency=latency)
-        if lookup is not None:  # as the engine wraps it
-            share = costs.draft_share if costs is not None else None
-            policy = HybridPolicy(policy, lookup, latency, draft_cost=share)
-        out[p] = replay(policy, traces, ms_of).to_json()
+        out[p] = replay(methods.policy(kind, p, task), traces, ms_of).to_json()  # as the engine composes it
     out["oracle"] = oracle(profile.bank(), traces, ms_of).to_json()
     return out

@@ -96,10 +96,9 @@ def run_calibrate(args) -> int:
     old = load_profile(args.profile) if args.latency_only or args.retune or args.retrace else None
     texts = None if old else calibration_prompts(args.task, args.num_prompts)  # bad tasks fail before loading
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, pack=not args.no_pack)
-    heads = resolve_heads(args.heads, model)
+    heads = resolve_heads(args.heads, model)  # bound, moved and packed as the engine runs them
     if heads is None:
         raise EntMTPError("calibration needs heads: pass --heads medusa, hydra or a heads directory")
-    heads.bind(model)
     settings = _settings(args)
     if args.retune:
         old.check(model, heads, warn_hardware=False)

@@ -55,9 +55,9 @@ import numpy as np
 from ..costs.curves import CPU_COST, HEADS_DRAFT_COST, CostCurve, LatencyModel
 from ..heads import taken
 from ..lookup import Lookup
-from ..policy import Choice, Menu, Stateful, StaticPolicy, TreePolicy
+from ..policy import Choice, Menu, Settings, Stateful, TreePolicy, as_policy
 from ..records import Step, StepContext
-from ..tree import Tree, load_tree, with_lookup
+from ..tree import Tree, with_lookup
 
 WINDOW = 16  # steps; older evidence decays by (1 - 1/WINDOW) per step
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind each prior
@@ -129,8 +129,10 @@ class Estimates:
         return 1.0 + self.heads[depth] + self.copy[length] - self.both[min(depth, length)]
 
 
-class HybridPolicy(Stateful):
+class HybridPolicy(Settings, Stateful):
     """Adds a lookup branch, sized per step (see the module docstring), to the trees of `inner`."""
+
+    SETTINGS = ("inner", "lookup", "counterfactual", "cost", "draft_cost")
 
     def __init__(
         self,
@@ -301,11 +303,7 @@ def hybrid(
     lookup branch (`lookup`, default `Lookup()`) sized per step on `costs` (this machine's cost curve,
     costs/; its measured draft share prices lookup-only steps and the probe; None: `CPU_COST` and
     `HEADS_DRAFT_COST`, another machine's)."""
-    if inner is None:
-        inner = Tree.root_only()
-    elif isinstance(inner, str):
-        inner = load_tree(inner)
-    policy = StaticPolicy(inner) if isinstance(inner, Tree) else inner
+    policy = as_policy(inner)  # None: the root alone
     latency, share = (costs.latency(), costs.draft_share) if costs is not None else (None, None)
     return HybridPolicy(policy, lookup or Lookup(), latency, draft_cost=share)
 

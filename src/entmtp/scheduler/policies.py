@@ -44,7 +44,7 @@ from ..accept import ACCEPTANCE
 from ..codec import JsonForm
 from ..costs import LatencyModel
 from ..errors import EntMTPError
-from ..policy import Choice, Menu, Stateful
+from ..policy import Choice, Menu, Settings, Stateful
 from ..records import Step, StepContext
 from ..tree import Tree, subtree_index, union_tree
 from .signals import DEFAULT_WINDOW, SIGNALS, SignalTracker, root_stats
@@ -211,8 +211,9 @@ class OnlineCalibration(Stateful):
         self._pending = None
 
 
-class _SignalPolicy(Stateful):
-    """Shared by the signal-driven policies: the tracker (per generation: `fresh`), its observe, the signals."""
+class _SignalPolicy(Settings, Stateful):
+    """Shared by the signal-driven policies: the tracker (per generation: `fresh`), its observe, the signals;
+    equal when built from the same `SETTINGS` (policy.Settings)."""
 
     signal = "entropy"
     master: Tree | None = None
@@ -243,6 +244,8 @@ def _check_signal(signal: str) -> None:
 
 class BinaryPolicy(_SignalPolicy):
     """A small and a large tree with hysteresis (tau_off <= tau_on)."""
+
+    SETTINGS = ("small", "large", "signal", "tau_off", "tau_on", "window")
 
     def __init__(
         self,
@@ -279,6 +282,8 @@ class BinaryPolicy(_SignalPolicy):
 class LadderPolicy(_SignalPolicy):
     """K trees sorted by size; tree i is chosen when thresholds[i-1] <= signal < thresholds[i]."""
 
+    SETTINGS = ("trees", "signal", "thresholds", "window")
+
     def __init__(
         self, trees: Sequence[Tree], signal: str, thresholds: Sequence[float], window: int = DEFAULT_WINDOW
     ):
@@ -309,6 +314,7 @@ class _CalibratedPolicy(_SignalPolicy):
     calibration: OnlineCalibration | None = None
 
     def _model(self, acceptance: AcceptanceModel, online: bool) -> None:
+        self.acceptance, self.online = acceptance, online
         self.paths = PathProbabilities(self.master, acceptance)
         self.expected = ExpectedAccepted(self.master, acceptance.rule)
         online = online and acceptance.rule != "typical"
@@ -335,6 +341,8 @@ class _CalibratedPolicy(_SignalPolicy):
 
 class CostPolicy(_CalibratedPolicy):
     """Per step, the bank tree of most expected tokens per second (see the module docstring)."""
+
+    SETTINGS = ("trees", "acceptance", "inv_ms", "online")
 
     def __init__(
         self,
@@ -379,6 +387,8 @@ class CostPolicy(_CalibratedPolicy):
 
 class DynamicPolicy(_CalibratedPolicy):
     """Per step, the best subtree of `master` by expected tokens per second (see the module docstring)."""
+
+    SETTINGS = ("master", "acceptance", "inv_ms", "require_contiguous", "online")
 
     def __init__(
         self,

@@ -59,8 +59,7 @@ def _build_engine(config: RayServeConfig):
 def _batch_costs(engine, config: RayServeConfig):
     """This node's cost surface of batched steps (measured once per machine and cached, as `entmtp serve`
     does); None without probing, or when the model cannot be batched."""
-    from ..costs import probing_disabled
-    from ..surface import surface_for
+    from ..costs import probing_disabled, surface_for
 
     if config.max_batch == 1 or not config.spec.probe or probing_disabled() or not engine.base.preallocate:
         return None

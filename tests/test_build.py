@@ -1,0 +1,112 @@
+"""Building an engine as two steps (build.py): `load` makes the model, its heads ready for it and this machine's
+costs, once; `compose` makes one policy per acceptance rule on what was loaded, the prompt-lookup branch
+wrapped around each once. Policies compare by what they were built from, so two faces can be checked to run
+the same one."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import save_tiny_model
+from entmtp import build as build_mod
+from entmtp.accept import ACCEPTANCE
+from entmtp.build import EngineSpec, Loaded, Loader, build, compose
+from entmtp.costs import CostCurve
+from entmtp.heads import HeadsConfig, random_heads, save_heads
+from entmtp.lookup import Lookup
+from entmtp.packing import PackedLinear, bf16_supported
+from entmtp.policy import StaticPolicy, as_policy
+from entmtp.scheduler.hybrid import HybridPolicy, hybrid
+from entmtp.tree import Tree, load_tree
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(a tiny random model's directory, random Hydra heads' directory for it)."""
+    root = tmp_path_factory.mktemp("tiny-build")
+    model = save_tiny_model(root / "model")
+    save_heads(random_heads(HeadsConfig.for_model(model, "hydra", 4), seed=1), root / "heads")
+    return str(root / "model"), str(root / "heads")
+
+
+def _curve() -> CostCurve:
+    return CostCurve((0, 1, 4, 64), (30.0, 33.0, 36.0, 90.0), (0.0, 1.0, 2.0, 9.0), source="test")
+
+
+@pytest.mark.skipif(not bf16_supported(), reason="packing needs oneDNN's bf16 kernels")
+def test_the_heads_are_bound_and_packed_before_a_probe_times_them(tiny, monkeypatch):
+    """The curve (and the batch surface) must time the heads the engine runs: packed like the model."""
+    monkeypatch.delenv("ENTMTP_NO_PROBE")
+    seen = []
+
+    def probe(model, heads, **kw):
+        seen.append((heads.is_bound_to(model), any(isinstance(m, PackedLinear) for m in heads.modules())))
+        return _curve()
+
+    monkeypatch.setattr(build_mod, "costs_for", probe)
+    monkeypatch.setattr(build_mod, "surface_for", lambda model, heads, **kw: probe(model, heads))
+    model, heads = tiny
+    built = build(EngineSpec(model=model, heads=heads, dtype="bfloat16", tree="tree_4"), max_batch=4)
+    assert seen == [(True, True), (True, True)]  # the curve's probe, then the surface's
+    assert built.loaded.surface is not None and built.engine.heads is built.loaded.heads
+
+
+def test_a_loader_loads_a_model_once_and_each_heads_once_on_it(tiny, monkeypatch):
+    import entmtp.model
+
+    calls = []
+    original = entmtp.model.load_model
+    monkeypatch.setattr(entmtp.model, "load_model", lambda *a, **k: calls.append(a) or original(*a, **k))
+    model, heads = tiny
+    loader = Loader()
+    spec = EngineSpec(model=model, heads=heads, dtype="float32")
+    with_heads, again = loader.load(spec), loader.load(spec)
+    plain = loader.load(EngineSpec(model=model, heads="none", dtype="float32"))
+    assert with_heads is again and plain.model is with_heads.model and len(calls) == 1
+    assert plain.heads is None and with_heads.heads.is_bound_to(with_heads.model)
+    built = build(EngineSpec(model=model, heads=heads, dtype="float32", tree="tree_4"), loader=loader)
+    assert built.engine.model is with_heads.model and len(calls) == 1
+
+
+HEADS = object()  # stands for heads where a composition reads nothing of them (a static tree)
+
+
+def _loaded(heads=HEADS) -> Loaded:
+    """A `Loaded` for compositions that read no weights (a static tree, no costs)."""
+    return Loaded(EngineSpec(), None, None, heads, "heads", None)
+
+
+def test_compose_gives_every_rule_a_policy_and_wraps_each_in_lookup_once():
+    """Greedy, sample and gumbel share the tree, so they share one lookup wrap; typical acceptance gets no
+    lookup drafts with heads unless asked (Lookup.typical)."""
+    composed = compose(_loaded(), EngineSpec(tree="tree_4", lookup=Lookup()))
+    p = composed.policies
+    assert set(p) == set(ACCEPTANCE) and composed.policy is p["greedy"]
+    assert isinstance(p["greedy"], HybridPolicy) and p["greedy"] is p["sample"] is p["gumbel"]
+    assert p["typical"] == StaticPolicy(load_tree("tree_4")) and p["greedy"].inner is p["typical"]
+    assert composed.lookup_rules == ("greedy", "sample", "gumbel") and composed.uses_heads
+    asked = compose(_loaded(), EngineSpec(tree="tree_4", lookup=Lookup(typical=True))).policies
+    assert all(asked[r] is asked["greedy"] for r in ACCEPTANCE)
+    plain = compose(_loaded(None), EngineSpec(lookup=Lookup()))  # no heads: every rule copies
+    assert plain.lookup_rules == ACCEPTANCE and not plain.uses_heads and plain.name == "lookup"
+    assert plain.policy == hybrid(None, Lookup())
+
+
+def test_a_tree_argument_is_made_a_policy_in_one_place():
+    tree = load_tree("tree_4")
+    assert as_policy("tree_4") == as_policy(tree) == StaticPolicy(tree)
+    assert as_policy(None) == StaticPolicy(Tree.root_only()) and as_policy(None, heads=object()) == as_policy(
+        "tree_8"
+    )
+    policy = hybrid("tree_4", Lookup())
+    assert as_policy(policy) is policy and hybrid(tree, Lookup()) == policy
+
+
+def test_policies_are_equal_when_built_from_the_same_settings():
+    """Equality by settings (policy.Settings), never by the state of a generation or identity."""
+    a, b = hybrid("tree_4", Lookup(), _curve()), hybrid("tree_4", Lookup(), _curve())
+    assert a == b and a.fresh() == b and a is not b
+    assert a != hybrid("tree_4", Lookup(tokens=5), _curve())  # another lookup
+    assert a != hybrid("tree_4", Lookup())  # another curve (CPU_COST)
+    assert a != hybrid("tree_8", Lookup(), _curve())  # another tree
+    assert StaticPolicy(load_tree("tree_4")) != a.inner.tree  # a tree is not a policy
