@@ -1,4 +1,4 @@
-"""`entmtp calibrate`: arguments and the run (the CLI only registers them)."""
+"""`entmtp calibrate`: its parser and the run."""
 
 from __future__ import annotations
 
@@ -13,6 +13,18 @@ from rich.table import Table
 from ..errors import EntMTPError
 from ..prompts import CALIB, FOUR_TASKS, TASKS, load_prompt_file, load_prompts
 from ..scheduler.profiles import PROFILE_TASKS, ModeProfile, Profile, load_profile
+
+
+def register(sub) -> None:
+    """`calibrate` on the subcommand parsers `sub`."""
+    from ..engine_args import add_model_arguments
+
+    c = sub.add_parser(
+        "calibrate", help="build a task's scheduler profile (tree bank, frontiers, thresholds)"
+    )
+    add_calibrate_arguments(c)
+    add_model_arguments(c)
+    c.set_defaults(func=run_calibrate)
 
 
 def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
@@ -93,6 +105,10 @@ def run_calibrate(args) -> int:
     from .traces import save_traces
 
     _check_arguments(args)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     old = load_profile(args.profile) if args.latency_only or args.retune or args.retrace else None
     texts = None if old else calibration_prompts(args.task, args.num_prompts)  # bad tasks fail before loading
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, pack=not args.no_pack)
