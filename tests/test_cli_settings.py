@@ -188,3 +188,13 @@ def test_every_training_setting_is_a_flag_and_reads_back():
     assert from_args(EvalSettings, args, prefix="eval-") == EvalSettings(
         prompts=3, trees=("tree_4",), tasks=args.eval_tasks
     )
+
+
+def test_every_calibration_setting_is_a_flag_and_reads_back():
+    from entmtp.calibration.calibrate import CalibrationSettings
+
+    calibrate = _subparsers(build_parser())["calibrate"]
+    assert {dest_of(f, s) for f, s in settings_of(CalibrationSettings)} <= _dests(calibrate)
+    args = calibrate.parse_args(["--max-new-tokens", "12", "--latency-repeats", "1", "--tree-seconds", "2.5"])
+    got = from_args(CalibrationSettings, args)
+    assert got == CalibrationSettings(max_new_tokens=12, latency_repeats=1, tree_seconds=2.5)

@@ -3,7 +3,7 @@
     @dataclass(frozen=True)
     class Spec:
         dtype: str = setting("auto", choices=("auto", "float32"), help="the weights' dtype")
-        pack: bool = setting(True, flag="--no-pack", help="leave the linear layers unpacked")
+        pack: bool = setting(True, help="leave the linear layers unpacked")  # flag: --no-pack
         kv: str = "auto"  # a plain field: no flag
 
 `add_arguments(parser, Spec)` adds one argument per `setting` field; `from_args(Spec, args)` reads them back
@@ -17,8 +17,9 @@ into a `Spec`. The rules, the same for every class:
   help     the field's; `%(default)s` in it prints the default.
 
 A command that takes a setting with another default or help passes `changes={"dtype": {...}}` (argparse
-keywords); `only=`/`skip=` choose the fields, `prefix=` puts a word before each flag's name. Fields declared with `add=`/`read=` (a composite setting such as
-prompt lookup's several flags) add and read their own arguments.
+keywords, and `flag` for its own spelling); `only=`/`skip=` choose the fields, `prefix=` puts a word before
+each flag's name (`--eval-prompts`). A field declared with `add=`/`read=` (a composite setting such as prompt
+lookup's several flags) adds and reads its own arguments.
 """
 
 from __future__ import annotations

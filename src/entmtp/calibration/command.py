@@ -13,6 +13,8 @@ from rich.table import Table
 from ..errors import EntMTPError
 from ..prompts import CALIB, FOUR_TASKS, TASKS, load_prompt_file, load_prompts
 from ..scheduler.profiles import PROFILE_TASKS, ModeProfile, Profile, load_profile
+from ..settings import add_arguments, from_args
+from .calibrate import CalibrationSettings
 
 
 def register(sub) -> None:
@@ -41,7 +43,6 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
         default=CALIB,
         help=f"calibration prompts (default {CALIB}; mixed takes an equal share of the four tasks)",
     )
-    p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument(
         "--out", default=None, help="profile JSON to write (default runs/profiles/HEADS-TASK.json)"
     )
@@ -64,15 +65,7 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
         help="re-derive --profile for changed heads of the same kind and depth (another draft vocabulary, "
         "retrained weights): its stored generations teacher-forced through them, then retuned (no decoding)",
     )
-    p.add_argument("--latency-prompts", type=int, default=2, help="prompts decoded per measured tree")
-    p.add_argument("--latency-tokens", type=int, default=48, help="new tokens per latency measurement")
-    p.add_argument("--latency-repeats", type=int, default=2, help="interleaved rounds of latency measurement")
-    p.add_argument(
-        "--tree-seconds",
-        type=float,
-        default=8.0,
-        help="decoding time per measured tree, all rounds together (default 8: caps a slow machine's run)",
-    )
+    add_arguments(p, CalibrationSettings)  # max tokens, latency prompts, tokens, repeats, seconds per tree
     p.add_argument(
         "--greedy-only",
         action="store_true",
@@ -172,15 +165,7 @@ def _check_arguments(args) -> None:
 
 
 def _settings(args):
-    from .calibrate import CalibrationSettings
-
-    return CalibrationSettings(
-        max_new_tokens=args.max_new_tokens,
-        latency_prompts=args.latency_prompts,
-        latency_tokens=args.latency_tokens,
-        latency_repeats=args.latency_repeats,
-        tree_seconds=args.tree_seconds,
-    )
+    return from_args(CalibrationSettings, args)
 
 
 def _calibrate(args, model, tokenizer, heads, settings, old, texts, progress):
