@@ -602,7 +602,7 @@ def test_cli_arguments():
         "train",
         4,
     )
-    assert args.eval_prompts == 10 and args.eval_trees == "mc_sim_7b_63,tree_8"
+    assert args.eval_prompts == 10 and args.eval_trees == ("mc_sim_7b_63", "tree_8")
     assert Path(args.out) == Path("o")
     # the arguments' defaults are the settings' defaults
     assert train_settings_from_args(args) == {

@@ -28,12 +28,13 @@ Four rules:
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from .errors import EntMTPError
+from .settings import setting
 from .tree import Tree
 
 ACCEPTANCE = ("greedy", "sample", "typical", "gumbel")
@@ -71,6 +72,39 @@ class Sampling:
         if self.acceptance == "auto" or self.temperature == 0:
             return "greedy" if self.temperature == 0 else "sample"
         return self.acceptance
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """One generation's options: how many tokens, how they are sampled, where the text stops, what each token
+    reports. `Engine.stream` and `generate` take them as one object or as keywords; `entmtp generate` and
+    `chat` make their flags from these fields (settings.py), `bench` some of them, and the server maps each
+    request onto them (server/routes.py)."""
+
+    max_new_tokens: int = setting(256, help="most new tokens (default %(default)s)")
+    temperature: float = setting(0.0, help="0 = greedy")
+    acceptance: str = setting(
+        "auto",
+        choices=("auto", *ACCEPTANCE),
+        help="how drafts are accepted (auto: greedy at temperature 0, else lossless tree rejection sampling "
+        "`sample`; gumbel: lossless Gumbel-max sampling whose seeded output does not depend on the tree; "
+        "typical: Medusa's, not lossless)",
+    )
+    seed: int | None = setting(None, help="sampling seed (default: none, another draw each run)")
+    stop: list[str] | None = setting(None, repeat=True, help="stop string (repeatable)")
+    logprobs: int | None = None  # top tokens per emitted token's log-probability record (the server's)
+
+    def __post_init__(self):
+        self.sampling  # noqa: B018 (a bad temperature or rule fails here, before anything decodes)
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(self.temperature, self.acceptance)
+
+    @classmethod
+    def of(cls, options: GenerationOptions | None = None, **fields) -> GenerationOptions:
+        """`options` (default: the defaults) with `fields` replaced: what `Engine.stream`'s keywords mean."""
+        return replace(options if options is not None else cls(), **fields)
 
 
 def check_gumbel_seed(seed: int | None) -> None:

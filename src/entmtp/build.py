@@ -48,13 +48,15 @@ from .costs import CostCorrector, CostCurve, costs_dir, costs_for, probing_disab
 from .engine import Engine
 from .errors import EntMTPError
 from .files import write_text_atomic
-from .lookup import Lookup
+from .lookup import Lookup, add_lookup_arguments, lookup_from_args
 from .machine import cpu_info, digest
 from .model import DTYPES, is_embedded, is_gguf
 from .policy import TreePolicy, as_policy
 from .scheduler.factory import section_policy
 from .scheduler.hybrid import hybrid
 from .scheduler.policies import POLICIES
+from .scheduler.profiles import PROFILE_TASKS
+from .settings import setting
 from .shipped import HEAD_KINDS, default_heads
 
 DTYPE_CHOICES = ("auto", *DTYPES)
@@ -64,24 +66,68 @@ AUTO_BUDGET_S = 12.0  # per dtype candidate when `auto` measures two (one probe:
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """What to build. Defaults are what `entmtp generate` does with no options."""
+    """What to build. Defaults are what `entmtp generate` does with no options. Each field but the generation's
+    own two (temperature, acceptance: `GenerationOptions`' flags) is a flag of generate, chat and serve,
+    made from its `setting` (settings.py; engine_args.py)."""
 
-    model: str | None = None  # Hugging Face id, local path or .gguf file; None: the embedded SmolLM2-135M
-    backend: str = "auto"  # auto | transformers | llama-cpp (auto: measured, see the module docstring)
-    dtype: str = "auto"  # auto | bfloat16 | float32 | float16 (auto: measured, see the module docstring)
-    device: str = "cpu"
-    threads: int | None = None  # torch CPU threads; None: torch's choice
-    heads: str | None = None  # medusa | hydra | none | a heads directory; None: the shipped heads
-    tree: str | None = None  # a static tree: a name from `entmtp trees` or a JSON file of paths
-    policy: str | None = None  # static | binary | ladder | cost | dynamic; None: the profile's recommended
-    profile: str | None = None  # a task name (shipped profile) or a profile file; None: `mixed`
-    lookup: Lookup | None = None  # prompt-lookup drafts in every step's tree
+    model: str | None = setting(
+        None, help="Hugging Face model id, local path or .gguf file (default: embedded SmolLM2)"
+    )
+    backend: str = setting(
+        "auto",
+        choices=BACKENDS,
+        help="what runs the base model: transformers (PyTorch) or llama-cpp (llama.cpp's CPU kernels on a "
+        "GGUF file, through llama-cpp-python); auto (default): on a CPU with llama-cpp-python installed, "
+        "the one with the most expected tokens/s on this machine's measured step costs (cached)",
+    )
+    dtype: str = setting(
+        "auto",
+        choices=DTYPE_CHOICES,
+        help="auto (default): on a CPU, the dtype with the most expected tokens/s on this machine's "
+        "measured step costs (bf16 or float32, measured once and cached); bf16 on CUDA. float32: output "
+        "identical to plain decoding, token for token",
+    )
+    device: str = setting("cpu", help="cpu or cuda[:N] (default cpu)")
+    threads: int | None = setting(None, help="torch CPU threads (default: torch's choice)")
+    heads: str | None = setting(
+        None, help=f"{' | '.join(HEAD_KINDS)} | none | PATH (default: shipped heads, if any)"
+    )
+    tree: str | None = setting(
+        None,
+        help='a static tree: name (see `entmtp trees`) or JSON file of paths; "L0" elements are prompt-lookup '
+        'nodes, e.g. [[0], [0, "L0"], ["L0"]] (default: the scheduler, see --policy)',
+    )
+    policy: str | None = setting(
+        None,
+        choices=POLICIES,
+        help="tree scheduling policy (default: the one the profile recommends; static = the profile's EntMTP*)",
+    )
+    profile: str | None = setting(
+        None,
+        help=f"scheduler profile: {' | '.join(PROFILE_TASKS)} (shipped) or a JSON file from `entmtp calibrate` "
+        "(default: mixed)",
+    )
+    lookup: Lookup | None = setting(None, add=add_lookup_arguments, read=lookup_from_args)  # lookup.py
     temperature: float = 0.0  # with `acceptance`, picks the profile's section (Profile.mode_for)
     acceptance: str = "auto"  # auto | greedy | sample | typical | gumbel (accept.Sampling)
-    probe: bool = True  # measure this machine's step costs (cached); False: the profile's stored latencies
-    pack: bool = True  # prepack bf16 linears on a CPU (packing.py)
-    graphs: bool = True  # CUDA graphs per tree size on a GPU
-    kv: str = "auto"
+    probe: bool = setting(
+        True,
+        help="do not measure this machine's step costs (cached after the first run, ~10-20 s): use the "
+        "profile's stored latencies (also: ENTMTP_NO_PROBE=1)",
+    )
+    pack: bool = setting(
+        True,
+        help="on a CPU in bfloat16, leave the linear layers unpacked (packing: same outputs, faster steps)",
+    )
+    graphs: bool = setting(
+        True, help="on CUDA, verify eagerly instead of replaying one captured CUDA graph per tree size"
+    )
+    kv: str = setting(
+        "auto",
+        choices=("auto", "dynamic"),
+        help="the KV cache: auto (default: preallocated where the model allows it) or dynamic "
+        "(transformers' DynamicCache)",
+    )
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ def run_chat(
     **generate,
 ) -> int:
     """Read user turns from `lines`, stream each reply to `out`, and a speed line per reply to `info`.
-    `generate`: keyword arguments of `Engine.stream` (max_new_tokens, temperature, ...)."""
+    `generate`: keyword arguments of `Engine.stream` (`options=GenerationOptions(...)`, or its fields)."""
     if not getattr(engine.tokenizer, "chat_template", None):
         raise PromptError(
             "this model's tokenizer has no chat template, which `entmtp chat` needs: use `entmtp generate "

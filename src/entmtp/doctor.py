@@ -157,3 +157,36 @@ def format_report(r: dict) -> str:
         else:
             lines.append(f"{key}: {', '.join(value) if isinstance(value, list) else value}")
     return "\n".join(lines)
+
+
+# ---- `entmtp doctor` ----------------------------------------------------------------------------------
+
+
+def register(sub) -> None:
+    """`doctor` on the subcommand parsers `sub`."""
+    from .build import EngineSpec
+    from .settings import add_arguments
+
+    dr = sub.add_parser(
+        "doctor", help="versions, device, caches, shipped heads and profiles, optional extras"
+    )
+    dr.add_argument("--json", action="store_true")
+    dr.add_argument(
+        "--probe",
+        action="store_true",
+        help="also build the default engine: measure this machine's step costs if not cached (~20 s), and "
+        "print the dtype and policy it chooses and why",
+    )
+    add_arguments(dr, EngineSpec, only=("threads",))
+    dr.set_defaults(func=run_doctor)
+
+
+def run_doctor(args) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    plan = probe_report() if args.probe else None  # first: its measurement then shows in step_costs
+    r = report()
+    if plan is not None:
+        r["default_engine"] = plan
+    print(json.dumps(r, indent=1) if args.json else format_report(r))
+    return 0

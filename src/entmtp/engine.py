@@ -20,7 +20,7 @@ from typing import Protocol
 
 import torch
 
-from .accept import ACCEPTANCE, GumbelNoise, Sampling, accept
+from .accept import ACCEPTANCE, GenerationOptions, GumbelNoise, Sampling, accept
 from .backends import base_for
 from .costs import CostCurve, LatencyModel
 from .errors import EntMTPError
@@ -119,33 +119,24 @@ class Engine:
 
     # -- public API --------------------------------------------------------------------------------------
 
-    def generate(self, prompt, **kwargs) -> Result:
+    def generate(self, prompt, options: GenerationOptions | None = None, **kwargs) -> Result:
         """Generate a completion. `prompt`: a string (chat-templated as one user turn when the tokenizer has
-        a template and chat=True), a list of chat messages, or a list of token ids."""
-        events = list(self.stream(prompt, **kwargs))
+        a template and chat=True), a list of chat messages, or a list of token ids; the rest: `stream`'s."""
+        events = list(self.stream(prompt, options, **kwargs))
         return events[-1].result
 
     def stream(
-        self,
-        prompt,
-        *,
-        max_new_tokens: int = 256,
-        temperature: float = 0.0,
-        acceptance: str = "auto",
-        seed: int | None = None,
-        stop: list[str] | None = None,
-        chat: bool = True,
-        logprobs: int | None = None,
+        self, prompt, options: GenerationOptions | None = None, *, chat: bool = True, **fields
     ) -> Iterator[TokenEvent]:
-        """Yield a `TokenEvent` per step; the last one carries `finish_reason` and `result`. `logprobs=k`:
-        every event carries each new token's base log-probability and the k most likely tokens there."""
-        ids = self.encode(prompt, max_new_tokens, chat=chat, logprobs=logprobs)
+        """Yield a `TokenEvent` per step; the last one carries `finish_reason` and `result`. `options` and/or
+        its fields as keywords (`GenerationOptions`: max_new_tokens, temperature, acceptance, seed, stop,
+        logprobs). `logprobs=k`: every event carries each new token's base log-probability and the k most
+        likely tokens there."""
+        options = GenerationOptions.of(options, **fields)
+        ids = self.encode(prompt, options.max_new_tokens, chat=chat, logprobs=options.logprobs)
         t0 = time.perf_counter()
-        with _open_cache(self, len(ids) + max_new_tokens) as (cache, graphs):
-            state = self.new_state(
-                ids, cache, graphs, max_new_tokens=max_new_tokens, temperature=temperature,
-                acceptance=acceptance, seed=seed, stop=stop, logprobs=logprobs,
-            )  # fmt: skip
+        with _open_cache(self, len(ids) + options.max_new_tokens) as (cache, graphs):
+            state = self.new_state(ids, cache, graphs, options)
             events = decode(self, state)
             event = next(events)  # the prefill's token
             prefill_seconds = time.perf_counter() - t0
@@ -176,19 +167,16 @@ class Engine:
         ids: list[int],
         cache,
         graphs=None,
+        options: GenerationOptions | None = None,
         *,
-        max_new_tokens: int = 256,
-        temperature: float = 0.0,
-        acceptance: str = "auto",
-        seed: int | None = None,
-        stop: list[str] | None = None,
-        logprobs: int | None = None,
         policy: TreePolicy | None = None,
+        **fields,
     ) -> DecodeState:
-        """A generation's fresh state over `cache` (room for the prompt `ids`, the output and `scratch(policy)`).
-        `policy`: this generation's own (`as_policy`; a batch's rows may differ), else `policy_for` its
-        sampling."""
-        sampling = Sampling(temperature=temperature, acceptance=acceptance)
+        """A generation's fresh state over `cache` (room for the prompt `ids`, the output and `scratch(policy)`),
+        under `options` and/or its fields as keywords (`stream`'s). `policy`: this generation's own
+        (`as_policy`; a batch's rows may differ), else `policy_for` its sampling."""
+        options = GenerationOptions.of(options, **fields)
+        sampling, seed, temperature = options.sampling, options.seed, options.temperature
         policy = self.policy_for(sampling) if policy is None else policy
         lookup = policy.lookup
         uses_lookup = lookup is not None or any(t.num_lookup for t in _trees(policy))
@@ -200,7 +188,7 @@ class Engine:
             noise = GumbelNoise(seed, self.base.vocab_size, self.base.device)
         return DecodeState(
             prompt=ids,
-            max_new_tokens=max_new_tokens,
+            max_new_tokens=options.max_new_tokens,
             sampling=sampling,
             generator=torch.Generator().manual_seed(seed) if seed is not None else None,
             cache=cache,
@@ -208,8 +196,8 @@ class Engine:
             policy=policy.fresh(),
             drafter=self.heads.drafter(noise, temperature) if self.heads is not None and drafts else None,
             index=NgramIndex(ids, max_ngram) if uses_lookup else None,
-            text=Detokenizer(self.tokenizer, stop or []),
-            logprobs=logprobs,
+            text=Detokenizer(self.tokenizer, options.stop or []),
+            logprobs=options.logprobs,
             noise=noise,
         )
 

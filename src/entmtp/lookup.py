@@ -14,11 +14,13 @@ often each continuation occurred, then by recency; shorter matches add candidate
 
 from __future__ import annotations
 
+import argparse
 import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .errors import EntMTPError
+from .settings import add_arguments, from_args, setting
 from .tree import Tree
 
 MAX_OCCURRENCES = 64  # most recent occurrences of an n-gram read per query (bounds a query on long contexts)
@@ -44,12 +46,23 @@ class Lookup:
         output lookup drafts cannot change, always get them.
     """
 
-    max_ngram: int = 3
-    tokens: int = 10
+    max_ngram: int = setting(3, flag="--lookup-ngram", help="longest n-gram matched (default %(default)s)")
+    tokens: int = setting(
+        10, flag="--lookup-tokens", help="most lookup tokens per step (default %(default)s)"
+    )
     branches: int = 1
-    adaptive: bool = True
-    node_cost: float | None = None
-    typical: bool = False
+    adaptive: bool = setting(
+        True,
+        flag="--lookup-fixed",
+        help="always draft --lookup-tokens lookup tokens when there is a match (default: sized per step)",
+    )
+    node_cost: float | None = setting(
+        None,
+        flag="--lookup-node-cost",
+        help="sizing the lookup branch, a step of n drafted tokens costs 1 + C*n one-token steps (~0.01 on a "
+        "GPU; default: measured step latencies, the profile's or a 2-core CPU's)",
+    )
+    typical: bool = False  # on the command line: --lookup said (`lookup_from_args`)
 
     def __post_init__(self):
         if self.max_ngram < 1 or self.tokens < 1 or self.branches < 1:
@@ -61,6 +74,38 @@ class Lookup:
             raise EntMTPError(
                 f"lookup node_cost must be >= 0 (a fraction of a one-token step), got {self.node_cost}"
             )
+
+
+def add_lookup_arguments(p: argparse.ArgumentParser, changes: dict | None = None) -> None:
+    """--lookup / --no-lookup and `Lookup`'s flags (`generate`, `chat` and `serve`; `EngineSpec.lookup`)."""
+    p.add_argument(
+        "--no-lookup",
+        dest="lookup",
+        action="store_false",
+        default=None,
+        help="no prompt-lookup drafts in the scheduled default's trees (they are on unless --heads none or --tree, "
+        "except under typical acceptance)",
+    )
+    p.add_argument(
+        "--lookup",
+        action="store_true",
+        default=None,
+        help="add prompt-lookup drafts (copies from the prompt and output) to every step's tree, typical "
+        "acceptance's too; with --heads none: prompt lookup decoding for any model",
+    )
+    add_arguments(p, Lookup, changes=changes)
+
+
+def lookup_from_args(args: argparse.Namespace) -> Lookup | None:
+    """--lookup / --no-lookup and the lookup flags -> a `Lookup` or None. Unsaid, lookup drafts go with the
+    scheduled default (heads and no --tree) except under typical acceptance; `--heads none` stays plain
+    decoding, a --tree that tree. Said, they go into every step's tree, typical acceptance's too."""
+    on = args.lookup
+    if on is None:
+        on = args.heads != "none" and args.tree is None
+    if not on:
+        return None
+    return from_args(Lookup, args, typical=args.lookup is True)  # said: typical acceptance too
 
 
 class NgramIndex:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import torch
@@ -173,3 +174,61 @@ def _console(stderr: bool = False) -> Console:
     """Full-width tables in logs too (rich would cut columns to 80 characters when not on a terminal)."""
     console = Console(stderr=stderr)
     return console if console.is_terminal else Console(width=160, stderr=stderr)
+
+
+# ---- `entmtp step-costs` --------------------------------------------------------------------------------
+
+
+def register(sub) -> None:
+    """`step-costs` (and its old name `profile`) on the subcommand parsers `sub`."""
+    from .engine_args import add_model_arguments
+    from .shipped import HEAD_KINDS
+
+    p = sub.add_parser(
+        "step-costs",
+        aliases=["profile"],
+        help="per-step cost breakdown (draft/verify/accept/commit) per tree size (`profile`: its old name)",
+    )
+    p.add_argument(
+        "--heads", default=None, help=f"{' | '.join(HEAD_KINDS)} | PATH (default: shipped, else random heads)"
+    )
+    p.add_argument("--trees", default="chain_1,tree_4,tree_16,mc_sim_7b_63")
+    p.add_argument("--steps", type=int, default=40, help="decode steps measured per tree (after warm-up)")
+    p.add_argument("--out", default="runs/step-costs.json")
+    p.add_argument(
+        "--random-model",
+        default=None,
+        metavar="SHAPE|CONFIG.json",
+        help="time a model shape with random weights instead of --model: smollm2-135m, llama-7b or a config.json",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=1, help="measure every run this many times, interleaved (less drift)"
+    )
+    p.add_argument(
+        "--past", type=int, default=300, help="prompt tokens before the measured steps (random model)"
+    )
+    p.add_argument(
+        "--kv",
+        default="auto",
+        help="auto (graphs on CUDA, else kv) or a comma list of: dynamic (transformers' DynamicCache), kv "
+        "(the preallocated cache), graphs (kv + CUDA graphs)",
+    )
+    add_model_arguments(p)
+    p.set_defaults(func=run_step_costs_command)
+
+
+def run_step_costs_command(args) -> int:
+    """Check the arguments, then measure (`run_step_costs`)."""
+    if args.command == "profile":
+        print(
+            "entmtp: `entmtp profile` is now `entmtp step-costs` (a profile is a scheduler profile, see "
+            "`entmtp calibrate`); the old name will go in a later version",
+            file=sys.stderr,
+        )
+    if args.random_model and args.model:
+        raise EntMTPError("give either --model or --random-model, not both")
+    if args.past < 1 or args.steps < 1 or args.rounds < 1:
+        raise EntMTPError("--past, --steps and --rounds must be >= 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return run_step_costs(args)

@@ -18,6 +18,7 @@ from ..errors import EntMTPError, TreeError
 from ..lookup import Lookup
 from ..prompts import load_prompt_file, load_prompts
 from ..scheduler.policies import POLICIES
+from ..settings import from_args
 from ..shipped import HEAD_KINDS, heads_path
 from ..tree import load_tree
 from .peers import check_peers
@@ -71,13 +72,7 @@ class Plan:
 
     def lookup(self, variant: str) -> Lookup:
         """Prompt-lookup drafts with the command line's settings: `adaptive` sizes the branch per step."""
-        a = self.args
-        return Lookup(
-            max_ngram=a.lookup_ngram,
-            tokens=a.lookup_tokens,
-            adaptive=variant == "adaptive",
-            node_cost=a.lookup_node_cost,
-        )
+        return from_args(Lookup, self.args, adaptive=variant == "adaptive")
 
     def split_lookup(self, item: str) -> tuple[str, Lookup | None]:
         """`tree_8+lookup` -> ("tree_8", adaptive lookup); `tree_8+lookup-fixed` -> fixed-length lookup."""

@@ -69,6 +69,7 @@ from ..scheduler.profiles import (
     Versions,
 )
 from ..scheduler.signals import SIGNALS
+from ..settings import setting
 from ..tree import Tree, load_tree, union_tree
 from .replay import Replay, oracle, replay
 from .search import FrontierTree, Scores, TraceAcceptance, acceptance_frontier, grow, reachable, simulate
@@ -84,11 +85,18 @@ DEFAULT_TREE = "mc_sim_7b_63"  # Medusa's and Hydra's published default
 
 @dataclass(frozen=True)
 class CalibrationSettings:
-    max_new_tokens: int = 128  # per calibration prompt (the paper: 256; halved for a 2-core CPU budget)
-    latency_prompts: int = 2  # prompts decoded per measured tree
-    latency_tokens: int = 48
-    latency_repeats: int = 2  # interleaved rounds; medians over all their steps
-    tree_seconds: float = 8.0  # decoding time per measured tree, all rounds together (then it stops early)
+    """How a calibration decodes and measures (`entmtp calibrate`'s flags: settings.py)."""
+
+    # the paper: 256; halved for a 2-core CPU budget
+    max_new_tokens: int = setting(128, help="new tokens per calibration prompt (default %(default)s)")
+    latency_prompts: int = setting(2, help="prompts decoded per measured tree")
+    latency_tokens: int = setting(48, help="new tokens per latency measurement")
+    # medians over all their steps
+    latency_repeats: int = setting(2, help="interleaved rounds of latency measurement")
+    tree_seconds: float = setting(  # then it stops early
+        8.0,
+        help="decoding time per measured tree, all rounds together (default 8: caps a slow machine's run)",
+    )
     window: int = 8  # EMA window of the signal policies
 
 

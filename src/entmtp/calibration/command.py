@@ -1,4 +1,4 @@
-"""`entmtp calibrate`: arguments and the run (the CLI only registers them)."""
+"""`entmtp calibrate`: its parser and the run."""
 
 from __future__ import annotations
 
@@ -13,6 +13,20 @@ from rich.table import Table
 from ..errors import EntMTPError
 from ..prompts import CALIB, FOUR_TASKS, TASKS, load_prompt_file, load_prompts
 from ..scheduler.profiles import PROFILE_TASKS, ModeProfile, Profile, load_profile
+from ..settings import add_arguments, from_args
+from .calibrate import CalibrationSettings
+
+
+def register(sub) -> None:
+    """`calibrate` on the subcommand parsers `sub`."""
+    from ..engine_args import add_model_arguments
+
+    c = sub.add_parser(
+        "calibrate", help="build a task's scheduler profile (tree bank, frontiers, thresholds)"
+    )
+    add_calibrate_arguments(c)
+    add_model_arguments(c)
+    c.set_defaults(func=run_calibrate)
 
 
 def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,7 +43,6 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
         default=CALIB,
         help=f"calibration prompts (default {CALIB}; mixed takes an equal share of the four tasks)",
     )
-    p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument(
         "--out", default=None, help="profile JSON to write (default runs/profiles/HEADS-TASK.json)"
     )
@@ -52,15 +65,7 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
         help="re-derive --profile for changed heads of the same kind and depth (another draft vocabulary, "
         "retrained weights): its stored generations teacher-forced through them, then retuned (no decoding)",
     )
-    p.add_argument("--latency-prompts", type=int, default=2, help="prompts decoded per measured tree")
-    p.add_argument("--latency-tokens", type=int, default=48, help="new tokens per latency measurement")
-    p.add_argument("--latency-repeats", type=int, default=2, help="interleaved rounds of latency measurement")
-    p.add_argument(
-        "--tree-seconds",
-        type=float,
-        default=8.0,
-        help="decoding time per measured tree, all rounds together (default 8: caps a slow machine's run)",
-    )
+    add_arguments(p, CalibrationSettings)  # max tokens, latency prompts, tokens, repeats, seconds per tree
     p.add_argument(
         "--greedy-only",
         action="store_true",
@@ -93,6 +98,10 @@ def run_calibrate(args) -> int:
     from .traces import save_traces
 
     _check_arguments(args)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     old = load_profile(args.profile) if args.latency_only or args.retune or args.retrace else None
     texts = None if old else calibration_prompts(args.task, args.num_prompts)  # bad tasks fail before loading
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, pack=not args.no_pack)
@@ -155,15 +164,7 @@ def _check_arguments(args) -> None:
 
 
 def _settings(args):
-    from .calibrate import CalibrationSettings
-
-    return CalibrationSettings(
-        max_new_tokens=args.max_new_tokens,
-        latency_prompts=args.latency_prompts,
-        latency_tokens=args.latency_tokens,
-        latency_repeats=args.latency_repeats,
-        tree_seconds=args.tree_seconds,
-    )
+    return from_args(CalibrationSettings, args)
 
 
 def _calibrate(args, model, tokenizer, heads, settings, old, texts, progress):

@@ -5,6 +5,7 @@ and answered whole or streamed (responses.py). Each route finds the server's sta
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -16,7 +17,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from ..accept import Sampling, check_gumbel_seed
+from ..accept import GenerationOptions, Sampling, check_gumbel_seed
 from ..engine import Engine
 from ..errors import EntMTPError
 from ..model import check_request, encode_prompt
@@ -186,8 +187,8 @@ def _chars(prompt) -> int:
 def prepare(
     engine: Engine, req: schema._Params, prompt, chat: bool, acceptance: str = "auto"
 ) -> tuple[list[int], dict]:
-    """(prompt ids, Engine.stream kwargs) or raise EntMTPError naming the problem. `acceptance`: the server's
-    rule for requests at temperature > 0."""
+    """(prompt ids, Engine.stream kwargs: the request's `GenerationOptions`) or raise EntMTPError naming the
+    problem. `acceptance`: the server's rule for requests at temperature > 0."""
     ids = list(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], int) else None
     if ids is None:
         ids = encode_prompt(engine.tokenizer, prompt, chat=chat)
@@ -198,9 +199,12 @@ def prepare(
     limit = req.limit if req.limit is not None else min(schema.DEFAULT_MAX_TOKENS, window - len(ids))
     check_request(len(ids), limit, window, name="max_tokens")  # a PromptError: a 400 in _complete
     temperature = req.temperature or 0.0
-    kwargs = dict(max_new_tokens=limit, temperature=temperature, seed=req.seed, stop=req.stop)
-    if temperature > 0:
-        kwargs["acceptance"] = acceptance
-    if req.top_k is not None:
-        kwargs["logprobs"] = req.top_k
-    return ids, kwargs
+    options = GenerationOptions(
+        max_new_tokens=limit,
+        temperature=temperature,
+        acceptance=acceptance if temperature > 0 else "auto",  # the server's rule is for T > 0
+        seed=req.seed,
+        stop=req.stop,
+        logprobs=req.top_k,
+    )
+    return ids, dataclasses.asdict(options)

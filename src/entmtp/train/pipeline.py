@@ -31,6 +31,7 @@ from ..heads import (
 from ..heads.hydra import heads_class
 from ..model import DTYPES, EMBEDDED, load_model
 from ..prompts import FOUR_TASKS, TASKS
+from ..settings import csv, setting
 from ..shipped import heads_path
 from .evaluate import DEFAULT_TREES, evaluate_heads, plot_learning_curve, write_report
 from .prompt_sources import load_training_prompts
@@ -54,15 +55,22 @@ def _stages(stages) -> tuple[str, ...]:
 class HeadsSettings:
     """The heads to train (their sizes come from the base model), their draft vocabulary and saved dtype."""
 
-    num_heads: int = 4  # mc_sim_7b_63, the default tree, is 4 deep
-    num_layers: int = 1  # residual blocks per head; both papers find one enough
-    head_arch: str = "mlp"  # hydra: "mlp" or "prefix-mlp" (Hydra++)
-    share_lm_head: bool = True  # a 135M model cannot afford a V x H projection per head
-    draft_vocab: int = (
-        16384  # draft from this many most frequent tokens (0: all): ~3x cheaper on SmolLM2's 49k
+    num_heads: int = setting(4)  # mc_sim_7b_63, the default tree, is 4 deep
+    num_layers: int = setting(1)  # residual blocks per head; both papers find one enough
+    head_arch: str = setting("mlp", choices=("mlp", "prefix-mlp"), help="hydra only")  # prefix-mlp: Hydra++
+    # a 135M model cannot afford a V x H projection per head
+    share_lm_head: bool = setting(
+        True, flag="--own-lm-head", help="a vocab projection per head instead of sharing"
     )
-    max_draft_vocab: int = 0  # with init: cap the merged vocabulary at this many tokens (0: no cap)
-    save_dtype: str = "float32"  # the heads train in float32; saving them so loses nothing
+    # ~3x cheaper on SmolLM2's 49k than the whole vocabulary
+    draft_vocab: int = setting(16384, help="draft from the N most frequent tokens (0: all)")
+    max_draft_vocab: int = setting(
+        0,
+        help="with --init, the draft vocabulary is the old one plus the new data's --draft-vocab most frequent "
+        "tokens; cap it at M, keeping the tokens most frequent in the new data (0: no cap)",
+    )
+    # the heads train in float32; saving them so loses nothing
+    save_dtype: str = setting("float32", choices=DTYPES)
 
     def __post_init__(self) -> None:
         if self.draft_vocab < 0:
@@ -91,10 +99,18 @@ class HeadsSettings:
 class EvalSettings:
     """What the eval stage (and ``entmtp eval-heads``) measures: see `evaluate_heads`."""
 
-    prompts: int = 10  # prompts per benchmark task: enough to rank heads in minutes on a CPU
-    max_new_tokens: int = 128  # what ``entmtp bench`` decodes per prompt
-    trees: tuple[str, ...] = DEFAULT_TREES  # the last one's tokens/s is compared with the baseline's
-    tasks: tuple[str, ...] = FOUR_TASKS  # the paper's four tasks
+    # enough to rank heads in minutes on a CPU
+    prompts: int = setting(10, help="prompts per task (default %(default)s)")
+    max_new_tokens: int = setting(128)  # what ``entmtp bench`` decodes per prompt
+    trees: tuple[str, ...] = setting(
+        DEFAULT_TREES,
+        type=csv,
+        help="the last one's tokens/s is compared with the baseline's (default: the published mc_sim_7b_63 "
+        "and tree_8, what generate uses for heads without a profile)",
+    )
+    tasks: tuple[str, ...] = setting(  # the paper's four tasks
+        FOUR_TASKS, type=csv, help=f"comma list of {', '.join(TASKS)} (default {','.join(FOUR_TASKS)})"
+    )
 
     def __post_init__(self) -> None:
         for t in self.tasks:

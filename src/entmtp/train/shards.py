@@ -54,6 +54,7 @@ from ..engine import Engine
 from ..errors import DataError, PromptError
 from ..files import save_tensors_atomic, write_text_atomic
 from ..model import encode_prompt, eos_token_ids
+from ..settings import setting
 
 FORMAT = "entmtp-distill"
 FORMAT_VERSION = 1
@@ -70,20 +71,25 @@ HIDDEN_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32"
 class GenSettings:
     """How the distillation data is made. Stored in the manifest; a rerun must use the same settings."""
 
-    num_prompts: int = (
-        1000  # ~200 response tokens each: ~200k positions, well past where small heads saturate
+    # ~200 response tokens each: ~200k positions, well past where small heads saturate
+    num_prompts: int = setting(1000, help="training prompts (default %(default)s)")
+    # long enough for GSM8K-style reasoning and short code
+    max_new_tokens: int = setting(256, help="response length cap")
+    # truncating a chat template would break it
+    max_prompt_tokens: int = setting(256, help="longer prompts are skipped")
+    # some sampled responses: the heads see off-greedy contexts too
+    sample_fraction: float = setting(0.25, help="responses sampled at T=0.7")
+    both_answers: bool = setting(
+        False, help="answer every prompt twice, greedy and sampled at T=0.7 (instead of --sample-fraction)"
     )
-    max_new_tokens: int = 256  # response cap; long enough for GSM8K-style reasoning and short code
-    max_prompt_tokens: int = 256  # longer prompts are skipped (truncating a chat template would break it)
-    sample_fraction: float = 0.25  # some sampled responses: the heads see off-greedy contexts too
-    both_answers: bool = False  # answer every prompt twice, greedy and sampled (sample_fraction unused)
     temperature: float = 0.7  # for the sampled fraction
-    top_k: int = 10  # soft targets kept per position (the KL loss renormalises over them)
-    val_fraction: float = 0.02  # prompts held out for validation (at least one)
-    shard_size: int = (
-        64  # sequences (prompts, or answers with both_answers) per shard: the unit of resumption
-    )
-    seed: int = 0  # prompt shuffle, sampled-or-greedy choice, sampling
+    # the KL loss renormalises over them
+    top_k: int = setting(10, help="soft targets stored per position")
+    val_fraction: float = setting(0.02, help="prompts held out for validation")  # at least one
+    shard_size: int = setting(
+        64, help="sequences (prompts, or answers) per data shard"
+    )  # the unit of resumption
+    seed: int = setting(0, help="seed of the data, the windows and the new heads")  # TrainSettings' too
     hidden_dtype: str = "bfloat16"  # storage dtype of hidden states
     hidden_state_offset: int = 0  # store the hidden state this many layers before the last (0: final, normed)
 

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from ..errors import DataError, HeadsError
 from ..files import write_text_atomic
 from ..heads import HEADS_FILES, Heads, HeadsConfig
+from ..settings import setting
 from .shards import Manifest, SplitData, load_split
 
 CHECKPOINTS = "checkpoints"
@@ -50,23 +51,29 @@ TIME_PROBE_STEPS = 20  # steps timed before a time limit re-plans the run
 class TrainSettings:
     """Optimisation settings. A resumed run must use the same ones (the checkpoint records them)."""
 
-    steps: int = 1000  # optimiser steps; ~8 epochs of the default 1000-prompt data at 1024 positions a step
-    batch_size: int = 8  # windows per step
-    window: int = 128  # anchor positions per window: batch_size * window ~ positions per step
-    lr: float = 1e-3  # Medusa's head learning rate
+    # optimiser steps; ~8 epochs of the default 1000-prompt data at 1024 positions a step
+    steps: int = setting(1000)
+    batch_size: int = setting(8, help="windows per step")
+    # anchor positions per window: batch_size * window ~ positions per step
+    window: int = setting(128, help="positions per window")
+    lr: float = setting(1e-3)  # Medusa's head learning rate
     weight_decay: float = 0.0  # the heads are tiny next to the data; no need
-    warmup: float = 0.05  # fraction of steps of linear warm-up
+    warmup: float = setting(0.05, help="fraction of steps of linear warm-up")
     min_lr_ratio: float = 0.1  # cosine decays to lr * this
-    loss: str = "kl"
+    loss: str = setting("kl", choices=LOSSES)
     head_decay: float = 0.8  # loss weight of head k: head_decay ** (k - 1)
     grad_clip: float = 1.0
     chunk: int = 0  # positions per vocab-projection chunk; 0: ~32M logits per chunk on CPU, ~256M on CUDA
-    eval_every: int = 100  # steps between validation runs (0: only at the end)
-    checkpoint_every: int = 100  # steps between checkpoints (0: only at the end)
+    eval_every: int = setting(100, help="steps between validation runs")  # 0: only at the end
+    checkpoint_every: int = setting(100)  # steps between checkpoints (0: only at the end)
     log_every: int = 10  # steps between learning-curve lines
     keep_checkpoints: int = 2  # older checkpoints are deleted
-    seed: int = 0  # window order
-    precision: str = "auto"  # the heads' matmuls: auto = bfloat16 on CUDA, float32 on CPU; weights stay fp32
+    seed: int = setting(0, help="seed of the data, the windows and the new heads")  # window order
+    precision: str = setting(
+        "auto",
+        choices=PRECISIONS,
+        help="the heads' matmuls in training: auto (bfloat16 on CUDA, float32 on CPU), bfloat16, float32",
+    )  # weights and optimiser stay fp32
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:

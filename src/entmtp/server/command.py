@@ -1,0 +1,173 @@
+"""`entmtp serve`: its parser and its run. The engine's flags are `EngineSpec`'s (engine_args.py); the
+server's own come in groups, each added by one function, so another way of serving adds its group with one
+call in `add_serve_arguments`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..accept import SAMPLED_CHOICES
+from ..engine_args import add_engine_arguments, engine_from_args
+from ..errors import EntMTPError
+
+
+def register(sub) -> None:
+    """`serve` on the subcommand parsers `sub`."""
+    sv = sub.add_parser(
+        "serve", help="an OpenAI-compatible HTTP server (chat, completions, streaming, metrics)"
+    )
+    add_serve_arguments(sv)
+    # the profile's greedy section picks the engine's policy; requests at T > 0 run their rule's section's
+    sv.set_defaults(func=run_serve, temperature=0.0)
+
+
+def add_serve_arguments(sv: argparse.ArgumentParser) -> None:
+    add_engine_arguments(sv)
+    add_http_arguments(sv)
+    add_batch_arguments(sv)
+    add_request_arguments(sv)
+    from .ray_config import add_ray_arguments
+
+    add_ray_arguments(sv)  # Ray Serve: replicas of the engine on a cluster (ray_serve.py)
+
+
+def add_http_arguments(sv: argparse.ArgumentParser) -> None:
+    """Where the server listens, what it accepts and how long it waits."""
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument(
+        "--model-name", default=None, help="the model id clients see (default: the --model value)"
+    )
+    sv.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes")
+    sv.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM/SIGINT, seconds open requests may still run before they are cut (default 30)",
+    )
+    sv.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="close a connection that sends no complete request headers within this many seconds",
+    )
+    sv.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        help="answer 408 and close a connection whose request body has not all arrived this many seconds "
+        "after its headers (default 30)",
+    )
+    sv.add_argument("--no-access-log", action="store_true", help="no log line per request on stderr")
+
+
+def add_batch_arguments(sv: argparse.ArgumentParser) -> None:
+    """How many requests generate together, and how many may wait."""
+    sv.add_argument(
+        "--max-batch",
+        type=int,
+        default=8,
+        help="requests generating together as one continuous batch, every row's tree verified in one forward "
+        "(default 8); requests join and leave between steps. Above 1 the engine runs without CUDA graphs and "
+        "weighs trees by this machine's batched step costs (measured once, ~20-30 s; not with --no-probe). "
+        "1: one request at a time, as before",
+    )
+    sv.add_argument(
+        "--max-queue", type=int, default=8, help="requests that may wait past --max-batch; more get 503"
+    )
+
+
+def add_request_arguments(sv: argparse.ArgumentParser) -> None:
+    """What the server applies to requests (the rest of a request's options are its own: schema.py)."""
+    sv.add_argument(
+        "--acceptance",
+        dest="request_acceptance",
+        default="auto",
+        choices=SAMPLED_CHOICES,
+        help="the acceptance rule of requests at temperature > 0 (default auto: lossless tree rejection "
+        "sampling, the output distribution of plain sampling; typical: Medusa's typical acceptance, which "
+        "accepts more drafts but is not lossless: its text repeats itself more, see docs/results/sampling; gumbel: "
+        "lossless Gumbel-max sampling with the heads drafting under the same noise, a seed's text the same "
+        "with or without speculation); "
+        "each rule runs its profile section's policy",
+    )
+
+
+def check_serve_arguments(args) -> None:
+    """Refuse impossible limits before anything binds or loads."""
+    if args.max_queue < 0 or args.max_body < 1:
+        raise EntMTPError("--max-queue must be >= 0 and --max-body >= 1")
+    if args.max_batch < 1:
+        raise EntMTPError(f"--max-batch must be >= 1 (1: one request at a time), got {args.max_batch}")
+    if args.drain_timeout < 0 or args.header_timeout <= 0 or args.body_timeout <= 0:
+        raise EntMTPError("--drain-timeout must be >= 0, --header-timeout and --body-timeout > 0 (seconds)")
+
+
+def run_serve(args) -> int:
+    check_serve_arguments(args)
+    from .ray_config import check_ray_arguments
+
+    check_ray_arguments(args)
+    if args.ray:  # Ray Serve: replicas of the engine on a cluster (ray_serve.py)
+        from ..engine_args import engine_spec
+        from .ray_serve import serve_ray
+
+        return serve_ray(args, engine_spec(args))
+    try:
+        from .run import bind, serve  # light: the port is bound before the model loads
+
+        sock = bind(args.host, args.port)  # a busy port fails at once, not after the model loads
+        from .app import create_app
+    except ImportError as e:
+        raise EntMTPError(
+            f"`entmtp serve` needs the server extra ({e.name} is missing): pip install 'entmtp[server]'"
+        ) from e
+    from .thread import TorchThread
+
+    batched = args.max_batch > 1
+    thread = TorchThread()  # every torch call of the server on one thread (thread.py says why)
+    # a batch steps eagerly (batch.py)
+    engine = thread.call(engine_from_args, args, graphs=not args.no_graphs and not batched)
+    name = args.model_name or args.model or "smollm2-135m-instruct"
+    if batched and not args.no_graphs and engine.base.device.type == "cuda":
+        print(
+            f"entmtp: --max-batch {args.max_batch}: batched steps run without CUDA graphs, so a request "
+            "alone decodes slower than with them; --max-batch 1 serves one request at a time with graphs",
+            file=sys.stderr,
+        )
+    costs = thread.call(batch_costs, engine, args) if batched else None
+    app = create_app(
+        engine,
+        name,
+        max_queue=args.max_queue,
+        max_body_bytes=args.max_body,
+        max_batch=args.max_batch,
+        costs=costs,
+        thread=thread,
+        acceptance=args.request_acceptance,
+        body_timeout=args.body_timeout,
+    )
+    print(f"entmtp: serving {name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    serve(
+        app,
+        sock,
+        drain_timeout=args.drain_timeout,
+        header_timeout=args.header_timeout,
+        access_log=not args.no_access_log,
+        verbose=args.verbose,
+    )
+    return 0
+
+
+def batch_costs(engine, args):
+    """The cost surface (costs/: ms of a batched step by rows and nodes per row, measured once per
+    machine and cached) that a batch's policies weigh their trees by; None with --no-probe, or when this
+    model cannot be batched (the server then says why and serves one request at a time)."""
+    from ..costs import probing_disabled
+
+    if args.no_probe or probing_disabled() or not engine.base.preallocate:
+        return None
+    from ..costs import surface_for
+
+    return surface_for(engine.model, engine.heads, max_batch=args.max_batch)
