@@ -597,7 +597,8 @@ def main() -> int:
             "small": soak.small,
             "rss": soak.rss,
         }
-        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
         print(f"wrote {args.out}")
     return 0
 

@@ -189,7 +189,22 @@ def test_kv_cells_are_promised_at_a_generations_start_and_come_back(f32):
     big.release()
     small.capacity = 300
     assert rt.reserved == 300
+    window = model.config.max_position_embeddings
+    assert rt.n_ctx < 2 * window and not rt.grow(3 * window)  # a generation holds cells: no new context
     small.release()
+    assert rt.reserved == 0 and free_seqs_are_all_back(model)
+
+
+def test_a_batch_of_r_rows_gets_a_context_of_r_full_windows(f32):
+    """The server's batch of --max-batch rows: each may fill the model's window, so none is refused for
+    lack of KV cells while a row is free."""
+    model, _ = f32
+    rt, window = model.runtime, model.config.max_position_embeddings
+    batch = model.entmtp_base().new_batch(rows=2)
+    assert rt.n_ctx >= 2 * window
+    rows = [batch.add(window - 8, scratch=64) for _ in range(2)]
+    for row in rows:
+        batch.remove(row)
     assert rt.reserved == 0 and free_seqs_are_all_back(model)
 
 

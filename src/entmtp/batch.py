@@ -29,6 +29,7 @@ float32, so two tokens whose logits are that close may swap). `generate_batch(en
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections import deque
@@ -123,7 +124,7 @@ class Batch:
                 "(sliding-window or linear-attention layers): serve it with --max-batch 1"
             )
         self.engine, self.options = engine, options
-        self.kv = engine.base.new_batch()  # cache.BatchKV, or llama.cpp's sequences
+        self.kv = engine.base.new_batch(options.max_batch)  # cache.BatchKV, or llama.cpp's sequences
         self._rows: dict[int, Row] = {}  # id(row's cache) -> a row verified by the batched forward
         self._alone: list[Row] = []  # rows verified by forwards of their own
         self._prefills: deque[Row] = deque()  # rows whose prompt is not all in yet, next chunk's first
@@ -455,11 +456,12 @@ def stream_batch(
     """(prompt index, event) as rows step together, at most `options.max_batch` at once; a prompt joins as soon
     as a row leaves. `generation`: `Engine.stream`'s keyword arguments, the same for every prompt; a row's last
     event carries its `finish_reason` and `result`."""
-    batch = Batch(engine, options)
+    rows = options.max_batch or max(1, len(prompts))
+    batch = Batch(engine, dataclasses.replace(options, max_batch=rows))
     waiting = list(enumerate(prompts))[::-1]
     index: dict[int, int] = {}  # row id -> prompt index
     while waiting or len(batch):
-        while waiting and (options.max_batch is None or len(batch) < options.max_batch):
+        while waiting and (len(batch) < rows):
             i, prompt = waiting.pop()
             row, event = batch.add(prompt, **generation)
             index[row.id] = i

@@ -286,7 +286,8 @@ class BaseModel:
         """Continuous batching needs the preallocated cache (`BatchKV`)."""
         return self.preallocate
 
-    def new_batch(self) -> BatchKV:
+    def new_batch(self, rows: int | None = None) -> BatchKV:
+        """A batch cache (it grows with its rows: `rows` is for backends that size a shared one up front)."""
         return BatchKV(self.model)
 
     def new_cache(self, capacity: int, *, static: bool = False, private: bool = False) -> KVCache | DynamicKV:

@@ -41,7 +41,8 @@ class Base(Protocol):
 
     def commit(self, cache, path: list[int]) -> None: ...
 
-    def new_batch(self): ...
+    def new_batch(self, rows: int | None = None):
+        """A continuous batch's caches for up to `rows` generations at once (None: not known)."""
 
     def forward_batch(self, tokens: list[torch.Tensor], trees: list[Tree], batch) -> list: ...
 

@@ -37,6 +37,7 @@ LLAMA_CPP_HINT = (
 MAX_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ: sequence ids per context (home rows + borrowed leaf ids)
 N_BATCH = 512  # tokens per llama_decode call: a longer prefill runs in chunks of this many
 KV_TYPES = {"f16": 1, "f32": 0}  # ggml types of the KV cache
+ROW_SCRATCH = 256  # KV cells per batch row past its window: room for the nodes of its largest tree
 _LEAF_SEQS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Tree -> per node, its leaves' indices
 
 
@@ -189,14 +190,8 @@ class Runtime:
                 raise LlamaCppError(
                     f"llama.cpp could not load {path}: check that it is a complete GGUF model file"
                 )
-        owned = self.model if parent is None else None  # freed with this runtime
-        cp = lib.llama_context_default_params()
-        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, N_BATCH, N_BATCH, MAX_SEQ
-        cp.n_threads = cp.n_threads_batch = threads
-        cp.embeddings, cp.kv_unified = True, True
-        cp.pooling_type = lib.LLAMA_POOLING_TYPE_UNSPECIFIED  # a causal LM's: none (one state per token)
-        cp.type_k = cp.type_v = KV_TYPES[kv_type]
-        self.ctx = lib.llama_init_from_model(self.model, cp)
+        owned = self._owned = self.model if parent is None else None  # freed with this runtime
+        self.ctx = lib.llama_init_from_model(self.model, self._params(n_ctx))
         if not self.ctx:
             if owned is not None:
                 lib.llama_model_free(owned)
@@ -216,6 +211,34 @@ class Runtime:
         self.reserved = 0  # KV cells promised to the live generations (`reserve`)
         self.embeddings = True  # the context's setting: with it on, llama.cpp outputs every token
         self._finalizer = weakref.finalize(self, _free, lib, self.ctx, owned, self.batch)
+
+    def _params(self, n_ctx: int):
+        lib, cp = self.lib, self.lib.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, N_BATCH, N_BATCH, MAX_SEQ
+        cp.n_threads = cp.n_threads_batch = self.threads
+        cp.embeddings, cp.kv_unified = True, True
+        cp.pooling_type = lib.LLAMA_POOLING_TYPE_UNSPECIFIED  # a causal LM's: none (one state per token)
+        cp.type_k = cp.type_v = KV_TYPES[self.kv_type]
+        return cp
+
+    def grow(self, n_ctx: int) -> bool:
+        """At least `n_ctx` KV cells for the generations of this context: a new llama.cpp context on the
+        same model, made only while no generation holds cells (True when it was). A continuous batch of R
+        rows asks for R full windows when it starts (`LlamaCppBase.new_batch`), so every row it admits fits."""
+        if n_ctx <= self.n_ctx or self.reserved or len(self.free_seqs) < MAX_SEQ:
+            return False
+        lib = self.lib
+        ctx = lib.llama_init_from_model(self.model, self._params(n_ctx))
+        if not ctx:
+            raise LlamaCppError(
+                f"llama.cpp could not make a context of {n_ctx} KV cells for {self.path}: fewer batch rows"
+            )
+        self._finalizer.detach()
+        lib.llama_free(self.ctx)
+        self.ctx, self.mem, self.n_ctx = ctx, lib.llama_get_memory(ctx), lib.llama_n_ctx(ctx)
+        self.embeddings = True  # the new context's setting
+        self._finalizer = weakref.finalize(self, _free, lib, self.ctx, self._owned, self.batch)
+        return True
 
     def private(self, n_ctx: int) -> Runtime:
         """A context of its own for one generation, on the same loaded model. llama.cpp's numbers for a
@@ -539,7 +562,11 @@ class LlamaCppBase:
         runtime = self.runtime.private(capacity) if private else self.runtime
         return LlamaSeq(runtime, capacity)
 
-    def new_batch(self) -> LlamaBatch:
+    def new_batch(self, rows: int | None = None) -> LlamaBatch:
+        """The caches of a continuous batch of up to `rows` generations; the shared context grows to hold that
+        many full windows (plus their trees' scratch) if no generation holds cells now."""
+        if rows:
+            self.runtime.grow(rows * (self.model.config.max_position_embeddings + ROW_SCRATCH))
         return LlamaBatch(self.runtime)
 
     def forward(

@@ -40,7 +40,7 @@ def start_worker(
     `thread` (the one that built the engine: thread.py says why), the batch is built and the loop runs there."""
     if max_batch > 1:
         try:
-            options = BatchOptions(costs=costs)
+            options = BatchOptions(max_batch=max_batch, costs=costs)
             batch = thread.call(Batch, engine, options) if thread else Batch(engine, options)
         except EntMTPError as e:
             log.warning("serving one request at a time, not %d together: %s", max_batch, e)
