@@ -598,7 +598,7 @@ def main() -> int:
             "rss": soak.rss,
         }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
         print(f"wrote {args.out}")
     return 0
 
