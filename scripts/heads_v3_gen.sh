@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Heads v3 (issue #42): the self-distillation data at scale on the CPU, started (or resumed) as a background job.
+# Heads v3 (issue 42): the self-distillation data at scale on the CPU, started (or resumed) as a background job.
 #
 # `entmtp train-heads --stages gen`: every training prompt of $PROMPTS (shared/data/train only: never a benchmark
 # set) answered twice by the base model, greedy and sampled at T=0.7 (--both-answers), with the batched engine;

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 
-from ..batch import generate_batch
+from ..batch import BatchOptions, generate_batch
 from ..engine import Engine
 from ..errors import DataError, PromptError
 from ..files import save_tensors_atomic, write_text_atomic
@@ -486,9 +486,8 @@ def engine_responses(
     from torch's global RNG as it joins, so a seeded run repeats whatever the batch. A response ends at its
     first EOS (kept) or after ``max_new_tokens``."""
     sampling = {"temperature": temperature, "acceptance": "gumbel"} if sample else {"temperature": 0.0}
-    results = generate_batch(
-        engine, prompts, max_new_tokens=max_new_tokens, chat=False, max_batch=batch_size, **sampling
-    )
+    options = BatchOptions(max_batch=batch_size)
+    results = generate_batch(engine, prompts, options, max_new_tokens=max_new_tokens, chat=False, **sampling)
     return [r.token_ids for r in results]
 
 
