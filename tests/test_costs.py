@@ -248,6 +248,15 @@ def test_where_every_tree_loses_the_default_decodes_plain_steps_only():
     assert not isinstance(forced, Tree)
 
 
+def test_every_machine_curve_names_its_machine():
+    """A replay's figure is only as good as knowing whose curve it is: each file names its CPU and the flags
+    that decide its kernels (two "AMD EPYC" machines here differ 2x in what a tree costs)."""
+    for path in sorted(MACHINES.glob("*.json")):
+        machine = json.loads(path.read_text())["meta"]["machine"]
+        assert machine["cpu"] and "avx2" in machine["cpu_flags"], path.name
+        assert ("avx512_bf16" in machine["cpu_flags"]) == path.name.startswith("avx512bf16"), path.name
+
+
 def test_threshold_policies_are_not_the_default_on_another_machines_curve():
     profile = resolve_profile("writing", "hydra")  # its sample section recommends `binary`, tuned there
     assert profile.recommended_policy("sample") == "binary"
