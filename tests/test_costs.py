@@ -100,11 +100,13 @@ def test_sizes_past_the_budget_are_extrapolated_pessimistically():
 
 
 def test_measure_times_every_size_within_its_budget():
+    """A tiny model's probe takes about a second: a budget far above that leaves no size or context out,
+    whatever else the machine runs (a tight budget made this test depend on the machine's load)."""
     model = tiny_model()
-    c = measure(model, None, sizes=(0, 1, 4), contexts=(16, 48), budget_s=5.0, progress=False)
+    c = measure(model, None, sizes=(0, 1, 4), contexts=(16, 48), budget_s=60.0, progress=False)
     assert c.nodes == (0, 1, 4) and all(ms > 0 for ms in c.step_ms)
     assert c.contexts == (16, 48) and len(c.by_context) == 2
-    assert c.seconds < 5.0 + 2.0 and c.key["model"]["hidden_size"] == 64
+    assert c.seconds < 60.0 + 2.0 and c.key["model"]["hidden_size"] == 64
 
 
 def test_measure_can_verify_through_the_graphs_padded_forward():
