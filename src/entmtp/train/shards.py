@@ -550,10 +550,10 @@ def _make_shard(
     tf_wall, tf_cpu = clock.lap()
     phases = {
         "anchors": sum(len(r) for r in responses),  # positions >= prompt_len - 1: one per response token
-        "gen_seconds": round(gen_wall, 2),
-        "gen_cpu_seconds": round(gen_cpu, 2),
-        "targets_seconds": round(tf_wall, 2),
-        "targets_cpu_seconds": round(tf_cpu, 2),
+        "gen_seconds": round(gen_wall, 4),
+        "gen_cpu_seconds": round(gen_cpu, 4),
+        "targets_seconds": round(tf_wall, 4),
+        "targets_cpu_seconds": round(tf_cpu, 4),
     }
     return tensors, phases
 
