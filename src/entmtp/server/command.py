@@ -136,7 +136,7 @@ def run_serve(args) -> int:
             "alone decodes slower than with them; --max-batch 1 serves one request at a time with graphs",
             file=sys.stderr,
         )
-    costs = thread.call(batch_costs, engine, args) if batched else None
+    costs = thread.call(batch_costs, engine, args.max_batch, not args.no_probe)
     app = create_app(
         engine,
         name,
@@ -160,14 +160,13 @@ def run_serve(args) -> int:
     return 0
 
 
-def batch_costs(engine, args):
+def batch_costs(engine, max_batch: int, probe: bool = True):
     """The cost surface (costs/: ms of a batched step by rows and nodes per row, measured once per
-    machine and cached) that a batch's policies weigh their trees by; None with --no-probe, or when this
-    model cannot be batched (the server then says why and serves one request at a time)."""
-    from ..costs import probing_disabled
+    machine and cached) that a batch's policies weigh their trees by; None for one row at a time, without
+    probing, or when this model cannot be batched (the server then says why and serves one request at a
+    time). `entmtp serve` and each Ray Serve replica (ray_serve.py) measure it here."""
+    from ..costs import probing_disabled, surface_for
 
-    if args.no_probe or probing_disabled() or not engine.base.preallocate:
+    if max_batch == 1 or not probe or probing_disabled() or not engine.base.preallocate:
         return None
-    from ..costs import surface_for
-
-    return surface_for(engine.model, engine.heads, max_batch=args.max_batch)
+    return surface_for(engine.model, engine.heads, max_batch=max_batch)

@@ -56,21 +56,12 @@ def _build_engine(config: RayServeConfig):
     return build(replace(spec, threads=config.threads, graphs=spec.graphs and config.max_batch == 1)).engine
 
 
-def _batch_costs(engine, config: RayServeConfig):
-    """This node's cost surface of batched steps (measured once per machine and cached, as `entmtp serve`
-    does); None without probing, or when the model cannot be batched."""
-    from ..costs import probing_disabled, surface_for
-
-    if config.max_batch == 1 or not config.spec.probe or probing_disabled() or not engine.base.preallocate:
-        return None
-    return surface_for(engine.model, engine.heads, max_batch=config.max_batch)
-
-
 class EngineReplica:
     """One engine replica: `entmtp serve`'s app on this replica's engine, called in-process by the front."""
 
     def __init__(self, args: dict):
         from .app import create_app
+        from .command import batch_costs
         from .ray_metrics import Mirror
         from .thread import TorchThread
 
@@ -78,7 +69,7 @@ class EngineReplica:
         config = RayServeConfig.from_dict(args)
         thread = TorchThread()  # every torch call of the replica on one thread (thread.py says why)
         engine = thread.call(_build_engine, config)
-        costs = thread.call(_batch_costs, engine, config)
+        costs = thread.call(batch_costs, engine, config.max_batch, config.spec.probe)
         self.app = create_app(
             engine,
             config.model_name,
