@@ -261,25 +261,62 @@ def test_the_llama_cpp_backend_refuses_a_transformers_model_directory(tmp_path):
         check_spec(EngineSpec(backend="llama-cpp", model=str(tmp_path)))
 
 
-def test_on_a_cpu_with_amx_the_repacked_weights_stay_off(monkeypatch):
-    """llama-cpp-python 0.3.36 segfaults on an AMX Xeon with llama.cpp's extra buffer types once a decode holds
-    two tokens: on such a CPU neither the backend nor the llama-cpp peer asks for them."""
+CRASH = (
+    "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"  # a canary whose child dies like the AMX fault
+)
+AMX_XEON = {"name": "Xeon", "flags": ["avx512f", "amx_bf16", "amx_int8", "amx_tile"]}
+
+
+def test_on_a_cpu_with_amx_a_canary_that_dies_keeps_the_repacked_weights_off(monkeypatch, tmp_path):
+    """llama-cpp-python 0.3.36 segfaults on some AMX Xeons with llama.cpp's extra buffer types once a decode
+    holds two tokens: there a child process tries them first, and when it dies neither the backend nor the
+    llama-cpp peer asks for them; one line says why, and the verdict is cached (the canary runs once)."""
     import llama_cpp.llama_cpp as low
 
     from entmtp import machine
-    from entmtp.backends.llama_cpp import extra_bufts_safe
+    from entmtp.backends.amx import extra_bufts_safe
     from entmtp.bench.peers import LlamaCppPlain
+    from entmtp.model import embedded_gguf
 
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
     monkeypatch.delenv("ENTMTP_LLAMA_EXTRA_BUFTS", raising=False)
-    monkeypatch.setattr(machine, "cpu_info", lambda: {"name": "Xeon", "flags": ["avx512f", "amx_bf16"]})
-    assert not extra_bufts_safe()
+    monkeypatch.setattr(machine, "cpu_info", lambda: AMX_XEON)
+    said = []
+    assert not extra_bufts_safe(embedded_gguf(), say=said.append, canary=CRASH)
+    assert len(said) == 1 and "SIGSEGV" in said[0] and "repacked weights stay off" in said[0]
+    assert not extra_bufts_safe(embedded_gguf(), say=said.append)  # cached: the real canary is not run
     peer = LlamaCppPlain(n_threads=2)
     assert not peer.llm.model_params.use_extra_bufts
     assert (
         low.llama_model_default_params().use_extra_bufts
     )  # llama-cpp-python's own default is left as it was
+    assert not extra_bufts_safe(None)  # nothing to try: off
+
+
+def test_on_a_cpu_without_amx_the_repacked_weights_are_used_without_a_canary(monkeypatch, tmp_path):
+    from entmtp import machine
+    from entmtp.backends.amx import extra_bufts_safe
+    from entmtp.model import embedded_gguf
+
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
+    monkeypatch.delenv("ENTMTP_LLAMA_EXTRA_BUFTS", raising=False)
     monkeypatch.setattr(machine, "cpu_info", lambda: {"name": "EPYC", "flags": ["avx2", "avx512f"]})
-    assert extra_bufts_safe()
+    assert extra_bufts_safe(embedded_gguf(), canary=CRASH)
+    assert not (tmp_path / "llama-amx.json").exists()
+    monkeypatch.setenv("ENTMTP_LLAMA_EXTRA_BUFTS", "0")
+    assert not extra_bufts_safe(embedded_gguf())
+
+
+def test_the_canary_decodes_with_the_repacked_weights_in_a_child_process():
+    """The real canary loads the model with the extra buffer types and decodes 1, 2 and 64 tokens. On a CPU
+    without AMX nothing is known to crash, so it must come back clean (a broken canary would keep AMX off
+    everywhere); on an AMX CPU its verdict is that machine's."""
+    from entmtp.backends.amx import has_amx, run_canary
+    from entmtp.model import embedded_gguf
+
+    works, how = run_canary(embedded_gguf())
+    if not has_amx():
+        assert (works, how) == (True, "a clean exit")
 
 
 # ---- choosing the backend ----------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from torch import nn
 from ..cache import Forward
 from ..errors import EntMTPError
 from ..tree import Tree
+from .amx import extra_bufts_safe  # on a CPU with AMX: the canary's verdict (amx.py)
 
 LLAMA_CPP_HINT = (
     "pip install llama-cpp-python (builds llama.cpp from source, a few minutes; `make setup` installs it)"
@@ -171,7 +172,7 @@ class Runtime:
         threads: int,
         n_ctx: int,
         kv_type: str = "f16",
-        extra_bufts: bool = False,
+        extra_bufts: bool | None = None,
         parent: Runtime | None = None,
     ):
         lib = self.lib = import_llama_cpp()
@@ -184,7 +185,7 @@ class Runtime:
             lib.llama_backend_init()
             mp = lib.llama_model_default_params()
             mp.n_gpu_layers = 0
-            mp.use_extra_bufts = extra_bufts_safe() if extra_bufts is None else extra_bufts
+            mp.use_extra_bufts = extra_bufts_safe(path) if extra_bufts is None else extra_bufts
             self.model = lib.llama_model_load_from_file(str(path).encode(), mp)
             if not self.model:
                 raise LlamaCppError(
@@ -316,18 +317,6 @@ class Runtime:
             return logits, np.zeros((0, self.n_embd), dtype=np.float32)
         hidden = np.ctypeslib.as_array(self.lib.llama_get_embeddings(self.ctx), shape=(k, self.n_embd)).copy()
         return logits, hidden
-
-
-def extra_bufts_safe() -> bool:
-    """Whether llama.cpp's extra buffer types (weights repacked for the CPU's kernels) are used here: not on a
-    CPU with AMX, where llama-cpp-python 0.3.36 segfaults with them once a decode holds two tokens or more
-    (seen on a 2-core Xeon; docs/llama-cpp.md). `ENTMTP_LLAMA_EXTRA_BUFTS=1` or `0` decides instead."""
-    forced = os.environ.get("ENTMTP_LLAMA_EXTRA_BUFTS", "").strip()
-    if forced in ("0", "1"):
-        return forced == "1"
-    from ..machine import cpu_info
-
-    return not any(f.startswith("amx") for f in cpu_info()["flags"])
 
 
 def _free(lib, ctx, model, batch) -> None:

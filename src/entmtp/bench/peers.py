@@ -212,18 +212,15 @@ def llama_cpp_available() -> bool:
 
 
 @contextlib.contextmanager
-def _extra_bufts(llama_cpp):
-    """llama-cpp-python's `Llama` with llama.cpp's extra buffer types off where they crash (a CPU with AMX:
-    backends.llama_cpp.extra_bufts_safe); `Llama` takes no such option, so its default parameters are
-    wrapped while it loads."""
-    from ..backends.llama_cpp import extra_bufts_safe
+def _extra_bufts(llama_cpp, path: Path):
+    """llama-cpp-python's `Llama` with llama.cpp's extra buffer types off where they crash (a CPU with AMX whose
+    canary decode of `path` died: backends.amx, which says so in one line); `Llama` takes no such option, so
+    its default parameters are wrapped while it loads."""
+    from ..backends.amx import extra_bufts_safe
 
-    if extra_bufts_safe():
+    if extra_bufts_safe(path):
         yield
         return
-    print(
-        "entmtp: llama.cpp's repacked (AMX) weights are off on this CPU: they crash llama-cpp-python 0.3.36"
-    )
     low = llama_cpp.llama_cpp  # the module `Llama` reads its defaults from
     default = low.llama_model_default_params
 
@@ -251,7 +248,7 @@ class LlamaCppPlain:
         if not path.is_file():
             raise EntMTPError(f"GGUF file {path} does not exist: pass the path of a .gguf model file")
         self.path = path
-        with _extra_bufts(llama_cpp):  # n_ctx 0: the model's context window
+        with _extra_bufts(llama_cpp, path):  # n_ctx 0: the model's context window
             self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=False)
         self.n_ctx = self.llm.n_ctx()
         self.eos_ids = {self.llm.token_eos()}

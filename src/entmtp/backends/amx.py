@@ -1,0 +1,151 @@
+"""Whether llama.cpp's repacked weights may be used on this CPU: on a CPU with AMX, ask a child process.
+
+llama.cpp's extra buffer types repack a GGUF's weights for the CPU's fastest kernels: on a Xeon with AMX, its
+tile (TMUL) kernels. llama-cpp-python 0.3.36 segfaults there on some machines once a decode holds two tokens or
+more (a one-token decode takes an AVX512-VNNI path and works): seen on a 2-core Xeon of our pool. The likely
+cause, from llama.cpp's source and tracker: `ggml_tile_config_init` (ggml-cpu/amx/mmq.cpp) builds the tile
+configuration on the stack and passes it to `_tile_loadconfig`, whose store the compiler may drop, so the first
+tile instruction runs on an invalid configuration (llama.cpp PR #26954, open; issue #20824, a segfault in
+`ggml_backend_amx_mul_mat` that happens on one machine and not another). Whether a given build crashes on a
+given machine cannot be read off the flags.
+
+So on a CPU with an `amx*` flag, a child process loads the model with the repacked weights and decodes one,
+two and 64 tokens (the canary). If it exits cleanly the AMX kernels are used; if it dies (or hangs) they stay
+off, and one line says why. The verdict is cached per CPU, llama-cpp-python version and model file, so the
+canary runs once. On CPUs without AMX the repacked weights are used, as llama.cpp does by default.
+`ENTMTP_LLAMA_EXTRA_BUFTS=1` or `0` decides instead of all this.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+CANARY_TIMEOUT_S = 180.0
+
+# The child: load with the repacked weights on, then decode 1, 2 and 64 tokens. Exit 0: the kernels ran.
+CANARY = """
+import os, sys
+import llama_cpp.llama_cpp as lib
+quiet = lib.llama_log_callback(lambda level, text, data: None)  # kept referenced: llama.cpp calls it
+lib.llama_log_set(quiet, None)
+lib.llama_backend_init()
+mp = lib.llama_model_default_params()
+mp.n_gpu_layers, mp.use_extra_bufts = 0, True
+model = lib.llama_model_load_from_file(sys.argv[1].encode(), mp)
+assert model, "could not load the model"
+cp = lib.llama_context_default_params()
+cp.n_ctx, cp.n_batch, cp.n_ubatch = 256, 128, 128
+cp.n_threads = cp.n_threads_batch = max(2, min(os.cpu_count() or 2, 8))  # worker threads run tile code too
+ctx = lib.llama_init_from_model(model, cp)
+assert ctx, "could not make a context"
+batch = lib.llama_batch_init(128, 0, 1)
+pos = 0
+for n in (1, 2, 64):
+    batch.n_tokens = n
+    for i in range(n):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = 1 + i, pos + i, 1, i == n - 1
+        batch.seq_id[i][0] = 0
+    assert lib.llama_decode(ctx, batch) == 0, f"llama_decode of {n} tokens failed"
+    pos += n
+print("ok")
+"""
+
+
+def has_amx(flags=None) -> bool:
+    from ..machine import cpu_info
+
+    return any(f.startswith("amx") for f in (cpu_info()["flags"] if flags is None else flags))
+
+
+def extra_bufts_safe(path: str | os.PathLike[str] | None = None, *, say=None, canary: str = CANARY) -> bool:
+    """Whether llama.cpp's extra buffer types (weights repacked for the CPU's kernels) are used for the GGUF
+    file `path` here: yes on a CPU without AMX; with AMX, what the cached canary found for this file (no
+    `path`: no, as nothing can be tried). `say(str)`: the one line when the canary keeps them off (default:
+    stderr). `ENTMTP_LLAMA_EXTRA_BUFTS=1` or `0` decides instead."""
+    forced = os.environ.get("ENTMTP_LLAMA_EXTRA_BUFTS", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    if not has_amx():
+        return True
+    if path is None:
+        return False
+    works, why = canary_verdict(Path(path), canary)
+    if not works:
+        (say or _say)(
+            f"llama.cpp's AMX kernels crashed a test decode on this CPU ({why}): its repacked weights stay "
+            "off (a known llama.cpp fault, PR #26954; ENTMTP_LLAMA_EXTRA_BUFTS=1 forces them)"
+        )
+    return works
+
+
+def canary_verdict(path: Path, canary: str = CANARY) -> tuple[bool, str]:
+    """(whether the repacked weights ran `path` in a child process, how it ended), cached."""
+    cache = _verdicts_path()
+    key = _key(path)
+    verdicts = _read(cache)
+    if key in verdicts:
+        return verdicts[key]["works"], verdicts[key]["how"]
+    works, how = run_canary(path, canary)
+    verdicts[key] = {"works": works, "how": how, "file": str(path)}
+    from ..files import write_text_atomic
+
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(cache, json.dumps(verdicts, indent=1) + "\n")
+    return works, how
+
+
+def run_canary(path: Path, canary: str = CANARY) -> tuple[bool, str]:
+    """Run `canary` on `path` in a child Python: (exited cleanly, how it ended)."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", canary, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=CANARY_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        return False, f"no answer in {CANARY_TIMEOUT_S:.0f} s"
+    if done.returncode == 0:
+        return True, "a clean exit"
+    if done.returncode < 0:
+        return False, f"killed by {signal.Signals(-done.returncode).name}"
+    last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+    return False, f"exit code {done.returncode}: {last[:200]}"
+
+
+def _key(path: Path) -> str:
+    from ..machine import cpu_info, digest
+
+    try:
+        import llama_cpp
+
+        version = llama_cpp.__version__
+    except ImportError:  # the canary then fails, and says so
+        version = None
+    stat = path.stat()
+    return digest(
+        {"cpu": cpu_info(), "llama_cpp": version, "file": str(path.resolve()), "size": stat.st_size,
+         "mtime": int(stat.st_mtime)}
+    )  # fmt: skip
+
+
+def _verdicts_path() -> Path:
+    from ..model import cache_dir
+
+    return cache_dir() / "llama-amx.json"
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+
+
+def _say(msg: str) -> None:
+    print(f"entmtp: {msg}", file=sys.stderr)
