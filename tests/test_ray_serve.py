@@ -260,3 +260,22 @@ def test_a_replica_killed_under_load_ends_its_requests_cleanly_and_the_cluster_s
         f"fault: {kinds.count('done')} done, {kinds.count('error')} error events, "
         f"{kinds.count('status')} 5xx; served again {recovered_s:.1f} s after the kill, refused {refused}"
     )
+
+
+def test_a_stream_open_past_the_drain_time_of_a_shutdown_ends_with_shutdown_and_done(cluster):
+    """Last (it deletes the application): `serve.delete`, as on SIGTERM to `entmtp serve --ray`, waits
+    --drain-timeout (2 s here) for a 400-token stream, then stops its replica; the stream's last event says
+    `shutdown` (as `entmtp serve`'s do past its drain time), then [DONE]."""
+    body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}
+    deleting = None
+    events = []
+    with httpx.stream("POST", f"{cluster}/v1/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if deleting is None:  # the answer is under way: shut down now
+                    deleting = ThreadPoolExecutor(1).submit(serve.delete, APP_NAME)
+    deleting.result(timeout=60)
+    error = json.loads(events[-2])["error"]
+    assert (error["type"], error["code"]) == ("server_error", "shutdown"), error
+    assert events[-1] == "[DONE]" and len(events) > 3  # some text came before the cut
