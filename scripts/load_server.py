@@ -1,15 +1,26 @@
-"""Load `entmtp serve` on this machine with 1, 4, 8 and 16 concurrent streaming clients (the official openai
-client), one server configuration after another; prints aggregate tokens/s, p50/p95 latency and time to first
-token per configuration and level, and writes every request's numbers to JSON.
+"""Load `entmtp serve` (or Ray Serve: `--ray`) on this machine with 1, 4, 8 and 16 concurrent streaming clients
+(the official openai client), one server configuration after another; prints aggregate tokens/s, p50/p95
+latency and time to first token per configuration and level, and writes every request's numbers to JSON
+(with the machine: host, CPU and its flags, versions, commit).
 
     .venv/bin/python scripts/load_server.py --out load.json      # the three default configurations below
     .venv/bin/python scripts/load_server.py --configs "today=--max-batch 1" "batched=--max-batch 16" \\
         --serve-args "--dtype float32" --clients 1,4,8,16 --requests-per-level 16 --max-tokens 128
     .venv/bin/python scripts/load_server.py --url http://127.0.0.1:8000   # a server already running here
 
-Each configuration NAME=ARGS starts its own `entmtp serve ARGS --serve-args` on 127.0.0.1 (a free port,
+Each configuration NAME=ARGS starts its own `entmtp -v serve ARGS --serve-args` on 127.0.0.1 (a free port,
 --max-queue large enough that no request gets a 503), warms it up with one request per client of the
-largest level (calib prompts, not counted), runs the levels in order, and stops it.
+largest level (calib prompts, not counted), runs the levels in order, and stops it. A configuration with
+--ray is Ray Serve on a local Ray cluster of its own (`entmtp serve --ray`, docs/serving-ray.md), e.g.
+    --configs "serve=--threads 2" "ray-1x2=--ray --replicas 1 --threads 2" "ray-2x1=--ray --replicas 2 --threads 1"
+It counts as started once it says it serves (Ray: every replica is up) and /health answers 200; its engine
+(backend, dtype, policy and why: the plan `-v` prints, or each Ray replica logs) is printed and recorded, with
+a warning when configurations differ; once stopped (SIGTERM), anything of its session still running (a Ray
+cluster's raylet, GCS, workers) is named, killed, recorded, and makes the exit code 1.
+
+--overhead N: before the levels, N requests from one client of --overhead-tokens tokens each and a short
+prompt: the time a configuration's path adds to a request (with Ray: proxy, front and replica hops), printed
+as each configuration's p50 latency less the first's.
 
 Every level sends the same N = --requests-per-level prompts, each once: held-out ("test" split) prompts of
 the four tasks in turn (humaneval, sharegpt, gsm8k, writing), so levels and configurations do the same work.
@@ -40,8 +51,10 @@ import math
 import os
 import platform
 import queue
+import re
 import shlex
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -69,6 +82,12 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 RESERVED = ("--host", "--port", "--max-queue")  # the script sets these on the servers it starts
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile")  # what decides CPU kernels (and bf16 speed)
 WARMUP_TOKENS = 8
+START_TIMEOUT_S = 600  # model load, the cost probes on a fresh machine (~45 s a replica), Ray's cluster start
+# `-v` prints the engine's plan: `entmtp serve` itself, each Ray replica in its log (Ray: "engine plan: ...")
+PLAN_LINE = re.compile(r"\b(backend|dtype|policy): (\S+) \((.*)\)")
+ENGINE_KEYS = ("backend", "dtype", "policy")  # what decides a configuration's speed, each with its reason
+RAY_NOISE = re.compile(r"\x1b\[[0-9;]*m| \[repeated \d+x across cluster\]")  # Ray's colours, its dedup note
+OVERHEAD_PROMPT = "Say hi."  # short: its prefill and steps are small next to the hops a request takes
 
 
 @dataclass(frozen=True)
@@ -82,6 +101,11 @@ class Prompt:
 class Config:
     name: str
     serve_args: list[str]  # this configuration's arguments, then the shared --serve-args
+
+    @property
+    def ray(self) -> bool:
+        """Whether it is Ray Serve (`entmtp serve --ray`): a local Ray cluster of its own, stopped with it."""
+        return "--ray" in self.serve_args
 
 
 def mixed_prompts(n: int, split: str) -> list[Prompt]:
@@ -267,56 +291,125 @@ def _free_port() -> int:
 
 
 def start_server(config: Config, max_queue: int, log) -> tuple[subprocess.Popen, str, list[str]]:
-    """`entmtp serve` on 127.0.0.1 with `config`'s arguments; returns once /health answers 200."""
+    """`entmtp -v serve` on 127.0.0.1 with `config`'s arguments, in a session of its own (what it starts, a
+    Ray cluster's processes included, is found again by it: `stop_server`); returns once it said it serves
+    (Ray: once every replica is up) and /health answers 200."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "entmtp.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [sys.executable, "-m", "entmtp.cli", "-v", "serve", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--max-queue", str(max_queue), "--no-access-log", *config.serve_args]
     print(f"[{config.name}] server: {shlex.join(cmd[1:])}", flush=True)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300  # model load, plus the batched cost probe on a fresh machine (~30 s)
+    deadline = time.time() + START_TIMEOUT_S
     while time.time() < deadline:
         if proc.poll() is not None:
+            stop_server(proc, config.name)
             raise SystemExit(f"[{config.name}] the server exited with {proc.returncode}:\n{_tail(log)}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url, cmd
-        except httpx.HTTPError:
-            pass
+        if b"entmtp: serving" in _read(log) and _healthy(url):
+            return proc, url, cmd
         time.sleep(0.5)
-    stop_server(proc)
-    raise SystemExit(f"[{config.name}] the server did not start in 300 s:\n{_tail(log)}")
+    stop_server(proc, config.name)
+    raise SystemExit(f"[{config.name}] the server did not start in {START_TIMEOUT_S} s:\n{_tail(log)}")
+
+
+def _healthy(url: str) -> bool:
+    try:
+        r = httpx.get(f"{url}/health", timeout=5)
+        return r.status_code == 200 and r.json().get("status") == "ok"
+    except (httpx.HTTPError, ValueError):  # not up yet; Ray's proxy before the application: not JSON
+        return False
+
+
+def _read(log) -> bytes:
+    log.seek(0)
+    return log.read()
 
 
 def _tail(log, lines: int = 20) -> str:
-    log.seek(0)
-    return "\n".join(log.read().decode("utf-8", "replace").splitlines()[-lines:])
+    return "\n".join(_read(log).decode("utf-8", "replace").splitlines()[-lines:])
 
 
-def stop_server(proc: subprocess.Popen):
-    proc.terminate()  # graceful: nothing is in flight by now
+def engine_plans(log) -> list[dict]:
+    """The engine each replica decoded with (backend, dtype, policy and why), from the server's log: one entry for
+    `entmtp serve`, one per replica line Ray relayed (Ray folds identical lines of several replicas into one)."""
+    plans, plan = [], {}
+    for line in _read(log).decode("utf-8", "replace").splitlines():
+        m = PLAN_LINE.search(RAY_NOISE.sub("", line))
+        if m is None:
+            continue
+        key, value, reason = m.groups()
+        if key in plan:  # a second replica's plan begins
+            plans.append(plan)
+            plan = {}
+        plan[key], plan[f"{key}_reason"] = value, reason
+    return plans + [plan] if plan else plans
+
+
+def stop_server(proc: subprocess.Popen, name: str) -> list[str]:
+    """SIGTERM (graceful: nothing is in flight by now; `--ray` deletes its application and stops its
+    cluster), SIGKILL past 90 s; then whatever of its session is still running (a Ray cluster's raylet, GCS,
+    workers) is named and killed. Returns those leftovers (none when it stopped cleanly)."""
+    proc.terminate()
     try:
-        proc.wait(timeout=60)
+        proc.wait(timeout=90)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+    time.sleep(2)  # Ray's last workers exit on their own once their raylet is gone
+    leftovers = _session_processes(proc.pid)
+    for pid, cmdline in leftovers:
+        print(f"[{name}] left running after the server stopped, killed: {pid} {cmdline[:100]}", flush=True)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return [cmdline for _, cmdline in leftovers]
 
 
-def measure(config: Config, url: str, args, prompts: list[Prompt], warmup: list[Prompt]) -> list[dict]:
-    """Warm-up (one request per client of the largest level, not counted), then each level in order."""
+def _session_processes(sid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of the live processes of session `sid` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = (
+                stat.read_text().rpartition(")")[2].split()
+            )  # after "pid (comm)": state, ppid, pgrp, session
+            if int(fields[3]) == sid and fields[0] != "Z":
+                cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                found.append((int(stat.parent.name), cmdline.strip()))
+        except (OSError, IndexError, ValueError):  # it ended while being read
+            continue
+    return found
+
+
+def measure(config: Config, url: str, args, prompts: list[Prompt], warmup: list[Prompt]) -> dict:
+    """Warm-up (one request per client of the largest level, not counted), the overhead level if asked, then
+    each level in order."""
     client, _ = make_client(url, args.level_timeout)
     with client:
         model = client.models.list().data[0].id
     warm = run_level(url, model, len(warmup), warmup, WARMUP_TOKENS, args.level_timeout)
     if warm["errors"]:
         print(f"[{config.name}] warm-up: {warm['errors']} errors, e.g. {_first_error(warm)}", flush=True)
-    levels = []
+    out = {"levels": [], "overhead": None}
+    if args.overhead:
+        out["overhead"] = overhead_level(url, model, args)
+        if out["overhead"]["errors"]:
+            print(f"[{config.name}] overhead: e.g. {_first_error(out['overhead'])}", flush=True)
     for clients in args.clients:
         level = run_level(url, model, clients, prompts, args.max_tokens, args.level_timeout)
-        levels.append(level)
+        out["levels"].append(level)
         if level["errors"]:
             print(f"[{config.name}] {clients} clients: e.g. {_first_error(level)}", flush=True)
-    return levels
+    return out
+
+
+def overhead_level(url: str, model: str, args) -> dict:
+    """One client, --overhead requests of the same short prompt and --overhead-tokens tokens, one after
+    another: a request's time is mostly its path (client, HTTP, server, and with Ray its proxy, front and
+    replica hops), so the configurations' latencies differ by what their paths cost."""
+    prompts = [Prompt(i, "overhead", OVERHEAD_PROMPT) for i in range(args.overhead)]
+    return run_level(url, model, 1, prompts, args.overhead_tokens, args.level_timeout)
 
 
 def _first_error(level: dict) -> str:
@@ -327,22 +420,34 @@ def run_configs(configs: list[Config], args, prompts: list[Prompt], warmup: list
     results = []
     for config in configs:
         if args.url is not None:
-            results.append(
-                {
-                    "name": config.name,
-                    "url": args.url,
-                    "levels": measure(config, args.url, args, prompts, warmup),
-                }
-            )
+            measured = measure(config, args.url, args, prompts, warmup)
+            results.append({"name": config.name, "url": args.url, **measured})
             continue
         with tempfile.TemporaryFile() as log:
             proc, url, cmd = start_server(config, max(args.clients) + 1, log)
             try:
-                levels = measure(config, url, args, prompts, warmup)
+                measured = measure(config, url, args, prompts, warmup)
             finally:
-                stop_server(proc)
-        results.append({"name": config.name, "server_command": shlex.join(cmd[1:]), "levels": levels})
+                leftovers = stop_server(proc, config.name)
+            engines = engine_plans(log)
+        print(f"[{config.name}] engine: {describe_engines(engines)}", flush=True)
+        results.append(
+            {
+                "name": config.name,
+                "server_command": shlex.join(cmd[1:]),
+                "ray": config.ray,
+                "engines": engines,  # one per replica whose plan the log holds
+                "leftover_processes": leftovers,
+                **measured,
+            }
+        )
     return results
+
+
+def describe_engines(engines: list[dict]) -> str:
+    """The engines' backends, dtypes and policies, each once, with why: what the configuration decoded with."""
+    seen = {", ".join(f"{e.get(k)} ({e.get(k + '_reason')})" for k in ENGINE_KEYS) for e in engines}
+    return "; ".join(sorted(seen)) or "unknown (no plan in the server's log)"
 
 
 def count_diffs(results: list[dict]):
@@ -370,11 +475,42 @@ def print_table(results: list[dict]):
     print(
         f"diff: answers whose text differs from {results[0]['name']} at {results[0]['levels'][0]['clients']} client(s)"
     )
+    if results[0].get("overhead"):
+        print_overhead(results, width)
+    engines = {c["name"]: describe_engines(c["engines"]) for c in results if "engines" in c}
+    if len(set(engines.values())) > 1:
+        print(f"warning: the configurations decoded with different engines: {engines}")
+
+
+def print_overhead(results: list[dict], width: int):
+    """Each configuration's overhead level, and its p50 latency less the first configuration's: the time its
+    path adds to one request (with Ray: proxy, front and replica hops)."""
+    first = results[0]["overhead"]
+    print(
+        f"\noverhead: 1 client, {first['planned']} requests of {first['completion_tokens'] // max(1, first['requests'])}"
+        f" token(s) each, one after another; +p50: p50 latency less {results[0]['name']}'s"
+    )
+    print(
+        f"{'config':<{width}} {'reqs':>5} {'errors':>6} {'p50 lat':>9} {'p95 lat':>9} {'p50 TTFT':>9} {'+p50':>9}"
+    )
+    for config in results:
+        r = config["overhead"]
+        extra = (r["latency_p50_s"] - first["latency_p50_s"]) * 1000
+        print(
+            f"{config['name']:<{width}} {r['requests']:>2}/{r['planned']:<2} {r['errors']:>6} "
+            f"{r['latency_p50_s'] * 1000:>7.1f}ms {r['latency_p95_s'] * 1000:>7.1f}ms "
+            f"{r['ttft_p50_s'] * 1000:>7.1f}ms {extra:>+7.1f}ms"
+        )
 
 
 def machine() -> dict:
     """The CPU (model, cores, the flags that decide its kernels), GPU if any, versions and the checkout."""
-    info = {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "cpu_flags": []}
+    info = {
+        "host": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+    }
+    info["cpu_flags"] = []
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -460,6 +596,20 @@ def parse_args() -> tuple[argparse.Namespace, list[Config]]:
         help="seconds: no new request after this in a level, and each request's timeout (default: %(default)s)",
     )
     p.add_argument(
+        "--overhead",
+        type=int,
+        default=0,
+        metavar="N",
+        help="before the levels, N requests from 1 client of --overhead-tokens tokens each: the time each "
+        "configuration's path adds to a request (default 0: none)",
+    )
+    p.add_argument(
+        "--overhead-tokens",
+        type=int,
+        default=1,
+        help="max_tokens of the overhead requests (default: %(default)s)",
+    )
+    p.add_argument(
         "--out", "--json", dest="out", default=None, help="write every request's numbers to this JSON file"
     )
     args = p.parse_args()
@@ -480,6 +630,10 @@ def check_args(p: argparse.ArgumentParser, args):
         )
     if not 1 <= args.max_tokens <= 1024 or not 0 < args.level_timeout <= 1800:
         p.error("bounded: --max-tokens 1..1024, --level-timeout up to 1800 s")
+    if not 0 <= args.overhead <= 1000 or not 1 <= args.overhead_tokens <= 16:
+        p.error(
+            "bounded: --overhead 0..1000 requests, --overhead-tokens 1..16 (short: the path, not decoding)"
+        )
     if args.url is not None:
         if urlparse(args.url).hostname not in LOOPBACK:
             p.error(f"--url must be on this machine (loopback), got {args.url}")
@@ -496,18 +650,24 @@ def main() -> int:
     warmup = mixed_prompts(max(args.clients), "calib")  # warm-up text the measured levels never see
     results = run_configs(configs, args, prompts, warmup)
     count_diffs(results)
+    host = machine()
+    print(
+        f"machine: {host['host']}, {host['cpu']} ({host['cpus']} CPUs{', ' if host['cpu_flags'] else ''}"
+        f"{' '.join(host['cpu_flags'])})"
+    )
     print_table(results)
     if args.out:
         record = {
             "command": shlex.join([sys.executable, *sys.argv]),
-            "machine": machine(),
+            "machine": host,
             "settings": vars(args),
             "configs": results,
         }
         Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
         print(f"wrote {args.out}")
-    levels = [level for config in results for level in config["levels"]]
-    return 0 if all(lv["errors"] == 0 and lv["requests"] == lv["planned"] for lv in levels) else 1
+    levels = [level for config in results for level in [*config["levels"], config["overhead"]] if level]
+    clean = all(not config.get("leftover_processes") for config in results)
+    return 0 if clean and all(lv["errors"] == 0 and lv["requests"] == lv["planned"] for lv in levels) else 1
 
 
 if __name__ == "__main__":

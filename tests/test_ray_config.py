@@ -204,6 +204,76 @@ def test_a_replica_that_dies_before_answering_is_a_503_in_openais_shape():
     assert status == 503 and body["error"]["type"] == "server_busy" and headers["retry-after"] == "1"
 
 
+def test_a_stream_cut_by_a_shutdown_ends_with_the_shutdown_error_event_and_done():
+    """A replica stopped past its drain time while the application is deleted: the stream's last event says
+    `shutdown`, as `entmtp serve`'s do when its drain time is over, not `replica_failed`."""
+    part = {"type": "http.response.body", "body": b'data: {"x": 1}\n\n', "more_body": True}
+    asked = []
+
+    async def stopping() -> bool:
+        asked.append(True)
+        return True
+
+    async def run():
+        messages = _dies_after([START_SSE, part], ActorDiedError("killed"))
+        return await _body(await relay(messages, lambda: None, "rid", stopping))
+
+    events = asyncio.run(run()).decode().split("\n\n")
+    error = json.loads(events[1].removeprefix("data: "))["error"]
+    assert error["type"] == "server_error" and error["code"] == "shutdown"
+    assert "shutting down" in error["message"] and "send it again" in error["message"]
+    assert events[2] == "data: [DONE]" and asked == [True]
+
+
+def test_a_request_cut_by_a_shutdown_before_its_answer_is_the_shutdown_503():
+    async def stopping() -> bool:
+        return True
+
+    async def run():
+        response = await relay(_dies_after([], ActorDiedError("killed")), lambda: None, "rid", stopping)
+        return response.status_code, json.loads(response.body)["error"]
+
+    status, error = asyncio.run(run())
+    assert status == 503 and error["code"] == "shutdown" and error["type"] == "server_error"
+
+
+def test_a_local_cluster_is_a_new_one_even_where_ray_start_runs_one(monkeypatch, capsys):
+    """Ray's ray.init(address=None) joins a cluster `ray start` left on the machine: `--ray` without
+    --ray-address asks for "local", a cluster of its own (which it also stops)."""
+    from entmtp.server import ray_serve
+
+    calls = []
+
+    class Stop(Exception):
+        pass
+
+    class FakeRay:
+        def init(self, **kw):
+            calls.append(("init", kw["address"]))
+
+        def shutdown(self):
+            calls.append(("shutdown",))
+
+    class FakeServe:
+        def start(self, **kw):
+            raise Stop  # nothing deployed: what follows is the cleanup
+
+        def shutdown(self):
+            calls.append(("serve.shutdown",))
+
+    monkeypatch.setattr(ray_serve, "require_ray", lambda: (FakeRay(), FakeServe()))
+    args = build_parser().parse_args(["serve", "--ray", "--dtype", "float32"])
+    args.argv = []
+    with pytest.raises(Stop):
+        ray_serve.serve_ray(args, engine_spec(args))
+    assert calls == [("init", "local"), ("serve.shutdown",), ("shutdown",)]
+    args = build_parser().parse_args(["serve", "--ray", "--ray-address", "10.0.0.1:6379"])
+    args.argv, calls[:] = [], []
+    with pytest.raises(Stop):
+        ray_serve.serve_ray(args, engine_spec(args))
+    assert calls == [("init", "10.0.0.1:6379")]  # a cluster it joined is left running
+
+
 def test_a_failed_call_whose_cancel_raises_its_error_again_is_still_a_503():
     """Ray's DeploymentResponseGenerator.cancel() raises the call's error again when the call failed."""
 

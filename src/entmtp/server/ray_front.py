@@ -2,15 +2,26 @@
 takes every path, reads the body under `entmtp serve`'s limits, hands the request to an engine replica through
 Ray's router, and relays the answer (relay.py: a replica's failure still ends in OpenAI's shape). ray_serve.py
 mounts it with `serve.ingress`, built by each front replica once it holds the engines' handle (a class-based
-FastAPI view would do without the build, but Ray's does not register with FastAPI >= 0.16x's routers)."""
+FastAPI view would do without the build, but Ray's does not register with FastAPI >= 0.16x's routers).
+
+A shutdown's cut is told from a replica's failure by asking Ray's controller, once a relayed answer fails,
+whether the application is being deleted: Ray gives a replica no hook when its graceful shutdown begins (it
+calls `__del__` only once the replica's open requests are done, and kills it at its
+graceful_shutdown_timeout_s), so what is still open at the drain time dies with the replica, and the front
+names the cause (relay.py)."""
 
 from __future__ import annotations
+
+import asyncio
+import logging
 
 from fastapi import FastAPI, Request
 
 from .ray_config import RayServeConfig
-from .relay import relay, request_data
+from .relay import Stopping, relay, request_data
 from .routes import _read_body
+
+log = logging.getLogger("entmtp.server")
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
@@ -21,13 +32,35 @@ class Front:
     def __init__(self, engine, args: dict):
         self.engine = engine.options(stream=True)  # the answer comes back as it is sent
         self.config = RayServeConfig.from_dict(args)
+        from ray import serve
+
+        self.app_name = serve.get_replica_context().app_name  # APP_NAME, or a `serve deploy` YAML's name
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         """The app `serve.ingress()` mounts, once this replica is constructed."""
-        return front_app(self.engine, self.config.max_body, self.config.body_timeout)
+        stopping = app_deleting(self.app_name)
+        return front_app(self.engine, self.config.max_body, self.config.body_timeout, stopping)
 
 
-def front_app(engine, max_body: int, body_timeout: float) -> FastAPI:
+def app_deleting(app_name: str) -> Stopping:
+    """Whether Ray Serve is deleting the application `app_name` (`serve.delete`, SIGTERM to
+    `entmtp serve --ray`, `serve shutdown`): one call to Ray's controller, off the event loop."""
+
+    async def deleting() -> bool:
+        from ray import serve
+
+        try:
+            status = await asyncio.to_thread(serve.status)
+        except Exception as e:  # noqa: BLE001 - the controller unreachable: call it a failure, not a shutdown
+            log.warning("could not ask Ray Serve for the application's status: %s", type(e).__name__)
+            return False
+        app = status.applications.get(app_name)
+        return app is None or app.status == "DELETING"
+
+    return deleting
+
+
+def front_app(engine, max_body: int, body_timeout: float, stopping: Stopping) -> FastAPI:
     """The front's app relaying every request to `engine` (a streaming handle of the engine deployment)."""
     app = FastAPI(title="entmtp on Ray Serve", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -39,6 +72,6 @@ def front_app(engine, max_body: int, body_timeout: float) -> FastAPI:
         # Ray's proxy put one in: the client's, or its own (and adds it to the response)
         rid = request.headers.get("x-request-id", "")
         messages = engine.answer.remote(request_data(request, body, rid))
-        return await relay(messages, messages.cancel, rid)
+        return await relay(messages, messages.cancel, rid, stopping)
 
     return app

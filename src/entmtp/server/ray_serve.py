@@ -17,7 +17,9 @@ Two deployments:
 Ray restarts a replica that died (its health check: every HEALTH_CHECK_S s); until then the router sends new
 requests to the live replicas. On shutdown (`serve.delete`) each replica drains: Ray sends it no new requests
 and waits up to --drain-timeout for its open ones; what is still open then is cut when Ray stops the replica,
-and the front, whose own drain lasts CUT_GRACE_S longer, ends those streams with an error event and [DONE].
+and the front, whose own drain lasts CUT_GRACE_S longer, ends those streams with an error event (code
+`shutdown`, as `entmtp serve` past its drain time) and [DONE]. The replica cannot cut them itself: Ray calls
+its `__del__` only once its open requests are done, and gives it no hook when its drain begins.
 """
 
 from __future__ import annotations
@@ -49,11 +51,15 @@ def require_ray():
 
 
 def _build_engine(config: RayServeConfig):
-    """The replica's engine (on its torch thread): a batch steps eagerly, without CUDA graphs (batch.py)."""
+    """The replica's engine (on its torch thread): a batch steps eagerly, without CUDA graphs (batch.py). Its
+    plan (backend, dtype, policy, each with its reason) goes to the replica's log: nodes may choose apart."""
     from ..build import build
 
     spec = config.spec
-    return build(replace(spec, threads=config.threads, graphs=spec.graphs and config.max_batch == 1)).engine
+    built = build(replace(spec, threads=config.threads, graphs=spec.graphs and config.max_batch == 1))
+    for line in built.plan.describe().splitlines():
+        log.info("engine plan: %s", line)
+    return built.engine
 
 
 class EngineReplica:
@@ -149,7 +155,8 @@ def serve_ray(args, spec) -> int:
         return 0
     ray, serve = require_ray()
     local = args.ray_address is None
-    ray.init(address=args.ray_address, log_to_driver=args.verbose)
+    # "local": a new cluster, even where `ray start` runs one on this machine (Ray's None would join it)
+    ray.init(address=args.ray_address or "local", log_to_driver=args.verbose)
     deployed = False
     try:
         serve.start(http_options={"host": args.host, "port": args.port})

@@ -8,6 +8,8 @@ generator (the front went away) tells the app its client disconnected, which can
 Front side: `relay` turns those messages back into a response. When they stop with an error (the replica
 died, or Ray could not reach one), the client still gets OpenAI's error shape: before the answer started, a
 503 JSON error; during a stream, an error event and [DONE]. Nothing is retried: a request never runs twice.
+The error's code says why: `shutdown` when the application was shutting down (its replica was stopped past
+its drain time, as `entmtp serve` cuts what is open past its own), else `replica_failed`.
 """
 
 from __future__ import annotations
@@ -15,16 +17,25 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from . import schema
-from .responses import error
+from .responses import error, shutting_down
 
 log = logging.getLogger("entmtp.server")
 HOP_HEADERS = {b"x-request-id", b"content-length", b"transfer-encoding", b"connection"}  # not relayed back
+CUT_MESSAGE = (  # a stream the shutdown cut: `entmtp serve`'s reason, and what the client can do
+    "the server is shutting down: this request was still open past the drain time and was cut, not "
+    "completed; send it again"
+)
+Stopping = Callable[[], Awaitable[bool]]  # whether the application is shutting down (asked after a failure)
+
+
+async def _never() -> bool:
+    return False
 
 
 def request_data(request: Request, body: bytes, request_id: str) -> dict:
@@ -86,9 +97,12 @@ async def asgi_messages(app, data: dict) -> AsyncIterator[dict]:
             task.cancel()
 
 
-async def relay(messages: AsyncIterator[dict], cancel: Callable[[], None], request_id: str) -> Response:
+async def relay(
+    messages: AsyncIterator[dict], cancel: Callable[[], None], request_id: str, stopping: Stopping = _never
+) -> Response:
     """The response to the client of the replica's `messages` (asgi_messages's, through Ray). `cancel()`
-    stops the replica's side (the client left, or the answer ended early)."""
+    stops the replica's side (the client left, or the answer ended early); `stopping()`, asked only when the
+    messages fail, tells a shutdown's cut from a replica's failure."""
     cancel = _quiet(cancel)
     try:
         start = await anext(messages)
@@ -98,16 +112,16 @@ async def relay(messages: AsyncIterator[dict], cancel: Callable[[], None], reque
         raise
     except Exception as e:  # noqa: BLE001 - Ray's errors: a dead replica, none reachable, a full queue
         cancel()
-        return failed_before_answer(e, request_id)
+        return shutting_down() if await stopping() else failed_before_answer(e, request_id)
     status, headers = start["status"], _headers(start)
     if not first.get("more_body", False):  # a whole reply (JSON, an error): one part
         return Response(first.get("body", b""), status_code=status, headers=headers)
     is_sse = headers.get("content-type", "").startswith("text/event-stream")
-    parts = _parts(first, messages, cancel, request_id, is_sse)
+    parts = _parts(first, messages, cancel, request_id, is_sse, stopping)
     return StreamingResponse(parts, status_code=status, headers=headers)
 
 
-async def _parts(first: dict, messages: AsyncIterator[dict], cancel, request_id: str, is_sse: bool):
+async def _parts(first: dict, messages: AsyncIterator[dict], cancel, request_id: str, is_sse: bool, stopping):
     """The body parts of a streamed reply; a replica's failure mid-stream ends it in OpenAI's shape."""
     ended = False
     try:
@@ -117,13 +131,23 @@ async def _parts(first: dict, messages: AsyncIterator[dict], cancel, request_id:
             ended = not message.get("more_body", False)
         ended = True
     except Exception as e:  # noqa: BLE001 - the 200 is sent: the stream still ends in OpenAI's shape
-        log.warning("request_id=%s: the replica failed during the stream: %s", request_id, _name(e))
+        cut = await stopping()
+        why = "was stopped by the shutdown" if cut else "failed"
+        log.warning("request_id=%s: the replica %s during the stream: %s", request_id, why, _name(e))
         if is_sse:
-            body = schema.error_body(_failure_message(e), "server_error", code="replica_failed")
-            yield f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
+            yield _last_event(e, cut)
     finally:
         if not ended:
             cancel()
+
+
+def _last_event(e: Exception, cut: bool) -> bytes:
+    """The error event and [DONE] that end a stream whose replica stopped: a shutdown's cut, or a failure."""
+    if cut:
+        body = schema.error_body(CUT_MESSAGE, "server_error", code="shutdown")
+    else:
+        body = schema.error_body(_failure_message(e), "server_error", code="replica_failed")
+    return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
 
 
 def failed_before_answer(e: Exception, request_id: str) -> JSONResponse:
