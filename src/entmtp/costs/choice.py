@@ -49,6 +49,7 @@ class ChoiceCost:
     key: dict = dataclasses.field(default_factory=dict)  # cost_key with the policy's settings (`policy_key`)
     seconds: float = 0.0  # how long the measurement took
     machine: dict | None = None  # machine.record of where it was measured
+    source = "engine steps"  # how it was measured (a class attribute, as a curve's `source` is named)
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self)}
