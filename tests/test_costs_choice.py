@@ -9,11 +9,13 @@ import time
 
 import pytest
 
-from conftest import tiny_model
+from conftest import script_module, tiny_model
 from entmtp.calibration.replay import oracle, replay, step_ms
+from entmtp.calibration.traces import load_traces
 from entmtp.costs import ChoiceCost, CostCurve
 from entmtp.costs import choice as choice_mod
 from entmtp.policy import StaticPolicy
+from entmtp.scheduler.profiles import resolve_profile
 from entmtp.tree import Tree, load_tree
 from scheduler_helpers import synthetic_traces
 
@@ -56,6 +58,28 @@ def test_the_oracle_chooses_in_hindsight_and_is_charged_no_choice():
     charged = oracle(bank, traces, prices.with_choice(ChoiceCost("StaticPolicy", 2.5, 16)))
     assert charged.ms == pytest.approx(oracle(bank, traces, prices).ms)
     assert charged.to_json()["charges"]["choice"]["source"] == "none"
+
+
+def test_replay_policies_prices_every_method_on_this_machines_curve_and_choice_when_asked():
+    """scripts/replay_policies.py's published figures: by default on the profile's stored latencies (another
+    machine's, and said so); with --this-machine every policy's steps on the measured curve, its drafting
+    share and the policy's own measured choice (the oracle's none)."""
+    script = script_module("replay_policies.py")
+    profile = resolve_profile("mixed", "hydra")
+    traces = load_traces(profile)[:1]
+    here = CostCurve(
+        (0, 1, 2, 4, 8, 16, 32, 64), (30.0, 31.0, 32.0, 33.0, 36.0, 42.0, 55.0, 80.0), (0.0,) + (2.0,) * 7,
+        key={"heads": {"kind": "hydra"}}, source="probe",
+    )  # fmt: skip
+    got = script._replay_task(profile, traces, here, lambda p: ChoiceCost(type(p).__name__, 0.5, 16))
+    for name, r in got.items():
+        said = r["charges"]
+        assert said["step"]["source"] == said["drafting"]["source"] == "measured", name
+        assert said["choice"]["source"] == ("none" if name == "oracle" else "measured"), name
+    for name, r in script._replay_task(profile, traces).items():
+        said = r["charges"]
+        assert said["step"]["source"] == said["drafting"]["source"] == "constant", name
+        assert said["choice"]["source"] == "none", name
 
 
 # ---- measuring the choice ------------------------------------------------------------------------------------

@@ -3,12 +3,11 @@ measured curve's share (calibration/replay.py), the constant of another machine 
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-from conftest import tiny_model
+from conftest import script_module, tiny_model
 from entmtp import engine as engine_mod
 from entmtp.accept import Sampling
 from entmtp.cache import BaseModel
@@ -155,9 +154,7 @@ def test_the_machine_curves_replays_charge_each_curves_own_drafting_share():
     """scripts/machine_curves.py publishes replays on several machines' curves: a curve that measured its
     heads' drafting (a step-costs table) prices lookup-only steps and unused probes by it, not by the constant
     of another machine, and the result says where each charge came from."""
-    spec = importlib.util.spec_from_file_location("machine_curves", ROOT / "scripts" / "machine_curves.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = script_module("machine_curves.py")
     profile = resolve_profile("mixed", "hydra")
     traces = load_traces(profile)[:4]
     table = CostCurve.from_step_costs(ROOT / "tests/data/machines/avx512bf16-bfloat16.json")
