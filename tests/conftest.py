@@ -122,13 +122,18 @@ def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def script_module(name: str):
-    """scripts/`name` imported as a module (its functions tested without running its command line)."""
+    """scripts/`name` imported as a module (its functions tested without running its command line); scripts/
+    is on the path while it loads, as when it runs (a script may import another)."""
     import importlib.util
 
     path = Path(__file__).resolve().parents[1] / "scripts" / name
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
     return module
 
 

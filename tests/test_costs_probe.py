@@ -150,10 +150,10 @@ def test_a_probed_generation_runs_past_the_models_end_of_text_token():
     assert [probe.step(row, 2)[0] > 0 for _ in range(3)] == [True] * 3
 
 
-def test_the_machine_curves_replays_charge_each_curves_own_drafting_share():
-    """scripts/machine_curves.py publishes replays on several machines' curves: a curve that measured its
-    heads' drafting (a step-costs table) prices lookup-only steps and unused probes by it, not by the constant
-    of another machine, and the result says where each charge came from."""
+def test_the_published_replays_on_other_machines_curves_charge_each_curves_own_drafting_share():
+    """scripts/machine_curves.py and replay_sampling.py publish replays on several machines' curves: a curve
+    that measured its heads' drafting (a step-costs table) prices lookup-only steps and unused probes by it,
+    not by the constant of another machine, and the result says where each charge came from."""
     script = script_module("machine_curves.py")
     profile = resolve_profile("mixed", "hydra")
     traces = load_traces(profile)[:4]
@@ -161,6 +161,11 @@ def test_the_machine_curves_replays_charge_each_curves_own_drafting_share():
     measured = script.replayed(profile, traces, table)["charges"]
     assert measured["drafting"]["source"] == "measured"
     assert measured["drafting"]["ms"] == pytest.approx(table.draft_share * table.plain_ms)
+    sampling = script_module("replay_sampling.py")._replay_methods(
+        profile, "greedy", traces[:1], table, "sample"
+    )
+    for name, r in sampling.items():  # scripts/replay_sampling.py's replays on the same curves
+        assert r["charges"]["drafting"]["source"] == "measured", name
     lat = profile.latency.model()
     stored = script.replayed(profile, traces, CostCurve.from_latency(list(lat.nodes), list(lat.ms), "stored"))
     assert stored["charges"]["drafting"]["source"] == "constant"  # no split stored: another machine's, said
