@@ -198,15 +198,17 @@ class StepPrices:
     def with_choice(self, choice: ChoiceCost | None) -> StepPrices:
         """These prices with every step also charged `choice`, one policy's measured choice (costs/choice.py);
         None: not charged, and `charges` says so. The oracle chooses in hindsight: its prices have none."""
-        if choice is None:
-            return replace(self, choose_ms=0.0, charges={**self.charges, "choice": dict(NO_CHOICE)})
-        ms = choice.ms_per_step
-        note = f"{choice.policy}'s choice, measured on this machine (median of {choice.steps} engine steps)"
-        return replace(
-            self,
-            choose_ms=ms,
-            charges={**self.charges, "choice": {"source": "measured", "ms": ms, "note": note}},
-        )
+        said = choice_charge(choice)
+        return replace(self, choose_ms=said["ms"], charges={**self.charges, "choice": said})
+
+
+def choice_charge(choice: ChoiceCost | None) -> dict:
+    """What a step of a policy pays for its choice, and where that comes from: `choice` measured on this
+    machine (costs/choice.py), or nothing (None: no measurement, which the charge says)."""
+    if choice is None:
+        return dict(NO_CHOICE)
+    note = f"{choice.policy}'s choice, measured on this machine (median of {choice.steps} engine steps)"
+    return {"source": "measured", "ms": choice.ms_per_step, "note": note}
 
 
 def step_ms(costs: CostCurve | LatencyModel) -> StepPrices:
@@ -313,14 +315,24 @@ def oracle(bank: Sequence[Tree], traces: Sequence[Trace], ms_of: Callable[[Tree]
     return out
 
 
-def replay_batch(policy, traces: Sequence[Trace], surface, batch: int, *, aware: bool = True) -> Replay:
+def replay_batch(
+    policy,
+    traces: Sequence[Trace],
+    surface,
+    batch: int,
+    *,
+    aware: bool = True,
+    choice: ChoiceCost | None = None,
+) -> Replay:
     """Continuous batching replayed: up to `batch` traces step together (one joins as soon as one ends), each
     under its own `policy.fresh()`, and each step is charged once, the surface's ms (surface.py) for its rows
-    and its largest tree. `aware`: every row chooses on the whole step's latency at this batch size and the
-    rows' trees are set within the joint budget (policy.joint_budget), as `Batch.step` does; else each row
-    chooses alone on the policy's own single-row costs. Tokens per second of the whole batch; `steps` counts
-    rows' steps."""
-    out = Replay()
+    and its largest tree, plus `choice` (the policy's measured choice, costs/choice.py) once per row: the rows
+    choose one after another (None: not charged, and `charges` says so). `aware`: every row chooses on the
+    whole step's latency at this batch size and the rows' trees are set within the joint budget
+    (policy.joint_budget), as `Batch.step` does; else each row chooses alone on the policy's own single-row
+    costs. Tokens per second of the whole batch; `steps` counts rows' steps."""
+    said = choice_charge(choice)
+    out = Replay(charges={"choice": said})
     for rows in _continuous(policy, traces, batch):
         latency = surface.latency(len(rows))
         # a row alone chooses on its policy's own costs, as `Batch.step` lets it
@@ -335,7 +347,7 @@ def replay_batch(policy, traces: Sequence[Trace], surface, batch: int, *, aware:
                 for c, t in zip(choices, trees, strict=True)
             ]
         for r, t, c in zip(rows, trees, choices, strict=True):
-            out.add(r.take(t, c.signals), 0.0)
+            out.add(r.take(t, c.signals), said["ms"])
         out.ms += float(latency(max(r.last_tree.num_nodes for r in rows)))
     return out
 
