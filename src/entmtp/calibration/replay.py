@@ -180,7 +180,8 @@ class StepPrices:
     probe whatever the policy chose; drafted from, the probe's work is the drafting's). Both at `draft_ms`,
     the heads' drafting; `note` says where that figure comes from. Plus `choose_ms`, the policy's choice, on
     every step (`with_choice`; 0 until a measurement is given). `charges` records each charge's source:
-    "step", "drafting" (and probe), "choice", each {"source": measured | constant | none, "ms", "note"}."""
+    "step", "drafting" (and probe), "choice", each {"source": measured | constant | none, "ms" (for "step":
+    the plain step's), "note"}."""
 
     latency: LatencyModel
     draft_ms: float
