@@ -57,6 +57,26 @@ def here_curves(kind: str) -> dict[str, CostCurve]:
     return out
 
 
+def replayed(profile, traces, curve: CostCurve) -> dict:
+    """EntMTP* and the default schedule on `curve`, replayed on `traces`: each step charged by the curve, its
+    drafting share too where the curve measured it (`step_ms(curve)`; another machine's constant only where it
+    did not, which `charges` says)."""
+    lat, ms_of = curve.latency(), step_ms(curve)
+    plain = 1000.0 / float(lat(0))
+    chosen, why, _ = scheduled_policy(profile, "greedy", lat)
+    policy = StaticPolicy(chosen) if isinstance(chosen, Tree) else chosen
+    best = profile.best_tree("greedy", lat)
+    return {
+        "entmtp_star": best.name,
+        "entmtp_star_nodes": best.num_nodes,
+        "default_over_plain": replay(policy, traces, ms_of).tokens_per_second / plain,
+        "entmtp_star_over_plain": replay(StaticPolicy(best), traces, ms_of).tokens_per_second / plain,
+        "default": why,
+        "plain_ms": float(lat(0)),
+        "charges": ms_of.charges,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -79,23 +99,10 @@ def main() -> None:
             cs = {"stored": CostCurve.from_latency(list(lat0.nodes), list(lat0.ms), "stored"), **curves}
             cells = []
             for name, curve in cs.items():
-                lat = curve.latency()
-                ms_of = step_ms(lat)
-                plain = 1000.0 / float(lat(0))
-                chosen, why, _ = scheduled_policy(profile, "greedy", lat)
-                policy = StaticPolicy(chosen) if isinstance(chosen, Tree) else chosen
-                best = profile.best_tree("greedy", lat)
-                default = replay(policy, traces, ms_of).tokens_per_second / plain
-                star = replay(StaticPolicy(best), traces, ms_of).tokens_per_second / plain
-                result.setdefault(kind, {}).setdefault(task, {})[name] = {
-                    "entmtp_star": best.name,
-                    "entmtp_star_nodes": best.num_nodes,
-                    "default_over_plain": default,
-                    "entmtp_star_over_plain": star,
-                    "default": why,
-                    "plain_ms": float(lat(0)),
-                }
-                cells.append(f"{best.num_nodes} / {default:.2f}x / {star:.2f}x")
+                r = result.setdefault(kind, {}).setdefault(task, {})[name] = replayed(profile, traces, curve)
+                cells.append(
+                    f"{r['entmtp_star_nodes']} / {r['default_over_plain']:.2f}x / {r['entmtp_star_over_plain']:.2f}x"
+                )
             table.add_row(task, *cells)
         console.print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,12 @@ without heads (`lookup`), the lookup hybrid over each (`dynamic-fixed+lookup` wi
 evidence, `dynamic+lookup` with it), and the hindsight oracle over the bank (a ceiling, not a method).
 A step whose tree has no head node is charged the profile's latency less the heads' drafting
 (calibration.replay.step_ms), as the hybrid policy itself assumes.
+
+By default every figure is priced on the shipped profile's stored latencies, another machine's, with the heads'
+drafting at the constant HEADS_DRAFT_COST and no choice charged (each replay's `charges` says so). With
+--this-machine the policies are sized on this machine's measured cost curve (`costs_for`: measured once, then
+cached) and every step is charged by it, the drafting at its measured share and each policy's choice as
+measured here for that policy (costs/choice.py).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from rich.table import Table
 
 from entmtp.calibration.replay import oracle, replay, step_ms
 from entmtp.calibration.traces import trace_generation
+from entmtp.costs import CostCurve, choice_for, costs_for
 from entmtp.engine import Engine
 from entmtp.lookup import Lookup
 from entmtp.model import encode_prompt, load_model
@@ -63,6 +70,11 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("docs/results/replay-policies"))
+    ap.add_argument(
+        "--this-machine",
+        action="store_true",
+        help="price on this machine's measured cost curve and each policy's measured choice (see above)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     tasks = [t for t in args.tasks.split(",") if t]
@@ -82,6 +94,8 @@ def main() -> None:
     for kind in [k for k in args.heads.split(",") if k]:
         heads = resolve_heads(kind, model)
         engine = Engine(model, tokenizer, heads=heads)
+        curve = costs_for(model, heads) if args.this_machine else None
+        choices = (lambda p, h=heads: choice_for(model, h, p)) if args.this_machine else None
         table = Table(title=f"{kind}: replayed decode tokens/s over plain decoding (tokens/step)")
         for col in ("task", *METHODS):
             table.add_column(col, justify="right" if col != "task" else "left")
@@ -95,7 +109,7 @@ def main() -> None:
                     if len(out) >= 2
                 ]
                 profile = resolve_profile(task if task in PROFILE_TASKS else "mixed", kind)
-                row = _replay_task(profile, traces)
+                row = _replay_task(profile, traces, curve, choices)
                 result["replays"][kind][task] = row
                 table.add_row(
                     task,
@@ -108,21 +122,32 @@ def main() -> None:
     console.print(f"wrote {path}")
 
 
-def _replay_task(profile, traces) -> dict:
-    latency = profile.latency.model()
-    plain_ms, ms_of = float(latency(0)), step_ms(latency)
-    lookup = Lookup()
+def _replay_task(profile, traces, curve: CostCurve | None = None, choices=None) -> dict:
+    """Every method replayed on `traces`: priced on `curve` (this machine's, --this-machine: the policies are
+    sized on it too, and each step pays `choices(policy)`, that policy's measured choice), else on the
+    profile's stored latencies (another machine's: the drafting at HEADS_DRAFT_COST, no choice charged)."""
+    latency = curve.latency() if curve is not None else profile.latency.model()
+    share = curve.draft_share if curve is not None else None
+    plain_ms, ms_of = float(latency(0)), step_ms(curve if curve is not None else latency)
+    lookup, on = Lookup(), {"latency": latency} if curve is not None else {}
     policies = {
-        "static": profile.policy("static"),
-        "dynamic-fixed": profile.policy("dynamic", online=False),
-        "dynamic": profile.policy("dynamic"),
-        "lookup": HybridPolicy(StaticPolicy(Tree.root_only()), lookup),
+        "static": profile.policy("static", **on),
+        "dynamic-fixed": profile.policy("dynamic", online=False, **on),
+        "dynamic": profile.policy("dynamic", **on),
+        "lookup": HybridPolicy(StaticPolicy(Tree.root_only()), lookup, on.get("latency"), draft_cost=share),
         "dynamic-fixed+lookup": HybridPolicy(
-            profile.policy("dynamic", online=False), lookup, latency, counterfactual=False
+            profile.policy("dynamic", online=False, **on),
+            lookup,
+            latency,
+            counterfactual=False,
+            draft_cost=share,
         ),
-        "dynamic+lookup": HybridPolicy(profile.policy("dynamic"), lookup, latency),
+        "dynamic+lookup": HybridPolicy(profile.policy("dynamic", **on), lookup, latency, draft_cost=share),
     }
-    out = {name: replay(p, traces, ms_of).to_json() for name, p in policies.items()}
+    out = {
+        name: replay(p, traces, ms_of.with_choice(choices(p) if choices else None)).to_json()
+        for name, p in policies.items()
+    }
     out["oracle"] = oracle(profile.bank(), traces, ms_of).to_json()
     for r in out.values():
         r["speedup"] = r["tokens_per_second"] * plain_ms / 1000.0
@@ -166,6 +191,7 @@ def _argv(args) -> list[str]:
         f"--dtype {args.dtype}",
         f"--threads {args.threads}",
         f"--out {args.out}",
+        *(["--this-machine"] if args.this_machine else []),
     ]
 
 

@@ -148,8 +148,10 @@ def main() -> None:
 
 
 def _replay_methods(profile, mode: str, traces, curve: CostCurve, rule: str) -> dict:
+    """Every method replayed on `traces`, each step charged by `curve`, the heads' drafting and probe at the
+    curve's own measured share where it has one (else another machine's constant; `charges` says which)."""
     latency = curve.latency()
-    plain_ms, ms_of = float(latency(0)), step_ms(latency)
+    plain_ms, ms_of = float(latency(0)), step_ms(curve)
     policies = {
         "mc_sim_7b_63": StaticPolicy(load_tree("mc_sim_7b_63")),
         "EntMTP*": StaticPolicy(profile.best_tree(mode, latency)),
@@ -159,7 +161,7 @@ def _replay_methods(profile, mode: str, traces, curve: CostCurve, rule: str) -> 
     }
     if rule != "typical":  # a typical replay's accepted paths leave the recorded tokens: no lookup replay
         policies["dynamic+lookup"] = HybridPolicy(
-            profile.policy("dynamic", mode, latency=latency), Lookup(), latency
+            profile.policy("dynamic", mode, latency=latency), Lookup(), latency, draft_cost=curve.draft_share
         )
     out = {name: replay(p, traces, ms_of).to_json() for name, p in policies.items()}
     out["oracle"] = oracle(profile.bank(mode), traces, ms_of).to_json()

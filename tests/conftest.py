@@ -121,6 +121,22 @@ def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
 
 
+def script_module(name: str):
+    """scripts/`name` imported as a module (its functions tested without running its command line); scripts/
+    is on the path while it loads, as when it runs (a script may import another)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / name
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
 class ProbeReadingPolicy:
     """An inner policy with a master tree that reads the heads' probe before choosing it, as the calibrated ones
     (cost, dynamic) do: the hybrid's tests use it to see when the engine's lazy probe is computed."""

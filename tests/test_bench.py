@@ -323,6 +323,9 @@ def test_bench_on_a_tiny_model_runs_every_task_and_writes_json_markdown_and_plot
             lo, hi = r["speedup_ci95"]
             assert lo <= r["speedup_mean_of_ratios"] <= hi
         assert set(data["replays"][task]["heads"]) >= {"static", "cost", "dynamic+lookup", "oracle"}
+        said = data["replays"][task]["heads"]["cost"]["charges"]  # where each charge came from
+        assert said["step"]["source"] == "constant"  # the tests run without probing (ENTMTP_NO_PROBE=1) ...
+        assert said["choice"]["note"] == "choice not charged: no measurement"  # ... so nothing measured here
     assert data["mismatches"] == []
     assert data["meta"]["command"].startswith("entmtp bench") and data["meta"]["commit"]
     hw = data["meta"]["hardware"]  # every figure names its machine: the CPU model and the flags that matter

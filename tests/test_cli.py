@@ -7,6 +7,8 @@ import json
 import pytest
 
 from entmtp.cli import main
+from entmtp.costs import CostCurve
+from entmtp.machine import record
 
 
 def test_trees_lists_named_trees_with_counts(capsys):
@@ -326,6 +328,8 @@ def test_step_costs_random_model_from_a_config_compares_cache_paths(tmp_path, ca
     assert all(r["steps"] == 4 for r in data["rows"].values())  # 2 rounds x 2 steps
     meta = data["meta"]
     assert meta["prompt_tokens"] == 20 and meta["weight_bytes"] > 0 and meta["floor_ms"] > 0
+    assert meta["machine"] == record("cpu")  # the CPU, its kernel flags, cores, threads and versions
+    assert CostCurve.from_step_costs(out).machine == meta["machine"]  # a curve read from it names it too
     assert "the floor of a step that reads every weight once" in capsys.readouterr().out
 
 

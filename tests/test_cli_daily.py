@@ -202,9 +202,9 @@ def test_doctor_reports_the_installation(capsys):
 
 
 def test_doctor_names_each_cached_cost_file_for_what_it_is(capsys, tmp_path, monkeypatch):
-    """The cost cache holds curves and batched surfaces (costs/): each is summarised as what it is, and only a
-    file that cannot be read is called unreadable (with the fix)."""
-    from entmtp.costs import CostCurve, CostSurface, costs_dir, save_curve
+    """The cost cache holds curves, batched surfaces and policies' choices (costs/): each is summarised as what it
+    is, and only a file that cannot be read is called unreadable (with the fix)."""
+    from entmtp.costs import ChoiceCost, CostCurve, CostSurface, costs_dir, save_curve
 
     monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
     hw = {"hardware": {"dtype": "bfloat16", "threads": 2}, "heads": {"kind": "hydra"}}
@@ -212,6 +212,8 @@ def test_doctor_names_each_cached_cost_file_for_what_it_is(capsys, tmp_path, mon
     surface = CostSurface((1, 8), (0, 4), ((30.0, 36.0), (80.0, 120.0)), key=hw)
     (costs_dir() / "surface.json").write_text(json.dumps(surface.to_json()))
     (costs_dir() / "broken.json").write_text("{")
+    choice = ChoiceCost("DynamicPolicy", 0.25, 16, key=hw, machine=record())
+    (costs_dir() / "choice-1.json").write_text(json.dumps(choice.to_json()))
     code, out, _ = _run(capsys, ["doctor", "--json"])
     costs = json.loads(out)["step_costs"]
     assert code == 0 and costs["curve.json"].startswith("bfloat16, 2 threads, heads hydra: plain 30.0 ms")
@@ -221,6 +223,10 @@ def test_doctor_names_each_cached_cost_file_for_what_it_is(capsys, tmp_path, mon
     )
     assert "broken.json is unreadable (JSONDecodeError" in costs["broken.json"]
     assert costs["broken.json"].endswith("delete it to measure again")
+    assert costs["choice-1.json"].startswith(
+        "bfloat16, 2 threads, heads hydra: DynamicPolicy's choice: 0.250 ms a step (median of 16 engine steps)"
+    )
+    assert costs["choice-1.json"].endswith(f"{describe_record(record())})")
 
 
 def test_more_bad_options_are_named_before_loading(capsys, tmp_path):

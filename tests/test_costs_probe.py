@@ -3,20 +3,26 @@ measured curve's share (calibration/replay.py), the constant of another machine 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from conftest import tiny_model
+from conftest import script_module, tiny_model
 from entmtp import engine as engine_mod
 from entmtp.accept import Sampling
 from entmtp.cache import BaseModel
 from entmtp.calibration.calibrate import fit_acceptance
 from entmtp.calibration.replay import replay, step_ms
+from entmtp.calibration.traces import load_traces
 from entmtp.costs import HEADS_DRAFT_COST, CostCurve, measure, measure_surface, priced_ms
 from entmtp.costs.probe import Probe
 from entmtp.heads import HeadsConfig, random_heads
 from entmtp.scheduler.policies import DynamicPolicy
+from entmtp.scheduler.profiles import resolve_profile
 from entmtp.tree import Tree, load_tree, with_lookup
 from scheduler_helpers import synthetic_traces
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def recorded(monkeypatch) -> dict[str, list]:
@@ -142,3 +148,24 @@ def test_a_probed_generation_runs_past_the_models_end_of_text_token():
     probe = Probe(tiny_model(eos_token_id=eos), None, (0, 2))
     row = probe.row(16, probe.room(4))
     assert [probe.step(row, 2)[0] > 0 for _ in range(3)] == [True] * 3
+
+
+def test_the_published_replays_on_other_machines_curves_charge_each_curves_own_drafting_share():
+    """scripts/machine_curves.py and replay_sampling.py publish replays on several machines' curves: a curve
+    that measured its heads' drafting (a step-costs table) prices lookup-only steps and unused probes by it,
+    not by the constant of another machine, and the result says where each charge came from."""
+    script = script_module("machine_curves.py")
+    profile = resolve_profile("mixed", "hydra")
+    traces = load_traces(profile)[:4]
+    table = CostCurve.from_step_costs(ROOT / "tests/data/machines/avx512bf16-bfloat16.json")
+    measured = script.replayed(profile, traces, table)["charges"]
+    assert measured["drafting"]["source"] == "measured"
+    assert measured["drafting"]["ms"] == pytest.approx(table.draft_share * table.plain_ms)
+    sampling = script_module("replay_sampling.py")._replay_methods(
+        profile, "greedy", traces[:1], table, "sample"
+    )
+    for name, r in sampling.items():  # scripts/replay_sampling.py's replays on the same curves
+        assert r["charges"]["drafting"]["source"] == "measured", name
+    lat = profile.latency.model()
+    stored = script.replayed(profile, traces, CostCurve.from_latency(list(lat.nodes), list(lat.ms), "stored"))
+    assert stored["charges"]["drafting"]["source"] == "constant"  # no split stored: another machine's, said

@@ -10,7 +10,7 @@ from entmtp.calibration.calibrate import fit_acceptance
 from entmtp.calibration.replay import oracle, oracle_batch, replay, replay_batch
 from entmtp.calibration.search import simulate
 from entmtp.calibration.traces import trace_generation
-from entmtp.costs import CostCurve, CostSurface
+from entmtp.costs import ChoiceCost, CostCurve, CostSurface
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
 from entmtp.lookup import Lookup
@@ -129,6 +129,17 @@ def test_a_batch_of_one_replays_as_the_single_row_replay():
     alone = replay(StaticPolicy(tree), traces, BUSY.latency(1).ms_of)
     assert (one.tokens, one.steps) == (alone.tokens, alone.steps)
     assert one.ms == pytest.approx(alone.ms)
+    assert one.to_json()["charges"]["choice"]["source"] == "none"
+
+
+def test_a_batched_replay_charges_every_rows_measured_choice():
+    """Each row of a batch chooses in turn: a step of n rows pays n choices on top of the surface's step."""
+    traces, policy = synthetic_traces() * 3, StaticPolicy(load_tree("tree_8"))
+    free = replay_batch(policy, traces, BUSY, 3, aware=False)
+    charged = replay_batch(policy, traces, BUSY, 3, aware=False, choice=ChoiceCost("StaticPolicy", 0.5, 16))
+    assert (charged.tokens, charged.steps) == (free.tokens, free.steps)  # steps: rows' steps
+    assert charged.ms == pytest.approx(free.ms + 0.5 * free.steps)
+    assert charged.to_json()["charges"]["choice"]["source"] == "measured"
 
 
 def test_on_a_busy_batch_choosing_by_the_whole_step_beats_choosing_alone_and_the_step_oracle_leads():

@@ -120,11 +120,16 @@ def _profile_machines(profiles_dir) -> dict:
 
 
 def _read_cached(path: Path):
-    """(a cached cost curve or surface, its one-line summary); CostsError naming the file when unreadable."""
-    from .costs import SURFACE_FORMAT, CostsError, CostSurface, load_curve
+    """(a cached cost curve, surface or policy's choice, its one-line summary); CostsError naming the file when
+    unreadable."""
+    from .costs import SURFACE_FORMAT, ChoiceCost, CostsError, CostSurface, load_curve
+    from .costs.choice import FORMAT as CHOICE_FORMAT
 
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(d, dict) and d.get("format") == CHOICE_FORMAT:
+            c = ChoiceCost.from_json(d)
+            return c, f"{c.policy}'s choice: {c.ms_per_step:.3f} ms a step (median of {c.steps} engine steps)"
         if isinstance(d, dict) and d.get("format") == SURFACE_FORMAT:
             s = CostSurface.from_json(d)
             b, plain = s.batches, [row[0] for row in s.ms]

@@ -20,6 +20,7 @@ from rich.table import Table
 from .engine import Engine
 from .errors import EntMTPError
 from .heads import HeadsConfig, random_heads
+from .machine import record
 from .model import DTYPES, load_model
 from .packing import pack_linears
 from .random_model import memory_bandwidth, random_model, weight_bytes
@@ -94,6 +95,7 @@ def run_step_costs(args) -> int:
         "floor_ms": floor_ms,
         "graph_captures": captures,
         "versions": {"torch": torch.__version__, "transformers": _version("transformers")},
+        "machine": record(model.device),  # the CPU and its kernel flags (or the GPU), threads, versions
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

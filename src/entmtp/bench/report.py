@@ -170,16 +170,20 @@ def _task_table(task: str, rows: dict, args) -> Table:
 
 
 def _replay_table(task: str, kind: str, rep: dict) -> Table:
+    """A task's replayed policies; the title says what the steps were charged by, each row its choice's ms
+    (measured here, or "-": not charged)."""
+    steps = next((r["charges"]["step"]["note"] for r in rep.values() if "charges" in r), "stored latencies")
     table = Table(
-        title=f"{task_label(task)}, {kind}: policies replayed on the plain outputs (decode steps, "
-        "the profile's latencies)"
+        title=f"{task_label(task)}, {kind}: policies replayed on the plain outputs (decode steps, {steps})"
     )
-    for col in ("policy", "tokens/s", "tokens/step", "vs static"):
+    for col in ("policy", "tokens/s", "tokens/step", "vs static", "choice ms"):
         table.add_column(col, justify="right")
     base = rep.get("static", {}).get("tokens_per_second")
     for name, r in rep.items():
         ratio = f"{metrics.speedup(r['tokens_per_second'], base):.3f}x" if base else ""
-        table.add_row(name, f"{r['tokens_per_second']:.1f}", f"{r['tokens_per_step']:.2f}", ratio)
+        choice = r.get("charges", {}).get("choice", {"source": "none"})
+        charged = f"{choice['ms']:.3f}" if choice["source"] != "none" else "-"
+        table.add_row(name, f"{r['tokens_per_second']:.1f}", f"{r['tokens_per_step']:.2f}", ratio, charged)
     return table
 
 

@@ -174,9 +174,11 @@ def replays(methods: Methods, task: str, outputs: list[tuple[list[int], list[int
 
 def _replay_heads(methods: Methods, kind: str, task: str, outputs) -> dict:
     """Trace the plain greedy outputs through the heads; replay each policy (lookup hybrids included) and the
-    oracle on them."""
+    oracle on them. Where this machine's step costs were measured, each policy's steps are also charged its
+    choice, measured here for that policy (costs/choice.py, cached); else the replays say it is not charged."""
     from ..calibration.replay import oracle, replay, step_ms
     from ..calibration.traces import trace_generation
+    from ..costs.choice import choice_for
 
     heads, profile, costs = methods.heads[kind], methods.profiles[(kind, task)], methods.costs[kind]
     base = methods.engine(kind, "tree_8").base
@@ -185,6 +187,8 @@ def _replay_heads(methods: Methods, kind: str, task: str, outputs) -> dict:
     ms_of = step_ms(costs if costs is not None else latency)  # the measured drafting share, when measured
     out = {}
     for p in methods.policies(kind):
-        out[p] = replay(methods.policy(kind, p, task), traces, ms_of).to_json()  # as the engine composes it
+        policy = methods.policy(kind, p, task)  # as the engine composes it
+        choice = choice_for(methods.loaded[kind].model, heads, policy) if costs is not None else None
+        out[p] = replay(policy, traces, ms_of.with_choice(choice)).to_json()
     out["oracle"] = oracle(profile.bank(), traces, ms_of).to_json()
     return out

@@ -5,7 +5,10 @@ steps a real greedy decode would take under the policy, and charges each step it
 tokens per second without running the model (decode steps only; the prefill is the same for every policy).
 A step that verifies no head node is charged without the heads' drafting, and a step whose policy computed
 the heads' probe and then drafted nothing from it pays for the probe, both at the measured curve's draft share
-(`step_ms`: the constant of another machine only when no measured curve exists, and the replay says so).
+(`step_ms`: the constant of another machine only when no measured curve exists, and the replay says so). Every
+step of a policy also pays for the policy's choice, as measured on this machine for that policy
+(`StepPrices.with_choice`, costs/choice.py); without a measurement it is not charged, and the replay says so.
+A replay's JSON records where each charge came from (`charges`: measured / constant / none).
 The oracle is the best schedule over the bank in hindsight: a dynamic programme over positions,
 time(j) = min over trees of latency(tree) + time(j + accepted + 1), so no policy's replay can beat it.
 
@@ -16,13 +19,14 @@ step charged once by the cost surface (costs/) for its rows and its largest tree
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from .. import metrics
 from ..accept import accept_targets
 from ..costs import HEADS_DRAFT_COST, CostCurve, LatencyModel
+from ..costs.choice import ChoiceCost
 from ..engine import draft_tree, step_record
 from ..errors import EntMTPError
 from ..heads import Draft, LazyProbe, Probe, taken
@@ -41,6 +45,7 @@ class Replay:
     ms: float = 0.0
     usage: dict[str, int] = field(default_factory=dict)  # tree name -> steps
     pricing: str | None = None  # what the heads' drafting and probe were charged at (`StepPrices.note`)
+    charges: dict | None = None  # where each charge came from (`StepPrices.charges`)
 
     @property
     def tokens_per_second(self) -> float:
@@ -61,6 +66,7 @@ class Replay:
             "steps": self.steps,
             "usage": self.usage,
             **({"pricing": self.pricing} if self.pricing is not None else {}),
+            **({"charges": self.charges} if self.charges is not None else {}),
         }
 
 
@@ -75,7 +81,8 @@ def replay(
     traces' tokens, by the engine's own drafting, acceptance and step record (`_hybrid_step`): a lookup node
     copies what the n-gram index of the text so far proposes (greedy traces only; a lookup node below a wrong
     head draft, never accepted, is kept or dropped as the index answers for a stand-in branch)."""
-    out = Replay(pricing=ms_of.note if isinstance(ms_of, StepPrices) else None)
+    priced = isinstance(ms_of, StepPrices)
+    out = Replay(pricing=ms_of.note if priced else None, charges=ms_of.charges if priced else None)
     for tr in traces:
         row = TraceRow(policy, tr)
         while not row.done:
@@ -83,7 +90,7 @@ def replay(
             step = row.take(choice.tree, choice.signals)
             if record is not None:
                 record.append(step)
-            probed = isinstance(ms_of, StepPrices) and row.probed
+            probed = priced and row.probed
             out.add(step, ms_of(row.last_tree, probed) if probed else ms_of(row.last_tree))
     return out
 
@@ -162,39 +169,74 @@ def _index(lookup, tr: Trace, toks: list[int] | None) -> NgramIndex | None:
 _EMPTY = torch.empty(0, dtype=torch.long)
 
 
+NO_CHOICE = {"source": "none", "ms": 0.0, "note": "choice not charged: no measurement"}
+
+
 @dataclass(frozen=True)
 class StepPrices:
     """What a replay charges a step (ms): its tree's latency (measured with the heads drafting); less the heads'
     drafting when it drafts no head node (a lookup-only step, as the hybrid policy itself assumes); plus the
     heads' probe when its policy computed one and then drafted no head node from it (the engine pays for a
     probe whatever the policy chose; drafted from, the probe's work is the drafting's). Both at `draft_ms`,
-    the heads' drafting; `note` says where that figure comes from."""
+    the heads' drafting; `note` says where that figure comes from. Plus `choose_ms`, the policy's choice, on
+    every step (`with_choice`; 0 until a measurement is given). `charges` records each charge's source:
+    "step", "drafting" (and probe), "choice", each {"source": measured | constant | none, "ms" (for "step":
+    the plain step's), "note"}."""
 
     latency: LatencyModel
     draft_ms: float
     note: str
+    charges: dict = field(default_factory=lambda: {"choice": dict(NO_CHOICE)})
+    choose_ms: float = 0.0
 
     def __call__(self, tree: Tree, probed: bool = False) -> float:
-        ms = self.latency.ms_of(tree)
+        ms = self.latency.ms_of(tree) + self.choose_ms
         if tree.heads_tree.num_nodes:
             return ms
         saved = self.draft_ms if tree.num_nodes else 0.0  # a plain step's latency drafts nothing
         return ms - saved + (self.draft_ms if probed else 0.0)
 
+    def with_choice(self, choice: ChoiceCost | None) -> StepPrices:
+        """These prices with every step also charged `choice`, one policy's measured choice (costs/choice.py);
+        None: not charged, and `charges` says so. The oracle chooses in hindsight: its prices have none."""
+        said = choice_charge(choice)
+        return replace(self, choose_ms=said["ms"], charges={**self.charges, "choice": said})
+
+
+def choice_charge(choice: ChoiceCost | None) -> dict:
+    """What a step of a policy pays for its choice, and where that comes from: `choice` measured on this
+    machine (costs/choice.py), or nothing (None: no measurement, which the charge says)."""
+    if choice is None:
+        return dict(NO_CHOICE)
+    note = f"{choice.policy}'s choice, measured on this machine (median of {choice.steps} engine steps)"
+    return {"source": "measured", "ms": choice.ms_per_step, "note": note}
+
 
 def step_ms(costs: CostCurve | LatencyModel) -> StepPrices:
     """A replay's step prices from this machine's measured `CostCurve` (its drafting share measured with it)
     or from a profile's `LatencyModel` (no drafting split: the constant `HEADS_DRAFT_COST`, measured on another
-    machine, which `note` says)."""
+    machine, which `note` says). No choice is charged until `StepPrices.with_choice` gives one."""
     latency = costs.latency() if isinstance(costs, CostCurve) else costs
     share = costs.draft_share if isinstance(costs, CostCurve) else None
     plain = float(latency(0))
     if share is not None:
-        where = f"measured ({costs.source} curve)"
+        source, where = "measured", f"measured ({costs.source} curve)"
     else:
-        share, where = HEADS_DRAFT_COST, "the constant HEADS_DRAFT_COST, another machine's: no measured curve"
+        source, share = "constant", HEADS_DRAFT_COST
+        where = "the constant HEADS_DRAFT_COST, another machine's: no measured curve"
     note = f"heads' drafting and probe charged {share * plain:.2f} ms ({share:.3f} plain steps), {where}"
-    return StepPrices(latency, share * plain, note)
+    drafting = {"source": source, "ms": share * plain, "note": note}
+    charges = {"step": _step_source(costs, plain), "drafting": drafting, "choice": dict(NO_CHOICE)}
+    return StepPrices(latency, share * plain, note, charges)
+
+
+def _step_source(costs: CostCurve | LatencyModel, plain_ms: float) -> dict:
+    """Where a replay's tree latencies come from: this machine's probe (measured, or corrected by its own
+    generations), else figures given from elsewhere (a profile's stored latencies, a file: constant)."""
+    if isinstance(costs, CostCurve) and costs.source in ("probe", "corrected"):
+        return {"source": "measured", "ms": plain_ms, "note": f"this machine's {costs.source} curve"}
+    where = f"the {costs.source} curve" if isinstance(costs, CostCurve) else "latencies given (a profile's)"
+    return {"source": "constant", "ms": plain_ms, "note": f"{where}, not measured by this run's probe"}
 
 
 def _probe(tr: Trace, j: int, toks: list[int] | None) -> Probe:
@@ -242,8 +284,13 @@ def _hybrid_step(
 
 
 def oracle(bank: Sequence[Tree], traces: Sequence[Trace], ms_of: Callable[[Tree], float]) -> Replay:
-    """The fastest schedule over `bank` in hindsight (dynamic programme over positions, see above)."""
+    """The fastest schedule over `bank` in hindsight (dynamic programme over positions, see above); it chooses
+    nothing at run time, so no choice is charged (`ms_of`'s own choice, if any, is left out)."""
     out = Replay()
+    if isinstance(ms_of, StepPrices):
+        ms_of = ms_of.with_choice(None)
+        hindsight = {**NO_CHOICE, "note": "the oracle chooses in hindsight: no choice charged"}
+        out.pricing, out.charges = ms_of.note, {**ms_of.charges, "choice": hindsight}
     sets = [t.path_set for t in bank]
     costs = [ms_of(t) for t in bank]
     for tr in traces:
@@ -269,14 +316,24 @@ def oracle(bank: Sequence[Tree], traces: Sequence[Trace], ms_of: Callable[[Tree]
     return out
 
 
-def replay_batch(policy, traces: Sequence[Trace], surface, batch: int, *, aware: bool = True) -> Replay:
+def replay_batch(
+    policy,
+    traces: Sequence[Trace],
+    surface,
+    batch: int,
+    *,
+    aware: bool = True,
+    choice: ChoiceCost | None = None,
+) -> Replay:
     """Continuous batching replayed: up to `batch` traces step together (one joins as soon as one ends), each
     under its own `policy.fresh()`, and each step is charged once, the surface's ms (surface.py) for its rows
-    and its largest tree. `aware`: every row chooses on the whole step's latency at this batch size and the
-    rows' trees are set within the joint budget (policy.joint_budget), as `Batch.step` does; else each row
-    chooses alone on the policy's own single-row costs. Tokens per second of the whole batch; `steps` counts
-    rows' steps."""
-    out = Replay()
+    and its largest tree, plus `choice` (the policy's measured choice, costs/choice.py) once per row: the rows
+    choose one after another (None: not charged, and `charges` says so). `aware`: every row chooses on the
+    whole step's latency at this batch size and the rows' trees are set within the joint budget
+    (policy.joint_budget), as `Batch.step` does; else each row chooses alone on the policy's own single-row
+    costs. Tokens per second of the whole batch; `steps` counts rows' steps."""
+    said = choice_charge(choice)
+    out = Replay(charges={"choice": said})
     for rows in _continuous(policy, traces, batch):
         latency = surface.latency(len(rows))
         # a row alone chooses on its policy's own costs, as `Batch.step` lets it
@@ -291,7 +348,7 @@ def replay_batch(policy, traces: Sequence[Trace], surface, batch: int, *, aware:
                 for c, t in zip(choices, trees, strict=True)
             ]
         for r, t, c in zip(rows, trees, choices, strict=True):
-            out.add(r.take(t, c.signals), 0.0)
+            out.add(r.take(t, c.signals), said["ms"])
         out.ms += float(latency(max(r.last_tree.num_nodes for r in rows)))
     return out
 

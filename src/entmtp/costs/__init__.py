@@ -14,6 +14,8 @@ The rooms:
   measured.py   the plans and the measurements: `costs_for` / `measure` (a curve), `surface_for` /
                 `measure_surface` (a batched surface), measured once, then read from the cache
   cache.py      the cost cache: keys (`cost_key`), paths, reading and writing
+  choice.py     what a policy's choice costs per step here (`choice_for`), measured in the engine's steps and
+                cached beside the curve: the replays charge it (calibration/replay.py)
   corrector.py  `CostCorrector`: rewrites a cached curve's point when generations' steps disagree with it
   fill.py       the sizes a probe had no time for, filled in from the ones it measured
 """
@@ -29,6 +31,7 @@ from .cache import (
     save_surface,
     uses_graphs,
 )
+from .choice import ChoiceCost, choice_for, measure_choice
 from .corrector import CostCorrector
 from .curves import (
     CPU_COST,
@@ -51,12 +54,14 @@ __all__ = [
     "HEADS_DRAFT_COST",
     "SIZES",
     "SURFACE_FORMAT",
+    "ChoiceCost",
     "CostCorrector",
     "CostCurve",
     "CostSurface",
     "CostsError",
     "LatencyModel",
     "Probe",
+    "choice_for",
     "cost_key",
     "cost_path",
     "costs_dir",
@@ -64,6 +69,7 @@ __all__ = [
     "load_curve",
     "load_surface",
     "measure",
+    "measure_choice",
     "measure_surface",
     "priced_ms",
     "probing_disabled",

@@ -172,9 +172,10 @@ class CostCurve:
 
     @classmethod
     def from_step_costs(cls, path: str | os.PathLike[str]) -> CostCurve:
-        """From a per-step cost table (`entmtp step-costs --out F.json`: rows of ms per phase per tree); the
-        first row per node count (e.g. one KV mode) is taken."""
-        rows = json.loads(Path(path).read_text(encoding="utf-8"))["rows"].values()
+        """From a per-step cost table (`entmtp step-costs --out F.json`: rows of ms per phase per tree, and the
+        machine it was measured on); the first row per node count (e.g. one KV mode) is taken."""
+        table = json.loads(Path(path).read_text(encoding="utf-8"))
+        rows = table["rows"].values()
         seen: dict[int, dict] = {}
         for r in rows:
             seen.setdefault(int(r["nodes"]), r)
@@ -184,6 +185,7 @@ class CostCurve:
             tuple(float(seen[k]["total"]) for k in n),
             tuple(float(seen[k]["draft"]) for k in n),
             source=Path(path).name,
+            machine=table.get("meta", {}).get("machine"),
         )
 
     def with_points(self, updates: dict[int, float]) -> CostCurve:
