@@ -16,6 +16,7 @@ The rooms:
   cache.py      the cost cache: keys (`cost_key`), paths, reading and writing
   corrector.py  `CostCorrector`: rewrites a cached curve's point when generations' steps disagree with it
   fill.py       the sizes a probe had no time for, filled in from the ones it measured
+  prefill.py    `PrefillCost`: a prompt's prefill by its length (`prefill_for`), what routing.py reads
 """
 
 from .cache import (
@@ -42,6 +43,7 @@ from .curves import (
     priced_ms,
 )
 from .measured import BATCHES, SIZES, costs_for, measure, measure_surface, surface_for
+from .prefill import PrefillCost, measure_prefill, prefill_for
 from .probe import Probe, synthetic_tree
 
 __all__ = [
@@ -56,6 +58,7 @@ __all__ = [
     "CostSurface",
     "CostsError",
     "LatencyModel",
+    "PrefillCost",
     "Probe",
     "cost_key",
     "cost_path",
@@ -64,7 +67,9 @@ __all__ = [
     "load_curve",
     "load_surface",
     "measure",
+    "measure_prefill",
     "measure_surface",
+    "prefill_for",
     "priced_ms",
     "probing_disabled",
     "save_curve",

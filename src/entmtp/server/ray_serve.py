@@ -53,7 +53,8 @@ def _build_engine(config: RayServeConfig):
     from ..build import build
 
     spec = config.spec
-    return build(replace(spec, threads=config.threads, graphs=spec.graphs and config.max_batch == 1)).engine
+    spec = replace(spec, threads=config.threads, graphs=spec.graphs and config.max_batch == 1)
+    return build(spec, route=False).engine  # one engine: batches step it (routing.py routes `generate`'s)
 
 
 class EngineReplica:
