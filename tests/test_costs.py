@@ -285,13 +285,14 @@ def test_auto_dtype_keeps_the_faster_candidate_and_where_trees_lose_decodes_plai
 
     monkeypatch.setattr(build_mod, "costs_for", fake)
     monkeypatch.setattr(build_mod, "_choices_path", lambda: tmp_path / "choices.json")
-    built = build(EngineSpec(heads="hydra"), log=lambda m: None)
+    one = {"log": lambda m: None, "route": False}  # one engine (routing by prompt length: test_routing.py)
+    built = build(EngineSpec(heads="hydra"), **one)
     assert built.plan.dtype == "float32" and built.plan.policy == "plain"
     assert built.engine.heads is None and built.engine.model.dtype == torch.float32
     result = built.engine.generate("Name three colors.", max_new_tokens=12)
     assert result.steps and all(s.tree_nodes == 0 for s in result.steps)
     seen.clear()
-    again = build(EngineSpec(heads="hydra"), log=lambda m: None)  # the choice is cached: one load
+    again = build(EngineSpec(heads="hydra"), **one)  # the choice is cached: one load
     assert again.plan.dtype == "float32" and seen == [torch.float32]
 
 

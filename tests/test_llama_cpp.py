@@ -356,11 +356,12 @@ def test_auto_keeps_the_backend_with_the_most_expected_tokens_per_second(monkeyp
     monkeypatch.setattr(build_mod, "_candidates", lambda spec, probe: list(speeds))
     monkeypatch.setattr(build_mod, "_room_for_another", lambda model, cand: True)
     monkeypatch.setattr(build_mod, "Engine", lambda *a, **k: "engine")
-    plan = build_mod.build(build_mod.EngineSpec(), log=lambda m: None).plan
+    one = {"log": lambda m: None, "route": False}  # one engine: routing's own tests are in test_routing.py
+    plan = build_mod.build(build_mod.EngineSpec(), **one).plan
     assert (plan.backend, plan.dtype) == ("llama-cpp", "bfloat16")
     assert "llama-cpp/bfloat16 90.0" in plan.backend_reason
     loaded.clear()
-    again = build_mod.build(build_mod.EngineSpec(), log=lambda m: None).plan  # the cached choice: one load
+    again = build_mod.build(build_mod.EngineSpec(), **one).plan  # the cached choice: one load
     assert loaded == ["llama-cpp/bfloat16"] and again.backend == "llama-cpp"
 
 
@@ -374,3 +375,28 @@ def test_build_runs_the_embedded_gguf_on_llama_cpp():
     assert "backend: llama-cpp (as asked)" in built.plan.describe()
     result = built.engine.generate(PROMPTS[0], max_new_tokens=8)
     assert len(result.token_ids) == 8
+
+
+def test_a_router_sends_a_long_prompt_to_transformers_and_a_short_one_to_llama_cpp(f32, plain, embedded):
+    """Forced costs of this EPYC's shape (llama.cpp: fast decode, slow prefill): each request's output is
+    the chosen engine's own, told apart by its steps (the heads' trees on llama.cpp, plain on transformers)."""
+    from entmtp.build import same_tokenizer
+    from entmtp.costs import PrefillCost
+    from entmtp.routing import Lane, Router
+    from entmtp.shipped import resolve_heads
+
+    (model, tok), (hf, hf_tok) = f32, embedded
+    assert same_tokenizer(tok, hf_tok)  # the embedded GGUF runs transformers' tokenizer: routing may apply
+    llama = Engine(model, tok, heads=resolve_heads("hydra", model), tree="tree_8")
+    torch_engine = Engine(hf, hf_tok, heads=None, tree=Tree.root_only())
+    router = Router(
+        Lane("llama-cpp", llama, PrefillCost((128, 1024), (530.0, 4210.0)), 95.0),
+        Lane("transformers", torch_engine, PrefillCost((128, 1024), (135.0, 941.0)), 37.0),
+    )
+    short = router.generate(PROMPTS[0], max_new_tokens=N)
+    assert short.token_ids == plain[PROMPTS[0]] and any(s.tree_nodes for s in short.steps)
+    long_prompt, n = " ".join([PROMPTS[1]] * 10), N // 2
+    assert len(router.encode(long_prompt, n)) >= router.threshold(n) > len(router.encode(PROMPTS[0], n))
+    long = router.generate(long_prompt, max_new_tokens=n)
+    assert all(s.tree_nodes == 0 for s in long.steps)
+    assert long.token_ids == torch_engine.generate(long_prompt, max_new_tokens=n).token_ids

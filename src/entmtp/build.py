@@ -44,7 +44,15 @@ import torch
 from . import metrics
 from .accept import ACCEPTANCE, Sampling
 from .backends import BACKENDS
-from .costs import CostCorrector, CostCurve, costs_dir, costs_for, probing_disabled, surface_for
+from .costs import (
+    CostCorrector,
+    CostCurve,
+    costs_dir,
+    costs_for,
+    prefill_for,
+    probing_disabled,
+    surface_for,
+)
 from .engine import Engine
 from .errors import EntMTPError
 from .files import write_text_atomic
@@ -52,6 +60,7 @@ from .lookup import Lookup, add_lookup_arguments, lookup_from_args
 from .machine import cpu_info, digest
 from .model import DTYPES, is_embedded, is_gguf
 from .policy import TreePolicy, as_policy
+from .routing import Lane, Router
 from .scheduler.factory import section_policy
 from .scheduler.hybrid import hybrid
 from .scheduler.policies import POLICIES
@@ -144,6 +153,7 @@ class Plan:
     lookup_rules: tuple[str, ...] = ()  # acceptance rules whose trees get prompt-lookup drafts
     backend: str = "transformers"
     backend_reason: str = "as asked"
+    route: str = ""  # how requests are routed between backends by prompt length (routing.py); "": one backend
 
     def describe(self) -> str:
         lines = [
@@ -164,29 +174,38 @@ class Plan:
             lines.append(f"prompt-lookup drafts: {', '.join(self.lookup_rules)}{note}")
         if self.costs is not None:
             lines.append(f"step costs ({self.costs.source}): {self.costs.summary()}")
+        if self.route:
+            lines.append(f"route: {self.route}")
         return "\n".join(lines)
 
 
 @dataclass
 class Built:
-    engine: Engine
+    engine: Engine | Router  # a Router over one engine per backend where requests are routed (`Plan.route`)
     plan: Plan
     loaded: Loaded | None = None  # the chosen candidate's model, heads and costs (`surface` for batching)
     composed: Composed | None = None  # its policies, one per acceptance rule
 
 
-def build_engine(spec: EngineSpec = EngineSpec(), *, log=None) -> Engine:
+def build_engine(spec: EngineSpec = EngineSpec(), *, log=None) -> Engine | Router:
     """The engine `spec` names (see the module docstring)."""
     return build(spec, log=log).engine
 
 
 def build(
-    spec: EngineSpec = EngineSpec(), *, loader: Loader | None = None, max_batch: int | None = None, log=None
+    spec: EngineSpec = EngineSpec(),
+    *,
+    loader: Loader | None = None,
+    max_batch: int | None = None,
+    log=None,
+    route: bool = True,
 ) -> Built:
     """The engine and the plan behind it: each (backend, dtype) candidate loaded (`load`) and composed
-    (`compose`), the one with the most expected tokens/s kept. `loader`: models loaded already (the bench
-    shares its own); `max_batch`: also measure the cost surface of batches up to that many rows
-    (`Built.loaded.surface`); `log(str)`: notes for the user (default: stderr)."""
+    (`compose`), the one with the most expected tokens/s kept. Where both backends were measured (`auto`),
+    the engine is a `routing.Router` over the fastest candidate and the other backend's best, each request
+    on the one its prompt length favours (`route=False`: the fastest alone, e.g. for a server's batches).
+    `loader`: models loaded already (the bench shares its own); `max_batch`: also measure the cost surface of
+    batches up to that many rows (`Built.loaded.surface`); `log(str)`: notes for the user (default: stderr)."""
     log = log or _say
     check_spec(spec)
     if spec.threads:
@@ -197,8 +216,9 @@ def build(
     choice_key = _choice_key(spec, _heads_spec(spec)) if len(candidates) > 1 and probe else None
     cached = _cached_choice(choice_key)
     cached = cached if cached in candidates else None
-    if cached is not None:
-        candidates = [cached]
+    second = _cached_choice(_route_key(choice_key)) if cached is not None else None
+    if cached is not None and second is not None:  # the route's other candidate too ("": none), to route
+        candidates = [cached] + ([second] if route and second in candidates and second != cached else [])
     options: dict[str, _Option] = {}
     for cand in candidates:
         first = next(iter(options.values()), None)
@@ -208,17 +228,67 @@ def build(
         budget = AUTO_BUDGET_S if len(candidates) > 1 else None
         options[cand] = _load(loader, spec, cand, budget, max_batch, log)
     speeds = {c: option.composed.expected for c, option in options.items()}
-    chosen = max(speeds, key=speeds.get)
+    chosen = cached if cached in speeds else max(speeds, key=speeds.get)
     backend, dtype = _split(chosen)
     reason, backend_reason = _why(spec, backend, len(candidates), cached, speeds)
-    if len(candidates) > 1:
-        _save_choice(choice_key, chosen)
     loaded, composed = options[chosen].loaded, options[chosen].composed
+    engine = assemble(loaded, composed, spec)
+    other = _other_backend(options, chosen)
+    router, route_note = route_between(spec, options, chosen, other, engine) if route else (None, "")
+    if not route and (other or second):
+        route_note = f"off: every request on {backend} (asked for one engine: a server batches on one)"
+    if choice_key is not None and (cached is None or second is None):
+        _save_choice(choice_key, chosen)
+        _save_choice(_route_key(choice_key), other or "")
     plan = Plan(
         dtype, reason, composed.name, composed.reason, loaded.costs, speeds, composed.others,
-        composed.lookup_rules, backend, backend_reason,
+        composed.lookup_rules, backend, backend_reason, route_note,
     )  # fmt: skip
-    return Built(assemble(loaded, composed, spec), plan, loaded, composed)
+    return Built(router or engine, plan, loaded, composed)
+
+
+def _other_backend(options: dict[str, _Option], chosen: str) -> str | None:
+    """The candidate with the most expected tokens/s on the backend `chosen` is not on (None: one backend)."""
+    others = [c for c in options if _split(c)[0] != _split(chosen)[0]]
+    return max(others, key=lambda c: options[c].composed.expected) if others else None
+
+
+def route_between(spec: EngineSpec, options: dict, chosen: str, other: str | None, engine: Engine):
+    """(a Router over `chosen`'s engine and `other`'s, or None; the plan's route line). No route without a
+    second backend measured, or when the two tokenize differently (a user GGUF's own vocabulary)."""
+    if other is None:
+        return None, ""
+    first, second = options[chosen], options[other]
+    if not same_tokenizer(first.loaded.tokenizer, second.loaded.tokenizer):
+        why = f"{_split(other)[0]} tokenizes differently, so every request runs on {_split(chosen)[0]}"
+        return None, f"none: {why}"
+    engines = (engine, assemble(second.loaded, second.composed, spec))
+    lanes = [
+        Lane(_split(c)[0], e, _prefill(o), o.composed.expected)
+        for c, o, e in zip((chosen, other), (first, second), engines, strict=True)
+    ]
+    router = Router(*lanes)
+    return router, router.describe()
+
+
+def _prefill(option: _Option):
+    """The prefill cost of `option`'s engine (measured once and cached): with its heads when it drafts."""
+    heads = option.loaded.heads if option.composed.uses_heads else None
+    return prefill_for(option.loaded.model, heads)
+
+
+def same_tokenizer(a, b) -> bool:
+    """Whether two tokenizers give the same ids for every text and chat: one vocabulary, one template."""
+    if a is b:
+        return True
+    try:
+        return (
+            a.get_vocab() == b.get_vocab()
+            and getattr(a, "chat_template", None) == getattr(b, "chat_template", None)
+            and a.all_special_ids == b.all_special_ids
+        )
+    except AttributeError:
+        return False
 
 
 def _why(spec: EngineSpec, backend: str, candidates: int, cached: str | None, speeds: dict[str, float]):
@@ -600,6 +670,12 @@ def _room_for_another(model, cand: str) -> bool:
 
 
 # ---- the cached dtype choice ------------------------------------------------------------------------------
+
+
+def _route_key(choice_key: str | None) -> str | None:
+    """Where the route's second candidate is cached beside the choice (absent in a cache from before routing:
+    then every candidate is loaded again, on its cached curve, to find it)."""
+    return None if choice_key is None else f"route:{choice_key}"
 
 
 def _choices_path():

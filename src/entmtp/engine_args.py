@@ -11,6 +11,7 @@ from dataclasses import replace
 from .accept import GenerationOptions
 from .build import EngineSpec, build
 from .model import DTYPES
+from .routing import Router
 from .settings import add_arguments, from_args
 
 # what a command that loads the model itself takes (bench, calibrate, step-costs): a named dtype, no policy
@@ -49,12 +50,15 @@ def generation_options(args: argparse.Namespace) -> GenerationOptions:
     return from_args(GenerationOptions, args)
 
 
-def engine_from_args(args: argparse.Namespace, **overrides):
+def engine_from_args(args: argparse.Namespace, *, route: bool = True, **overrides):
     """The engine that `generate`, `chat` and `serve` share (build.py); `-v` prints the plan behind it.
-    `overrides`: `EngineSpec` fields the command sets itself."""
-    built = build(replace(engine_spec(args), **overrides))
+    `route`: requests routed between backends by prompt length where both were measured (routing.py; a
+    server batches on one engine: False). `overrides`: `EngineSpec` fields the command sets itself."""
+    built = build(replace(engine_spec(args), **overrides), route=route)
     if getattr(args, "verbose", False):
         print(built.plan.describe(), file=sys.stderr)
+        if isinstance(built.engine, Router):  # each request's lane too
+            built.engine.log = lambda msg: print(f"entmtp: {msg}", file=sys.stderr, flush=True)
     return built.engine
 
 

@@ -11,6 +11,7 @@ from rich.progress import Progress
 
 from .. import metrics
 from ..engine import Engine
+from ..routing import Router
 from .engines import Methods
 from .plan import Plan
 
@@ -83,7 +84,8 @@ def _one_prompt(
     sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     plain = None
     for name, engine in engines.items():
-        rule = {"acceptance": args.acceptance} if isinstance(engine, Engine) else {}  # a peer samples plainly
+        ours = isinstance(engine, (Engine, Router))
+        rule = {"acceptance": args.acceptance} if ours else {}  # a peer samples plainly
         r = engine.generate(ids, seed=args.seed + i, **sampling, **rule)
         rec = record(i, r)
         if args.temperature > 0:  # how likely the base model finds the sampled continuation

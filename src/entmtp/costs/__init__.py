@@ -18,6 +18,7 @@ The rooms:
                 cached beside the curve: the replays charge it (calibration/replay.py)
   corrector.py  `CostCorrector`: rewrites a cached curve's point when generations' steps disagree with it
   fill.py       the sizes a probe had no time for, filled in from the ones it measured
+  prefill.py    `PrefillCost`: a prompt's prefill by its length (`prefill_for`), what routing.py reads
 """
 
 from .cache import (
@@ -45,6 +46,7 @@ from .curves import (
     priced_ms,
 )
 from .measured import BATCHES, SIZES, costs_for, measure, measure_surface, surface_for
+from .prefill import PrefillCost, measure_prefill, prefill_for
 from .probe import Probe, synthetic_tree
 
 __all__ = [
@@ -60,6 +62,7 @@ __all__ = [
     "CostSurface",
     "CostsError",
     "LatencyModel",
+    "PrefillCost",
     "Probe",
     "choice_for",
     "cost_key",
@@ -70,7 +73,9 @@ __all__ = [
     "load_surface",
     "measure",
     "measure_choice",
+    "measure_prefill",
     "measure_surface",
+    "prefill_for",
     "priced_ms",
     "probing_disabled",
     "save_curve",

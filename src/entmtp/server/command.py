@@ -127,8 +127,8 @@ def run_serve(args) -> int:
 
     batched = args.max_batch > 1
     thread = TorchThread()  # every torch call of the server on one thread (thread.py says why)
-    # a batch steps eagerly (batch.py)
-    engine = thread.call(engine_from_args, args, graphs=not args.no_graphs and not batched)
+    # a batch steps eagerly (batch.py); batching steps one engine, so no routing by prompt length (routing.py)
+    engine = thread.call(engine_from_args, args, route=False, graphs=not args.no_graphs and not batched)
     name = args.model_name or args.model or "smollm2-135m-instruct"
     if batched and not args.no_graphs and engine.base.device.type == "cuda":
         print(

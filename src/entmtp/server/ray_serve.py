@@ -56,7 +56,8 @@ def _build_engine(config: RayServeConfig):
     from ..build import build
 
     spec = config.spec
-    built = build(replace(spec, threads=config.threads, graphs=spec.graphs and config.max_batch == 1))
+    spec = replace(spec, threads=config.threads, graphs=spec.graphs and config.max_batch == 1)
+    built = build(spec, route=False)  # one engine: batches step it (routing.py routes `generate`'s)
     for line in built.plan.describe().splitlines():
         log.info("engine plan: %s", line)
     return built.engine

@@ -1,0 +1,198 @@
+"""Routing by prompt length (routing.py, costs/prefill.py, build.py): each request runs on the backend with the
+least expected time, prefill(prompt tokens) + new tokens / expected decode tokens/s; a routed request's output
+is the chosen engine's own; `build` routes only where it measured both backends and they tokenize alike, says
+the rule in the plan, and keeps the route with its cached choice."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import ByteTokenizer, tiny_model
+from entmtp import build as build_mod
+from entmtp.accept import ACCEPTANCE
+from entmtp.costs import PrefillCost
+from entmtp.costs.cache import costs_dir
+from entmtp.costs.prefill import load_prefill
+from entmtp.engine import Engine
+from entmtp.errors import EntMTPError
+from entmtp.policy import StaticPolicy
+from entmtp.routing import Lane, Router
+from entmtp.tree import Tree
+
+# this EPYC's shape: llama.cpp decodes fast and prefills slowly, transformers the other way round
+LLAMA_PREFILL = PrefillCost((128, 512, 2048), (4.1 * 128 + 5, 4.1 * 512 + 5, 4.1 * 2048 + 5), source="test")
+TORCH_PREFILL = PrefillCost(
+    (128, 512, 2048), (0.9 * 128 + 20, 0.9 * 512 + 20, 0.9 * 2048 + 20), source="test"
+)
+
+
+class _FakeEngine:
+    """Stands for an engine where only the decision is tested: a tokenizer and the embedded model's window."""
+
+    window = 8192
+
+    def __init__(self, tokenizer="tok"):
+        self.tokenizer = tokenizer
+
+
+def _router(first_engine=None, second_engine=None, first_tps=95.0, second_tps=37.0) -> Router:
+    first, second = first_engine or _FakeEngine(), second_engine or _FakeEngine()
+    return Router(
+        Lane("llama-cpp", first, LLAMA_PREFILL, first_tps),
+        Lane("transformers", second, TORCH_PREFILL, second_tps),
+    )
+
+
+def test_the_prefill_fit_is_a_line_through_the_measured_points():
+    assert LLAMA_PREFILL.fit == pytest.approx((5.0, 4.1))
+    assert LLAMA_PREFILL(1000) == pytest.approx(4105.0)
+    one = PrefillCost((100,), (50.0,))
+    assert one.fit == (0.0, 0.5)  # one point: through the origin
+    negative = PrefillCost((100, 200), (10.0, 40.0))  # a line that would cost less than nothing at 0 tokens
+    assert negative.fit[0] == 0.0 and negative(0) == 0.0 and negative(200) > 0
+    assert PrefillCost.from_json(json.loads(json.dumps(LLAMA_PREFILL.to_json()))) == LLAMA_PREFILL
+    with pytest.raises(EntMTPError, match="a time per prompt length"):
+        PrefillCost((), ())
+
+
+def test_a_long_prompt_goes_to_the_fast_prefill_and_a_short_one_to_the_fast_decode():
+    router = _router()
+    llama, torch_lane = router.lanes
+    assert router.lane_for(20, 256) is llama
+    assert router.lane_for(3000, 256) is torch_lane
+    n = router.threshold(256)
+    # 5 + 4.1 n + 256000/95 = 20 + 0.9 n + 256000/37, so n = (15 + 256000/37 - 256000/95) / 3.2
+    assert n == int((15 + 256000 / 37 - 256000 / 95) / 3.2) + 1
+    assert router.lane_for(n - 1, 256) is llama and router.lane_for(n, 256) is torch_lane
+    assert router.threshold(1024) > n  # more new tokens: the fast decode is worth a longer prefill
+    assert (
+        f"prompts of >= {n} tokens to transformers, shorter to llama-cpp (at 256 new tokens"
+        in router.describe()
+    )
+    assert "prefill 4.10 vs 0.90 ms/token, decode 95.0 vs 37.0 tokens/s" in router.describe()
+
+
+def test_a_lane_that_wins_both_ways_takes_every_request():
+    assert _router(first_tps=20.0).threshold(256) == 0  # slower decode and slower prefill: always the second
+    fast_prefill = Router(
+        Lane("a", _FakeEngine(), TORCH_PREFILL, 95.0), Lane("b", _FakeEngine(), LLAMA_PREFILL, 37.0)
+    )
+    assert fast_prefill.threshold(256) is None and "every prompt to a" in fast_prefill.describe()
+
+
+def test_a_routed_request_gives_the_chosen_engines_own_output():
+    first, second = Engine(tiny_model(seed=0), ByteTokenizer()), Engine(tiny_model(seed=1), ByteTokenizer())
+    router = _router(first, second)
+    short, long = list(range(5, 25)), [i % 200 + 5 for i in range(router.threshold(8) + 10)]
+    alone = {
+        (e, len(ids)): e.generate(ids, max_new_tokens=8).token_ids
+        for e in (first, second)
+        for ids in (short, long)
+    }
+    assert alone[first, len(short)] != alone[second, len(short)]  # the two engines differ
+    assert router.generate(short, max_new_tokens=8).token_ids == alone[first, len(short)]
+    said = []
+    router.log = said.append  # `-v`: each request's lane and why
+    streamed = [e.token_ids for e in router.stream(long, max_new_tokens=8)]  # stream routes as generate does
+    assert said and said[0].startswith(
+        f"routed to transformers: {len(long)} prompt tokens, 8 new (expected llama"
+    )
+    assert sum(streamed, []) == alone[second, len(long)] != alone[first, len(long)]
+
+
+def test_a_router_needs_each_lanes_decode_speed():
+    with pytest.raises(EntMTPError, match="no expected decode speed"):
+        _router(first_tps=0.0)
+
+
+# ---- build: where routing applies -------------------------------------------------------------------------
+
+SPEEDS = {"transformers/bfloat16": 40.0, "transformers/float32": 30.0, "llama-cpp/bfloat16": 90.0}
+
+
+@pytest.fixture
+def fake_build(monkeypatch, tmp_path):
+    """`build` over fake candidates (SPEEDS): what it loads, by candidate; tokenizers by backend."""
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
+    monkeypatch.delenv("ENTMTP_NO_PROBE", raising=False)
+    loaded, tokenizers = [], {"transformers": "tok", "llama-cpp": "tok"}
+
+    def fake_load(loader, spec, cand, budget, max_batch, log):
+        loaded.append(cand)
+        tok = tokenizers[cand.split("/")[0]]
+        model = build_mod.Loaded(spec, object(), tok, None, "none", None)
+        policies = dict.fromkeys(ACCEPTANCE, StaticPolicy(Tree.root_only()))
+        return build_mod._Option(
+            model, build_mod.Composed(policies, "greedy", "plain", "test", SPEEDS[cand], {}, (), False)
+        )
+
+    prefill = {90.0: LLAMA_PREFILL, 40.0: TORCH_PREFILL}
+    monkeypatch.setattr(build_mod, "_load", fake_load)
+    monkeypatch.setattr(build_mod, "_candidates", lambda spec, probe: list(SPEEDS))
+    monkeypatch.setattr(build_mod, "_room_for_another", lambda model, cand: True)
+    monkeypatch.setattr(build_mod, "assemble", lambda loaded, composed, spec: _FakeEngine(loaded.tokenizer))
+    monkeypatch.setattr(build_mod, "_prefill", lambda option: prefill[option.composed.expected])
+    return loaded, tokenizers
+
+
+def test_auto_routes_between_the_fastest_candidate_and_the_other_backends_best(fake_build):
+    loaded, _ = fake_build
+    built = build_mod.build(build_mod.EngineSpec(), log=lambda m: None)
+    assert isinstance(built.engine, Router)
+    assert [(lane.backend, lane.tokens_per_second) for lane in built.engine.lanes] == [
+        ("llama-cpp", 90.0),
+        ("transformers", 40.0),
+    ]
+    assert built.plan.backend == "llama-cpp"
+    assert (
+        "route: prompts of >= " in built.plan.describe() and "tokens to transformers" in built.plan.describe()
+    )
+    loaded.clear()
+    again = build_mod.build(build_mod.EngineSpec(), log=lambda m: None)  # cached: the two lanes, no third
+    assert loaded == ["llama-cpp/bfloat16", "transformers/bfloat16"]
+    assert isinstance(again.engine, Router) and again.plan.route == built.plan.route
+
+
+def test_a_choice_cached_before_routing_is_measured_again_to_find_the_route(fake_build):
+    loaded, _ = fake_build
+    build_mod.build(build_mod.EngineSpec(), log=lambda m: None)
+    path = costs_dir() / "dtype-choices.json"
+    choices = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("route:")}
+    path.write_text(json.dumps(choices))  # an older cache: the choice alone
+    loaded.clear()
+    built = build_mod.build(build_mod.EngineSpec(), log=lambda m: None)
+    assert loaded == list(SPEEDS) and isinstance(built.engine, Router)
+
+
+def test_no_route_when_asked_for_one_engine_or_the_backends_tokenize_differently(fake_build):
+    _, tokenizers = fake_build
+    one = build_mod.build(build_mod.EngineSpec(), log=lambda m: None, route=False)
+    assert isinstance(one.engine, _FakeEngine) and one.plan.route.startswith(
+        "off: every request on llama-cpp"
+    )
+    tokenizers["llama-cpp"] = "another"
+    (costs_dir() / "dtype-choices.json").unlink()
+    other = build_mod.build(build_mod.EngineSpec(), log=lambda m: None)
+    assert isinstance(other.engine, _FakeEngine)
+    assert other.plan.route == "none: transformers tokenizes differently, so every request runs on llama-cpp"
+
+
+def test_a_named_backend_is_never_routed(fake_build, monkeypatch):
+    monkeypatch.setattr(build_mod, "_candidates", lambda spec, probe: ["transformers/bfloat16"])
+    built = build_mod.build(build_mod.EngineSpec(backend="transformers"), log=lambda m: None)
+    assert isinstance(built.engine, _FakeEngine) and built.plan.route == ""
+    assert "route:" not in built.plan.describe()
+
+
+def test_prefill_costs_are_measured_at_each_length_once_and_cached_beside_the_curve(monkeypatch, tmp_path):
+    from entmtp.costs import prefill_for
+
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
+    model = tiny_model()  # a window of 512 tokens: the longest length is cut to fit
+    first = prefill_for(model, None, progress=False)
+    assert first.lengths == (64, 256, 510) and all(ms > 0 for ms in first.ms)
+    files = list((tmp_path / "costs").glob("*.json"))
+    assert len(files) == 1 and load_prefill(files[0]) == first and first.key["prefill"] == [1]
+    assert prefill_for(model, None, progress=False) == first  # read, not measured again
