@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -133,6 +134,57 @@ def test_lookup_nodes_and_batch_rows_equal_plain(f32, plain):
     batched = generate_batch(engine, PROMPTS, max_new_tokens=N)
     assert [r.token_ids for r in batched] == [plain[p] for p in PROMPTS]
     assert free_seqs_are_all_back(model)
+
+
+def spy_embeddings(monkeypatch, runtime) -> list[bool]:
+    """The `embeddings` argument of every llama.cpp decode `runtime` runs from now on."""
+    seen, decode = [], runtime.decode
+
+    def spy(tokens, positions, seqs, outputs, embeddings=True):
+        seen.append(embeddings)
+        return decode(tokens, positions, seqs, outputs, embeddings)
+
+    monkeypatch.setattr(runtime, "decode", spy)
+    return seen
+
+
+def test_without_heads_no_decode_asks_for_hidden_states(f32, plain, monkeypatch):
+    """Plain and lookup-only decoding read no hidden states: llama.cpp's embeddings stay off for the prefill
+    and every step (also in the cost probe's steps without heads), and the tokens are plain greedy's."""
+    from entmtp.costs.probe import Probe
+
+    model, tok = f32
+    seen = spy_embeddings(monkeypatch, model.runtime)
+    lookup = Engine(model, tok, heads=None, tree=hybrid(None, Lookup()))
+    for p in PROMPTS:
+        result = lookup.generate(p, max_new_tokens=N)
+        assert result.token_ids == plain[p]
+    assert sum(s.lookup_accepted for s in result.steps) > 0  # multi-token lookup decodes ran
+    probe = Probe(model, None, sizes=(0, 4))
+    row = probe.row(64, probe.room(4))
+    probe.step(row, 4), probe.step(row, 0)
+    assert seen and not any(seen)
+    assert not model.runtime.embeddings
+    row[0].cache.release()
+
+
+def test_logits_are_the_same_bits_with_hidden_states_on_or_off(f32):
+    """What the heads' hidden states cost is their copy, not different numbers: a tree's logits with
+    llama.cpp's embeddings on equal those with them off, bit for bit (F32 GGUF)."""
+    rt = f32[0].runtime
+    seq = rt.take_seq()
+    try:
+        rt.decode(list(range(100, 164)), list(range(64)), [[seq]] * 64, [False] * 63 + [True], False)
+        tokens, positions = [5, 17, 42, 9, 300, 7], list(range(64, 70))
+        out = {}
+        for emb in (True, False, True):
+            logits, hidden = rt.decode(tokens, positions, [[seq]] * 6, [True] * 6, embeddings=emb)
+            out.setdefault(emb, []).append(logits)
+            assert hidden.shape == ((6, rt.n_embd) if emb else (0, rt.n_embd))
+            rt.seq_rm(seq, 64)
+        assert np.array_equal(out[True][0], out[False][0]) and np.array_equal(out[True][0], out[True][1])
+    finally:
+        rt.give_seq(seq)
 
 
 def test_seeded_gumbel_sampling_writes_plain_samplings_tokens(f32):

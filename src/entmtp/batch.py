@@ -30,6 +30,7 @@ float32, so two tokens whose logits are that close may swap). `generate_batch(en
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import time
 from collections import deque
@@ -284,7 +285,8 @@ class Batch:
         if len(rows) > 1:
             tokens, trees = [pending[r.id].tokens for r in rows], [pending[r.id].tree for r in rows]
             try:
-                fwds = self.engine.base.forward_batch(tokens, trees, self.kv)
+                hidden = any(r.state.reads_hidden for r in rows)
+                fwds = self.engine.base.forward_batch(tokens, trees, self.kv, hidden=hidden)
                 return {r.id: f for r, f in zip(rows, fwds, strict=True)}
             except Exception:  # noqa: BLE001 - whose? each row's own forward says
                 pass
@@ -293,7 +295,8 @@ class Batch:
 
     def _own_forward(self, row: Row, p: Pending):
         """`row`'s tree verified by a forward of its own, as engine.decode does (None: it failed)."""
-        return self._own(row, self.engine.base.forward, p.tokens, p.tree, row.state.cache)
+        forward = functools.partial(self.engine.base.forward, hidden=row.state.reads_hidden)
+        return self._own(row, forward, p.tokens, p.tree, row.state.cache)
 
     def _own(self, row: Row, fn, *args):
         """`fn(*args)`, a part of the step that is `row`'s alone; None when it fails (the row is then in

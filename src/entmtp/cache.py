@@ -304,11 +304,13 @@ class BaseModel:
         cache: KVCache | DynamicKV,
         *,
         logits_to_keep: int = 0,
+        hidden: bool = True,
     ) -> Forward:
         """Tokens at positions cache.length + depth, each attending to the committed prefix and to its own
         ancestors in the tree; their keys and values go into the cache's scratch slots (`commit` keeps the
         accepted ones). `logits_to_keep` > 0: logits of the last that many tokens only (a prefill needs the
-        last one's: the LM head over every prompt position is up to a fifth of a long prompt's work)."""
+        last one's: the LM head over every prompt position is up to a fifth of a long prompt's work).
+        `hidden` (the Base protocol's): the hidden states come with the logits either way here."""
         n, past, dev = tokens.numel(), cache.length, tokens.device
         depths = torch.arange(n) if tree is None else tree.depths  # [n]
         positions = (past + depths).to(dev)
@@ -350,7 +352,9 @@ class BaseModel:
         keep = last[-logits_to_keep:] if logits_to_keep > 0 else last
         return Forward(logits=self.lm_head(keep), hidden=hidden)
 
-    def forward_batch(self, tokens: list[torch.Tensor], trees: list[Tree], batch: BatchKV) -> list[Forward]:
+    def forward_batch(
+        self, tokens: list[torch.Tensor], trees: list[Tree], batch: BatchKV, *, hidden: bool = True
+    ) -> list[Forward]:
         """Verify row b's `tokens[b]` [n_b] as `trees[b]` over `batch.rows[b]`, every row in ONE forward: rows
         padded to the largest tree (padding tokens attend only to themselves and are never committed), row b
         at positions rows[b].length + depth, attending to its own prefix and its tree's ancestors. Forward b

@@ -265,6 +265,13 @@ class DecodeState:
     root_logits: torch.Tensor | None = None  # [V] the distribution `root` was drawn from
     steps: int = 0  # steps verified so far
 
+    @property
+    def reads_hidden(self) -> bool:
+        """Whether this generation's forwards must return the base model's hidden states: only for heads that
+        draft from them (a drafter can say it reads none: the probe's random drafts). Without, a backend that
+        can skip them (llama.cpp) computes and copies none."""
+        return self.drafter is not None and getattr(self.drafter, "reads_hidden", True)
+
     def result(self, steps: list[Step], seconds: float, prefill_seconds: float, reason: str) -> Result:
         return Result(
             self.text.final_text(),
@@ -290,7 +297,7 @@ def decode(engine: Engine, state: DecodeState) -> Iterator[TokenEvent]:
         #     the replay of the graph captured for this tree size; batch.py verifies many rows at once)
         fwd = state.graphs.forward(step.tokens, step.tree) if state.graphs is not None else None
         if fwd is None:
-            fwd = engine.base.forward(step.tokens, step.tree, state.cache)
+            fwd = engine.base.forward(step.tokens, step.tree, state.cache, hidden=state.reads_hidden)
         step.times["verify"] = step.clock.lap()
         event = conclude(engine, state, step, fwd)  # (4) accept, (5) commit, (6) finish the step
         state.policy.observe(event.step)  # ... and the policy observes it
@@ -316,9 +323,9 @@ def prefill_chunk(engine: Engine, state: DecodeState) -> TokenEvent | None:
     start = cache.length
     end = min(len(state.prompt), start + PREFILL_CHUNK)
     chunk = torch.tensor(state.prompt[start:end], device=base.device)  # [end - start]
-    fwd = base.forward(chunk, None, cache, logits_to_keep=1)  # logits [1, V]: the last position only
+    fwd = base.forward(chunk, None, cache, logits_to_keep=1, hidden=state.reads_hidden)  # logits [1, V]
     base.commit(cache, list(range(end - start)))
-    if state.drafter is not None:
+    if state.reads_hidden:
         state.drafter.extend(fwd.hidden)  # [end - start, H]
     if end < len(state.prompt):
         return None
@@ -412,14 +419,20 @@ def conclude(engine: Engine, state: DecodeState, step: Pending, fwd) -> TokenEve
     # (5) commit: keep the accepted path in the KV cache and feed its hidden states to the heads
     engine.base.commit(state.cache, acc.path)
     path = torch.tensor(acc.path, device=tokens.device)
-    if state.drafter is not None:
+    if state.reads_hidden:
         state.drafter.extend(fwd.hidden[path])  # [a, H]
     new = tokens[path[1:]].tolist() + [acc.bonus]
     if state.index is not None:
         state.index.extend(new)
     times["commit"] = clock.lap()
     # (6) finish the step (cut at max tokens, EOS or a stop string)
-    state.root, state.root_logits = acc.bonus, fwd.logits[acc.path[-1]].clone()  # a graph's output is reused
+    root_logits = fwd.logits[acc.path[-1]]  # [V]
+    # a graph's output is reused by its next replay: keep a copy (an eager forward's logits are the step's own,
+    # and a clone of 49k floats is one of the costliest things in a llama.cpp plain step, ~0.1 ms or more)
+    state.root, state.root_logits = (
+        acc.bonus,
+        root_logits.clone() if state.graphs is not None else root_logits,
+    )
     times["total"] = clock.total()
     rows = fwd.logits[path] if state.logprobs is not None else None  # [len(new), V] when asked for
     event = _emit(engine, state, (tree, tokens, acc, times, step.signals), new, rows)

@@ -37,14 +37,21 @@ class Base(Protocol):
         """A generation's cache; `private`: one whose numbers no other generation's cache can move (a seeded
         sampled batch row's, which must repeat whatever its batch-mates)."""
 
-    def forward(self, tokens: torch.Tensor, tree: Tree | None, cache, *, logits_to_keep: int = 0): ...
+    def forward(
+        self, tokens: torch.Tensor, tree: Tree | None, cache, *, logits_to_keep: int = 0, hidden: bool = True
+    ):
+        """Logits (and, with `hidden`, the hidden states the heads read) of `tokens` as `tree` over `cache`.
+        `hidden` False: the caller reads no hidden states, and a backend may return none (llama.cpp then
+        keeps its embeddings off)."""
 
     def commit(self, cache, path: list[int]) -> None: ...
 
     def new_batch(self, rows: int | None = None):
         """A continuous batch's caches for up to `rows` generations at once (None: not known)."""
 
-    def forward_batch(self, tokens: list[torch.Tensor], trees: list[Tree], batch) -> list: ...
+    def forward_batch(
+        self, tokens: list[torch.Tensor], trees: list[Tree], batch, *, hidden: bool = True
+    ) -> list: ...
 
 
 def base_for(model, hidden_state_offset: int = 0, kv: str = "auto", *, full_hidden: bool = True) -> Base:

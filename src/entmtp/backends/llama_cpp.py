@@ -162,8 +162,8 @@ def write_f32_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> 
 
 
 class Runtime:
-    """A llama.cpp model and context (embeddings on: every output row also returns its hidden state), a
-    reusable batch, and the pool of sequence ids."""
+    """A llama.cpp model and context (embeddings on while a decode asks for hidden states: every output row
+    then also returns its hidden state), a reusable batch, and the pool of sequence ids."""
 
     def __init__(
         self,
@@ -207,17 +207,17 @@ class Runtime:
         self.n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self.model))
         self.n_embd = lib.llama_model_n_embd(self.model)
         self.batch = lib.llama_batch_init(N_BATCH, 0, MAX_SEQ)
-        self._seq_rows = [None] * N_BATCH  # numpy views of batch.seq_id[i], made on first use
+        self._views = _BatchViews(self.batch)
         self.free_seqs = list(range(MAX_SEQ - 1, -1, -1))  # pop() hands out 0 first
         self.reserved = 0  # KV cells promised to the live generations (`reserve`)
-        self.embeddings = True  # the context's setting: with it on, llama.cpp outputs every token
+        self.embeddings = False  # the context's setting: with it on, llama.cpp outputs every token
         self._finalizer = weakref.finalize(self, _free, lib, self.ctx, owned, self.batch)
 
     def _params(self, n_ctx: int):
         lib, cp = self.lib, self.lib.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, N_BATCH, N_BATCH, MAX_SEQ
         cp.n_threads = cp.n_threads_batch = self.threads
-        cp.embeddings, cp.kv_unified = True, True
+        cp.embeddings, cp.kv_unified = False, True  # on for the decodes that ask for hidden states
         cp.pooling_type = lib.LLAMA_POOLING_TYPE_UNSPECIFIED  # a causal LM's: none (one state per token)
         cp.type_k = cp.type_v = KV_TYPES[self.kv_type]
         return cp
@@ -237,7 +237,7 @@ class Runtime:
         self._finalizer.detach()
         lib.llama_free(self.ctx)
         self.ctx, self.mem, self.n_ctx = ctx, lib.llama_get_memory(ctx), lib.llama_n_ctx(ctx)
-        self.embeddings = True  # the new context's setting
+        self.embeddings = False  # the new context's setting
         self._finalizer = weakref.finalize(self, _free, lib, self.ctx, self._owned, self.batch)
         return True
 
@@ -289,7 +289,8 @@ class Runtime:
     ) -> tuple[np.ndarray, np.ndarray]:
         """One llama_decode of at most N_BATCH tokens: (logits [k, V], hidden [k, H]) of the k output rows, in
         batch order, copied out of llama.cpp's buffers (the next decode reuses them). With `embeddings` (the
-        hidden states) llama.cpp makes every token an output row; without, `hidden` is empty."""
+        hidden states) llama.cpp makes every token an output row; without, `hidden` is empty. The context's
+        embeddings setting follows `embeddings` (switched only when it changes)."""
         if embeddings != self.embeddings:
             self.lib.llama_set_embeddings(self.ctx, embeddings)
             self.embeddings = embeddings
@@ -297,26 +298,45 @@ class Runtime:
             outputs = [True] * len(tokens)
         b, n = self.batch, len(tokens)
         b.n_tokens = n
-        for i in range(n):
-            b.token[i], b.pos[i], b.logits[i] = tokens[i], positions[i], outputs[i]
-            ids = seqs[i]
-            b.n_seq_id[i] = len(ids)
-            row = self._seq_rows[i]
-            if row is None:
-                row = self._seq_rows[i] = np.ctypeslib.as_array(b.seq_id[i], shape=(MAX_SEQ,))
-            row[: len(ids)] = ids
+        self._views.fill(tokens, positions, seqs, outputs)
         rc = self.lib.llama_decode(self.ctx, b)
         if rc != 0:
             raise LlamaCppError(
                 f"llama_decode failed ({rc}{': no room in the KV cache' if rc == 1 else ''}) for {n} tokens "
                 f"in a context of {self.n_ctx}: fewer or shorter requests, or a larger n_ctx"
             )
-        k = sum(map(bool, outputs))
+        k = int(self._views.logits[:n].sum())  # output rows
         logits = np.ctypeslib.as_array(self.lib.llama_get_logits(self.ctx), shape=(k, self.n_vocab)).copy()
         if not embeddings:
             return logits, np.zeros((0, self.n_embd), dtype=np.float32)
         hidden = np.ctypeslib.as_array(self.lib.llama_get_embeddings(self.ctx), shape=(k, self.n_embd)).copy()
         return logits, hidden
+
+
+class _BatchViews:
+    """numpy views of a llama_batch's arrays (made once), so filling a batch of n tokens costs a few array
+    writes instead of 4n ctypes item writes; a token's sequence ids go into its row of `seq_id`."""
+
+    def __init__(self, batch):
+        def view(ptr, dtype):
+            return np.ctypeslib.as_array(ptr, shape=(N_BATCH,)).view(dtype)
+
+        self.token, self.pos = view(batch.token, np.int32), view(batch.pos, np.int32)
+        self.n_seq_id, self.logits = view(batch.n_seq_id, np.int32), view(batch.logits, np.int8)
+        self.seq_id = [np.ctypeslib.as_array(batch.seq_id[i], shape=(MAX_SEQ,)) for i in range(N_BATCH)]
+
+    def fill(self, tokens: list[int], positions: list[int], seqs: list[list[int]], outputs: list[bool]):
+        n = len(tokens)
+        self.token[:n], self.pos[:n], self.logits[:n] = tokens, positions, outputs
+        first = seqs[0]
+        if all(s is first for s in seqs):  # a chain: every token in the same sequences (one list, shared)
+            self.n_seq_id[:n] = len(first)
+            for i in range(n):
+                self.seq_id[i][: len(first)] = first
+            return
+        for i, ids in enumerate(seqs):
+            self.n_seq_id[i] = len(ids)
+            self.seq_id[i][: len(ids)] = ids
 
 
 def _free(lib, ctx, model, batch) -> None:
@@ -559,40 +579,49 @@ class LlamaCppBase:
         return LlamaBatch(self.runtime)
 
     def forward(
-        self, tokens: torch.Tensor, tree: Tree | None, cache: LlamaSeq, *, logits_to_keep: int = 0
+        self,
+        tokens: torch.Tensor,
+        tree: Tree | None,
+        cache: LlamaSeq,
+        *,
+        logits_to_keep: int = 0,
+        hidden: bool = True,
     ) -> Forward:
         """Tokens at positions cache.length + depth over `cache` (see the module docstring); a prefill (`tree`
-        None) runs in chunks of N_BATCH tokens. `logits_to_keep` > 0: the logits of the last that many."""
+        None) runs in chunks of N_BATCH tokens. `logits_to_keep` > 0: the logits of the last that many.
+        `hidden` False: the caller reads no hidden states (no heads), so llama.cpp computes and copies none
+        (its embeddings stay off) and `Forward.hidden` is empty [0, H]."""
         n, past = tokens.numel(), cache.length
         if past + n > cache.capacity:
             raise ValueError(f"{n} tokens after {past} overflow the KV cache of {cache.capacity}")
         toks = tokens.tolist()
         seqs = cache.open_step(tree, n)
         if tree is None:
-            return self._prefill(cache.runtime, toks, past, seqs[0], logits_to_keep)
+            return self._prefill(cache.runtime, toks, past, seqs[0], logits_to_keep, hidden)
         positions = (past + tree.depths).tolist()
-        logits, hidden = cache.runtime.decode(toks, positions, seqs, [True] * n)
-        return self._forward(logits, hidden)
+        logits, states = cache.runtime.decode(toks, positions, seqs, [True] * n, embeddings=hidden)
+        return self._forward(logits, states)
 
     def _prefill(
-        self, runtime: Runtime, toks: list[int], past: int, seq: list[int], logits_to_keep: int
+        self, runtime: Runtime, toks: list[int], past: int, seq: list[int], logits_to_keep: int, hidden: bool
     ) -> Forward:
         """A causal chain into the home sequence, in chunks of N_BATCH. llama.cpp makes every token an output
         row while hidden states are on, so unless the heads read every position (`full_hidden`) all but the
-        last token run with them off (logits of the last `logits_to_keep` only), the last one with them on."""
+        last token run with them off (logits of the last `logits_to_keep` only), the last one with them on;
+        without `hidden` every token runs with them off."""
         n = len(toks)
         keep = logits_to_keep if logits_to_keep > 0 else n
-        plain = 0 if self.full_hidden else n - 1  # tokens decoded without hidden states
-        logits, hidden = [], []
+        plain = n if not hidden else 0 if self.full_hidden else n - 1  # tokens decoded without hidden states
+        logits, states = [], []
         for start, end, emb in [*_chunks(0, plain, False), *_chunks(plain, n, True)]:
             outputs = [i >= n - keep for i in range(start, end)]
             lg, hd = runtime.decode(
                 toks[start:end], list(range(past + start, past + end)), [seq] * (end - start), outputs, emb
             )
             logits.append(lg)
-            hidden.append(hd)
-        fwd = self._forward(np.concatenate(logits)[-keep:], np.concatenate(hidden))
-        if plain:  # rows the heads never read (they read the last hidden state only)
+            states.append(hd)
+        fwd = self._forward(np.concatenate(logits)[-keep:], np.concatenate(states))
+        if plain and hidden:  # rows the heads never read (they read the last hidden state only)
             full = torch.zeros(n, fwd.hidden.shape[1], dtype=fwd.hidden.dtype)
             full[plain:] = fwd.hidden
             fwd = Forward(fwd.logits, full)
@@ -605,9 +634,10 @@ class LlamaCppBase:
         cache.commit(path)
 
     def forward_batch(
-        self, tokens: list[torch.Tensor], trees: list[Tree], batch: LlamaBatch
+        self, tokens: list[torch.Tensor], trees: list[Tree], batch: LlamaBatch, *, hidden: bool = True
     ) -> list[Forward]:
-        """Row b's `tokens[b]` as `trees[b]` over `batch.rows[b]`, every row in ONE llama_decode."""
+        """Row b's `tokens[b]` as `trees[b]` over `batch.rows[b]`, every row in ONE llama_decode; `hidden`:
+        `forward`'s (False: no row reads hidden states)."""
         toks, positions, seqs, sizes = [], [], [], []
         for t, tree, row in zip(tokens, trees, batch.rows, strict=True):
             if row.length + t.numel() > row.capacity:
@@ -622,10 +652,12 @@ class LlamaCppBase:
             raise LlamaCppError(
                 f"a batched step of {len(toks)} tokens exceeds llama.cpp's batch of {N_BATCH}"
             )
-        logits, hidden = self.runtime.decode(toks, positions, seqs, [True] * len(toks))
+        logits, states = self.runtime.decode(toks, positions, seqs, [True] * len(toks), embeddings=hidden)
         out, start = [], 0
         for k in sizes:
-            out.append(self._forward(logits[start : start + k], hidden[start : start + k]))
+            out.append(
+                self._forward(logits[start : start + k], states[start : start + k] if hidden else states)
+            )
             start += k
         return out
 

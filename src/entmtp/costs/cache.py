@@ -22,8 +22,9 @@ from .curves import CostCurve, CostsError, CostSurface
 
 # How the probe times a step, part of every key: a curve measured another way is measured again. 2: the
 # engine's own prepare / forward / conclude under the generation's acceptance rule (1: the probe's own copy of
-# the step, greedy acceptance whatever the rule).
-PROBE = 2
+# the step, greedy acceptance whatever the rule). 3: a step without heads asks the backend for no hidden
+# states (llama.cpp's embeddings off), as the engine's own lookup-only and plain steps now do.
+PROBE = 3
 
 
 def cost_key(model, heads, graphs: bool = False, sampling: Sampling | None = None, sizes=(), **plan) -> dict:

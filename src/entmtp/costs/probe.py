@@ -66,7 +66,10 @@ class _NoText:
 
 class _RandomDrafts:
     """Without heads, what drafts a synthetic tree: random tokens (a lookup-only step's verification costs
-    this much; the lookup index's own drafting is next to free), nothing to read from committed positions."""
+    this much; the lookup index's own drafting is next to free), nothing to read from committed positions:
+    its steps ask the backend for no hidden states, as a lookup-only engine's do."""
+
+    reads_hidden = False
 
     def __init__(self, vocab: int, generator: torch.Generator, device: torch.device):
         self.vocab, self.generator, self.device = vocab, generator, device
@@ -183,9 +186,11 @@ class Probe:
         t0 = now(self.dev)
         pending = [fns.prepare(engine, s) for s in rows]  # (1) (2) each row chooses and drafts
         if b == 1:  # (3) a row alone: its own forward, as a batch verifies it
-            fwds = [engine.base.forward(pending[0].tokens, pending[0].tree, rows[0].cache)]
+            p, s = pending[0], rows[0]
+            fwds = [engine.base.forward(p.tokens, p.tree, s.cache, hidden=s.reads_hidden)]
         else:  # ONE forward for every row's tree
-            fwds = engine.base.forward_batch([p.tokens for p in pending], [p.tree for p in pending], kv)
+            trees, hidden = [p.tree for p in pending], any(s.reads_hidden for s in rows)
+            fwds = engine.base.forward_batch([p.tokens for p in pending], trees, kv, hidden=hidden)
         for s, p, f in zip(rows, pending, fwds, strict=True):
             fns.conclude(engine, s, p, f)  # (4) (5) (6) accept, commit, finish
         ms = 1000 * (now(self.dev) - t0)
