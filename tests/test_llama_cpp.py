@@ -34,7 +34,6 @@ from entmtp.engine import Engine  # noqa: E402
 from entmtp.lookup import Lookup  # noqa: E402
 from entmtp.policy import StaticPolicy, static  # noqa: E402
 from entmtp.scheduler.hybrid import hybrid  # noqa: E402
-from entmtp.tree import load_tree  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -126,7 +125,7 @@ def test_lookup_nodes_and_batch_rows_equal_plain(f32, plain):
 
     model, tok = f32
     heads = resolve_heads("hydra", model)
-    engine = Engine(model, tok, heads=heads, policy=hybrid(load_tree("tree_8"), Lookup()))
+    engine = Engine(model, tok, heads=heads, policy=hybrid(static("tree_8"), Lookup()))
     alone = [engine.generate(p, max_new_tokens=N) for p in PROMPTS]
     assert [r.token_ids for r in alone] == [plain[p] for p in PROMPTS]
     assert sum(s.lookup_accepted for r in alone for s in r.steps) > 0  # copies from the prompt were kept
