@@ -33,6 +33,7 @@ from entmtp.calibration.plots import plot_profile
 from entmtp.calibration.traces import SAMPLED, generate_traces, load_traces, save_traces
 from entmtp.engine import Engine
 from entmtp.model import encode_prompt, load_model
+from entmtp.policy import static
 from entmtp.prompts import CALIB, FOUR_TASKS
 from entmtp.scheduler.profiles import Profile, load_profile, shipped_profiles_dir
 from entmtp.shipped import HEAD_KINDS, resolve_heads
@@ -131,7 +132,7 @@ def _add_sampled(args, model, tokenizer, heads, settings, wanted, progress) -> N
     share of each task's. A typical section of an older entmtp (no union tree) is made again."""
     n = args.sampled_prompts
     share = max(1, n // len(FOUR_TASKS))
-    gen = Engine(model, tokenizer, heads=heads["hydra"], tree="tree_8")
+    gen = Engine(model, tokenizer, heads=heads["hydra"], policy=static("tree_8"))
     outs: dict[tuple[str, str], list[list[int]]] = {}
     for kind, task in wanted:
         path = shipped_profiles_dir(kind) / f"{task}.json"
@@ -179,7 +180,7 @@ def _trace_task(kind, task, model, tokenizer, heads, settings, outputs, traces, 
         return traces[(kind, task)]
     ids = [encode_prompt(tokenizer, p) for p in calibration_prompts(task, CALIB)]
     t0 = time.perf_counter()
-    gen = Engine(model, tokenizer, heads=heads["hydra"], tree="tree_8")
+    gen = Engine(model, tokenizer, heads=heads["hydra"], policy=static("tree_8"))
     cached = OUTPUTS / f"{task}-{settings.max_new_tokens}.json"  # greedy outputs, reused across runs
     if task not in outputs and cached.exists():
         outputs[task] = json.loads(cached.read_text())

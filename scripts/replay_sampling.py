@@ -40,7 +40,7 @@ from entmtp.costs import CostCurve
 from entmtp.engine import Engine
 from entmtp.lookup import Lookup
 from entmtp.model import encode_prompt, load_model
-from entmtp.policy import StaticPolicy
+from entmtp.policy import StaticPolicy, static
 from entmtp.prompts import FOUR_TASKS, TASKS, load_prompts
 from entmtp.scheduler.hybrid import HybridPolicy
 from entmtp.scheduler.profiles import PROFILE_TASKS, resolve_profile
@@ -225,7 +225,7 @@ def _outputs(model, tokenizer, tasks, args, sampling: Sampling | None) -> dict[s
     if sampling is None:
         engine, rule, offset = Engine(model, tokenizer), "sample", 1000
     else:
-        engine = Engine(model, tokenizer, heads=resolve_heads("hydra", model), tree="tree_8")
+        engine = Engine(model, tokenizer, heads=resolve_heads("hydra", model), policy=static("tree_8"))
         rule, offset = sampling.rule, 0
     with Progress(transient=True) as bar:
         job = bar.add_task(f"{name} outputs", total=len(todo) * args.num_prompts)

@@ -27,7 +27,7 @@ from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
 from entmtp.heads import HeadsConfig, random_heads
 from entmtp.lookup import Lookup
-from entmtp.policy import Menu, joint_budget
+from entmtp.policy import Menu, joint_budget, static
 from entmtp.scheduler.hybrid import hybrid
 from entmtp.tree import Tree, load_tree
 
@@ -46,7 +46,7 @@ def engine():
     model = tiny_model("llama", seed=4)
     cfg = HeadsConfig(kind="medusa", num_heads=4, hidden_size=64, vocab_size=256)
     heads = random_heads(cfg, seed=0, init="random")
-    return Engine(model, ByteTokenizer(), heads=heads, tree="tree_8")
+    return Engine(model, ByteTokenizer(), heads=heads, policy=static("tree_8"))
 
 
 def alone(engine, prompt, n=None, **kwargs):
@@ -60,13 +60,19 @@ def plain(engine, prompt, n):
 def test_every_row_of_a_mixed_batch_equals_its_own_plain_decoding(engine):
     """Rows with different prompt lengths, the root alone, a static tree, a deep tree and a lookup hybrid, in
     one batch: each row's tokens are its plain greedy decoding, and each takes the steps it takes alone."""
-    trees = [Tree.root_only(), "tree_8", "mc_sim_7b_63", hybrid("tree_8", Lookup()), hybrid(None, Lookup())]
+    policies = [
+        static(Tree.root_only()),
+        static("tree_8"),
+        static("mc_sim_7b_63"),
+        hybrid(static("tree_8"), Lookup()),
+        hybrid(None, Lookup()),
+    ]
     batch = Batch(
         engine, BatchOptions(gate=False)
     )  # every step as the rows' policies choose (the gate changes steps only)
     results = {}
-    for i, (prompt, tree) in enumerate(zip(PROMPTS, trees, strict=True)):
-        row, _ = batch.add(prompt, tree=tree, max_new_tokens=24 + 4 * i)
+    for i, (prompt, policy) in enumerate(zip(PROMPTS, policies, strict=True)):
+        row, _ = batch.add(prompt, policy=policy, max_new_tokens=24 + 4 * i)
         results[row.id] = i
     done = {}
     sizes = set()
@@ -76,10 +82,10 @@ def test_every_row_of_a_mixed_batch_equals_its_own_plain_decoding(engine):
                 done[results[row.id]] = event.result
         sizes.add(batch.last.rows)
     assert max(sizes) == len(PROMPTS)  # all rows really shared steps
-    for i, (prompt, tree) in enumerate(zip(PROMPTS, trees, strict=True)):
+    for i, (prompt, policy) in enumerate(zip(PROMPTS, policies, strict=True)):
         n = 24 + 4 * i
         assert done[i].token_ids == plain(engine, prompt, n), f"row {i}"
-        solo = Engine(engine.model, ByteTokenizer(), heads=engine.heads, tree=tree).generate(
+        solo = Engine(engine.model, ByteTokenizer(), heads=engine.heads, policy=policy).generate(
             prompt, max_new_tokens=n
         )
         assert [(s.tree, s.token_ids) for s in done[i].steps] == [(s.tree, s.token_ids) for s in solo.steps]
@@ -247,7 +253,9 @@ def test_the_joint_budget_maximizes_the_batchs_tokens_per_ms_of_the_whole_step()
 
 def test_batch_aware_rows_verify_trees_within_the_joint_budget_and_stay_exact(engine):
     steep = CostSurface((1, 8), (0, 64), ((10.0, 12.0), (20.0, 400.0)))
-    spec = Engine(engine.model, ByteTokenizer(), heads=engine.heads, tree=hybrid("tree_8", Lookup()))
+    spec = Engine(
+        engine.model, ByteTokenizer(), heads=engine.heads, policy=hybrid(static("tree_8"), Lookup())
+    )
     batch = Batch(spec, BatchOptions(costs=steep, gate=False))
     for p in PROMPTS:
         batch.add(p, max_new_tokens=24)

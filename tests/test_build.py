@@ -15,7 +15,7 @@ from entmtp.costs import CostCurve
 from entmtp.heads import HeadsConfig, random_heads, save_heads
 from entmtp.lookup import Lookup
 from entmtp.packing import PackedLinear, bf16_supported
-from entmtp.policy import StaticPolicy, as_policy
+from entmtp.policy import StaticPolicy, static
 from entmtp.scheduler.hybrid import HybridPolicy, hybrid
 from entmtp.tree import Tree, load_tree
 
@@ -92,21 +92,27 @@ def test_compose_gives_every_rule_a_policy_and_wraps_each_in_lookup_once():
     assert plain.policy == hybrid(None, Lookup())
 
 
-def test_a_tree_argument_is_made_a_policy_in_one_place():
+def test_a_tree_name_becomes_a_policy_in_one_place():
+    """`static` makes a tree name or a `Tree` the policy verifying it every step; `compose` makes a spec's
+    tree name that policy (no tree, no heads: plain decoding), the one place a user's name becomes a policy;
+    `hybrid` wraps the policy it is given as it is and refuses a name."""
     tree = load_tree("tree_4")
-    assert as_policy("tree_4") == as_policy(tree) == StaticPolicy(tree)
-    assert as_policy(None) == StaticPolicy(Tree.root_only()) and as_policy(None, heads=object()) == as_policy(
-        "tree_8"
+    assert static("tree_4") == static(tree) == StaticPolicy(tree)
+    assert compose(_loaded(), EngineSpec(tree="tree_4")).policy == static(tree)
+    assert compose(_loaded(None), EngineSpec()).policy == static(Tree.root_only())
+    inner = static("tree_4")
+    assert hybrid(inner, Lookup()).inner is inner and hybrid(static(tree), Lookup()) == hybrid(
+        inner, Lookup()
     )
-    policy = hybrid("tree_4", Lookup())
-    assert as_policy(policy) is policy and hybrid(tree, Lookup()) == policy
+    with pytest.raises(TypeError, match=r"hybrid takes a TreePolicy, not the tree 'tree_4'"):
+        hybrid("tree_4", Lookup())
 
 
 def test_policies_are_equal_when_built_from_the_same_settings():
     """Equality by settings (policy.Settings), never by the state of a generation or identity."""
-    a, b = hybrid("tree_4", Lookup(), _curve()), hybrid("tree_4", Lookup(), _curve())
+    a, b = hybrid(static("tree_4"), Lookup(), _curve()), hybrid(static("tree_4"), Lookup(), _curve())
     assert a == b and a.fresh() == b and a is not b
-    assert a != hybrid("tree_4", Lookup(tokens=5), _curve())  # another lookup
-    assert a != hybrid("tree_4", Lookup())  # another curve (CPU_COST)
-    assert a != hybrid("tree_8", Lookup(), _curve())  # another tree
+    assert a != hybrid(static("tree_4"), Lookup(tokens=5), _curve())  # another lookup
+    assert a != hybrid(static("tree_4"), Lookup())  # another curve (CPU_COST)
+    assert a != hybrid(static("tree_8"), Lookup(), _curve())  # another tree
     assert StaticPolicy(load_tree("tree_4")) != a.inner.tree  # a tree is not a policy

@@ -13,6 +13,7 @@ from entmtp.cache import BaseModel, DynamicKV, KVCache, static_mask
 from entmtp.engine import Engine
 from entmtp.graphs import BUCKETS, VerifyGraphs, bucket, kv_bucket
 from entmtp.lookup import Lookup
+from entmtp.policy import static
 from entmtp.scheduler.hybrid import hybrid
 from entmtp.tree import Tree, list_trees, load_tree
 from test_policy_switching import CYCLE, CyclingPolicy
@@ -21,11 +22,16 @@ SHIPPED = sorted(list_trees())
 IDS = [5, 17, 99, 3, 250, 7, 7, 64]
 
 
-def generate(model, ids, n, mode, heads=None, tree=None, **kw):
+def generate(model, ids, n, mode, heads=None, policy=None, **kw):
     """Greedy output on one of the three paths: 'dynamic' (DynamicCache), 'kv' (preallocated, views),
     'static' (preallocated, full-capacity static shapes padded to graph buckets, run eagerly)."""
     engine = Engine(
-        model, ByteTokenizer(), heads=heads, tree=tree, kv="dynamic" if mode == "dynamic" else "auto", **kw
+        model,
+        ByteTokenizer(),
+        heads=heads,
+        policy=policy,
+        kv="dynamic" if mode == "dynamic" else "auto",
+        **kw,
     )
     if mode == "static":
         engine.graphs = VerifyGraphs(engine.base, capture=False)
@@ -42,7 +48,7 @@ def test_every_shipped_tree_identical_on_all_cache_paths(arch, tree):
     # rank 1 holds the truth half the time: side branches, so non-contiguous commits (chains: rank 0)
     heads = OracleHeads(IDS + ref, rank_mod=min(2, t.topk), wrong_every=5)
     for mode in ("dynamic", "kv", "static"):
-        result, _ = generate(model, IDS, n, mode, heads=heads, tree=t)
+        result, _ = generate(model, IDS, n, mode, heads=heads, policy=static(t))
         assert result.token_ids == ref, (mode, tree)
         assert max(result.tokens_per_step) >= min(t.depth, 2) + 1
 
@@ -54,7 +60,7 @@ def test_policy_switching_trees_every_step_identical(mode):
     ref = generate(model, IDS, n, "dynamic")[0].token_ids
     heads = OracleHeads(IDS + ref, rank_mod=2)
     policy = CyclingPolicy()
-    result, engine = generate(model, IDS, n, mode, heads=heads, tree=policy)
+    result, engine = generate(model, IDS, n, mode, heads=heads, policy=policy)
     assert result.token_ids == ref
     assert [s.tree for s in result.steps][:8] == CYCLE * 2
     if mode == "static":  # root-only, chain_3, mc_sim_7b_63 (64 nodes) and tree_4 each ran in their bucket
@@ -73,7 +79,7 @@ def test_lookup_hybrid_trees_identical_on_static_path():
     heads = OracleHeads(ids + ref, rank_mod=3, wrong_every=4)
     for mode in ("kv", "static"):
         result, engine = generate(
-            model, ids, n, mode, heads=heads, tree=hybrid("tree_8", Lookup(adaptive=False))
+            model, ids, n, mode, heads=heads, policy=hybrid(static("tree_8"), Lookup(adaptive=False))
         )
         assert result.token_ids == ref
         assert any(s.lookup_nodes for s in result.steps)
@@ -145,7 +151,7 @@ def test_a_tree_that_would_overflow_the_window_falls_back_to_plain_steps():
     for mode in ("dynamic", "kv", "static"):
         ref = generate(model, ids, n, "dynamic")[0].token_ids
         heads = OracleHeads(ids + ref, rank_mod=1)
-        result, engine = generate(model, ids, n, mode, heads=heads, tree="mc_sim_7b_63")
+        result, engine = generate(model, ids, n, mode, heads=heads, policy=static("mc_sim_7b_63"))
         assert result.token_ids == ref
         assert result.steps[-1].tree == "none"  # 64 nodes never fit in the last slots
         assert result.steps[0].tree == "mc_sim_7b_63"
@@ -161,7 +167,7 @@ def test_a_tree_past_the_last_bucket_runs_eagerly():
     wide = Tree.from_paths([[i] for i in range(BUCKETS[-1] + 4)], name="wide")
     ref = generate(model, IDS, 12, "dynamic")[0].token_ids
     heads = OracleHeads(IDS + ref, num_heads=1, rank_mod=300)
-    result, engine = generate(model, IDS, 12, "static", heads=heads, tree=wide)
+    result, engine = generate(model, IDS, 12, "static", heads=heads, policy=static(wide))
     assert result.token_ids == ref
     assert all(b < BUCKETS[-1] for b, _ in engine.graphs.graphs)  # ran eagerly, not in a bucket
 
@@ -176,7 +182,7 @@ def test_models_the_cache_cannot_serve_fall_back_with_a_notice(capsys):
     n = 24
     ref = generate(model, ids, n, "dynamic")[0].token_ids
     heads = OracleHeads(ids + ref, rank_mod=2)
-    result, engine = generate(model, ids, n, "kv", heads=heads, tree="tree_8")
+    result, engine = generate(model, ids, n, "kv", heads=heads, policy=static("tree_8"))
     assert result.token_ids == ref and engine.graphs is None
 
 
@@ -199,6 +205,6 @@ def test_static_path_crossing_kv_buckets_is_identical():
     n = 300
     ref = generate(model, ids, n, "dynamic")[0].token_ids
     heads = OracleHeads(ids + ref, rank_mod=2, wrong_every=6)
-    result, engine = generate(model, ids, n, "static", heads=heads, tree="tree_8")
+    result, engine = generate(model, ids, n, "static", heads=heads, policy=static("tree_8"))
     assert result.token_ids == ref
     assert {kv for _, kv in engine.graphs.graphs} == {256, 512, 768}

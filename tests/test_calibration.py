@@ -14,6 +14,7 @@ from entmtp.calibration.calibrate import build_profile, fit_acceptance
 from entmtp.calibration.traces import TOPK, load_traces, save_traces
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
+from entmtp.policy import static
 from entmtp.scheduler.policies import AcceptanceModel
 from entmtp.scheduler.profiles import ProfileError, load_profile
 from scheduler_helpers import RANK_P, TINY, copy_profile, fitted_setup, synthetic_traces, tiny_profile_setup
@@ -132,7 +133,7 @@ def sampled_profile(tiny_profile, fitted, tmp_path_factory):
 
     model, heads, path, greedy = tiny_profile
     _, ids, _, _ = fitted
-    engine = Engine(model, ByteTokenizer(), heads=heads["hydra"], tree="tree_8")
+    engine = Engine(model, ByteTokenizer(), heads=heads["hydra"], policy=static("tree_8"))
     prompts = [ids, list(range(30, 44))]
     union = typical_union(load_profile(path), heads["hydra"])
     sampled = {
@@ -178,7 +179,7 @@ def test_sampled_sections_from_sampled_generations(tiny_profile, sampled_profile
         bank = {t.name for t in loaded.bank(mode)} | {"master"}
         for name in ("static", "cost", "dynamic"):
             policy = loaded.policy(name, mode)
-            r = Engine(model, ByteTokenizer(), heads=heads["hydra"], tree=policy).generate(
+            r = Engine(model, ByteTokenizer(), heads=heads["hydra"], policy=policy).generate(
                 ids, max_new_tokens=24, temperature=0.7, acceptance=rule, seed=3
             )
             assert len(r.token_ids) == 24
@@ -260,7 +261,7 @@ def typical_only(tiny_profile, fitted):
 
     model, heads, path, _ = tiny_profile
     _, ids, _, _ = fitted
-    engine = Engine(model, ByteTokenizer(), heads=heads["hydra"], tree="tree_8")
+    engine = Engine(model, ByteTokenizer(), heads=heads["hydra"], policy=static("tree_8"))
     union = typical_union(load_profile(path), heads["hydra"])
     typical, _ = generate_traces(engine, heads["hydra"], [ids], 16, sampling=TYPICAL, union=union)
     profile = add_sampled(load_profile(path), heads["hydra"], typical, TYPICAL, TINY, log=lambda *a: None)

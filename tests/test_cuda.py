@@ -13,6 +13,7 @@ from entmtp.engine import Engine
 from entmtp.graphs import VerifyGraphs, bucket
 from entmtp.heads import HeadsConfig, random_heads
 from entmtp.lookup import Lookup
+from entmtp.policy import static
 from entmtp.random_model import random_model
 from entmtp.scheduler.hybrid import hybrid
 from entmtp.tree import list_trees, load_tree
@@ -38,7 +39,7 @@ def test_graphs_identical_to_eager_for_every_shipped_tree(tree):
     ref = plain(model, IDS, 40)
     t = load_tree(tree)
     heads = OracleHeads(IDS + ref, rank_mod=min(2, t.topk), wrong_every=5)
-    engine = Engine(model, ByteTokenizer(), heads=heads, tree=t)
+    engine = Engine(model, ByteTokenizer(), heads=heads, policy=static(t))
     assert engine.graphs is not None
     result = engine.generate(IDS, max_new_tokens=40)
     assert result.token_ids == ref
@@ -49,7 +50,7 @@ def test_graphs_identical_to_eager_for_every_shipped_tree(tree):
 def test_graphs_with_a_policy_switching_trees_every_step():
     model = cuda_model(4)
     ref = plain(model, IDS, 64)
-    engine = Engine(model, ByteTokenizer(), heads=OracleHeads(IDS + ref, rank_mod=2), tree=CyclingPolicy())
+    engine = Engine(model, ByteTokenizer(), heads=OracleHeads(IDS + ref, rank_mod=2), policy=CyclingPolicy())
     assert engine.generate(IDS, max_new_tokens=64).token_ids == ref
     assert len(engine.graphs.graphs) == 4
     assert engine.generate(IDS, max_new_tokens=64).token_ids == ref  # replayed, not recaptured
@@ -61,7 +62,9 @@ def test_graphs_with_lookup_hybrid_trees():
     ids = [9, 8, 7, 6, 5, 9, 8, 7, 6, 5, 9, 8, 7]
     ref = plain(model, ids, 48)
     heads = OracleHeads(ids + ref, rank_mod=3, wrong_every=4)
-    engine = Engine(model, ByteTokenizer(), heads=heads, tree=hybrid("tree_8", Lookup(adaptive=False)))
+    engine = Engine(
+        model, ByteTokenizer(), heads=heads, policy=hybrid(static("tree_8"), Lookup(adaptive=False))
+    )
     result = engine.generate(ids, max_new_tokens=48)
     assert result.token_ids == ref and any(s.lookup_nodes for s in result.steps)
 
@@ -72,13 +75,15 @@ def test_graphs_with_real_random_heads(kind):
     cfg = HeadsConfig(kind=kind, num_heads=4, hidden_size=64, vocab_size=256)
     heads = random_heads(cfg, seed=0, init="random")
     ref = plain(model, IDS, 48)
-    result = Engine(model, ByteTokenizer(), heads=heads, tree="mc_sim_7b_63").generate(IDS, max_new_tokens=48)
+    result = Engine(model, ByteTokenizer(), heads=heads, policy=static("mc_sim_7b_63")).generate(
+        IDS, max_new_tokens=48
+    )
     assert result.token_ids == ref
 
 
 def test_a_longer_generation_grows_the_cache_and_recaptures():
     model = cuda_model(7, max_position_embeddings=4096)
-    engine = Engine(model, ByteTokenizer(), heads=OracleHeads(IDS, rank_mod=1), tree="chain_1")
+    engine = Engine(model, ByteTokenizer(), heads=OracleHeads(IDS, rank_mod=1), policy=static("chain_1"))
     engine.heads.reference = IDS + plain(model, IDS, 1500)
     short = engine.generate(IDS, max_new_tokens=40)
     first = engine.graphs.cache
@@ -97,7 +102,7 @@ def test_replay_equals_the_same_forward_run_eagerly_at_smollm2_shape_bf16():
     )
     outs = []
     for capture in (True, False):
-        engine = Engine(model, tok, heads=heads, tree="mc_sim_7b_63")
+        engine = Engine(model, tok, heads=heads, policy=static("mc_sim_7b_63"))
         engine.graphs = VerifyGraphs(engine.base, capture=capture)
         outs.append(engine.generate(ids, max_new_tokens=64).token_ids)
     assert outs[0] == outs[1]

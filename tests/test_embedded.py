@@ -12,6 +12,7 @@ from entmtp.engine import Engine
 from entmtp.heads import HeadsConfig, random_heads
 from entmtp.lookup import Lookup
 from entmtp.model import encode_prompt
+from entmtp.policy import static
 from entmtp.prompts import FOUR_TASKS, load_prompts
 from entmtp.scheduler import resolve_profile
 from entmtp.scheduler.hybrid import hybrid
@@ -35,7 +36,11 @@ def heads_for(kind, model):
 def engines(embedded):
     model, tok = embedded
     plain = Engine(model, tok)
-    spec = {(k, t): Engine(model, tok, heads=heads_for(k, model), tree=t) for k in HEAD_KINDS for t in TREES}
+    spec = {
+        (k, t): Engine(model, tok, heads=heads_for(k, model), policy=static(t))
+        for k in HEAD_KINDS
+        for t in TREES
+    }
     return model, tok, plain, spec
 
 
@@ -83,7 +88,7 @@ def test_two_interleaved_streams_on_one_engine_each_take_the_steps_they_take_alo
     if policy == "dynamic+lookup":
         heads = engine.heads
         profile = resolve_profile("mixed", "hydra")
-        engine = Engine(model, tok, heads=heads, tree=hybrid(profile.policy("dynamic"), Lookup()))
+        engine = Engine(model, tok, heads=heads, policy=hybrid(profile.policy("dynamic"), Lookup()))
     prompts = [p for _, p in PROMPTS[:2]]
     alone = [engine.generate(p, max_new_tokens=N_NEW) for p in prompts]
     streams = [engine.stream(p, max_new_tokens=N_NEW) for p in prompts]
@@ -107,7 +112,7 @@ def test_a_continuous_batch_of_the_default_engine_gives_every_prompt_its_plain_d
     model, tok, plain, _ = engines
     heads = heads_for("hydra", model)
     profile = resolve_profile("mixed", "hydra")
-    engine = Engine(model, tok, heads=heads, tree=hybrid(profile.policy("dynamic"), Lookup()))
+    engine = Engine(model, tok, heads=heads, policy=hybrid(profile.policy("dynamic"), Lookup()))
     surface = CostSurface(
         (1, 2, 3), (0, 8, 64), ((30.0, 36.0, 70.0), (34.0, 50.0, 120.0), (40.0, 66.0, 170.0))
     )

@@ -6,10 +6,14 @@ import pytest
 import torch
 
 from conftest import ByteTokenizer, OracleHeads, tiny_model
+from entmtp.accept import Sampling
+from entmtp.batch import Batch
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError, PromptError
 from entmtp.heads import HeadsConfig, random_heads
-from entmtp.policy import StaticPolicy
+from entmtp.lookup import Lookup
+from entmtp.policy import StaticPolicy, static
+from entmtp.scheduler.hybrid import hybrid
 from entmtp.tree import Tree, load_tree
 
 TREES = ["mc_sim_7b_63", "tree_16", "tree_4", "chain_5", "chain_1"]
@@ -40,7 +44,7 @@ def test_oracle_drafts_give_identical_output_and_long_steps(arch, tree, rank_mod
     n = 48
     ref = plain_greedy(model, ids, n)
     heads = OracleHeads(ids + ref, rank_mod=rank_mod, wrong_every=5)
-    result = Engine(model, ByteTokenizer(), heads=heads, tree=tree).generate(ids, max_new_tokens=n)
+    result = Engine(model, ByteTokenizer(), heads=heads, policy=static(tree)).generate(ids, max_new_tokens=n)
     assert result.token_ids == ref
     assert sum(result.tokens_per_step) + 1 == len(result.token_ids)  # +1: the prefill's token
     t = load_tree(tree)
@@ -70,14 +74,16 @@ def test_gumbel_sampling_writes_plain_sampling_tokens_whatever_the_tree(tree, ra
     ref = plain.generate(ids, max_new_tokens=n, seed=3, **kw).token_ids
     assert ref != plain.generate(ids, max_new_tokens=n, seed=4, **kw).token_ids
     heads = OracleHeads(ids + ref, rank_mod=rank_mod, wrong_every=5)
-    result = Engine(model, ByteTokenizer(), heads=heads, tree=tree).generate(
+    result = Engine(model, ByteTokenizer(), heads=heads, policy=static(tree)).generate(
         ids, max_new_tokens=n, seed=3, **kw
     )
     assert result.token_ids == ref
     assert max(result.tokens_per_step) >= 3 and result.acceptance == "gumbel"
     for kind, arch in [("medusa", "mlp"), ("hydra", "prefix-mlp")]:
         cfg = HeadsConfig(kind=kind, num_heads=4, hidden_size=64, vocab_size=256, head_arch=arch)
-        real = Engine(model, ByteTokenizer(), heads=random_heads(cfg, seed=0, init="random"), tree=tree)
+        real = Engine(
+            model, ByteTokenizer(), heads=random_heads(cfg, seed=0, init="random"), policy=static(tree)
+        )
         assert real.generate(ids, max_new_tokens=n, seed=3, **kw).token_ids == ref
 
 
@@ -154,7 +160,7 @@ def test_side_branch_acceptance_moves_cache_entries():
     ref = plain_greedy(model, ids, 40)
     heads = OracleHeads(ids + ref, rank_mod=2)
     steps = []
-    engine = Engine(model, ByteTokenizer(), heads=heads, tree="mc_sim_7b_63")
+    engine = Engine(model, ByteTokenizer(), heads=heads, policy=static("mc_sim_7b_63"))
     for ev in engine.stream(ids, max_new_tokens=40):
         if ev.step is not None:
             steps.append(ev.step)
@@ -177,7 +183,9 @@ def test_eos_inside_an_accepted_chunk_ends_output_exactly_there():
     assert plain == ref[: eos_index + 1]
     assert hf_greedy_with_eos(model, ids, 40, ref[eos_index]) == plain
     heads = OracleHeads(ids + ref, rank_mod=1)  # always right: steps accept up to 5 drafts
-    result = Engine(model, ByteTokenizer(), heads=heads, tree="chain_5").generate(ids, max_new_tokens=40)
+    result = Engine(model, ByteTokenizer(), heads=heads, policy=static("chain_5")).generate(
+        ids, max_new_tokens=40
+    )
     assert result.token_ids == plain
     assert result.finish_reason == "eos"
     # the final step accepted drafts past the EOS: the output was cut inside the accepted chunk
@@ -199,7 +207,7 @@ def test_real_heads_random_weights_identical_output(kind, arch, tree):
     heads = random_heads(cfg, seed=0, init="random")
     ids = list(range(100, 120))
     ref = plain_greedy(model, ids, 32)
-    result = Engine(model, ByteTokenizer(), heads=heads, tree=tree).generate(ids, max_new_tokens=32)
+    result = Engine(model, ByteTokenizer(), heads=heads, policy=static(tree)).generate(ids, max_new_tokens=32)
     assert result.token_ids == ref
 
 
@@ -209,7 +217,9 @@ def test_max_new_tokens_is_respected_exactly():
     ref = plain_greedy(model, ids, 30)
     for n in (1, 2, 7, 30):
         heads = OracleHeads(ids + ref, rank_mod=1)
-        out = Engine(model, ByteTokenizer(), heads=heads, tree="chain_5").generate(ids, max_new_tokens=n)
+        out = Engine(model, ByteTokenizer(), heads=heads, policy=static("chain_5")).generate(
+            ids, max_new_tokens=n
+        )
         assert out.token_ids == ref[:n]
         assert out.finish_reason == "length"
 
@@ -250,7 +260,7 @@ def test_sampling_is_seeded_and_repeatable():
     model = tiny_model("llama", seed=7)
     cfg = HeadsConfig(kind="medusa", num_heads=3, hidden_size=64, vocab_size=256)
     heads = random_heads(cfg, seed=0, init="random")
-    engine = Engine(model, ByteTokenizer(), heads=heads, tree="tree_8")
+    engine = Engine(model, ByteTokenizer(), heads=heads, policy=static("tree_8"))
     a = engine.generate(list(range(9)), max_new_tokens=20, temperature=0.8, seed=11).token_ids
     b = engine.generate(list(range(9)), max_new_tokens=20, temperature=0.8, seed=11).token_ids
     c = engine.generate(list(range(9)), max_new_tokens=20, temperature=0.8, seed=12).token_ids
@@ -259,13 +269,13 @@ def test_sampling_is_seeded_and_repeatable():
 
 def test_each_acceptance_rule_runs_its_own_policy():
     """A server's requests differ in temperature: `policies` gives a rule its own tree (a profile's section
-    for it); a rule without one runs the engine's `tree`. A batch row picks the same way."""
-    from entmtp.batch import Batch
-
+    for it); a rule without one runs the engine's `policy`. A batch row picks the same way."""
     model = tiny_model("llama", seed=7)
     cfg = HeadsConfig(kind="medusa", num_heads=3, hidden_size=64, vocab_size=256)
     heads = random_heads(cfg, seed=0, init="random")
-    engine = Engine(model, ByteTokenizer(), heads=heads, tree="tree_8", policies={"sample": "chain_3"})
+    engine = Engine(
+        model, ByteTokenizer(), heads=heads, policy=static("tree_8"), policies={"sample": static("chain_3")}
+    )
     ids = list(range(9))
 
     def trees(**kwargs):
@@ -283,7 +293,9 @@ def test_each_acceptance_rule_runs_its_own_policy():
     with pytest.raises(
         EntMTPError, match=r"keyed by acceptance rule \(greedy, sample, typical, gumbel\), got 'hot'"
     ):
-        Engine(model, ByteTokenizer(), heads=heads, tree="tree_8", policies={"hot": "chain_3"})
+        Engine(
+            model, ByteTokenizer(), heads=heads, policy=static("tree_8"), policies={"hot": static("chain_3")}
+        )
 
 
 def test_bad_lengths_are_rejected_with_clear_messages():
@@ -310,7 +322,7 @@ def test_tree_deeper_than_heads_is_rejected():
     model = tiny_model("llama")
     cfg = HeadsConfig(kind="medusa", num_heads=2, hidden_size=64, vocab_size=256)
     with pytest.raises(TreeError, match="depth"):
-        Engine(model, ByteTokenizer(), heads=random_heads(cfg), tree="chain_3")
+        Engine(model, ByteTokenizer(), heads=random_heads(cfg), policy=static("chain_3"))
 
 
 def test_unknown_tree_name_is_rejected():
@@ -318,15 +330,44 @@ def test_unknown_tree_name_is_rejected():
 
     model = tiny_model("llama")
     cfg = HeadsConfig(kind="medusa", num_heads=2, hidden_size=64, vocab_size=256)
-    with pytest.raises(TreeError, match="mc_sim_7b_63"):
-        Engine(model, ByteTokenizer(), heads=random_heads(cfg), tree="no_such_tree")
+    with pytest.raises(TreeError, match="mc_sim_7b_63"):  # the error lists the shipped trees
+        Engine(model, ByteTokenizer(), heads=random_heads(cfg), policy=static("no_such_tree"))
+
+
+def test_engine_runs_the_policies_it_is_given_and_refuses_a_tree_name_or_a_tree():
+    """`Engine` converts nothing: a tree name or a `Tree`, as its policy or in `policies` (and for `hybrid` or
+    a batch row), is refused with the fix, `static(...)`; the policies given are the very objects it runs (no
+    copies, no wraps); no policy is plain decoding, the root alone, even with heads (never a default tree)."""
+    model = tiny_model("llama")
+    heads = random_heads(HeadsConfig(kind="medusa", num_heads=3, hidden_size=64, vocab_size=256), seed=0)
+    for bad, fix in (("tree_8", r"static\('tree_8'\)"), (load_tree("tree_8"), r"static\(tree\)")):
+        with pytest.raises(
+            TypeError, match=rf"^Engine takes a TreePolicy, not the tree .+: pass entmtp\.policy\.{fix}"
+        ):
+            Engine(model, ByteTokenizer(), heads, bad)
+        with pytest.raises(TypeError, match=rf"^Engine's policies\['sample'\] takes a TreePolicy.+{fix}"):
+            Engine(model, ByteTokenizer(), heads, static("tree_8"), policies={"sample": bad})
+        with pytest.raises(TypeError, match=rf"^hybrid takes a TreePolicy.+{fix}"):
+            hybrid(bad)
+    main, sample = static("tree_8"), hybrid(static("chain_3"), Lookup())
+    engine = Engine(model, ByteTokenizer(), heads, main, policies={"sample": sample})
+    assert (
+        engine.policy is main and list(engine.policies) == ["sample"] and engine.policies["sample"] is sample
+    )
+    assert engine.policy_for(Sampling(0.7)) is sample and engine.policy_for(Sampling()) is main
+    with pytest.raises(TypeError, match=r"^a batch row takes a TreePolicy, not the tree 'chain_3'"):
+        Batch(engine).add(list(range(9)), policy="chain_3", max_new_tokens=4)
+    plain = Engine(model, ByteTokenizer(), heads)  # heads, no policy: plain decoding, not tree_8
+    assert plain.policy == static(Tree.root_only())
+    steps = plain.generate(list(range(9)), max_new_tokens=6).steps
+    assert steps and {s.tree for s in steps} == {"none"} and not any(s.tree_nodes for s in steps)
 
 
 def test_root_only_tree_is_plain_decoding():
     model = tiny_model("llama", seed=8)
     ids = list(range(30, 40))
     cfg = HeadsConfig(kind="medusa", num_heads=2, hidden_size=64, vocab_size=256)
-    out = Engine(model, ByteTokenizer(), heads=random_heads(cfg), tree=Tree.root_only()).generate(
+    out = Engine(model, ByteTokenizer(), heads=random_heads(cfg), policy=static(Tree.root_only())).generate(
         ids, max_new_tokens=12
     )
     assert out.token_ids == plain_greedy(model, ids, 12)
@@ -338,7 +379,7 @@ def test_logprobs_are_the_base_models_log_softmax_of_each_emitted_token():
     ids = list(range(60, 75))
     ref = plain_greedy(model, ids, 20)
     heads = OracleHeads(ids + ref, rank_mod=1)  # multi-token steps: several tokens' rows per verification
-    engine = Engine(model, ByteTokenizer(), heads=heads, tree="chain_5")
+    engine = Engine(model, ByteTokenizer(), heads=heads, policy=static("chain_5"))
     events = list(engine.stream(ids, max_new_tokens=20, logprobs=3))
     result = events[-1].result
     assert result.token_ids == ref and max(result.tokens_per_step) > 1
@@ -372,7 +413,7 @@ def test_the_policy_observes_each_step_as_it_was_emitted():
             seen.append(step)
 
     heads = OracleHeads(ids + ref, rank_mod=1)
-    result = Engine(model, ByteTokenizer(), heads=heads, tree=Recording(load_tree("chain_5"))).generate(ids)
+    result = Engine(model, ByteTokenizer(), heads=heads, policy=Recording(load_tree("chain_5"))).generate(ids)
     assert result.finish_reason == "eos" and result.token_ids == ref[: eos + 1]
     assert seen == result.steps
     assert seen[-1].token_ids[-1] == ref[eos] and seen[-1].tokens == len(seen[-1].token_ids)

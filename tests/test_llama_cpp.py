@@ -33,9 +33,8 @@ from entmtp.backends.llama_cpp import (  # noqa: E402
 from entmtp.batch import generate_batch  # noqa: E402
 from entmtp.engine import Engine  # noqa: E402
 from entmtp.lookup import Lookup  # noqa: E402
-from entmtp.policy import StaticPolicy  # noqa: E402
+from entmtp.policy import StaticPolicy, static  # noqa: E402
 from entmtp.scheduler.hybrid import hybrid  # noqa: E402
-from entmtp.tree import load_tree  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +59,7 @@ def f32():
 @pytest.fixture(scope="module")
 def plain(f32):
     model, tok = f32
-    engine = Engine(model, tok, heads=None, tree=Tree.root_only())
+    engine = Engine(model, tok, heads=None, policy=static(Tree.root_only()))
     return {p: engine.generate(p, max_new_tokens=N).token_ids for p in PROMPTS}
 
 
@@ -87,7 +86,7 @@ def test_leaf_sets_give_each_node_the_leaves_below_it():
 
 def test_plain_greedy_equals_transformers_float32(f32, plain, embedded):
     hf, hf_tok = embedded
-    reference = Engine(hf, hf_tok, heads=None, tree=Tree.root_only())
+    reference = Engine(hf, hf_tok, heads=None, policy=static(Tree.root_only()))
     for p in PROMPTS:
         assert plain[p] == reference.generate(p, max_new_tokens=N).token_ids
 
@@ -96,7 +95,7 @@ def test_speculative_greedy_equals_plain_with_the_shipped_heads(f32, plain, tree
     from entmtp.shipped import resolve_heads
 
     model, tok = f32
-    engine = Engine(model, tok, heads=resolve_heads("hydra", model), tree=tree)
+    engine = Engine(model, tok, heads=resolve_heads("hydra", model), policy=static(tree))
     accepted = 0
     for p in PROMPTS:
         result = engine.generate(p, max_new_tokens=N)
@@ -115,7 +114,7 @@ def test_side_branches_and_a_tree_per_step_keep_the_right_cells(f32, plain):
     for p in PROMPTS:
         ids = Engine(model, tok).encode(p, N)
         heads = OracleHeads(ids + plain[p], num_heads=5, rank_mod=2, wrong_every=5)
-        engine = Engine(model, tok, heads=heads, tree=CyclingPolicy())
+        engine = Engine(model, tok, heads=heads, policy=CyclingPolicy())
         result = engine.generate(ids, max_new_tokens=N)
         assert result.token_ids == plain[p]
         assert len({s.tree for s in result.steps}) == 4
@@ -127,7 +126,7 @@ def test_lookup_nodes_and_batch_rows_equal_plain(f32, plain):
 
     model, tok = f32
     heads = resolve_heads("hydra", model)
-    engine = Engine(model, tok, heads=heads, tree=hybrid(load_tree("tree_8"), Lookup()))
+    engine = Engine(model, tok, heads=heads, policy=hybrid(static("tree_8"), Lookup()))
     alone = [engine.generate(p, max_new_tokens=N) for p in PROMPTS]
     assert [r.token_ids for r in alone] == [plain[p] for p in PROMPTS]
     assert sum(s.lookup_accepted for r in alone for s in r.steps) > 0  # copies from the prompt were kept
@@ -155,7 +154,7 @@ def test_without_heads_no_decode_asks_for_hidden_states(f32, plain, monkeypatch)
 
     model, tok = f32
     seen = spy_embeddings(monkeypatch, model.runtime)
-    lookup = Engine(model, tok, heads=None, tree=hybrid(None, Lookup()))
+    lookup = Engine(model, tok, heads=None, policy=hybrid(None, Lookup()))
     for p in PROMPTS:
         result = lookup.generate(p, max_new_tokens=N)
         assert result.token_ids == plain[p]
@@ -192,8 +191,8 @@ def test_seeded_gumbel_sampling_writes_plain_samplings_tokens(f32):
 
     model, tok = f32
     kwargs = dict(max_new_tokens=N, temperature=0.8, acceptance="gumbel", seed=7)
-    plain = Engine(model, tok, heads=None, tree=Tree.root_only()).generate(PROMPTS[0], **kwargs)
-    spec = Engine(model, tok, heads=resolve_heads("hydra", model), tree="tree_8").generate(
+    plain = Engine(model, tok, heads=None, policy=static(Tree.root_only())).generate(PROMPTS[0], **kwargs)
+    spec = Engine(model, tok, heads=resolve_heads("hydra", model), policy=static("tree_8")).generate(
         PROMPTS[0], **kwargs
     )
     assert spec.token_ids == plain.token_ids
@@ -209,7 +208,7 @@ def test_a_seeded_sampled_row_repeats_whatever_its_batch_mates():
     from entmtp.shipped import resolve_heads
 
     model, tok = load_gguf(embedded_gguf(), threads=2, tokenizer_dir=str(embedded_model_dir()))
-    engine = Engine(model, tok, heads=resolve_heads("hydra", model), tree=Tree.root_only())
+    engine = Engine(model, tok, heads=resolve_heads("hydra", model), policy=static(Tree.root_only()))
     haiku = [{"role": "user", "content": "Write a haiku about autumn leaves."}]
     story = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
     kwargs = dict(max_new_tokens=40, temperature=0.8, seed=1234)
@@ -268,7 +267,7 @@ def test_the_quantized_gguf_drafts_and_accepts():
     from entmtp.shipped import resolve_heads
 
     model, tok = load_gguf(embedded_gguf(), threads=2, tokenizer_dir=str(embedded_model_dir()))
-    engine = Engine(model, tok, heads=resolve_heads("hydra", model), tree="tree_8")
+    engine = Engine(model, tok, heads=resolve_heads("hydra", model), policy=static("tree_8"))
     result = engine.generate(PROMPTS[0], max_new_tokens=N)
     assert len(result.token_ids) == N and len(result.steps) < N - 1
 
@@ -439,8 +438,8 @@ def test_a_router_sends_a_long_prompt_to_transformers_and_a_short_one_to_llama_c
 
     (model, tok), (hf, hf_tok) = f32, embedded
     assert same_tokenizer(tok, hf_tok)  # the embedded GGUF runs transformers' tokenizer: routing may apply
-    llama = Engine(model, tok, heads=resolve_heads("hydra", model), tree="tree_8")
-    torch_engine = Engine(hf, hf_tok, heads=None, tree=Tree.root_only())
+    llama = Engine(model, tok, heads=resolve_heads("hydra", model), policy=static("tree_8"))
+    torch_engine = Engine(hf, hf_tok, heads=None)
     router = Router(
         Lane("llama-cpp", llama, PrefillCost((128, 1024), (530.0, 4210.0)), 95.0),
         Lane("transformers", torch_engine, PrefillCost((128, 1024), (135.0, 941.0)), 37.0),

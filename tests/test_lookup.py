@@ -13,6 +13,7 @@ from entmtp.engine import Engine
 from entmtp.errors import EntMTPError, TreeError
 from entmtp.heads import HeadsConfig, random_heads
 from entmtp.lookup import Lookup, NgramIndex, draft_lookup, source_depths
+from entmtp.policy import static
 from entmtp.scheduler.hybrid import HybridPolicy, hybrid
 from entmtp.scheduler.policies import LatencyModel
 from entmtp.tree import Tree, load_tree, prune, with_lookup
@@ -171,7 +172,7 @@ def test_lookup_only_decoding_equals_plain_greedy(ids, lookup):
     model = tiny_model("llama", seed=3)
     n = 64
     ref = plain_greedy(model, ids, n)
-    result = Engine(model, ByteTokenizer(), tree=hybrid(None, lookup)).generate(ids, max_new_tokens=n)
+    result = Engine(model, ByteTokenizer(), policy=hybrid(None, lookup)).generate(ids, max_new_tokens=n)
     assert result.token_ids == ref
     assert sum(result.tokens_per_step) + 1 == len(result.token_ids)
     assert all(s.lookup_accepted <= s.accepted for s in result.steps)
@@ -182,7 +183,7 @@ def test_lookup_copies_long_runs_when_the_output_repeats():
     model = tiny_model("llama", seed=3)
     ref = plain_greedy(model, REPEATING, 96)
     assert len(set(ref[-40:])) < 20  # the test's premise: the greedy output repeats itself
-    result = Engine(model, ByteTokenizer(), tree=hybrid(None, Lookup(adaptive=False, tokens=8))).generate(
+    result = Engine(model, ByteTokenizer(), policy=hybrid(None, Lookup(adaptive=False, tokens=8))).generate(
         REPEATING, max_new_tokens=96
     )
     assert result.token_ids == ref
@@ -193,7 +194,7 @@ def test_a_step_cut_at_max_new_tokens_counts_only_the_lookup_drafts_it_emitted()
     """The last step of a long copied run is cut at max_new_tokens: its record keeps only what was emitted,
     so the lookup share of a generation can never pass 100%."""
     model = tiny_model("llama", seed=3)
-    engine = Engine(model, ByteTokenizer(), tree=hybrid(None, Lookup(adaptive=False, tokens=8)))
+    engine = Engine(model, ByteTokenizer(), policy=hybrid(None, Lookup(adaptive=False, tokens=8)))
     full = engine.generate(REPEATING, max_new_tokens=96)
     # cut inside the first step that copies several tokens
     start = 1 + sum(
@@ -214,11 +215,11 @@ def test_hybrid_trees_with_random_heads_equal_plain_greedy(kind, ids):
     n = 48
     ref = plain_greedy(model, ids, n)
     heads = random_heads(HeadsConfig.for_model(model, kind, num_heads=3), seed=0)
-    for tree in (
-        "tree_8",
-        Tree.from_paths([[0], [1], [0, 0], [0, "L0"], [0, 0, "L0"], ["L0"], ["L0", "L0"]]),
+    for policy in (
+        hybrid(static("tree_8")),
+        static(Tree.from_paths([[0], [1], [0, 0], [0, "L0"], [0, 0, "L0"], ["L0"], ["L0", "L0"]])),
     ):
-        engine = Engine(model, ByteTokenizer(), heads=heads, tree=hybrid(tree) if tree == "tree_8" else tree)
+        engine = Engine(model, ByteTokenizer(), heads=heads, policy=policy)
         assert engine.generate(ids, max_new_tokens=n).token_ids == ref
 
 
@@ -228,7 +229,7 @@ def test_hybrid_with_oracle_heads_side_branches_and_lookup_equals_plain_greedy()
     ids = REPEATING
     ref = plain_greedy(model, ids, 64)
     heads = OracleHeads(ids + ref, rank_mod=2, wrong_every=3)
-    result = Engine(model, ByteTokenizer(), heads=heads, tree=hybrid("mc_sim_7b_63")).generate(
+    result = Engine(model, ByteTokenizer(), heads=heads, policy=hybrid(static("mc_sim_7b_63"))).generate(
         ids, max_new_tokens=64
     )
     assert result.token_ids == ref
@@ -242,7 +243,7 @@ def test_steps_that_skip_the_heads_never_compute_their_probe_and_stay_lossless()
     n = 48
     heads = random_heads(HeadsConfig.for_model(model, "hydra", num_heads=3), seed=0)
     policy = HybridPolicy(ProbeReadingPolicy(load_tree("tree_8")), Lookup(), COSTLY)
-    result = Engine(model, ByteTokenizer(), heads=heads, tree=policy).generate(REPEATING, max_new_tokens=n)
+    result = Engine(model, ByteTokenizer(), heads=heads, policy=policy).generate(REPEATING, max_new_tokens=n)
     assert result.token_ids == plain_greedy(model, REPEATING, n)
     skipped = [s for s in result.steps if s.signals.get("probed") == 0.0]
     probed = [s for s in result.steps if "probed" not in s.signals]
@@ -260,7 +261,7 @@ def test_hybrid_trees_sample(acceptance):
     model = tiny_model("llama", seed=3)
     model.lm_head.weight.mul_(8.0)  # peaked: many tokens fall under the typical bar (none of a uniform's do)
     heads = random_heads(HeadsConfig.for_model(model, "hydra", num_heads=3), seed=0)
-    engine = Engine(model, ByteTokenizer(), heads=heads, tree=hybrid("tree_4"))
+    engine = Engine(model, ByteTokenizer(), heads=heads, policy=hybrid(static("tree_4")))
     n = 40
     cold = engine.generate(REPEATING, max_new_tokens=n, temperature=1e-4, acceptance=acceptance, seed=7)
     assert cold.token_ids == plain_greedy(model, REPEATING, n)
@@ -282,7 +283,7 @@ def test_hybrid_trees_sample(acceptance):
 def test_head_nodes_without_heads_get_a_clear_error():
     model = tiny_model("llama")
     with pytest.raises(EntMTPError, match="has head nodes but no heads"):
-        Engine(model, ByteTokenizer(), tree="tree_4")
+        Engine(model, ByteTokenizer(), policy=static("tree_4"))
     lookup_only = Tree.from_paths([["L0"], ["L0", "L0"]])
-    out = Engine(model, ByteTokenizer(), tree=lookup_only).generate(REPEATING, max_new_tokens=20)
+    out = Engine(model, ByteTokenizer(), policy=static(lookup_only)).generate(REPEATING, max_new_tokens=20)
     assert out.token_ids == plain_greedy(model, REPEATING, 20)

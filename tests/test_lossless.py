@@ -22,6 +22,7 @@ from conftest import ByteTokenizer, OracleHeads, tiny_model
 from entmtp.batch import generate_batch
 from entmtp.engine import Engine
 from entmtp.heads import HeadsConfig, random_heads
+from entmtp.policy import static
 from entmtp.tree import Tree
 
 V = 8  # vocabulary: V**K outcomes, few enough for the exact distribution and a powerful test
@@ -66,7 +67,7 @@ def engines(model):
         heads = oracle
         if name == "hybrid":
             heads = random_heads(HeadsConfig.for_model(model, "hydra", num_heads=3), seed=0)
-        out[name] = Engine(model, ByteTokenizer(), heads=heads, tree=tree)
+        out[name] = Engine(model, ByteTokenizer(), heads=heads, policy=static(tree))
     return out
 
 

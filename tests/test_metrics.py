@@ -11,6 +11,7 @@ from conftest import ByteTokenizer, OracleHeads, tiny_model
 from entmtp import metrics
 from entmtp.calibration.replay import Replay
 from entmtp.engine import Engine
+from entmtp.policy import static
 from entmtp.records import Result, Step
 
 
@@ -67,7 +68,9 @@ def test_a_real_decode_reports_by_the_conventions():
     ids = [5, 17, 99, 3, 250, 7, 7, 64]
     ref = Engine(model, ByteTokenizer()).generate(ids, max_new_tokens=30).token_ids
     heads = OracleHeads(ids + ref, rank_mod=2, wrong_every=5)
-    result = Engine(model, ByteTokenizer(), heads=heads, tree="tree_8").generate(ids, max_new_tokens=30)
+    result = Engine(model, ByteTokenizer(), heads=heads, policy=static("tree_8")).generate(
+        ids, max_new_tokens=30
+    )
     assert result.token_ids == ref
     assert all(s.tokens == s.accepted + 1 for s in result.steps[:-1])  # the last may be cut at max_new_tokens
     assert sum(s.tokens for s in result.steps) == metrics.step_tokens(len(result.token_ids))

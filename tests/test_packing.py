@@ -12,6 +12,7 @@ from entmtp.cache import BaseModel
 from entmtp.engine import Engine
 from entmtp.model import load_model
 from entmtp.packing import PackedLinear, bf16_supported, can_pack, pack_linears, unpack_linears
+from entmtp.policy import static
 from entmtp.shipped import resolve_heads
 from entmtp.tree import load_tree
 
@@ -116,7 +117,9 @@ def test_embedded_model_packed_decodes_the_same_tokens():
         for model in (packed, plain):
             heads = resolve_heads("hydra", model) if tree else None
             outs.append(
-                Engine(model, tok, heads=heads, tree=tree).generate(prompt, max_new_tokens=24).token_ids
+                Engine(model, tok, heads=heads, policy=static(tree) if tree else None)
+                .generate(prompt, max_new_tokens=24)
+                .token_ids
             )
             if heads is not None:  # the heads follow the model, their draft projection included
                 is_packed = model is packed

@@ -50,7 +50,7 @@ def all_policies():
 def test_every_policy_gives_plain_greedy_output(fitted, kind, name):
     model, ids, ref, heads = fitted
     policy = all_policies()[name]
-    r = Engine(model, ByteTokenizer(), heads=heads[kind], tree=policy).generate(ids, max_new_tokens=48)
+    r = Engine(model, ByteTokenizer(), heads=heads[kind], policy=policy).generate(ids, max_new_tokens=48)
     assert r.token_ids == ref
     assert all(s.signals for s in r.steps)  # what the policy read is recorded per step
 
@@ -73,7 +73,7 @@ def test_dynamic_policy_switches_trees_and_stays_lossless(fitted):
     model, ids, ref, heads = fitted
     policy = DynamicPolicy(load_tree("mc_sim_7b_63"), small_acceptance(), LatencyModel([0, 63], [10.0, 13.0]))
     for kind in ("medusa", "hydra"):
-        r = Engine(model, ByteTokenizer(), heads=heads[kind], tree=policy).generate(ids, max_new_tokens=48)
+        r = Engine(model, ByteTokenizer(), heads=heads[kind], policy=policy).generate(ids, max_new_tokens=48)
         assert r.token_ids == ref
         assert len({s.tree_nodes for s in r.steps}) >= 3  # many subtree sizes: switching is exercised
 

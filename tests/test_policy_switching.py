@@ -68,7 +68,7 @@ def test_oracle_heads_cycling_trees_identical_output(seed):
     ref = plain_greedy(model, ids, n)
     heads = OracleHeads(ids + ref, rank_mod=2)  # the truth sits on rank 1 half the time: side branches
     policy = CyclingPolicy()
-    engine = Engine(model, ByteTokenizer(), heads=heads, tree=policy)
+    engine = Engine(model, ByteTokenizer(), heads=heads, policy=policy)
     result = engine.generate(ids, max_new_tokens=n)
     assert result.token_ids == ref
     check_cycle(result, policy, len(ids), n)
@@ -89,7 +89,7 @@ def test_random_heads_cycling_trees_identical_output(kind):
     n = 32
     ref = plain_greedy(model, ids, n)
     policy = CyclingPolicy()
-    result = Engine(model, ByteTokenizer(), heads=heads, tree=policy).generate(ids, max_new_tokens=n)
+    result = Engine(model, ByteTokenizer(), heads=heads, policy=policy).generate(ids, max_new_tokens=n)
     assert result.token_ids == ref
     check_cycle(result, policy, len(ids), n)
 
@@ -103,7 +103,7 @@ def test_shipped_heads_cycling_trees_equal_plain_greedy(embedded, kind):
     model, tok = embedded
     plain = Engine(model, tok)
     policy = CyclingPolicy()
-    spec = Engine(model, tok, heads=resolve_heads(kind, model), tree=policy)
+    spec = Engine(model, tok, heads=resolve_heads(kind, model), policy=policy)
     accepted = 0
     for i, prompt in enumerate(load_prompts("gsm8k", "calib", n=3)):
         ref = plain.generate(prompt, max_new_tokens=32)
@@ -141,7 +141,7 @@ def test_cycling_hybrid_and_lookup_trees_identical_output(seed):
     ref = plain_greedy(model, ids, n)
     heads = OracleHeads(ids + ref, rank_mod=2, wrong_every=3)
     policy = HybridCyclingPolicy()
-    result = Engine(model, ByteTokenizer(), heads=heads, tree=policy).generate(ids, max_new_tokens=n)
+    result = Engine(model, ByteTokenizer(), heads=heads, policy=policy).generate(ids, max_new_tokens=n)
     assert result.token_ids == ref
     assert [c.step for c in policy.contexts] == list(range(len(result.steps)))
     assert sum(s.lookup_accepted for s in result.steps) > 0  # copied drafts were kept between the others

@@ -131,7 +131,7 @@ def test_policies_from_a_profile_are_lossless(tiny_profile, fitted, name):
     model, heads, path, _ = tiny_profile
     _, ids, ref, _ = fitted
     policy = load_profile(path).policy(name)
-    r = Engine(model, ByteTokenizer(), heads=heads["hydra"], tree=policy).generate(ids, max_new_tokens=48)
+    r = Engine(model, ByteTokenizer(), heads=heads["hydra"], policy=policy).generate(ids, max_new_tokens=48)
     assert r.token_ids == ref
 
 

@@ -70,7 +70,7 @@ def test_replay_of_scheduled_hybrids_is_the_real_decode_step_for_step(fitted, ki
         return DynamicPolicy(load_tree("mc_sim_7b_63"), small_acceptance(), lat, online=online)
 
     engine = Engine(
-        model, ByteTokenizer(), heads=heads[kind], tree=hybrid(policy(), Lookup(), costs), costs=costs
+        model, ByteTokenizer(), heads=heads[kind], policy=hybrid(policy(), Lookup(), costs), costs=costs
     )
     real = engine.generate(ids, max_new_tokens=48)
     assert real.token_ids == ref

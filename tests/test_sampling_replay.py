@@ -18,6 +18,7 @@ from entmtp.calibration.search import step_tokens
 from entmtp.calibration.traces import GUMBEL, SAMPLE, TYPICAL, generate_traces, trace_generation
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
+from entmtp.policy import static
 from entmtp.tree import Tree, load_tree, union_tree
 from scheduler_helpers import fitted_setup
 
@@ -60,7 +61,7 @@ def test_sample_rule_accepts_the_longest_path_matching_the_emitted_tokens():
 def test_a_sampled_generation_replays_step_for_step(peaked, name):
     model, ids, heads = peaked
     tree = load_tree(name)
-    engine = Engine(model, ByteTokenizer(), heads=heads, tree=tree)
+    engine = Engine(model, ByteTokenizer(), heads=heads, policy=static(tree))
     multi = 0
     for seed in range(4):
         r = engine.generate(ids, max_new_tokens=24, temperature=0.7, acceptance="sample", seed=seed)
@@ -78,7 +79,7 @@ def test_a_gumbel_generation_replays_step_for_step_and_every_tree_writes_it(peak
     tree (plain decoding's included)."""
     model, ids, heads = peaked
     tree = load_tree(name)
-    engine = Engine(model, ByteTokenizer(), heads=heads, tree=tree)
+    engine = Engine(model, ByteTokenizer(), heads=heads, policy=static(tree))
     plain = Engine(model, ByteTokenizer())
     multi = 0
     for seed in range(4):
@@ -109,11 +110,11 @@ def test_replayed_and_real_accepted_lengths_agree_in_distribution(peaked):
     clearly different one from replaying greedy traces (what the search would see without sampled ones)."""
     model, ids, heads = peaked
     n, new = 40, 24
-    tracer = Engine(model, ByteTokenizer(), heads=heads, tree="tree_8")
+    tracer = Engine(model, ByteTokenizer(), heads=heads, policy=static("tree_8"))
     traces, _ = generate_traces(tracer, heads, [ids] * n, new, sampling=SAMPLE)  # seed = prompt index
     target = load_tree("mc_sim_7b_63")
     replayed = [k for tr in traces for k in step_tokens(target, tr)]
-    real_engine = Engine(model, ByteTokenizer(), heads=heads, tree=target)
+    real_engine = Engine(model, ByteTokenizer(), heads=heads, policy=static(target))
     real = []
     for seed in range(1000, 1000 + n):
         r = real_engine.generate(ids, max_new_tokens=new, temperature=0.7, acceptance="sample", seed=seed)
@@ -137,7 +138,7 @@ def test_a_typical_generation_replays_its_own_tree_step_for_step(peaked, name):
     model, ids, heads = peaked
     union = union_tree([load_tree(n) for n in ("chain_4", "tree_8", "mc_sim_7b_63")], "u")
     tree = load_tree(name)
-    engine = Engine(model, ByteTokenizer(), heads=heads, tree=tree)
+    engine = Engine(model, ByteTokenizer(), heads=heads, policy=static(tree))
     multi = 0
     for seed in range(4):
         r = engine.generate(ids, max_new_tokens=24, temperature=0.7, acceptance="typical", seed=seed)
@@ -164,7 +165,9 @@ def test_a_sampled_hybrid_decode_replays_step_for_step(peaked):
     def policy():
         return DynamicPolicy(load_tree("mc_sim_7b_63"), small_acceptance(), lat)
 
-    engine = Engine(model, ByteTokenizer(), heads=heads, tree=hybrid(policy(), Lookup(), costs), costs=costs)
+    engine = Engine(
+        model, ByteTokenizer(), heads=heads, policy=hybrid(policy(), Lookup(), costs), costs=costs
+    )
     lookups = 0
     for seed in range(4):
         real = engine.generate(ids, max_new_tokens=48, temperature=0.7, acceptance="sample", seed=seed)

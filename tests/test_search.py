@@ -19,6 +19,7 @@ from entmtp.calibration.search import (
 )
 from entmtp.calibration.traces import MISS, TOPK, Trace, trace_generation
 from entmtp.engine import Engine
+from entmtp.policy import static
 from entmtp.tree import Tree, load_tree
 from scheduler_helpers import RANK_P, fitted_setup, path_value, synthetic_traces
 
@@ -71,12 +72,14 @@ def test_acceptance_frontier_is_undominated_and_rescored():
 @pytest.mark.parametrize("kind", ["medusa", "hydra"])
 def test_simulation_reproduces_real_decodes_step_for_step(fitted, kind):
     model, ids, ref, heads = fitted
-    engine = Engine(model, ByteTokenizer(), heads=heads[kind], tree="chain_1")
+    engine = Engine(model, ByteTokenizer(), heads=heads[kind], policy=static("chain_1"))
     trace = trace_generation(engine.base, heads[kind], ids + ref, len(ids))
     accepted_somewhere = False
     for name in ("chain_1", "chain_4", "tree_4", "tree_16", "mc_sim_7b_63"):
         tree = load_tree(name)
-        r = Engine(model, ByteTokenizer(), heads=heads[kind], tree=tree).generate(ids, max_new_tokens=48)
+        r = Engine(model, ByteTokenizer(), heads=heads[kind], policy=static(tree)).generate(
+            ids, max_new_tokens=48
+        )
         assert r.token_ids == ref
         sim = simulate(tree, [trace])
         assert (sim.steps, sim.tokens) == (r.num_steps, len(ref) - 1), name

@@ -20,6 +20,7 @@ from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
 from entmtp.heads import HeadsConfig, random_heads
 from entmtp.lookup import Lookup
+from entmtp.policy import static
 from entmtp.scheduler.hybrid import hybrid
 from entmtp.server.batching import BatchWorker, start_worker
 from entmtp.server.worker import Cut, Job, QueueFull, Worker
@@ -37,7 +38,9 @@ def engine():
     """Random heads under a lookup hybrid: rows may draft trees of different sizes."""
     cfg = HeadsConfig(kind="medusa", num_heads=4, hidden_size=64, vocab_size=256)
     heads = random_heads(cfg, seed=0, init="random")
-    return Engine(tiny_model("llama", seed=4), ByteTokenizer(), heads=heads, tree=hybrid("tree_8", Lookup()))
+    return Engine(
+        tiny_model("llama", seed=4), ByteTokenizer(), heads=heads, policy=hybrid(static("tree_8"), Lookup())
+    )
 
 
 class _Finished:
@@ -275,8 +278,8 @@ def test_requests_at_t_above_zero_run_the_servers_rule_and_its_policy(max_batch)
         tiny_model("llama", seed=4),
         ByteTokenizer(),
         heads=heads,
-        tree="tree_8",
-        policies={"typical": "chain_3"},
+        policy=static("tree_8"),
+        policies={"typical": static("chain_3")},
     )
     app = create_app(engine, "tiny", max_batch=max_batch, acceptance="typical")
     with testclient.TestClient(app) as client:
@@ -306,7 +309,9 @@ def test_gumbel_requests_reply_with_plain_samplings_text_for_their_seed(max_batc
 
     model = tiny_model("llama", seed=4)
     cfg = HeadsConfig(kind="medusa", num_heads=3, hidden_size=64, vocab_size=256)
-    engine = Engine(model, ByteTokenizer(), heads=random_heads(cfg, seed=0, init="random"), tree="tree_8")
+    engine = Engine(
+        model, ByteTokenizer(), heads=random_heads(cfg, seed=0, init="random"), policy=static("tree_8")
+    )
     plain = Engine(model, ByteTokenizer())
     app = create_app(engine, "tiny", max_batch=max_batch, acceptance="gumbel")
     with testclient.TestClient(app) as client:

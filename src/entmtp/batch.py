@@ -44,7 +44,7 @@ from .costs import CostSurface
 from .engine import Clock, DecodeState, Engine, Pending, choose, conclude, draft, prefill_chunk, scratch
 from .errors import EntMTPError
 from .heads import Drafter, Probe
-from .policy import Choice, Menu, joint_budget
+from .policy import Choice, Menu, TreePolicy, joint_budget
 from .records import Result, Step, TokenEvent
 from .tree import Tree
 
@@ -143,12 +143,14 @@ class Batch:
         return [self._rows[id(c)] for c in self.kv.rows]
 
     @torch.inference_mode()
-    def add(self, prompt, *, chat: bool = True, tree=None, **kwargs) -> tuple[Row, TokenEvent]:
+    def add(
+        self, prompt, *, chat: bool = True, policy: TreePolicy | None = None, **kwargs
+    ) -> tuple[Row, TokenEvent]:
         """Prefill a new row now and return it with its first event; a row whose first token already ends it
-        (EOS, a stop string, max_new_tokens=1) comes back finished and is not kept. `tree`: this row's own tree
-        or policy (a name, a `Tree`, a `TreePolicy`; None: the engine's for the row's sampling rule), so one
+        (EOS, a stop string, max_new_tokens=1) comes back finished and is not kept. `policy`: this row's own
+        `TreePolicy` (checked as the engine's are; None: the engine's for the row's sampling rule), so one
         batch mixes plain, static and scheduled rows; `kwargs`: `Engine.stream`'s."""
-        row = self._new_row(prompt, chat, tree, kwargs)
+        row = self._new_row(prompt, chat, policy, kwargs)
         try:
             while (event := self._prefill(row)) is None:
                 pass
@@ -157,12 +159,12 @@ class Batch:
             raise
         return row, event
 
-    def start(self, prompt, *, chat: bool = True, tree=None, **kwargs) -> Row:
+    def start(self, prompt, *, chat: bool = True, policy: TreePolicy | None = None, **kwargs) -> Row:
         """A new row (`add`'s arguments) whose prompt goes in by the steps: each `step` prefills one chunk
         (`PREFILL_CHUNK` tokens) of the oldest prompt not yet in, between the decoding rows' steps, so a long
         prompt never stalls them for its whole prefill. Its first event comes out of the step that prefills
         its last chunk."""
-        row = self._new_row(prompt, chat, tree, kwargs)
+        row = self._new_row(prompt, chat, policy, kwargs)
         self._prefills.append(row)
         return row
 
@@ -194,13 +196,13 @@ class Batch:
                     self._prefills.rotate(-1)
         return out
 
-    def _new_row(self, prompt, chat: bool, tree, kwargs: dict) -> Row:
+    def _new_row(self, prompt, chat: bool, policy: TreePolicy | None, kwargs: dict) -> Row:
         """A row with its state, its prompt not yet in: a row verified alone gets a cache of its own, as
         `Engine.stream` does; the others prefill into one sized to their prompt and join the batch tensor
         when it is in."""
         engine = self.engine
         sampling = Sampling(kwargs.get("temperature", 0.0), kwargs.get("acceptance", "auto"))
-        policy = engine.as_policy(tree) if tree is not None else engine.policy_for(sampling)
+        policy = engine.checked(policy, "a batch row") if policy is not None else engine.policy_for(sampling)
         max_new = kwargs.get("max_new_tokens", 256)
         ids = engine.encode(prompt, max_new, chat=chat, logprobs=kwargs.get("logprobs"))
         alone = kwargs.get("seed") is not None and sampling.rule not in TREE_INVARIANT

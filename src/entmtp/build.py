@@ -59,7 +59,7 @@ from .files import write_text_atomic
 from .lookup import Lookup, add_lookup_arguments, lookup_from_args
 from .machine import cpu_info, digest
 from .model import DTYPES, is_embedded, is_gguf
-from .policy import TreePolicy, as_policy
+from .policy import TreePolicy, static
 from .routing import Lane, Router
 from .scheduler.factory import section_policy
 from .scheduler.hybrid import hybrid
@@ -67,6 +67,7 @@ from .scheduler.policies import POLICIES
 from .scheduler.profiles import PROFILE_TASKS
 from .settings import setting
 from .shipped import HEAD_KINDS, default_heads
+from .tree import Tree
 
 DTYPE_CHOICES = ("auto", *DTYPES)
 CPU_CANDIDATES = ("bfloat16", "float32")  # what `auto` compares on a CPU (fp16 matmuls are slow there)
@@ -464,13 +465,13 @@ class Composed:
 
 def compose(loaded: Loaded, spec: EngineSpec = EngineSpec(), *, profile=None, log=None) -> Composed:
     """One policy per acceptance rule on `loaded` (the module docstring's `policy`): each rule's own from its
-    profile section (a tree is the same for all), made a policy once (policy.as_policy), and the prompt-lookup
+    profile section (a tree is the same for all), made a policy once (`_as_policy`), and the prompt-lookup
     branch wrapped around it once where `spec.lookup` asks for it under that rule (scheduler.hybrid, sized on
     `loaded.costs`). `profile`: one resolved for `spec.profile` and checked against `loaded` already (the bench
     reads each once); None: resolved and checked here. The cost curve's corrector observes the generations."""
     inner, name, reason, expected, others = _policy(spec, loaded, profile, log or _say)
-    main = as_policy(inner, loaded.heads)
-    inners = {r: as_policy(others[r][0], loaded.heads) if r in others else main for r in ACCEPTANCE}
+    main = _as_policy(inner)
+    inners = {r: _as_policy(others[r][0]) if r in others else main for r in ACCEPTANCE}
     uses_heads = loaded.heads is not None and any(_drafts(p) for p in inners.values())
     lookup = spec.lookup
     # typical acceptance gets lookup drafts only when asked (Lookup.typical) or without heads
@@ -496,13 +497,21 @@ def assemble(loaded: Loaded, composed: Composed, spec: EngineSpec = EngineSpec()
         loaded.model,
         loaded.tokenizer,
         heads=loaded.heads if composed.uses_heads else None,
-        tree=composed.policy,
+        policy=composed.policy,
         policies=composed.policies,
         kv=spec.kv,
         graphs=spec.graphs,
         costs=loaded.costs,
         observers=composed.observers,
     )
+
+
+def _as_policy(inner: str | TreePolicy | None) -> TreePolicy:
+    """The one place a name from the user becomes a policy: a spec's tree name (`--tree`) the static policy of
+    that tree, None (no heads, no tree) plain decoding, a profile section's policy itself."""
+    if inner is None:
+        return static(Tree.root_only())
+    return static(inner) if isinstance(inner, str) else inner
 
 
 def _drafts(policy: TreePolicy) -> bool:

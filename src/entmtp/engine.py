@@ -27,7 +27,7 @@ from .errors import EntMTPError
 from .heads import Drafter, LazyProbe, Probe, taken
 from .lookup import Lookup, NgramIndex, draft_lookup, source_depths
 from .model import check_request, context_window, encode_prompt, eos_token_ids
-from .policy import Choice, TreePolicy, as_policy
+from .policy import Choice, TreePolicy, require_policy, static
 from .records import MAX_TOP_LOGPROBS, Result, Step, StepContext, TokenEvent, TokenLogprob
 from .shipped import bind_heads
 from .text import Detokenizer, find_end
@@ -43,14 +43,18 @@ class GenerationObserver(Protocol):
 class Engine:
     """Self-speculative decoding with Medusa/Hydra heads over a frozen Hugging Face causal LM.
 
-    `tree` is a ready `TreePolicy` choosing a tree per step (policy.py; `scheduler.hybrid.hybrid(inner,
-    Lookup())` adds a prompt-lookup branch sized per step), or for short a tree name or a `Tree` (hybrid trees
-    with lookup nodes too), which `policy.as_policy` makes a static policy. `heads=None` with the root-only tree is plain decoding (one token per step), the baseline for speed
-    and equality; `heads=None` with `hybrid(None, Lookup())` is prompt lookup decoding.
+    `policy` is the `TreePolicy` choosing a tree per step (policy.py): `policy.static("tree_8")` one tree
+    every step, a scheduler's policy, `scheduler.hybrid.hybrid(inner, Lookup())` with a prompt-lookup branch
+    sized per step. The engine runs exactly the objects it is given and converts nothing: a tree name or a
+    `Tree` is refused with the fix (`static(...)`). None is plain decoding, the root alone (one token per
+    step, the baseline for speed and equality), with or without heads: given heads draft only for generations
+    handed a policy of their own (`new_state(policy=...)`, a batch row's). `hybrid(None, Lookup())` without
+    heads is prompt lookup decoding. Every tree a policy may verify is checked against the heads up front
+    (`checked`).
 
-    `policies`: other acceptance rules' own trees or policies (`{"sample": ..., "typical": ...}`, a profile's
-    sections: build.py fills it), so a server's requests at T=0 and T > 0 each get the policy calibrated for
-    their rule; a generation under a rule not in it runs `tree`.
+    `policies`: other acceptance rules' own policies (`{"sample": ..., "typical": ...}`, a profile's sections:
+    build.py fills it), so a server's requests at T=0 and T > 0 each get the policy calibrated for their rule;
+    a generation under a rule not in it runs `policy`.
 
     `kv="auto"` keeps keys and values in a preallocated cache where the model allows it (cache.py);
     `kv="dynamic"` uses transformers' DynamicCache. On CUDA, `graphs=True` replays one captured graph per
@@ -68,9 +72,9 @@ class Engine:
         model,
         tokenizer,
         heads=None,
-        tree: str | Tree | TreePolicy | None = None,
+        policy: TreePolicy | None = None,
         *,
-        policies: Mapping[str, str | Tree | TreePolicy] | None = None,
+        policies: Mapping[str, TreePolicy] | None = None,
         kv: str = "auto",
         graphs: bool = True,
         costs: CostCurve | None = None,
@@ -78,9 +82,11 @@ class Engine:
     ):
         self.model, self.tokenizer = model, tokenizer
         self.heads = bind_heads(heads, model) if heads is not None else None  # a no-op for `build`'s heads
-        policy = self.as_policy(tree)
+        policy = self.checked(policy if policy is not None else static(Tree.root_only()))
         self.policy = policy  # each generation runs its own `policy.fresh()`
-        self.policies = {rule: self.as_policy(p) for rule, p in _check_rules(policies or {}).items()}
+        self.policies = {
+            r: self.checked(p, f"Engine's policies[{r!r}]") for r, p in _check_rules(policies or {}).items()
+        }
         self.costs = costs  # the machine's cost curve the policy was built on (costs.py), if any
         self.observers = tuple(observers)  # told every finished generation's steps
         offset = heads.config.hidden_state_offset if heads is not None else 0
@@ -97,10 +103,10 @@ class Engine:
             self.graphs = VerifyGraphs(self.base)
         self.eos_ids = eos_token_ids(model, tokenizer)
 
-    def as_policy(self, tree: str | Tree | TreePolicy | None) -> TreePolicy:
-        """`tree` as a policy (policy.as_policy: None is tree_8 with heads, else the root alone) whose every tree
-        these heads can draft (checked up front, with the fix)."""
-        policy = as_policy(tree, self.heads)
+    def checked(self, policy: TreePolicy, where: str = "Engine") -> TreePolicy:
+        """`policy` itself, once checked: a policy (not a tree name or a `Tree`) whose every tree these heads
+        can draft (else an error with the fix, `where` naming the argument)."""
+        require_policy(policy, where)
         heads = self.heads
         for t in _trees(policy):
             if heads is None and t.heads_tree.num_nodes:
@@ -174,7 +180,7 @@ class Engine:
     ) -> DecodeState:
         """A generation's fresh state over `cache` (room for the prompt `ids`, the output and `scratch(policy)`),
         under `options` and/or its fields as keywords (`stream`'s). `policy`: this generation's own
-        (`as_policy`; a batch's rows may differ), else `policy_for` its sampling."""
+        (`checked` already; a batch's rows may differ), else `policy_for` its sampling."""
         options = GenerationOptions.of(options, **fields)
         sampling, seed, temperature = options.sampling, options.seed, options.temperature
         policy = self.policy_for(sampling) if policy is None else policy

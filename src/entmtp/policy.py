@@ -4,9 +4,11 @@ Per generation the engine takes `policy.fresh()` (the same settings, its own sta
 share trackers), then per step calls `choose(ctx)` before drafting and `observe(step)` after the step is
 finished (cut at EOS, a stop string or the token limit). The engine reads exactly the members declared here.
 The static policy always returns the same tree (what Medusa and Hydra do); the scheduling policies live in
-entmtp.scheduler. `as_policy` is the one place a `tree=` argument (a name, a `Tree` or a policy) becomes a
-policy. Policies compare equal when they were built from the same settings (`Settings`), so two faces that
-should run the same policy (`entmtp generate` and a bench's method) can be checked to.
+entmtp.scheduler. `static(tree)` makes a tree name or a `Tree` the policy that verifies it every step; what
+takes a policy (`Engine`, `hybrid`, a batch row) takes exactly that and refuses a name or a `Tree`
+(`require_policy`): nothing is coerced. Policies compare equal when they were built from the same settings
+(`Settings`), so two faces that should run the same policy (`entmtp generate` and a bench's method) can be
+checked to.
 """
 
 from __future__ import annotations
@@ -148,12 +150,33 @@ class StaticPolicy(Settings):
         pass
 
 
-def as_policy(tree: str | Tree | TreePolicy | None = None, heads=None) -> TreePolicy:
-    """`tree` as a policy (the one coercion of a `tree=` argument): a tree name (`entmtp trees`, or a JSON file
-    of paths) or a `Tree` becomes a `StaticPolicy`, a policy stays itself; None is tree_8 with `heads`, else
-    the root alone (plain decoding)."""
-    if tree is None:
-        tree = "tree_8" if heads is not None else Tree.root_only()
+def static(tree: str | Tree) -> StaticPolicy:
+    """The policy verifying `tree` every step: a tree name (`entmtp trees`, or a JSON file of paths) or a
+    `Tree` (hybrid trees with lookup nodes too). `static(Tree.root_only())` is plain decoding, one token per
+    step."""
     if isinstance(tree, str):
         tree = load_tree(tree)
-    return StaticPolicy(tree) if isinstance(tree, Tree) else tree
+    if not isinstance(tree, Tree):
+        raise TypeError(f"static takes a tree name or a Tree, got {type(tree).__name__}: {tree!r}")
+    return StaticPolicy(tree)
+
+
+def require_policy(policy, where: str) -> TreePolicy:
+    """`policy` itself when it is a policy; a tree name or a `Tree` (what `tree=` once took) is refused with
+    the fix, `where` naming what refused it."""
+    if isinstance(policy, str | Tree):
+        shown = repr(policy) if isinstance(policy, str) else f"<Tree {policy.name}>"
+        arg = repr(policy) if isinstance(policy, str) else "tree"
+        raise TypeError(
+            f"{where} takes a TreePolicy, not the tree {shown}: pass entmtp.policy.static({arg}) "
+            "(one tree every step) or a scheduler's policy"
+        )
+    missing = [
+        m for m in ("trees", "master", "lookup", "fresh", "choose", "observe") if not hasattr(policy, m)
+    ]
+    if missing:
+        raise TypeError(
+            f"{where} takes a TreePolicy (policy.TreePolicy: trees, master, lookup, fresh, choose, observe), "
+            f"got {type(policy).__name__} without {', '.join(missing)}"
+        )
+    return policy

@@ -23,6 +23,7 @@ from .heads import HeadsConfig, random_heads
 from .machine import record
 from .model import DTYPES, load_model
 from .packing import pack_linears
+from .policy import static
 from .random_model import memory_bandwidth, random_model, weight_bytes
 from .shipped import default_heads, resolve_heads
 from .tree import load_tree
@@ -137,7 +138,8 @@ def _runs(model, tokenizer, heads, trees: list, modes: list[str]) -> dict:
     for tree in [None, *trees]:
         for mode in modes:
             kw = dict(kv="dynamic" if mode == "dynamic" else "auto", graphs=mode == "graphs")
-            engine = Engine(model, tokenizer, heads=heads if tree else None, tree=tree, **kw)
+            policy = static(tree) if tree is not None else None  # None: plain decoding
+            engine = Engine(model, tokenizer, heads=heads if tree else None, policy=policy, **kw)
             name = tree.name if tree is not None else "plain"
             row = {"tree": name, "mode": mode, "nodes": 0 if tree is None else tree.num_nodes}
             runs[name if len(modes) == 1 else f"{name}@{mode}"] = (row, engine, [])

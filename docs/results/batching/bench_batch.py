@@ -23,6 +23,7 @@ from entmtp.build import EngineSpec, build
 from entmtp.costs import surface_for
 from entmtp.lookup import Lookup
 from entmtp.machine import hardware
+from entmtp.policy import static
 from entmtp.prompts import FOUR_TASKS, load_prompts
 from entmtp.tree import Tree
 
@@ -30,13 +31,13 @@ METHODS = ("plain", "spec-single-row-costs", "spec-batch-aware")
 
 
 def run(engine, prompts, batch: int, method: str, surface, max_new: int) -> dict:
-    tree = Tree.root_only() if method == "plain" else None
+    policy = static(Tree.root_only()) if method == "plain" else None
     costs = surface if method == "spec-batch-aware" else None
     t0 = time.perf_counter()
     results = [None] * len(prompts)
     steps = rows = 0
     options = BatchOptions(max_batch=batch, costs=costs)
-    for i, event in stream_batch(engine, prompts, options, max_new_tokens=max_new, tree=tree):
+    for i, event in stream_batch(engine, prompts, options, max_new_tokens=max_new, policy=policy):
         if event.step is not None:
             rows += 1
         if event.result is not None:

@@ -66,7 +66,7 @@ def shipped_at(rev: str, default, folder: Path) -> Engine:
     costs = costs_for(default.model, heads)
     policy, _, _ = scheduled_policy(profile, profile.mode_for_rule("greedy"), costs.latency())
     return Engine(
-        default.model, default.tokenizer, heads=heads, tree=hybrid(policy, Lookup(), costs), costs=costs
+        default.model, default.tokenizer, heads=heads, policy=hybrid(policy, Lookup(), costs), costs=costs
     )
 
 
@@ -99,7 +99,7 @@ def main() -> None:
         heads = resolve_heads("hydra", default.model)
         heads.set_draft_vocab(frequent_tokens(counts, size, keep=default.tokenizer.all_special_ids))
         engines[str(size)] = Engine(  # the same policy: each generation runs its own policy.fresh()
-            default.model, default.tokenizer, heads=heads, tree=default.policy, costs=default.costs
+            default.model, default.tokenizer, heads=heads, policy=default.policy, costs=default.costs
         )
     machine = describe(hardware(default.model))
     results: dict = {"machine": machine, "dtype": args.dtype, "tasks": {}}

@@ -65,7 +65,7 @@ def main() -> None:
         policies[name].__class__ = kind
     policies["both skips (default)"] = default.policy
     engines = {
-        name: Engine(default.model, default.tokenizer, heads=default.heads, tree=p, costs=default.costs)
+        name: Engine(default.model, default.tokenizer, heads=default.heads, policy=p, costs=default.costs)
         for name, p in policies.items()
     }
     engines["lookup alone"] = lookup_alone(default)

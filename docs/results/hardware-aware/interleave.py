@@ -40,8 +40,8 @@ def lookup_alone(default):
     from entmtp.lookup import Lookup
     from entmtp.scheduler.hybrid import hybrid
 
-    tree = hybrid(None, Lookup(), default.costs)
-    return Engine(default.model, default.tokenizer, tree=tree, costs=default.costs)
+    policy = hybrid(None, Lookup(), default.costs)
+    return Engine(default.model, default.tokenizer, policy=policy, costs=default.costs)
 
 
 def finish(table, results: dict, out) -> None:

@@ -31,6 +31,7 @@ def main() -> None:
     from entmtp.machine import cpu_info
     from entmtp.metrics import mean_tokens_per_step, step_tokens
     from entmtp.model import embedded_gguf, embedded_model_dir, load_model
+    from entmtp.policy import static
     from entmtp.prompts import load_prompts
     from entmtp.shipped import resolve_heads
     from entmtp.tree import Tree
@@ -62,13 +63,13 @@ def main() -> None:
         row: dict = {}
         for tree in trees:
             for name, model in models.items():
-                engine = Engine(model, tok, heads=heads[name], tree=tree)
+                engine = Engine(model, tok, heads=heads[name], policy=static(tree))
                 runs = [engine.generate(p, max_new_tokens=n) for p in prompts]
                 tokens = step_tokens(sum(len(r.token_ids) for r in runs), len(runs))
                 row[f"{tree} {name}"] = mean_tokens_per_step(tokens, sum(len(r.steps) for r in runs))
                 if name == "llama.cpp Q4_1" and tree == "tree_8":
                     spec = [r.token_ids for r in runs]
-        plain = Engine(q4, tok, heads=None, tree=Tree.root_only())
+        plain = Engine(q4, tok, heads=None, policy=static(Tree.root_only()))
         diffs = [
             first_difference(s, plain.generate(p, max_new_tokens=n).token_ids)
             for s, p in zip(spec, prompts, strict=True)

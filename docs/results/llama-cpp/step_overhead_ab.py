@@ -35,8 +35,8 @@ def setup(pkg, hyb):
             return 0 if s.noop else real(ctx, b)
 
     rt.lib = L()
-    plain = eng_mod.Engine(model, tok, heads=None, tree=tree_mod.Tree.root_only())
-    lookup = eng_mod.Engine(model, tok, heads=None, tree=hyb(None, lk.Lookup()))
+    plain = eng_mod.Engine(model, tok, heads=None)
+    lookup = eng_mod.Engine(model, tok, None, hyb(None, lk.Lookup()))  # positional: old and new signatures
     return rt, plain, lookup
 
 

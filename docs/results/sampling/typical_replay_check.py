@@ -15,6 +15,7 @@ from entmtp.calibration.search import step_tokens
 from entmtp.calibration.traces import TYPICAL, trace_generation
 from entmtp.engine import Engine
 from entmtp.model import load_model
+from entmtp.policy import static
 from entmtp.scheduler.profiles import resolve_profile
 from entmtp.shipped import resolve_heads
 from entmtp.tree import load_tree
@@ -33,7 +34,7 @@ for task in ("gsm8k", "sharegpt"):
     for name in ("tree_8", "mc_sim_7b_63", prof.mode("typical").measured_on.best):
         tree = load_tree(name) if name in ("tree_8", "mc_sim_7b_63") else prof.trees("typical")[name]
         rep = [k for tr in traces for k in step_tokens(tree, tr)]
-        e = Engine(model, tok, heads=heads, tree=tree)
+        e = Engine(model, tok, heads=heads, policy=static(tree))
         real = []
         for i, (ids, o) in enumerate(pairs):
             r = e.generate(ids, max_new_tokens=len(o), temperature=0.7, acceptance="typical", seed=100 + i)

@@ -36,7 +36,7 @@ from ..costs import LatencyModel
 from ..engine import Engine
 from ..errors import EntMTPError
 from ..machine import hardware, heads_checksum, model_fingerprint, record
-from ..policy import StaticPolicy
+from ..policy import StaticPolicy, static
 from ..scheduler.policies import (
     AcceptanceModel,
     BinaryPolicy,
@@ -115,7 +115,7 @@ def measure_trees(
     machine where big trees cost seconds per step still finishes in minutes."""
     engines = {"none": Engine(model, tokenizer)}
     for t in trees:
-        engines[t.name] = Engine(model, tokenizer, heads=heads, tree=t)
+        engines[t.name] = Engine(model, tokenizer, heads=heads, policy=static(t))
     for e in engines.values():  # warm-up
         e.generate(prompts[0], max_new_tokens=4)
     ms: dict[str, list[float]] = {n: [] for n in engines}
@@ -515,7 +515,8 @@ def _profile(model, heads, heads_name, task, run, latency, section) -> Profile:
 def generation_engine(model, tokenizer, heads) -> Engine:
     """The engine calibration generations are made with (any tree gives the same greedy output; a small one
     is fast on every device)."""
-    return Engine(model, tokenizer, heads=heads, tree="tree_8" if heads.config.num_heads >= 3 else "chain_1")
+    tree = "tree_8" if heads.config.num_heads >= 3 else "chain_1"
+    return Engine(model, tokenizer, heads=heads, policy=static(tree))
 
 
 def typical_union(profile: Profile, heads) -> Tree:

@@ -130,11 +130,11 @@ def measure_prefill(
     when `heads`) at each of `lengths` that fits the model's window, shortest first; a length whose time,
     predicted from the last one measured, would overrun `budget_s` is skipped."""
     from ..engine import Engine  # here: the engine imports this package
-    from ..tree import Tree
+    from ..policy import static
     from .probe import _NoText
 
     t0 = time.perf_counter()
-    engine = Engine(model, _NoText(), heads, None if heads is not None else Tree.root_only(), graphs=False)
+    engine = Engine(model, _NoText(), heads, static("tree_8") if heads is not None else None, graphs=False)
     engine.eos_ids = set()
     gen = torch.Generator().manual_seed(0)
     fits = sorted({min(n, engine.window - 2) for n in lengths})

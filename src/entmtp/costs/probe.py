@@ -94,7 +94,8 @@ class Probe:
         from .. import engine as engine_mod
 
         self.loop = engine_mod  # the engine's decode, prefill, prepare and conclude (looked up at each call)
-        self.engine = engine = engine_mod.Engine(model, _NoText(), heads, Tree.root_only(), graphs=False)
+        # no policy of its own (plain decoding): each state is given its synthetic tree's static policy
+        self.engine = engine = engine_mod.Engine(model, _NoText(), heads, graphs=False)
         engine.eos_ids = set()  # the model's end-of-text tokens too: a probe's generation ends when it stops
         self.graphs = None
         if graphs and engine.base.preallocate:  # as the engine verifies on CUDA (quiet: no capture lines)

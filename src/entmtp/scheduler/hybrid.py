@@ -55,7 +55,7 @@ import numpy as np
 from ..costs.curves import CPU_COST, HEADS_DRAFT_COST, CostCurve, LatencyModel
 from ..heads import taken
 from ..lookup import Lookup
-from ..policy import Choice, Menu, Settings, Stateful, TreePolicy, as_policy
+from ..policy import Choice, Menu, Settings, Stateful, TreePolicy, require_policy, static
 from ..records import Step, StepContext
 from ..tree import Tree, with_lookup
 
@@ -297,13 +297,13 @@ class HybridPolicy(Settings, Stateful):
 
 
 def hybrid(
-    inner: str | Tree | TreePolicy | None = None, lookup: Lookup | None = None, costs: CostCurve | None = None
+    inner: TreePolicy | None = None, lookup: Lookup | None = None, costs: CostCurve | None = None
 ) -> HybridPolicy:
-    """`inner` (a tree name, a tree, a policy, or None: the root alone, i.e. prompt lookup decoding) with a
-    lookup branch (`lookup`, default `Lookup()`) sized per step on `costs` (this machine's cost curve,
-    costs/; its measured draft share prices lookup-only steps and the probe; None: `CPU_COST` and
-    `HEADS_DRAFT_COST`, another machine's)."""
-    policy = as_policy(inner)  # None: the root alone
+    """`inner` (a policy, e.g. `policy.static("tree_8")`, taken as it is; None: the root alone, i.e. prompt
+    lookup decoding) with a lookup branch (`lookup`, default `Lookup()`) sized per step on `costs` (this
+    machine's cost curve, costs/; its measured draft share prices lookup-only steps and the probe; None:
+    `CPU_COST` and `HEADS_DRAFT_COST`, another machine's)."""
+    policy = static(Tree.root_only()) if inner is None else require_policy(inner, "hybrid")
     latency, share = (costs.latency(), costs.draft_share) if costs is not None else (None, None)
     return HybridPolicy(policy, lookup or Lookup(), latency, draft_cost=share)
 

@@ -27,6 +27,7 @@ import torch
 from .. import metrics
 from ..engine import Engine
 from ..model import encode_prompt
+from ..policy import static
 from ..prompts import FOUR_TASKS, SPECBENCH, TASKS, load_prompts
 from ..tree import load_tree
 from .shards import generate_responses
@@ -89,7 +90,7 @@ def speculative_runs(
 ) -> dict[str, dict[str, dict]]:
     """Greedy speculative decoding of every prompt with every (heads, tree), the heads interleaved prompt by
     prompt: {heads name: {tree: tokens_per_step, steps, tokens, seconds, tokens_per_second}}."""
-    engines = {(n, t): Engine(model, tokenizer, h, tree=t) for n, h in heads.items() for t in trees}
+    engines = {(n, t): Engine(model, tokenizer, h, static(t)) for n, h in heads.items() for t in trees}
     sums = {key: [0, 0, 0.0] for key in engines}  # tokens after the first, steps, seconds
     for ids in prompts:
         for key, engine in engines.items():

@@ -40,8 +40,8 @@ def main() -> None:
     heads = resolve_heads("hydra", model)
     dynamic = resolve_profile("mixed", "hydra").policy("dynamic", latency=lat)
     methods = {
-        "lookup": Engine(model, tok, tree=hybrid(None, Lookup(), curve)),
-        "hybrid": Engine(model, tok, heads=heads, tree=hybrid(dynamic, Lookup(), curve)),
+        "lookup": Engine(model, tok, policy=hybrid(None, Lookup(), curve)),
+        "hybrid": Engine(model, tok, heads=heads, policy=hybrid(dynamic, Lookup(), curve)),
     }
     print(f"bf16 curve: {curve.summary()}")
     for task in ("specbench-translation", "specbench-rag", "specbench-qa"):
