@@ -15,6 +15,7 @@ from entmtp.calibration.calibrate import fit_acceptance
 from entmtp.calibration.replay import replay, step_ms
 from entmtp.calibration.traces import load_traces
 from entmtp.costs import HEADS_DRAFT_COST, CostCurve, measure, measure_surface, priced_ms
+from entmtp.costs.cache import PROBE
 from entmtp.costs.probe import Probe
 from entmtp.heads import HeadsConfig, random_heads
 from entmtp.scheduler.policies import DynamicPolicy
@@ -79,7 +80,7 @@ def test_a_measured_curve_and_surface_are_timed_through_the_engine(monkeypatch):
     curve = measure(
         model, None, sizes=(0, 2), contexts=(16,), budget_s=2.0, progress=False, sampling=Sampling(0.7)
     )
-    assert curve.key["acceptance"] == "sample" and curve.key["probe"] == 2
+    assert curve.key["acceptance"] == "sample" and curve.key["probe"] == PROBE  # the probe's version
     steps = [out.step for _, out in calls["conclude"] if out.step is not None]
     assert {s.tree_nodes for s in steps} == {0, 2} and len(calls["prepare"]) == len(steps)
     assert {args[3].rule for args, _ in calls["accept"]} == {"sample"}
@@ -90,7 +91,9 @@ def test_a_measured_curve_and_surface_are_timed_through_the_engine(monkeypatch):
     monkeypatch.setattr(
         BaseModel,
         "forward_batch",
-        lambda self, tokens, trees, kv: batched.append(len(tokens)) or real_batch(self, tokens, trees, kv),
+        lambda self, tokens, trees, kv, **kw: (
+            batched.append(len(tokens)) or real_batch(self, tokens, trees, kv, **kw)
+        ),
     )
     surface = measure_surface(model, None, batches=(1, 3), sizes=(0, 2), budget_s=60.0, progress=False)
     assert surface.batches == (1, 3) and set(batched) == {3}

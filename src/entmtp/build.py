@@ -507,11 +507,12 @@ def assemble(loaded: Loaded, composed: Composed, spec: EngineSpec = EngineSpec()
 
 
 def _as_policy(inner: str | TreePolicy | None) -> TreePolicy:
-    """The one place a name from the user becomes a policy: a spec's tree name (`--tree`) the static policy of
-    that tree, None (no heads, no tree) plain decoding, a profile section's policy itself."""
+    """The one place a name from the user becomes a policy: a spec's tree name (`--tree`) or a tree (a profile
+    section's when no bank tree beats a plain step here: the root alone) the static policy of that tree, None
+    (no heads, no tree) plain decoding, a profile section's policy itself."""
     if inner is None:
         return static(Tree.root_only())
-    return static(inner) if isinstance(inner, str) else inner
+    return static(inner) if isinstance(inner, (str, Tree)) else inner
 
 
 def _drafts(policy: TreePolicy) -> bool:
