@@ -85,9 +85,14 @@ def load_curve(path: str | os.PathLike[str]) -> CostCurve:
         ) from e
 
 
-def save_curve(curve: CostCurve, path: Path) -> None:
+def save_record(record, path: Path) -> None:
+    """Write a measured record (a curve, surface, prefill or choice cost: anything with `to_json`) to the
+    cache, atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(curve.to_json(), indent=1) + "\n")
+    write_text_atomic(path, json.dumps(record.to_json(), indent=1) + "\n")
+
+
+save_curve = save_surface = save_record  # the names the callers of curves and surfaces use
 
 
 def load_surface(path: Path) -> CostSurface:
@@ -95,11 +100,6 @@ def load_surface(path: Path) -> CostSurface:
         return CostSurface.from_json(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
         raise CostsError(f"cost surface {path} is unreadable ({e})") from e
-
-
-def save_surface(surface: CostSurface, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(surface.to_json(), indent=1) + "\n")
 
 
 def cached(path: Path, key: dict, load):

@@ -27,10 +27,9 @@ import numpy as np
 import torch
 
 from ..accept import Sampling
-from ..files import write_text_atomic
 from ..machine import digest, record
 from ..tree import Tree
-from .cache import cached, cost_key, costs_dir
+from .cache import cached, cost_key, costs_dir, save_record
 from .curves import CostsError
 
 FORMAT, VERSION = "entmtp-choice", 1
@@ -104,8 +103,7 @@ def choice_for(
     found = None if refresh else cached(path, key, load_choice)
     if found is None:
         found = measure_choice(model, heads, policy, sampling=sampling)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(found.to_json(), indent=1) + "\n")
+        save_record(found, path)
     return found
 
 

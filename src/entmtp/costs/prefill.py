@@ -22,9 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..files import write_text_atomic
 from ..machine import record
-from .cache import cached, cost_key, cost_path
+from .cache import cached, cost_key, cost_path, save_record
 from .curves import CostsError
 
 PREFILL_FORMAT, PREFILL_VERSION = "entmtp-prefill", 1
@@ -112,8 +111,7 @@ def prefill_for(
     cost = None if refresh else cached(path, key, load_prefill)
     if cost is None:
         cost = measure_prefill(model, heads, budget_s=budget_s, progress=progress)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(cost.to_json(), indent=1) + "\n")
+        save_record(cost, path)
     return cost
 
 
