@@ -4,6 +4,7 @@ its batch-mates are, do, or when they join and leave; the batched KV cache keeps
 from __future__ import annotations
 
 import ast
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -173,6 +174,50 @@ def test_batch_cache_rows_keep_their_entries_when_others_leave_and_the_tensor_gr
     assert kv.rows == [rows[2], rows[1], big] and kv.capacity >= 2000
     for r, want in zip(rows[1:], keep[1:], strict=True):
         assert torch.equal(r.kv[:, :, :, :, : r.length], want)
+
+
+def _batch_with_rows(dtype: torch.dtype, lengths: list[int]) -> tuple[BatchKV, list]:
+    """A batch cache in `dtype` whose rows hold `lengths` committed tokens, one more row added and removed
+    first (so its tensor has more rows than are in use), its slots filled with noise."""
+    model = tiny_model("llama", seed=3).to(dtype)
+    kv = BatchKV(model)
+    rows = [kv.add(300) for _ in range(len(lengths) + 1)]
+    kv.remove(rows[0])  # the last row moves into its place
+    kv.kv.copy_(torch.randn(kv.kv.shape))
+    for row, length in zip(kv.rows, lengths, strict=True):
+        row.length = length
+    return kv, kv.rows
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_batched_forward_writes_each_rows_keys_at_its_own_slots_and_nothing_else(dtype):
+    kv, rows = _batch_with_rows(dtype, [7, 0, 40])
+    n = 3
+    before = kv.kv.clone()
+    kv.begin(n)
+    shape = (len(rows), kv.kv_heads, n, kv.head_dim)  # [B, kv_heads, n, head_dim]
+    k, v = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
+    keys, values = kv.update(k, v, 1)
+    want = before.clone()
+    for b, row in enumerate(rows):
+        want[0, 1, b, :, row.length : row.length + n] = k[b]
+        want[1, 1, b, :, row.length : row.length + n] = v[b]
+    assert torch.equal(kv.kv, want)  # bit for bit: every other slot, row and layer untouched
+    assert keys.shape[2] == values.shape[2] == 40 + n  # attention reads up to the longest row's last slot
+    assert torch.equal(keys, want[0, 1, :3, :, : 40 + n]) and torch.equal(values, want[1, 1, :3, :, : 40 + n])
+
+
+def test_a_bf16_batch_cache_write_never_copies_the_whole_cache():
+    """The write costs what it writes: `scatter_` on a bf16 cache upcast the whole [B, kv_heads, capacity,
+    head_dim] layer to float32 and back on every call (28% of the data job's generation)."""
+    kv, rows = _batch_with_rows(torch.bfloat16, [5, 9])
+    kv.begin(1)
+    k = torch.randn(len(rows), kv.kv_heads, 1, kv.head_dim).to(torch.bfloat16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        kv.update(k, k, 0)
+    layer = kv.kv[0, 0, : len(rows)].numel()
+    copied = [e for e in prof.events() if e.name == "aten::copy_" and e.input_shapes]
+    assert all(math.prod(e.input_shapes[0]) < layer for e in copied), [e.input_shapes for e in copied]
 
 
 def test_one_batched_forward_gives_each_row_its_own_forwards_logits():

@@ -153,7 +153,7 @@ class BatchKV(Cache):
         self.kv = self._zeros(0, 0)
         self.rows: list[KVCache] = []
         self._needs: dict[int, tuple[int, int]] = {}  # id(row) -> (its tokens, its largest tree's slots)
-        self._slots: torch.Tensor | None = None  # [B, n] where the forward in flight writes
+        self._slots: torch.Tensor | None = None  # [B * kv_heads * n]: where the forward in flight writes
         self._kv_len = 0
 
     @property
@@ -223,16 +223,26 @@ class BatchKV(Cache):
             raise ValueError(
                 f"{n} tokens after {int(lengths.max())} overflow the batch cache of {self.capacity}"
             )
-        self._slots = (lengths[:, None] + torch.arange(n)).to(self.device)  # [B, n]
+        self._slots = self._flat_slots(lengths, n).to(self.device)
         self._kv_len = int(lengths.max()) + n
         return lengths
 
+    def _flat_slots(self, lengths: torch.Tensor, n: int) -> torch.Tensor:
+        """[B * kv_heads * n]: where row b, head h, token i goes in one layer's keys seen as [B * kv_heads *
+        capacity, head_dim] rows (slot lengths[b] + i), in the order of a [B, kv_heads, n, head_dim] tensor."""
+        b, h, capacity = len(lengths), self.kv_heads, self.capacity
+        slots = lengths[:, None] + torch.arange(n)  # [B, n]
+        heads = torch.arange(b)[:, None] * h + torch.arange(h)  # [B, kv_heads]: row b's head h
+        return (heads[:, :, None] * capacity + slots[:, None, :]).reshape(-1)
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Write the forward's keys and values (row b at its slots, see `begin`) with one `index_copy_` each
+        over the layer's slots seen as rows of head_dim: it touches those rows alone (`scatter_` on a bf16
+        cache copied the whole [B, kv_heads, capacity, head_dim] layer to float32 and back on every call)."""
         b, h, n, d = key_states.shape
         keys, values = self.kv[0, layer_idx, :b], self.kv[1, layer_idx, :b]  # [B, kv_heads, capacity, hd]
-        index = self._slots[:, None, :, None].expand(b, h, n, d)
-        keys.scatter_(2, index, key_states)
-        values.scatter_(2, index, value_states)
+        keys.view(-1, d).index_copy_(0, self._slots, key_states.reshape(-1, d))
+        values.view(-1, d).index_copy_(0, self._slots, value_states.reshape(-1, d))
         return keys[:, :, : self._kv_len], values[:, :, : self._kv_len]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
