@@ -12,7 +12,7 @@
 # Python process's id: SIGSTOP pauses it while something else is timed, SIGCONT resumes it; nothing it decides
 # depends on time, only the wall seconds it records for a shard grow (the CPU seconds beside them do not).
 # The log ($OUT/gen.log) has one line per shard: tokens/s of generation, positions/s of the teacher-forced pass.
-# Usage: scripts/heads_v3_gen.sh   (settings by environment: OUT, PROMPTS, PYTHON, PIDFILE)
+# Usage: scripts/heads_v3_gen.sh   (settings by environment: OUT, PROMPTS, PYTHON, PIDFILE, REV, BATCH, THREADS)
 set -euo pipefail
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then  # the header comment above is the help
   sed -n '2,/^set -/{/^set -/d;s/^# \{0,1\}//;p}' "$0"; exit 0
@@ -24,6 +24,9 @@ PYTHON=${PYTHON:-.venv/bin/python}
 PIDFILE=${PIDFILE:-$OUT/gen.pid}
 REV=${REV:-HEAD}
 BATCH=${BATCH:-32}  # rows of the continuous batch; not part of the data's identity (may change on resume)
+# torch threads: 1 while other work shares the cores (2 threads on a busy 2-core machine wait at every op's
+# barrier: ~10x slower a step, measured under load), 2 on a quiet machine. Not part of the data's identity.
+THREADS=${THREADS:-2}
 
 if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
     echo "a generation is already running: pid $(cat "$PIDFILE") ($PIDFILE)" >&2
@@ -41,7 +44,7 @@ fi
 # 256 sequences (128 prompts, two answers each) a shard.
 args=(train-heads --kind hydra --stages gen --out "$OUT/run" --distill-dir "$OUT/distill" --data-dir "$OUT/prompts"
       --num-prompts 1000000 --both-answers --max-prompt-tokens 384 --max-new-tokens 256 --val-fraction 0.01
-      --shard-size 256 --top-k 10 --seed 0 --gen-batch-size "$BATCH" --dtype bfloat16 --device cpu --threads 2
+      --shard-size 256 --top-k 10 --seed 0 --gen-batch-size "$BATCH" --dtype bfloat16 --device cpu --threads "$THREADS"
       --no-progress)
 echo "$(date -u +%FT%TZ) start: code $code, $PYTHON -m entmtp.cli ${args[*]}" >> "$OUT/gen.log"
 PYTHONPATH="$code/src" setsid nohup nice -n 19 "$PYTHON" -m entmtp.cli "${args[@]}" >> "$OUT/gen.log" 2>&1 < /dev/null &
