@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 
 import pytest
@@ -19,9 +20,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram  # noqa: E40
 from entmtp.build import EngineSpec  # noqa: E402
 from entmtp.cli import build_parser, engine_spec, main  # noqa: E402
 from entmtp.errors import EntMTPError  # noqa: E402
-from entmtp.server.ray_config import RayServeConfig, check_ray_arguments, config_from_args  # noqa: E402
+from entmtp.server.ray_config import (  # noqa: E402
+    LOCAL_CLUSTER_ENV,
+    RayServeConfig,
+    check_ray_arguments,
+    config_from_args,
+)
 from entmtp.server.ray_metrics import Mirror  # noqa: E402
-from entmtp.server.relay import asgi_messages, relay  # noqa: E402
+from entmtp.server.relay import asgi_batches, asgi_messages, coalesce, relay, unbatched  # noqa: E402
 
 
 def _config(*argv: str) -> RayServeConfig:
@@ -155,6 +161,55 @@ def test_a_relayed_answer_is_the_apps_whole_or_streamed():
     assert streamed_body == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
 
 
+def test_events_sent_at_once_cross_as_one_message_in_order_and_none_is_lost():
+    """A replica sends what its app had ready as one batch, body parts joined (one Ray message, not one per
+    event); parts sent apart go apart (nothing waits for more); the front reads the same bytes in order."""
+    gate = None
+
+    async def app(scope, receive, send):
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        await gate.wait()  # the next events come later, all at once: a stream's last text, finish, [DONE]
+        for part in (b"data: 2\n\n", b"data: 3\n\n", b"data: [DONE]\n\n"):
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def run():
+        nonlocal gate
+        gate = asyncio.Event()
+        batches = []
+        async for batch in asgi_batches(app, _data("GET", "/")):
+            batches.append(batch)
+            gate.set()
+        relayed = await relay(unbatched(_replay(batches)), lambda: None, "rid")
+        return batches, await _body(relayed)
+
+    batches, body = asyncio.run(run())
+    assert [[m["type"].rsplit(".", 1)[1] for m in b] for b in batches] == [["start", "body"], ["body"]]
+    assert batches[0][1] == {"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True}
+    assert batches[1] == [
+        {"type": "http.response.body", "body": b"data: 2\n\ndata: 3\n\ndata: [DONE]\n\n", "more_body": False}
+    ]
+    assert body == b"data: 1\n\ndata: 2\n\ndata: 3\n\ndata: [DONE]\n\n"
+
+
+async def _replay(batches: list[list[dict]]):
+    for b in batches:
+        yield b
+
+
+def test_coalesce_joins_only_runs_of_body_parts():
+    start = {"type": "http.response.start", "status": 200, "headers": []}
+    a = {"type": "http.response.body", "body": b"a", "more_body": True}
+    b = {"type": "http.response.body", "body": b"b", "more_body": False}
+    assert coalesce([start, a, b]) == [
+        start,
+        {"type": "http.response.body", "body": b"ab", "more_body": False},
+    ]
+    assert coalesce([a]) == [a] and coalesce([]) == []
+
+
 class ActorDiedError(Exception):
     """Stands for Ray's: the replica's process is gone."""
 
@@ -262,16 +317,24 @@ def test_a_local_cluster_is_a_new_one_even_where_ray_start_runs_one(monkeypatch,
             calls.append(("serve.shutdown",))
 
     monkeypatch.setattr(ray_serve, "require_ray", lambda: (FakeRay(), FakeServe()))
+    for name in LOCAL_CLUSTER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP", "1")  # one the user set: it stays
     args = build_parser().parse_args(["serve", "--ray", "--dtype", "float32"])
     args.argv = []
     with pytest.raises(Stop):
         ray_serve.serve_ray(args, engine_spec(args))
     assert calls == [("init", "local"), ("serve.shutdown",), ("shutdown",)]
+    # the local cluster's processes inherit Ray Serve's throughput settings, less those the user set
+    assert os.environ["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
+    assert os.environ["RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP"] == "1"
+    monkeypatch.delenv("RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD")
     args = build_parser().parse_args(["serve", "--ray", "--ray-address", "10.0.0.1:6379"])
     args.argv, calls[:] = [], []
     with pytest.raises(Stop):
         ray_serve.serve_ray(args, engine_spec(args))
     assert calls == [("init", "10.0.0.1:6379")]  # a cluster it joined is left running
+    assert "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD" not in os.environ  # its processes are not ours
 
 
 def test_a_failed_call_whose_cancel_raises_its_error_again_is_still_a_503():

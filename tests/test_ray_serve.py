@@ -7,6 +7,7 @@ restarts the replica."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -24,7 +25,7 @@ from starlette.testclient import TestClient  # noqa: E402
 from entmtp.build import EngineSpec, build  # noqa: E402
 from entmtp.lookup import Lookup  # noqa: E402
 from entmtp.server.app import create_app  # noqa: E402
-from entmtp.server.ray_config import APP_NAME, RayServeConfig  # noqa: E402
+from entmtp.server.ray_config import APP_NAME, LOCAL_CLUSTER_ENV, RayServeConfig  # noqa: E402
 from entmtp.server.ray_serve import build_app  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -45,6 +46,10 @@ def _free_port() -> int:
 def cluster():
     """The URL of the application on a local Ray cluster, shut down (Serve, then Ray) however the tests end."""
     port = _free_port()
+    before = {name: os.environ.get(name) for name in LOCAL_CLUSTER_ENV}
+    os.environ.update(
+        LOCAL_CLUSTER_ENV
+    )  # the settings `entmtp serve --ray` gives the local cluster it starts
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -53,6 +58,11 @@ def cluster():
     finally:
         serve.shutdown()
         ray.shutdown()
+        for name, value in before.items():  # as they were: other modules start no Ray cluster with them
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,15 @@ INSTALL_HINT = "pip install 'entmtp[ray]'"
 # after the engines' drain: time for the front to write a cut stream's error event and [DONE]
 CUT_GRACE_S = 5.0
 HEALTH_CHECK_S = 2.0  # Ray's health check period of an engine replica (Ray's default, 10 s, slows recovery)
+# Ray Serve's own throughput settings (its RAY_SERVE_THROUGHPUT_OPTIMIZED set, less direct ingress and gRPC),
+# given to a local cluster that `entmtp serve --ray` starts (its processes inherit them; one you set wins). By
+# default every streamed message crosses threads twice more in each of the proxy, the front and the replica: the
+# router's loop to the caller's, the user code's thread to the replica's loop. On a machine whose cores decode,
+# those hops take their CPU. A cluster of your own (`ray start`) takes them from the environment of `ray start`.
+LOCAL_CLUSTER_ENV = {
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",  # user code on the replica's own event loop
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",  # a handle's router on its caller's event loop
+}
 SERVER_FIELDS = ("model_name", "max_batch", "max_queue", "max_body", "body_timeout", "acceptance")
 
 

@@ -18,7 +18,7 @@ import logging
 from fastapi import FastAPI, Request
 
 from .ray_config import RayServeConfig
-from .relay import Stopping, relay, request_data
+from .relay import Stopping, relay, request_data, unbatched
 from .routes import _read_body
 
 log = logging.getLogger("entmtp.server")
@@ -71,7 +71,7 @@ def front_app(engine, max_body: int, body_timeout: float, stopping: Stopping) ->
             return body
         # Ray's proxy put one in: the client's, or its own (and adds it to the response)
         rid = request.headers.get("x-request-id", "")
-        messages = engine.answer.remote(request_data(request, body, rid))
-        return await relay(messages, messages.cancel, rid, stopping)
+        batches = engine.answer.remote(request_data(request, body, rid))  # lists of messages (asgi_batches)
+        return await relay(unbatched(batches), batches.cancel, rid, stopping)
 
     return app

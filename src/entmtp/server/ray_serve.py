@@ -26,13 +26,21 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import signal
 import sys
 import threading
 from dataclasses import replace
 
 from ..errors import EntMTPError
-from .ray_config import APP_NAME, INSTALL_HINT, RayServeConfig, config_from_args, deploy_yaml
+from .ray_config import (
+    APP_NAME,
+    INSTALL_HINT,
+    LOCAL_CLUSTER_ENV,
+    RayServeConfig,
+    config_from_args,
+    deploy_yaml,
+)
 
 log = logging.getLogger("entmtp.server")
 
@@ -93,11 +101,13 @@ class EngineReplica:
         Mirror(self.state.metrics.registry, _ray_gauge).start(self.stop)
 
     async def answer(self, data: dict):
-        """The ASGI messages of the app's answer to `data` (relay.request_data's), as they are sent."""
-        from .relay import asgi_messages
+        """The ASGI messages of the app's answer to `data` (relay.request_data's), as they are sent: in
+        batches (relay.asgi_batches), one Ray message for all those ready at once (a stream's last text, its
+        finish and usage chunks and [DONE]; the events of steps made while this replica's loop was busy)."""
+        from .relay import asgi_batches
 
-        async for message in asgi_messages(self.app, data):
-            yield message
+        async for batch in asgi_batches(self.app, data):
+            yield batch
 
     def check_health(self) -> None:
         """Ray's health check: the generation thread must be alive (else Ray replaces this replica)."""
@@ -156,6 +166,9 @@ def serve_ray(args, spec) -> int:
         return 0
     ray, serve = require_ray()
     local = args.ray_address is None
+    if local:  # Ray Serve's throughput settings, inherited by the cluster's processes (ray_config says why)
+        for name, value in LOCAL_CLUSTER_ENV.items():
+            os.environ.setdefault(name, value)
     # "local": a new cluster, even where `ray start` runs one on this machine (Ray's None would join it)
     ray.init(address=args.ray_address or "local", log_to_driver=args.verbose)
     deployed = False

@@ -54,9 +54,12 @@ def request_data(request: Request, body: bytes, request_id: str) -> dict:
     }
 
 
-async def asgi_messages(app, data: dict) -> AsyncIterator[dict]:
-    """The ASGI messages `app` sends answering the request `data` (request_data's), as it sends them; ends
-    with the last body part. Closed early, the app sees its client disconnect, and its task is cancelled."""
+async def asgi_batches(app, data: dict) -> AsyncIterator[list[dict]]:
+    """The ASGI messages `app` sends answering the request `data` (request_data's), in batches: each batch is
+    what the app had sent by the time the previous one was taken, its consecutive body parts joined into one
+    (`coalesce`), so a replica that falls behind its app sends one Ray message for several events, never
+    waiting for more. Ends with the last body part. Closed early, the app sees its client disconnect, and its
+    task is cancelled."""
     scope = {
         "type": "http",
         "asgi": {"version": "3.0", "spec_version": "2.3"},
@@ -84,10 +87,11 @@ async def asgi_messages(app, data: dict) -> AsyncIterator[dict]:
     task = asyncio.create_task(app(scope, receive, sent.put))
     task.add_done_callback(lambda _: sent.put_nowait(None))  # the app returned (or raised): no more messages
     try:
-        while (message := await sent.get()) is not None:
-            yield message
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                break
+        ended = False
+        while not ended:
+            batch, ended = _ready(await sent.get(), sent)
+            if batch:
+                yield coalesce(batch)
         if task.done() and task.exception() is not None:
             raise task.exception()
     finally:
@@ -95,6 +99,55 @@ async def asgi_messages(app, data: dict) -> AsyncIterator[dict]:
         if not task.done():
             await asyncio.wait({task}, timeout=1.0)  # the app's own cleanup on the disconnect
             task.cancel()
+
+
+def _ready(message: dict | None, sent: asyncio.Queue) -> tuple[list[dict], bool]:
+    """`message` and those already waiting in `sent` after it (none is waited for), up to the answer's end;
+    and whether the answer ended (its last body part, or None: the app returned)."""
+    batch = []
+    while message is not None:
+        batch.append(message)
+        if _is_last(message):
+            return batch, True
+        if sent.empty():
+            return batch, False
+        message = sent.get_nowait()
+    return batch, True
+
+
+def _is_last(message: dict) -> bool:
+    return message["type"] == "http.response.body" and not message.get("more_body", False)
+
+
+def coalesce(messages: list[dict]) -> list[dict]:
+    """`messages` with each run of consecutive body parts joined into one body part (the bytes in order, the
+    last part's more_body): the same bytes reach the client, in fewer messages. A stream's server-sent events
+    stay whole (each part holds whole events), so a client reads the same events."""
+    out: list[dict] = []
+    for m in messages:
+        if out and m["type"] == out[-1]["type"] == "http.response.body":
+            joined = out[-1].get("body", b"") + m.get("body", b"")
+            out[-1] = {"type": m["type"], "body": joined, "more_body": m.get("more_body", False)}
+        else:
+            out.append(m)
+    return out
+
+
+async def unbatched(batches: AsyncIterator[list[dict]]) -> AsyncIterator[dict]:
+    """The messages of `batches` (asgi_batches's, through Ray), one by one: what `relay` reads. Closing it
+    closes `batches` where they can be closed (Ray's response generator is stopped by its `cancel`)."""
+    try:
+        async for batch in batches:
+            for message in batch:
+                yield message
+    finally:
+        if hasattr(batches, "aclose"):
+            await batches.aclose()
+
+
+def asgi_messages(app, data: dict) -> AsyncIterator[dict]:
+    """The ASGI messages of `app`'s answer to `data`, one by one (asgi_batches's, unbatched)."""
+    return unbatched(asgi_batches(app, data))
 
 
 async def relay(
