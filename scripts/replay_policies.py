@@ -3,6 +3,7 @@ from the shipped profiles' measured step latencies, without timing noise (calibr
 
     python scripts/replay_policies.py [--heads hydra,medusa] [--tasks T,...] [--num-prompts 10]
         [--split test|calib] [--max-new-tokens 96] [--dtype bfloat16] [--threads 2] [--out DIR]
+        [--this-machine [--cached-only]]
 
 Step 1 generates plain greedy outputs of the test prompts (kept in OUT/outputs.json: a rerun with the same
 settings reuses them); step 2 traces them through each heads; step 3 replays every method and prints one
@@ -18,7 +19,10 @@ By default every figure is priced on the shipped profile's stored latencies, ano
 drafting at the constant HEADS_DRAFT_COST and no choice charged (each replay's `charges` says so). With
 --this-machine the policies are sized on this machine's measured cost curve (`costs_for`: measured once, then
 cached) and every step is charged by it, the drafting at its measured share and each policy's choice as
-measured here for that policy (costs/choice.py).
+measured here for that policy (costs/choice.py). With --cached-only those measurements must be in the cost
+cache already (the script refuses, naming what is missing, rather than time anything): the replays themselves
+are computations, fine on a busy machine; the curve and the choices are not. replay.json names the machine
+that ran it (`machine`, machine.record).
 """
 
 from __future__ import annotations
@@ -36,9 +40,10 @@ from rich.table import Table
 
 from entmtp.calibration.replay import oracle, replay, step_ms
 from entmtp.calibration.traces import trace_generation
-from entmtp.costs import CostCurve, choice_for, costs_for
+from entmtp.costs import CostCurve, cached_choice, cached_curve, choice_for, costs_for
 from entmtp.engine import Engine
 from entmtp.lookup import Lookup
+from entmtp.machine import record
 from entmtp.model import encode_prompt, load_model
 from entmtp.policy import StaticPolicy
 from entmtp.prompts import TASKS, load_prompts
@@ -75,6 +80,11 @@ def main() -> None:
         action="store_true",
         help="price on this machine's measured cost curve and each policy's measured choice (see above)",
     )
+    ap.add_argument(
+        "--cached-only",
+        action="store_true",
+        help="with --this-machine: never measure; refuse when a curve or a choice cost is not cached",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     tasks = [t for t in args.tasks.split(",") if t]
@@ -89,13 +99,13 @@ def main() -> None:
         "command": "python scripts/replay_policies.py " + " ".join(_argv(args)),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "commit": _commit(),
+        "machine": record(model.device),
         "replays": {},
     }
     for kind in [k for k in args.heads.split(",") if k]:
         heads = resolve_heads(kind, model)
         engine = Engine(model, tokenizer, heads=heads)
-        curve = costs_for(model, heads) if args.this_machine else None
-        choices = (lambda p, h=heads: choice_for(model, h, p)) if args.this_machine else None
+        curve, choices = _here(model, heads, kind, args) if args.this_machine else (None, None)
         table = Table(title=f"{kind}: replayed decode tokens/s over plain decoding (tokens/step)")
         for col in ("task", *METHODS):
             table.add_column(col, justify="right" if col != "task" else "left")
@@ -122,6 +132,27 @@ def main() -> None:
     console.print(f"wrote {path}")
 
 
+def _here(model, heads, kind: str, args):
+    """(this machine's curve with `heads`, each policy's choice cost): cached, else measured now; with
+    --cached-only never measured (a missing one ends the script, naming it and what measures it)."""
+    if not args.cached_only:
+        return costs_for(model, heads), lambda p: choice_for(model, heads, p)
+    fix = "run this command without --cached-only once on a quiet machine (it measures what is missing)"
+
+    def choices(policy):
+        found = cached_choice(model, heads, policy)
+        if found is None:
+            raise SystemExit(
+                f"--cached-only: the {type(policy).__name__} choice with {kind} is not cached: {fix}"
+            )
+        return found
+
+    curve = cached_curve(model, heads)
+    if curve is None:
+        raise SystemExit(f"--cached-only: this machine's cost curve with {kind} is not cached: {fix}")
+    return curve, choices
+
+
 def _replay_task(profile, traces, curve: CostCurve | None = None, choices=None) -> dict:
     """Every method replayed on `traces`: priced on `curve` (this machine's, --this-machine: the policies are
     sized on it too, and each step pays `choices(policy)`, that policy's measured choice), else on the
@@ -134,7 +165,7 @@ def _replay_task(profile, traces, curve: CostCurve | None = None, choices=None) 
         "static": profile.policy("static", **on),
         "dynamic-fixed": profile.policy("dynamic", online=False, **on),
         "dynamic": profile.policy("dynamic", **on),
-        "lookup": HybridPolicy(StaticPolicy(Tree.root_only()), lookup, on.get("latency"), draft_cost=share),
+        "lookup": HybridPolicy(StaticPolicy(Tree.root_only()), lookup, latency, draft_cost=share),
         "dynamic-fixed+lookup": HybridPolicy(
             profile.policy("dynamic", online=False, **on),
             lookup,
@@ -192,6 +223,7 @@ def _argv(args) -> list[str]:
         f"--threads {args.threads}",
         f"--out {args.out}",
         *(["--this-machine"] if args.this_machine else []),
+        *(["--cached-only"] if args.cached_only else []),
     ]
 
 

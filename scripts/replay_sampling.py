@@ -39,6 +39,7 @@ from entmtp.calibration.traces import trace_generation
 from entmtp.costs import CostCurve
 from entmtp.engine import Engine
 from entmtp.lookup import Lookup
+from entmtp.machine import describe_record, record
 from entmtp.model import encode_prompt, load_model
 from entmtp.policy import StaticPolicy, static
 from entmtp.prompts import FOUR_TASKS, TASKS, load_prompts
@@ -79,13 +80,7 @@ def main() -> None:
     model, tokenizer = load_model(dtype=args.dtype)
     console = Console(width=200)
     curves = shared_curves()
-    result = {
-        "command": "python scripts/replay_sampling.py " + " ".join(_argv(args)),
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "commit": _commit(),
-        "replays": {},
-        "perplexity": {},
-    }
+    result = _header(args, model, curves)
     plain = _outputs(model, tokenizer, tasks, args, None)
     for rule in rules:
         sampling = Sampling(args.temperature, rule)
@@ -247,6 +242,20 @@ def _outputs(model, tokenizer, tasks, args, sampling: Sampling | None) -> dict[s
             tmp.write_text(json.dumps(saved))
             tmp.replace(path)
     return {t: [(list(a), list(b)) for a, b in saved["tasks"][t]] for t in tasks}
+
+
+def _header(args, model, curves: dict) -> dict:
+    """replay-sampling.json's head: the command, date and commit, the machine that ran it (machine.record) and
+    each curve's (the stored profiles' latencies: their calibration machine, named per profile in the tables)."""
+    return {
+        "command": "python scripts/replay_sampling.py " + " ".join(_argv(args)),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "commit": _commit(),
+        "machine": record(model.device),
+        "curves": {name: describe_record(c.machine) for name, c in curves.items()},
+        "replays": {},
+        "perplexity": {},
+    }
 
 
 def _argv(args) -> list[str]:

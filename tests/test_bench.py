@@ -526,3 +526,27 @@ def test_same_text_names_a_folder_without_results_and_a_missing_method(tmp_path)
     assert run.returncode != 0
     assert "gsm8k has no method 'default': the run has plain, lookup" in run.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+
+
+def test_a_report_says_what_its_replays_were_priced_with():
+    """A run's replays name each charge's source; a run from before replays recorded them (bench-v3) says they
+    were priced on other machines' figures and cannot be priced again from its file, and with what command."""
+    from pathlib import Path
+
+    from entmtp.bench.report import replay_pricing
+
+    old = {"humaneval": {"hydra": {"static": {"tokens_per_second": 50.0}}}}
+    said = replay_pricing(old, "entmtp bench --replay --out X")
+    assert "stored latencies" in said and "HEADS_DRAFT_COST (another machine's)" in said
+    assert "cannot be priced again from this file: `entmtp bench --replay --out X`" in said
+    charges = {
+        "step": {"source": "measured", "note": "this machine's probe curve"},
+        "choice": {"source": "none", "note": "not charged: no measurement"},
+    }
+    new = {"qa": {"hydra": {"dynamic": {"tokens_per_second": 50.0, "charges": charges}}}}
+    assert replay_pricing(new, "x").endswith(
+        "step: measured (this machine's probe curve); choice: none (not charged: no measurement)."
+    )
+    run = Path(__file__).resolve().parents[1] / "docs/results/bench-v3"  # the published run, re-rendered
+    data = json.loads((run / "results.json").read_text())
+    assert replay_pricing(data["replays"], data["meta"]["command"]) in (run / "report.md").read_text()

@@ -116,3 +116,53 @@ def test_policies_are_equal_when_built_from_the_same_settings():
     assert a != hybrid(static("tree_4"), Lookup())  # another curve (CPU_COST)
     assert a != hybrid(static("tree_8"), Lookup(), _curve())  # another tree
     assert StaticPolicy(load_tree("tree_4")) != a.inner.tree  # a tree is not a policy
+
+
+def _measured_here(monkeypatch, tmp_path) -> list:
+    """A cost cache of its own, and the probe replaced by a hand-made curve of the right key (counted)."""
+    from entmtp.costs import cost_key, measured
+    from entmtp.costs.measured import SIZES
+
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
+    calls = []
+
+    def measure(model, heads, *, graphs, sampling, **kw):
+        calls.append(heads)
+        key = cost_key(model, heads, graphs, sampling, SIZES)
+        return CostCurve((0, 1, 4, 64), (20.0, 30.0, 40.0, 200.0), (0.0, 2.0, 3.0, 9.0), key=key)
+
+    monkeypatch.setattr(measured, "measure", measure)
+    return calls
+
+
+def test_no_probe_reads_this_machines_cached_curve_and_sizes_the_lookup_branch_on_it(
+    tiny, tmp_path, monkeypatch
+):
+    """--no-probe measures nothing; a curve measured here before is still this machine's, so the policies and
+    the lookup branch are sized on it, not on another machine's constant (costs.CPU_COST)."""
+    calls = _measured_here(monkeypatch, tmp_path)
+    model, heads = tiny
+    spec = EngineSpec(model=model, heads=heads, dtype="float32", tree="tree_4", lookup=Lookup())
+    monkeypatch.delenv("ENTMTP_NO_PROBE")
+    first = build(spec)  # measures once (the fake probe) and caches the curve
+    monkeypatch.setenv("ENTMTP_NO_PROBE", "1")
+    unprobed = build(spec)
+    assert len(calls) == 1  # the second build measured nothing
+    assert unprobed.plan.costs == first.plan.costs
+    hybrid_policy = unprobed.composed.policies["greedy"]
+    assert isinstance(hybrid_policy, HybridPolicy)
+    assert hybrid_policy.cost[:5] == pytest.approx([1.0, 1.5, 5 / 3, 11 / 6, 2.0])  # the curve over its 20 ms
+    assert hybrid_policy.draft_cost == pytest.approx(first.plan.costs.draft_share)
+    assert "read from this machine's cost cache" in unprobed.plan.describe()
+    assert unprobed.composed.observers == ()  # nothing measured, so nothing corrected either
+
+
+def test_no_probe_without_a_cached_curve_says_the_lookup_branch_is_sized_on_another_machines_costs(
+    tiny, tmp_path, monkeypatch
+):
+    calls = _measured_here(monkeypatch, tmp_path)
+    model, heads = tiny
+    built = build(EngineSpec(model=model, heads=heads, dtype="float32", tree="tree_4", lookup=Lookup()))
+    assert calls == [] and built.plan.costs is None
+    said = built.plan.describe()
+    assert "CPU_COST" in said and "not on this one" in said

@@ -322,6 +322,20 @@ def test_a_cost_curve_from_before_machine_records_loads_as_machine_unknown():
     assert describe_record(None).startswith("machine unknown")
 
 
+def test_a_record_that_did_not_read_the_cpus_flags_never_claims_the_cpu_has_none():
+    """Records made afterwards from what a run kept (a CPU's name, no flags) say the flags are unknown: "none
+    of avx2, ..." would claim an AVX2-less CPU. A record that read them and found none still says so."""
+    from entmtp.scheduler.profiles import Hardware, describe_machine
+
+    late = describe_record({"cpu": "AMD EPYC", "logical_cpus": 2, "threads": 2})
+    assert late == "AMD EPYC (? cores, 2 CPUs, 2 threads; CPU flags not recorded)"
+    assert "none of" in describe_record({"cpu": "old", "cpu_flags": [], "logical_cpus": 1, "threads": 1})
+    shipped = Hardware("cpu", "AMD EPYC", 2, 2, "bfloat16")  # the shipped profiles' hardware: no flags
+    assert describe_machine(None, shipped) == (
+        "machine unknown (the profile records 'AMD EPYC', 2 cores, CPU flags not recorded)"
+    )
+
+
 def test_generate_measures_the_machine_once_and_says_what_it_chose(tmp_path, monkeypatch, capsys):
     save_tiny_model(tmp_path / "m")
     monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path / "cache"))

@@ -172,3 +172,44 @@ def test_the_published_replays_on_other_machines_curves_charge_each_curves_own_d
     lat = profile.latency.model()
     stored = script.replayed(profile, traces, CostCurve.from_latency(list(lat.nodes), list(lat.ms), "stored"))
     assert stored["charges"]["drafting"]["source"] == "constant"  # no split stored: another machine's, said
+
+
+def test_every_curve_the_published_replays_use_names_its_machine_and_the_h200_its_drafting():
+    """machine_curves.py and replay_sampling.py price replays on other machines' curves: each curve carries the
+    record of the machine it was measured on, and the H200's (its step-costs rows time the drafting) prices
+    lookup-only steps and unused probes by its own share, not by another machine's constant."""
+    from entmtp.machine import describe_record
+
+    curves = script_module("machine_curves.py").shared_curves()
+    said = {name: describe_record(c.machine) for name, c in curves.items()}
+    assert said["avx2 bf16"].endswith("(? cores, 2 CPUs, 2 threads; avx2, fma)")
+    assert said["avx512 bf16"].endswith("avx2, fma, avx512f, avx512_bf16)")
+    assert said["h200 graphs"] == "NVIDIA H200 (driver unknown, CUDA unknown)"
+    assert not any(s.startswith("machine unknown") for s in said.values())
+    h200 = curves["h200 graphs"]
+    # its draft phase: 0.39, 0.52 and 0.87 ms beside a 3.19 ms plain step (median 0.52)
+    assert h200.draft_share == pytest.approx(0.52 / 3.19, abs=0.005)
+    assert step_ms(h200).charges["drafting"]["source"] == "measured"
+
+
+def test_the_replays_cached_only_mode_refuses_to_measure_and_says_what_is_missing(tmp_path, monkeypatch):
+    """--cached-only: the published replays run on a busy machine, so they may read this machine's curve and
+    choice costs from the cache but never time them; a missing one ends the script, named, before any figure."""
+    import argparse
+
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
+    model = tiny_model()
+    heads = random_heads(HeadsConfig.for_model(model, "hydra", 2), seed=0)
+    script = script_module("replay_policies.py")
+    monkeypatch.setattr(script, "costs_for", lambda *a, **k: pytest.fail("measured a curve"))
+    with pytest.raises(SystemExit, match="this machine's cost curve with hydra is not cached: run this"):
+        script._here(model, heads, "hydra", argparse.Namespace(cached_only=True))
+    import entmtp.model
+    import entmtp.shipped
+
+    monkeypatch.setattr(entmtp.model, "load_model", lambda dtype: (model, None))  # the tiny model stands in
+    monkeypatch.setattr(entmtp.shipped, "resolve_heads", lambda kind, m: heads)
+    curves = script_module("machine_curves.py")
+    monkeypatch.setattr(curves, "costs_for", lambda *a, **k: pytest.fail("measured a curve"))
+    with pytest.raises(SystemExit, match="bfloat16 cost curve with the hydra heads is not in the cost cache"):
+        curves.here_curves("hydra", cached_only=True)

@@ -26,7 +26,9 @@ place:
            profile and the policy it recommends), built on this machine's cost curve. When no bank tree is
            expected to beat a plain step here, the engine decodes plain steps (no heads' probe either):
            never slower than plain decoding by construction, up to the curve's accuracy.
-  costs    measured here unless `probe=False` (or ENTMTP_NO_PROBE=1): then a profile's stored latencies.
+  costs    measured here unless `probe=False` (or ENTMTP_NO_PROBE=1): then nothing is measured (or corrected),
+           and the curve is this machine's cached one if it was measured before, else the profile's stored
+           latencies, and a lookup branch is sized on `costs.CPU_COST` (another machine's: the plan says so).
 
 Expected tokens/s of a (dtype, policy) pair: the best bank tree's simulated tokens per step on the profile's
 calibration positions over its step cost on this curve (plain decoding: 1 / the plain step).
@@ -47,6 +49,7 @@ from .backends import BACKENDS
 from .costs import (
     CostCorrector,
     CostCurve,
+    cached_curve,
     costs_dir,
     costs_for,
     prefill_for,
@@ -122,8 +125,8 @@ class EngineSpec:
     acceptance: str = "auto"  # auto | greedy | sample | typical | gumbel (accept.Sampling)
     probe: bool = setting(
         True,
-        help="do not measure this machine's step costs (cached after the first run, ~10-20 s): use the "
-        "profile's stored latencies (also: ENTMTP_NO_PROBE=1)",
+        help="do not measure this machine's step costs (~10-20 s, once): read them from the cost cache if they "
+        "were measured before, else use the profile's stored latencies (also: ENTMTP_NO_PROBE=1)",
     )
     pack: bool = setting(
         True,
@@ -155,6 +158,7 @@ class Plan:
     backend: str = "transformers"
     backend_reason: str = "as asked"
     route: str = ""  # how requests are routed between backends by prompt length (routing.py); "": one backend
+    costs_note: str = ""  # where the step costs came from when nothing was measured (--no-probe)
 
     def describe(self) -> str:
         lines = [
@@ -175,6 +179,8 @@ class Plan:
             lines.append(f"prompt-lookup drafts: {', '.join(self.lookup_rules)}{note}")
         if self.costs is not None:
             lines.append(f"step costs ({self.costs.source}): {self.costs.summary()}")
+        if self.costs_note:
+            lines.append(f"step costs: {self.costs_note}")
         if self.route:
             lines.append(f"route: {self.route}")
         return "\n".join(lines)
@@ -244,8 +250,24 @@ def build(
     plan = Plan(
         dtype, reason, composed.name, composed.reason, loaded.costs, speeds, composed.others,
         composed.lookup_rules, backend, backend_reason, route_note,
+        "" if probe else _unprobed_costs(loaded.costs, composed, spec.lookup),
     )  # fmt: skip
     return Built(router or engine, plan, loaded, composed)
+
+
+def _unprobed_costs(costs: CostCurve | None, composed: Composed, lookup: Lookup | None) -> str:
+    """Where the step costs come from when nothing was measured (--no-probe): this machine's cost cache, or
+    nothing of this machine's: then a lookup branch sized by measured latencies is sized on another machine's."""
+    if costs is not None:
+        return "read from this machine's cost cache (--no-probe: nothing measured or corrected now)"
+    note = "none of this machine's (--no-probe, and no curve of this model and heads in the cost cache)"
+    if composed.lookup_rules and lookup is not None and lookup.node_cost is None:
+        note += (
+            "; the lookup branch is sized on costs.CPU_COST and costs.HEADS_DRAFT_COST, measured on other "
+            "machines (a 2-core AMD EPYC's and a 2-core Intel Xeon's), not on this one: run once without "
+            "--no-probe to measure this machine's (cached), or give --lookup-node-cost"
+        )
+    return note
 
 
 def _other_backend(options: dict[str, _Option], chosen: str) -> str | None:
@@ -356,6 +378,9 @@ class Loaded:
     heads_spec: str  # medusa | hydra | none | a heads directory: the spec's, or the shipped default
     costs: CostCurve | None  # ms per step by drafted nodes, measured with these heads (None: not measured)
     surface: object | None = None  # surface.CostSurface of batched steps, when loaded for batching
+    probed: bool = (
+        True  # False: --no-probe (`costs` read from the cache, or None): nothing measured or corrected
+    )
 
 
 class Loader:
@@ -405,11 +430,14 @@ def _ready(spec: EngineSpec, model, tokenizer, probe: bool, budget_s: float | No
     heads = resolve_heads(heads_spec, model)  # bound and packed: heads made for another model fail here
     kwargs = {} if budget_s is None else {"budget_s": budget_s}
     sampling = Sampling(spec.temperature, spec.acceptance)  # steps priced under the rule they will run
-    costs = costs_for(model, heads, graphs=spec.graphs, sampling=sampling, **kwargs) if probe else None
+    if probe:
+        costs = costs_for(model, heads, graphs=spec.graphs, sampling=sampling, **kwargs)
+    else:  # nothing measured: this machine's curve if it was measured before
+        costs = cached_curve(model, heads, graphs=spec.graphs, sampling=sampling)
     surface = None
     if probe and max_batch and _batchable(spec, model):
         surface = surface_for(model, heads, max_batch=max_batch, sampling=sampling)
-    return Loaded(spec, model, tokenizer, heads, heads_spec, costs, surface)
+    return Loaded(spec, model, tokenizer, heads, heads_spec, costs, surface, probe)
 
 
 def _batchable(spec: EngineSpec, model) -> bool:
@@ -485,7 +513,7 @@ def compose(loaded: Loaded, spec: EngineSpec = EngineSpec(), *, profile=None, lo
     policies = {r: wrapped[id(inners[r])] if r in rules else inners[r] for r in ACCEPTANCE}
     rule = Sampling(spec.temperature, spec.acceptance).rule
     names = {r: n for r, (_, n) in others.items()}
-    corrector = CostCorrector.for_curve(loaded.costs) if loaded.costs is not None else None
+    corrector = CostCorrector.for_curve(loaded.costs) if loaded.costs is not None and loaded.probed else None
     observers = (corrector,) if corrector is not None else ()
     return Composed(policies, rule, name, reason, expected, names, rules, uses_heads, observers)
 

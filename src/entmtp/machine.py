@@ -99,9 +99,14 @@ def describe_record(rec: dict | None) -> str:
     if not rec:
         return "machine unknown (written before machine records were kept)"
     if rec.get("gpu"):
-        return f"{rec['gpu']} (driver {rec.get('gpu_driver') or 'unknown'}, CUDA {rec.get('cuda')})"
-    flags = ", ".join(rec.get("cpu_flags", [])) or "none of " + ", ".join(CPU_FLAGS)
-    cores = f"{rec.get('cores') or '?'} cores, {rec.get('logical_cpus')} CPUs, {rec.get('threads')} threads"
+        return (
+            f"{rec['gpu']} (driver {rec.get('gpu_driver') or 'unknown'}, CUDA {rec.get('cuda') or 'unknown'})"
+        )
+    if rec.get("cpu_flags") is None:  # a record made afterwards, from what its run kept: flags not read
+        flags = "CPU flags not recorded"
+    else:
+        flags = ", ".join(rec["cpu_flags"]) or "none of " + ", ".join(CPU_FLAGS)
+    cores = f"{rec.get('cores') or '?'} cores, {rec.get('logical_cpus') or '?'} CPUs, {rec.get('threads') or '?'} threads"
     return f"{rec['cpu']} ({cores}; {flags})"
 
 

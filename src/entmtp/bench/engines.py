@@ -123,8 +123,8 @@ def load(plan: Plan) -> Methods:
         acceptance=args.acceptance,
     )  # fmt: skip
     # this machine's step costs (costs.py; measured once, cached): what policies and lookup branches are sized
-    # by, unless --no-probe or ENTMTP_NO_PROBE=1 (then the profiles' stored latencies, and the lookup-only
-    # rule's CPU_COST)
+    # by; with --no-probe or ENTMTP_NO_PROBE=1 nothing is measured: the curve cached here before, else the
+    # profiles' stored latencies and, for the lookup-only rule, CPU_COST (another machine's; build.Plan says so)
     loader = Loader()
     loaded = {k: loader.load(replace(spec, heads=k)) for k in ("none", *plan.heads)}
     methods = Methods(plan, loader, spec, loaded, heads_labels(plan.heads))

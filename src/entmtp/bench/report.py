@@ -213,6 +213,8 @@ def markdown(data: dict, labels: dict[str, str], command: str, images=()) -> str
             "",
             f"Run {meta.get('date', '')}, commit {meta.get('commit') or 'unknown'}, versions {meta.get('versions', {})}.",
         ]
+    if data.get("replays"):
+        lines += ["", replay_pricing(data["replays"], command)]
     head = ["method", "tokens/s", "speedup", "per-prompt speedup (95% CI)", "tokens/step", "decode tokens/s"]
     head += ["probe ms", "choose ms", "trees", "perplexity" if sampled else "identical"]
     for task, rows in data["summary"].items():
@@ -222,6 +224,30 @@ def markdown(data: dict, labels: dict[str, str], command: str, images=()) -> str
     for caption, file in images:
         lines += ["", f"![{caption}]({file})"]
     return "\n".join(lines) + "\n"
+
+
+# what a run's replays were priced with before each replay recorded its `charges` (2026-12-03)
+UNRECORDED_PRICES = (
+    "each profile's stored latencies (its calibration machine's), the heads' drafting on "
+    "lookup-only steps at the constant HEADS_DRAFT_COST (another machine's), the hybrid's probe and the "
+    "policies' choice not charged"
+)
+
+
+def replay_pricing(replays: dict, command: str) -> str:
+    """One paragraph on what the replays in results.json (`replays`: task -> heads -> policy -> replay) were
+    priced with: each charge's source as the replays recorded it, or, for a run from before they recorded it,
+    another machine's figures, with the command that prices them on this machine (the run again)."""
+    rows = [r for by_heads in replays.values() for by_policy in by_heads.values() for r in by_policy.values()]
+    charges = next((r["charges"] for r in rows if "charges" in r), None)
+    if charges is None:
+        return (
+            f"Replays (results.json `replays`, not in the tables below): priced with {UNRECORDED_PRICES}. "
+            "The run kept the replays' results, not their traces, so they cannot be priced again from this "
+            f"file: `{command}` on the machine in question prices them on its measured costs."
+        )
+    said = "; ".join(f"{what}: {c['source']} ({c.get('note', '')})" for what, c in charges.items())
+    return f"Replays (results.json `replays`, not in the tables below), charged per step by: {said}."
 
 
 def _machine(meta: dict) -> str:

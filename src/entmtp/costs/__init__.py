@@ -32,7 +32,7 @@ from .cache import (
     save_surface,
     uses_graphs,
 )
-from .choice import ChoiceCost, choice_for, measure_choice
+from .choice import ChoiceCost, cached_choice, choice_for, measure_choice
 from .corrector import CostCorrector
 from .curves import (
     CPU_COST,
@@ -45,7 +45,7 @@ from .curves import (
     LatencyModel,
     priced_ms,
 )
-from .measured import BATCHES, SIZES, costs_for, measure, measure_surface, surface_for
+from .measured import BATCHES, SIZES, cached_curve, costs_for, measure, measure_surface, surface_for
 from .prefill import PrefillCost, measure_prefill, prefill_for
 from .probe import Probe, synthetic_tree
 
@@ -64,6 +64,8 @@ __all__ = [
     "LatencyModel",
     "PrefillCost",
     "Probe",
+    "cached_choice",
+    "cached_curve",
     "choice_for",
     "cost_key",
     "cost_path",

@@ -98,13 +98,22 @@ def choice_for(
     model, heads, policy, *, sampling: Sampling | None = None, refresh: bool = False
 ) -> ChoiceCost:
     """This machine's cost of `policy`'s choice with (model, heads): cached, or measured now and cached."""
-    key = choice_key(model, heads, policy, sampling)
-    path = costs_dir() / f"choice-{digest(key)}.json"
-    found = None if refresh else cached(path, key, load_choice)
+    found = None if refresh else cached_choice(model, heads, policy, sampling=sampling)
     if found is None:
         found = measure_choice(model, heads, policy, sampling=sampling)
-        save_record(found, path)
+        save_record(found, _choice_path(choice_key(model, heads, policy, sampling)))
     return found
+
+
+def cached_choice(model, heads, policy, *, sampling: Sampling | None = None) -> ChoiceCost | None:
+    """The cost `choice_for` would return if it was measured on this machine before, else None: nothing is
+    measured (the replays' `--cached-only`)."""
+    key = choice_key(model, heads, policy, sampling)
+    return cached(_choice_path(key), key, load_choice)
+
+
+def _choice_path(key: dict):
+    return costs_dir() / f"choice-{digest(key)}.json"
 
 
 def load_choice(path) -> ChoiceCost:

@@ -97,14 +97,22 @@ def costs_for(
     """This machine's cost curve for (model, heads) under `sampling`'s acceptance rule (None: greedy): the
     cached one, or measured now and cached. `graphs`: as the engine's (`Engine(graphs=...)`); they are used on
     CUDA only. The heads come bound to the model, and packed when it is."""
+    curve = None if refresh else cached_curve(model, heads, graphs=graphs, sampling=sampling)
+    if curve is None:
+        graphs = uses_graphs(model, graphs)
+        curve = measure(model, heads, budget_s=budget_s, progress=progress, graphs=graphs, sampling=sampling)
+        save_curve(curve, cost_path(cost_key(model, heads, graphs, sampling, SIZES)))
+    return curve
+
+
+def cached_curve(
+    model, heads=None, *, graphs: bool = True, sampling: Sampling | None = None
+) -> CostCurve | None:
+    """The cost curve `costs_for` would return if it was measured on this machine before (the cost cache), else
+    None: nothing is measured (what `--no-probe` and the replays' `--cached-only` read)."""
     graphs = uses_graphs(model, graphs)
     key = cost_key(model, heads, graphs, sampling, SIZES)
-    path = cost_path(key)
-    curve = None if refresh else cached(path, key, load_curve)
-    if curve is None:
-        curve = measure(model, heads, budget_s=budget_s, progress=progress, graphs=graphs, sampling=sampling)
-        save_curve(curve, path)
-    return curve
+    return cached(cost_path(key), key, load_curve)
 
 
 @torch.inference_mode()

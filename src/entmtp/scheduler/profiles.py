@@ -133,7 +133,9 @@ def describe_machine(machine: Mapping | None, hw: Hardware) -> str:
     profile without one is "machine unknown", with what its hardware section does say."""
     if machine is not None:
         return describe_record(dict(machine))
-    flags = "no CPU flags" if hw.cpu_flags is None else "flags " + (", ".join(hw.cpu_flags) or "none")
+    flags = (
+        "CPU flags not recorded" if hw.cpu_flags is None else "flags " + (", ".join(hw.cpu_flags) or "none")
+    )
     return f"machine unknown (the profile records {hw.name!r}, {hw.cpu_count} cores, {flags})"
 
 
