@@ -387,10 +387,12 @@ def choose(
     # the policy reads the base distribution at the root and, when it has a master tree, the heads' probe of
     # it (what all its subtrees draft first; computed when first read, so a choice made without the heads
     # costs none of their work)
-    drafter, root_t = state.drafter, torch.tensor([state.root], device=engine.base.device)
+    drafter, device = state.drafter, engine.base.device
     master = state.policy.master if drafter is not None else None
     offered = (
-        probe if probe is not None or master is None else LazyProbe(lambda: drafter.probe(master, root_t))
+        probe
+        if probe is not None or master is None
+        else LazyProbe(lambda: drafter.probe(master, torch.tensor([state.root], device=device)))
     )
     times["probe"] = clock.lap()
     remaining = state.max_new_tokens - len(state.out)
@@ -433,10 +435,10 @@ def conclude(engine: Engine, state: DecodeState, step: Pending, fwd) -> TokenEve
     times["accept"] = clock.lap()
     # (5) commit: keep the accepted path in the KV cache and feed its hidden states to the heads
     engine.base.commit(state.cache, acc.path)
-    path = torch.tensor(acc.path, device=tokens.device)
     if state.reads_hidden:
-        state.drafter.extend(fwd.hidden[path])  # [a, H]
-    new = tokens[path[1:]].tolist() + [acc.bonus]
+        state.drafter.extend(fwd.hidden[torch.tensor(acc.path, device=tokens.device)])  # [a, H]
+    drafted = tokens.tolist() if len(acc.path) > 1 else []  # a plain step's path is the root alone
+    new = [drafted[i] for i in acc.path[1:]] + [acc.bonus]
     if state.index is not None:
         state.index.extend(new)
     times["commit"] = clock.lap()
@@ -449,7 +451,7 @@ def conclude(engine: Engine, state: DecodeState, step: Pending, fwd) -> TokenEve
         root_logits.clone() if state.graphs is not None else root_logits,
     )
     times["total"] = clock.total()
-    rows = fwd.logits[path] if state.logprobs is not None else None  # [len(new), V] when asked for
+    rows = fwd.logits[acc.path] if state.logprobs is not None else None  # [len(new), V] when asked for
     event = _emit(engine, state, (tree, tokens, acc, times, step.signals), new, rows)
     state.steps += 1
     return event
