@@ -256,6 +256,28 @@ def test_streamed_text_is_what_decoding_the_whole_output_streams():
         assert detok.final_text() == tok.decode(ids)
 
 
+def test_generate_decodes_its_text_once_and_a_stream_step_by_step():
+    """`generate` returns only the result, so without stop strings its text is decoded once at the end, not
+    twice a step (the per-step decodes were ~1% of a llama.cpp step); the same text, and a stream's pieces
+    still add up to it. With a stop string it decodes as it goes, which finding the stop needs."""
+
+    class Counting(ByteTokenizer):
+        calls = 0
+
+        def decode(self, ids, skip_special_tokens=True):
+            Counting.calls += 1
+            return super().decode(ids, skip_special_tokens)
+
+    tok, ids = Counting(), list(b"hello world, hello")
+    engine = Engine(tiny_model(), tok)
+    out = engine.generate(ids, max_new_tokens=24)
+    assert len(out.token_ids) == 24 and Counting.calls <= 2
+    pieces = [e.text for e in engine.stream(ids, max_new_tokens=24)]
+    assert "".join(pieces) == out.text and sum(map(bool, pieces)) > 1
+    stop = out.text[5:7]
+    assert engine.generate(ids, max_new_tokens=24, stop=[stop]).text == out.text[: out.text.index(stop)]
+
+
 def test_sampling_is_seeded_and_repeatable():
     model = tiny_model("llama", seed=7)
     cfg = HeadsConfig(kind="medusa", num_heads=3, hidden_size=64, vocab_size=256)

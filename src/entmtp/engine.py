@@ -128,21 +128,28 @@ class Engine:
     def generate(self, prompt, options: GenerationOptions | None = None, **kwargs) -> Result:
         """Generate a completion. `prompt`: a string (chat-templated as one user turn when the tokenizer has
         a template and chat=True), a list of chat messages, or a list of token ids; the rest: `stream`'s."""
-        events = list(self.stream(prompt, options, **kwargs))
+        events = list(self.stream(prompt, options, incremental_text=False, **kwargs))
         return events[-1].result
 
     def stream(
-        self, prompt, options: GenerationOptions | None = None, *, chat: bool = True, **fields
+        self,
+        prompt,
+        options: GenerationOptions | None = None,
+        *,
+        chat: bool = True,
+        incremental_text: bool = True,
+        **fields,
     ) -> Iterator[TokenEvent]:
         """Yield a `TokenEvent` per step; the last one carries `finish_reason` and `result`. `options` and/or
         its fields as keywords (`GenerationOptions`: max_new_tokens, temperature, acceptance, seed, stop,
         logprobs). `logprobs=k`: every event carries each new token's base log-probability and the k most
-        likely tokens there."""
+        likely tokens there. `incremental_text` False: without stop strings, events carry no text but the
+        last, which carries all of it (`Detokenizer`: for callers that read only the result)."""
         options = GenerationOptions.of(options, **fields)
         ids = self.encode(prompt, options.max_new_tokens, chat=chat, logprobs=options.logprobs)
         t0 = time.perf_counter()
         with _open_cache(self, len(ids) + options.max_new_tokens) as (cache, graphs):
-            state = self.new_state(ids, cache, graphs, options)
+            state = self.new_state(ids, cache, graphs, options, incremental_text=incremental_text)
             events = decode(self, state)
             event = next(events)  # the prefill's token
             prefill_seconds = time.perf_counter() - t0
@@ -176,11 +183,13 @@ class Engine:
         options: GenerationOptions | None = None,
         *,
         policy: TreePolicy | None = None,
+        incremental_text: bool = True,
         **fields,
     ) -> DecodeState:
         """A generation's fresh state over `cache` (room for the prompt `ids`, the output and `scratch(policy)`),
         under `options` and/or its fields as keywords (`stream`'s). `policy`: this generation's own
-        (`checked` already; a batch's rows may differ), else `policy_for` its sampling."""
+        (`checked` already; a batch's rows may differ), else `policy_for` its sampling; `incremental_text`:
+        `stream`'s."""
         options = GenerationOptions.of(options, **fields)
         sampling, seed, temperature = options.sampling, options.seed, options.temperature
         policy = self.policy_for(sampling) if policy is None else policy
@@ -202,7 +211,7 @@ class Engine:
             policy=policy.fresh(),
             drafter=self.heads.drafter(noise, temperature) if self.heads is not None and drafts else None,
             index=NgramIndex(ids, max_ngram) if uses_lookup else None,
-            text=Detokenizer(self.tokenizer, options.stop or []),
+            text=Detokenizer(self.tokenizer, options.stop or [], incremental_text),
             logprobs=options.logprobs,
             noise=noise,
         )
@@ -378,10 +387,12 @@ def choose(
     # the policy reads the base distribution at the root and, when it has a master tree, the heads' probe of
     # it (what all its subtrees draft first; computed when first read, so a choice made without the heads
     # costs none of their work)
-    drafter, root_t = state.drafter, torch.tensor([state.root], device=engine.base.device)
+    drafter, device = state.drafter, engine.base.device
     master = state.policy.master if drafter is not None else None
     offered = (
-        probe if probe is not None or master is None else LazyProbe(lambda: drafter.probe(master, root_t))
+        probe
+        if probe is not None or master is None
+        else LazyProbe(lambda: drafter.probe(master, torch.tensor([state.root], device=device)))
     )
     times["probe"] = clock.lap()
     remaining = state.max_new_tokens - len(state.out)
@@ -424,10 +435,10 @@ def conclude(engine: Engine, state: DecodeState, step: Pending, fwd) -> TokenEve
     times["accept"] = clock.lap()
     # (5) commit: keep the accepted path in the KV cache and feed its hidden states to the heads
     engine.base.commit(state.cache, acc.path)
-    path = torch.tensor(acc.path, device=tokens.device)
     if state.reads_hidden:
-        state.drafter.extend(fwd.hidden[path])  # [a, H]
-    new = tokens[path[1:]].tolist() + [acc.bonus]
+        state.drafter.extend(fwd.hidden[torch.tensor(acc.path, device=tokens.device)])  # [a, H]
+    drafted = tokens.tolist() if len(acc.path) > 1 else []  # a plain step's path is the root alone
+    new = [drafted[i] for i in acc.path[1:]] + [acc.bonus]
     if state.index is not None:
         state.index.extend(new)
     times["commit"] = clock.lap()
@@ -440,7 +451,7 @@ def conclude(engine: Engine, state: DecodeState, step: Pending, fwd) -> TokenEve
         root_logits.clone() if state.graphs is not None else root_logits,
     )
     times["total"] = clock.total()
-    rows = fwd.logits[path] if state.logprobs is not None else None  # [len(new), V] when asked for
+    rows = fwd.logits[acc.path] if state.logprobs is not None else None  # [len(new), V] when asked for
     event = _emit(engine, state, (tree, tokens, acc, times, step.signals), new, rows)
     state.steps += 1
     return event

@@ -18,6 +18,7 @@ one context, verified in one decode.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import weakref
 from dataclasses import dataclass
@@ -38,6 +39,9 @@ LLAMA_CPP_HINT = (
 MAX_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ: sequence ids per context (home rows + borrowed leaf ids)
 N_BATCH = 512  # tokens per llama_decode call: a longer prefill runs in chunks of this many
 KV_TYPES = {"f16": 1, "f32": 0}  # ggml types of the KV cache
+FLASH_ATTN = True  # llama.cpp's flash attention: its default ("auto") turns it on for the CPU; measured ~5-9%
+# cheaper a one-token decode here than off. llama-cpp-python's `Llama` defaults to off, and the two round
+# differently (other greedy texts on the Q4_1 model): the bench's llama.cpp peer is given this setting too
 ROW_SCRATCH = 256  # KV cells per batch row past its window: room for the nodes of its largest tree
 _LEAF_SEQS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Tree -> per node, its leaves' indices
 
@@ -220,6 +224,9 @@ class Runtime:
         cp.embeddings, cp.kv_unified = False, True  # on for the decodes that ask for hidden states
         cp.pooling_type = lib.LLAMA_POOLING_TYPE_UNSPECIFIED  # a causal LM's: none (one state per token)
         cp.type_k = cp.type_v = KV_TYPES[self.kv_type]
+        cp.flash_attn_type = (
+            lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if FLASH_ATTN else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
         return cp
 
     def grow(self, n_ctx: int) -> bool:
@@ -305,12 +312,21 @@ class Runtime:
                 f"llama_decode failed ({rc}{': no room in the KV cache' if rc == 1 else ''}) for {n} tokens "
                 f"in a context of {self.n_ctx}: fewer or shorter requests, or a larger n_ctx"
             )
-        k = int(self._views.logits[:n].sum())  # output rows
-        logits = np.ctypeslib.as_array(self.lib.llama_get_logits(self.ctx), shape=(k, self.n_vocab)).copy()
+        k = sum(outputs)  # output rows (a Python sum: a numpy reduction over the batch view costs more)
+        logits = _rows(self.lib.llama_get_logits(self.ctx), k, self.n_vocab)
         if not embeddings:
             return logits, np.zeros((0, self.n_embd), dtype=np.float32)
-        hidden = np.ctypeslib.as_array(self.lib.llama_get_embeddings(self.ctx), shape=(k, self.n_embd)).copy()
-        return logits, hidden
+        return logits, _rows(self.lib.llama_get_embeddings(self.ctx), k, self.n_embd)
+
+
+def _rows(ptr, k: int, width: int) -> np.ndarray:
+    """A copy of the k x width floats at llama.cpp's `ptr` (its output buffer, which the next decode reuses),
+    read through a ctypes array at that address: `np.ctypeslib.as_array` of a pointer builds a ctypes pointer
+    type and casts on every call."""
+    addr = ctypes.cast(ptr, ctypes.c_void_p).value
+    return (
+        np.frombuffer((ctypes.c_float * (k * width)).from_address(addr), np.float32).reshape(k, width).copy()
+    )
 
 
 class _BatchViews:
@@ -452,6 +468,7 @@ class LlamaSeq:
         self.length = 0
         self.borrowed: list[int] = []
         self.node_seq: list[int] | None = None
+        self.step_tokens = 0  # tokens the step in flight decoded
         self._held = [capacity]  # the promise, in a list the finalizer shares (it must not hold self)
         self._finalizer = weakref.finalize(self, _give_back, runtime, self.seq, self._held)
 
@@ -480,6 +497,7 @@ class LlamaSeq:
         """Borrow a sequence id per extra leaf of `tree` (tagging the prefix with each) and return each of its
         n nodes' sequence ids: the ids of the leaves below it. A chain (or the prefill, `tree` None) stays at
         home."""
+        self.step_tokens = n
         if tree is None or tree.num_nodes == tree.depth:
             self.node_seq = None
             return [[self.seq]] * n
@@ -497,7 +515,8 @@ class LlamaSeq:
         past, a, rt = self.length, len(path), self.runtime
         keep = self.seq if self.node_seq is None else self.node_seq[path[-1]]
         if keep == self.seq:
-            rt.seq_rm(self.seq, past + a)
+            if a < self.step_tokens:  # a chain cut short (a plain step or a prefill keeps every token)
+                rt.seq_rm(self.seq, past + a)
         else:
             rt.seq_rm(self.seq, past)
             rt.seq_cp(keep, self.seq, past, past + a)
@@ -628,6 +647,10 @@ class LlamaCppBase:
         return fwd
 
     def _forward(self, logits: np.ndarray, hidden: np.ndarray) -> Forward:
+        if not hidden.size:  # no hidden states asked for: no conversion (a plain step's `.to` cost ~0.05 ms)
+            return Forward(
+                logits=torch.from_numpy(logits), hidden=torch.empty(0, hidden.shape[1], dtype=self.dtype)
+            )
         return Forward(logits=torch.from_numpy(logits), hidden=torch.from_numpy(hidden).to(self.dtype))
 
     def commit(self, cache: LlamaSeq, path: list[int]) -> None:

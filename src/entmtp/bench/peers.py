@@ -17,7 +17,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from ..accept import Sampling
-from ..backends.llama_cpp import LLAMA_CPP_HINT
+from ..backends.llama_cpp import FLASH_ATTN, LLAMA_CPP_HINT
 from ..errors import EntMTPError
 from ..model import check_request, context_window, embedded_gguf, eos_token_ids
 from ..records import Result
@@ -248,8 +248,18 @@ class LlamaCppPlain:
         if not path.is_file():
             raise EntMTPError(f"GGUF file {path} does not exist: pass the path of a .gguf model file")
         self.path = path
-        with _extra_bufts(llama_cpp, path):  # n_ctx 0: the model's context window
-            self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=False)
+        # the backend's settings (backends/llama_cpp.py), so that this is its plain decoding without entmtp's
+        # loop: its attention kernels (same rounding, same greedy tokens) and one thread count for prefill and
+        # decode (`Llama` would prefill on every core); n_ctx 0: the model's context window, as the backend's
+        with _extra_bufts(llama_cpp, path):
+            self.llm = llama_cpp.Llama(
+                model_path=str(path),
+                n_ctx=n_ctx,
+                n_threads=n_threads,
+                n_threads_batch=n_threads,
+                flash_attn=FLASH_ATTN,
+                verbose=False,
+            )
         self.n_ctx = self.llm.n_ctx()
         self.eos_ids = {self.llm.token_eos()}
 
