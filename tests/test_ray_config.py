@@ -328,13 +328,17 @@ def test_a_local_cluster_is_a_new_one_even_where_ray_start_runs_one(monkeypatch,
     # the local cluster's processes inherit Ray Serve's throughput settings, less those the user set
     assert os.environ["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
     assert os.environ["RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP"] == "1"
-    monkeypatch.delenv("RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD")
+    # and slower clocks: the controller's loop and the metrics export wake its processes less often
+    assert float(os.environ["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"]) >= 0.5
+    assert int(os.environ["RAY_SERVE_METRICS_EXPORT_INTERVAL_MS"]) >= 1000
+    for name in LOCAL_CLUSTER_ENV:
+        monkeypatch.delenv(name, raising=False)
     args = build_parser().parse_args(["serve", "--ray", "--ray-address", "10.0.0.1:6379"])
     args.argv, calls[:] = [], []
     with pytest.raises(Stop):
         ray_serve.serve_ray(args, engine_spec(args))
     assert calls == [("init", "10.0.0.1:6379")]  # a cluster it joined is left running
-    assert "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD" not in os.environ  # its processes are not ours
+    assert not any(name in os.environ for name in LOCAL_CLUSTER_ENV)  # its processes are not ours
 
 
 def test_a_failed_call_whose_cancel_raises_its_error_again_is_still_a_503():
