@@ -72,7 +72,9 @@ def test_expected_tokens_count_a_depth_when_either_source_is_right_there():
                 copy = [math.prod(q[:k]) if k <= n else 0.0 for k in range(1, 9)]
                 direct = 1 + sum(1 - (1 - hk) * (1 - lk) for hk, lk in zip(h, copy, strict=True))
                 assert est.expected(d, n) == pytest.approx(direct, abs=1e-12)
-    assert Estimates([0.5], [], 0).expected(1, 0) == 1.5 and Estimates([], [0.5, 0.5], 2).expected(0, 2) == 1.75
+    assert (
+        Estimates([0.5], [], 0).expected(1, 0) == 1.5 and Estimates([], [0.5, 0.5], 2).expected(0, 2) == 1.75
+    )
 
 
 def test_hybrid_policy_adds_nothing_without_a_match_and_grows_with_evidence():
@@ -100,7 +102,9 @@ def test_a_lookup_chain_that_is_wholly_right_or_wrong_at_once_gets_long_branches
     policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), COSTLY)
     index = NgramIndex([1, 2, 3, 4, 5, 6, 1, 2, 3], max_ngram=3)
     choice = policy.choose(_ctx(index))
-    for i in range(40):  # a chain of the full branch length: all right on even steps, wrong at once on odd ones
+    for i in range(
+        40
+    ):  # a chain of the full branch length: all right on even steps, wrong at once on odd ones
         lookup = choice.tree.num_lookup
         policy.observe(_step(choice.tree, i % 2, lookup * (i % 2 == 0), lookup))
         choice = policy.choose(_ctx(index))
