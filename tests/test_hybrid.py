@@ -60,19 +60,21 @@ def _run(policy, index, steps, heads_depth, lookup_right):
 
 def test_expected_tokens_count_a_depth_when_either_source_is_right_there():
     """E(d, l) = 1 + sum_k P(the heads' tree (depth d) or the lookup chain (length l) is right to depth k), the
-    sources independent: H_k = c_1 ... c_k, r^k."""
+    sources independent: H_k = c_1 ... c_k, L_k = q_1 ... q_k."""
     gen = torch.Generator().manual_seed(0)
     for _ in range(20):
         c = torch.rand(5, generator=gen).tolist()
-        r = float(torch.rand(1, generator=gen))
-        est = Estimates(c, r, 7)
+        q = torch.rand(7, generator=gen).tolist()
+        est = Estimates(c, q, 7)
         for d in range(6):
             for n in range(8):
                 h = [math.prod(c[:k]) if k <= d else 0.0 for k in range(1, 9)]
-                copy = [r**k if k <= n else 0.0 for k in range(1, 9)]
-                direct = 1 + sum(1 - (1 - hk) * (1 - rk) for hk, rk in zip(h, copy, strict=True))
+                copy = [math.prod(q[:k]) if k <= n else 0.0 for k in range(1, 9)]
+                direct = 1 + sum(1 - (1 - hk) * (1 - lk) for hk, lk in zip(h, copy, strict=True))
                 assert est.expected(d, n) == pytest.approx(direct, abs=1e-12)
-    assert Estimates([0.5], 0.0, 0).expected(1, 0) == 1.5 and Estimates([], 0.5, 2).expected(0, 2) == 1.75
+    assert (
+        Estimates([0.5], [], 0).expected(1, 0) == 1.5 and Estimates([], [0.5, 0.5], 2).expected(0, 2) == 1.75
+    )
 
 
 def test_hybrid_policy_adds_nothing_without_a_match_and_grows_with_evidence():
@@ -85,8 +87,28 @@ def test_hybrid_policy_adds_nothing_without_a_match_and_grows_with_evidence():
     tree = _run(policy, index, 12, heads_depth=0, lookup_right=True).tree
     assert tree.num_lookup == 8 > first
     assert tree.heads_tree.num_nodes == 0  # copying wins outright: lookup only
-    tree = _run(policy, index, 12, heads_depth=0, lookup_right=False).tree
-    assert tree.num_lookup <= 2  # the lookup keeps missing: short branches
+    # the lookup keeps missing at its first token: once the copying's evidence has aged (a chain that was right
+    # at depth 1 was right to its end, so its deeper rates stay high), short branches or none
+    tree = _run(policy, index, 3 * 16, heads_depth=0, lookup_right=False).tree
+    assert tree.num_lookup <= 2
+
+
+def test_a_lookup_chain_that_is_wholly_right_or_wrong_at_once_gets_long_branches():
+    """Copying is bursty: a chain either copies a whole span or misses at its first token. Half the steps
+    wholly right is worth 1 + 8/2 = 5 tokens for an 8-token chain, so the branch is the longest, without the
+    heads' tree (right at depth 1 half the time); read as one geometric rate (r ~ 0.5: 1 + 0.5 + 0.25 + ...
+    < 2) the branch stayed short and the heads' tree was kept."""
+    base = load_tree("tree_8")
+    policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), COSTLY)
+    index = NgramIndex([1, 2, 3, 4, 5, 6, 1, 2, 3], max_ngram=3)
+    choice = policy.choose(_ctx(index))
+    for i in range(
+        40
+    ):  # a chain of the full branch length: all right on even steps, wrong at once on odd ones
+        lookup = choice.tree.num_lookup
+        policy.observe(_step(choice.tree, i % 2, lookup * (i % 2 == 0), lookup))
+        choice = policy.choose(_ctx(index))
+    assert choice.tree.num_lookup >= 6 and choice.tree.heads_tree.num_nodes == 0
 
 
 def test_hybrid_policy_keeps_the_heads_tree_when_the_heads_are_right():
