@@ -378,9 +378,8 @@ class Loaded:
     heads_spec: str  # medusa | hydra | none | a heads directory: the spec's, or the shipped default
     costs: CostCurve | None  # ms per step by drafted nodes, measured with these heads (None: not measured)
     surface: object | None = None  # surface.CostSurface of batched steps, when loaded for batching
-    probed: bool = (
-        True  # False: --no-probe (`costs` read from the cache, or None): nothing measured or corrected
-    )
+    # False: --no-probe (`costs` read from the cache, or None): nothing measured or corrected
+    probed: bool = True
 
 
 class Loader:
