@@ -15,7 +15,7 @@ from entmtp.heads import LazyProbe, Probe
 from entmtp.lookup import Lookup, NgramIndex
 from entmtp.policy import StaticPolicy
 from entmtp.records import Step, StepContext
-from entmtp.scheduler.hybrid import Estimates, HybridPolicy, counterfactual_depth
+from entmtp.scheduler.hybrid import Estimates, HybridPolicy, chain_depth, copy_chain, counterfactual_depth
 from entmtp.scheduler.policies import LatencyModel
 from entmtp.tree import Tree, load_tree
 
@@ -172,6 +172,40 @@ def test_dropped_heads_are_judged_by_their_probe_instead_of_retried_blindly():
     run(policy, 16, token=0)
     _, kept = run(policy, 12, token=8)  # rank 1 of head 1: tree_8 would have been right
     assert kept >= 6  # back within a few steps, and kept
+
+
+def test_a_short_branch_learns_how_far_the_text_copies_one_token_past_it():
+    """A step judges the lookup chain its match offered one token past the part it drafted (none: its first
+    token), by the emitted tokens, where that part was right: that token is emitted whatever the heads did, so
+    the judgement is unbiased. Without it a branch kept short beside the heads' tree never learned its deeper
+    rates (they stayed at the prior) however far the text copied."""
+    base = load_tree("tree_8")
+    index = NgramIndex([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3], max_ngram=3)
+    assert copy_chain(index, 8) == [4, 5, 6, 7, 8, 9, 1, 2]
+    policy = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), COSTLY)
+    prior = policy.copy[3].values()
+    tree = policy.choose(_ctx(index)).tree
+    policy.observe(Step(tree.name, 9, 3, 4, [4, 5, 6, 7], sources={"heads": 3, "lookup": 0}))
+    rates = policy.copy[3].values()  # the heads' tree alone: the chain's first token judged, right
+    assert rates[0] > prior[0] and rates[1:] == prior[1:]
+    # a 2-token branch right to its end: its third token judged by the bonus token (not the fourth, which the
+    # heads' path emitted)
+    policy.choose(_ctx(index))
+    policy.observe(Step("x", 10, 4, 5, [4, 5, 6, 7, 8], lookup_nodes=2, sources={"heads": 4, "lookup": 2}))
+    rates = policy.copy[3].values()
+    assert rates[2] > prior[2] and rates[3:] == prior[3:]
+    # a wrong token: that depth missed
+    missed = HybridPolicy(StaticPolicy(base), Lookup(tokens=8), COSTLY)
+    missed.choose(_ctx(index))
+    missed.observe(Step(tree.name, 9, 3, 4, [0, 5, 6, 7], sources={"heads": 3, "lookup": 0}))
+    assert missed.copy[3].values()[0] < prior[0] and missed.copy[3].values()[1:] == prior[1:]
+    assert chain_depth([4, 5, 6], [4, 5, 6, 7], 0, 8) == (3, 3) and chain_depth([4, 5, 6], [9, 5], 1, 1) == (
+        0,
+        0,
+    )
+    assert chain_depth([4, 5, 6], [4, 5, 0, 7], 1, 1) == (1, 1) and chain_depth(
+        [4, 5, 6], [4, 5, 0], 1, 2
+    ) == (1, 2)
 
 
 def _lazy(computed: list, first=(7, 8, 9)):

@@ -21,7 +21,12 @@ this generation (steps decay with window `WINDOW`) started from priors (`HEADS_P
 depth), read from every step's `Step.sources`: exact counterfactuals for greedy decoding. On a step that drops the heads' tree, its probe (the candidates the tree drafts first, computed
 before the choice) against the emitted tokens still says exactly whether it would have been right to the
 depths the probe holds (`counterfactual_depth`: depth 1 for Hydra, every depth for Medusa); deeper evidence
-not verified for a while ages towards its prior.
+not verified for a while ages towards its prior. The lookup chain is judged one token past what a step
+drafted of it, where that part was right (none drafted: its first token): the chain the match offered
+(`copy_chain`, read before the step) against the emitted tokens. That token is emitted whatever the heads did
+(the bonus token after a chain right to its end), so its judgement is unbiased; deeper emitted tokens exist only
+where the heads were right too, and would bias the rate upwards. Without it a branch kept short beside the
+heads' tree never learned its deeper rates (they stayed at the prior) however far the text copied.
 
 When there is a match and no heads' tree could pay at the heads' current rates (`_heads_lose`: the best option
 without them beats the cheapest tree of every depth with them), the step is chosen without asking the inner
@@ -56,7 +61,7 @@ import numpy as np
 
 from ..costs.curves import CPU_COST, HEADS_DRAFT_COST, CostCurve, LatencyModel
 from ..heads import taken
-from ..lookup import Lookup
+from ..lookup import Lookup, NgramIndex
 from ..policy import Choice, Menu, Settings, Stateful, TreePolicy, require_policy, static
 from ..records import Step, StepContext
 from ..tree import Tree, with_lookup
@@ -168,6 +173,7 @@ class HybridPolicy(Settings, Stateful):
         self._chosen: tuple[int, int] = (0, 0)  # (match bucket, heads depth) of the running step
         self._unmatched: float | None = None  # the running step without a match: its cost (0: not probed)
         self._unverified: tuple[Tree, object] | None = None  # (inner tree, probe) when the heads were dropped
+        self._chain: list[int] = []  # the lookup chain the running step's match offered (copy_chain)
 
     def choose(self, ctx: StepContext) -> Choice:
         index = ctx.lookup
@@ -177,6 +183,7 @@ class HybridPolicy(Settings, Stateful):
             if not cands:
                 match = 0
         m = min(match, MAX_MATCH)
+        self._chain = copy_chain(index, self.lookup.tokens) if m and self.counterfactual else []
         costs = self._cost(ctx)
         length = self.lookup.tokens if m else 0
         est = Estimates(self.heads.values(), self.copy[m].values(), length)
@@ -283,14 +290,15 @@ class HybridPolicy(Settings, Stateful):
         self.inner.observe(step)
         decay = 1.0 - 1.0 / WINDOW
         m, heads_depth = self._chosen
-        if step.sources:
-            if step.lookup_nodes:
-                # right tokens before the first wrong one (or the end): q_d is tried where d <= the chain's length
-                # and the chain was right to d - 1
-                self.copy[m].add(step.sources["lookup"], step.lookup_nodes, decay)
-            depth = step.sources["heads"]
-        else:
-            depth = step.accepted
+        right, known = (step.sources["lookup"], step.lookup_nodes) if step.sources else (0, 0)
+        if right == known and self._chain:  # the drafted chain (if any) right to its end: judge one more
+            more, seen = chain_depth(self._chain, step.token_ids, known, 1)
+            right, known = right + more, known + seen
+        if known:
+            # right tokens before the first wrong one (or the end): q_d is tried where d <= the depth judged and
+            # the chain was right to d - 1
+            self.copy[m].add(right, known, decay)
+        depth = step.sources["heads"] if step.sources else step.accepted
         if self._unmatched is not None:  # what probing paid on steps without a match (a skipped one ages it)
             self.probe_yield.add(step.tokens if self._unmatched else 0.0, self._unmatched, decay)
         if self._unverified is not None:  # the heads were dropped: what their probe says they would have done
@@ -316,6 +324,33 @@ def hybrid(
 def _chain(depth: int) -> Tree:
     """A chain of `depth` nodes (each its depth's top candidate): the cheapest heads' tree of that depth."""
     return Tree(f"chain{depth}", tuple((0,) * d for d in range(1, depth + 1)))
+
+
+def copy_chain(index: NgramIndex, length: int) -> list[int]:
+    """The lookup chain of up to `length` tokens that `index` offers after its last tokens: each token the top
+    continuation of the tokens before it, drafted ones included (what a chain of `length` lookup nodes drafts,
+    lookup.draft_lookup)."""
+    tail, chain = index.tokens[-index.max_ngram :], []
+    while len(chain) < length:
+        cands = index.candidates(tail[-index.max_ngram :], 1)[0]
+        if not cands:
+            break
+        chain.append(cands[0])
+        tail = [*tail, cands[0]]
+    return chain
+
+
+def chain_depth(chain: Sequence[int], emitted: Sequence[int], start: int, most: int) -> tuple[int, int]:
+    """(right, judged): how far `chain` would have been right past its first `start` tokens, judged by the
+    step's emitted tokens to at most `most` more; (0, 0) when those `start` tokens are not what was emitted
+    (the right branch was another). Exact for greedy decoding."""
+    if list(chain[:start]) != list(emitted[:start]):
+        return 0, 0
+    judged = max(0, min(len(chain), len(emitted), start + most) - start)
+    right = 0
+    while right < judged and chain[start + right] == emitted[start + right]:
+        right += 1
+    return right, judged
 
 
 def counterfactual_depth(tree: Tree, probe, emitted: list[int]) -> tuple[int, int]:
