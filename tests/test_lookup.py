@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from conftest import ByteTokenizer, OracleHeads, ProbeReadingPolicy, tiny_model
+from entmtp import engine as engine_module
 from entmtp.accept import Sampling, _typical_threshold
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError, TreeError
-from entmtp.heads import HeadsConfig, random_heads
+from entmtp.heads import HeadsConfig, LazyProbe, random_heads
 from entmtp.lookup import Lookup, NgramIndex, draft_lookup, source_depths
 from entmtp.policy import static
 from entmtp.scheduler.hybrid import HybridPolicy, hybrid
@@ -235,10 +236,20 @@ def test_hybrid_with_oracle_heads_side_branches_and_lookup_equals_plain_greedy()
     assert result.token_ids == ref
 
 
-def test_steps_that_skip_the_heads_never_compute_their_probe_and_stay_lossless():
+def test_steps_that_skip_the_heads_never_compute_their_probe_and_stay_lossless(monkeypatch):
     """Random heads miss, the text repeats: on steps with a match the hybrid drops heads that cannot pay
-    without asking its inner policy, so the engine's lazy probe is never computed (no probe time); the output
-    is plain greedy decoding all the same."""
+    without asking its inner policy, so the engine's lazy probe is never computed; the output is plain greedy
+    decoding all the same. Counted, not timed (a step's probe phase also holds the time to offer the lazy
+    probe, which a loaded machine stretches)."""
+    computed = []
+
+    class CountingProbe(LazyProbe):
+        def _get(self):
+            if self.probe is None:
+                computed.append(self)
+            return super()._get()
+
+    monkeypatch.setattr(engine_module, "LazyProbe", CountingProbe)
     model = tiny_model("llama", seed=4)
     n = 48
     heads = random_heads(HeadsConfig.for_model(model, "hydra", num_heads=3), seed=0)
@@ -247,9 +258,9 @@ def test_steps_that_skip_the_heads_never_compute_their_probe_and_stay_lossless()
     assert result.token_ids == plain_greedy(model, REPEATING, n)
     skipped = [s for s in result.steps if s.signals.get("probed") == 0.0]
     probed = [s for s in result.steps if "probed" not in s.signals]
-    assert skipped and probed  # both kinds of step ran
-    assert all(s.seconds["probe"] < 1e-4 and s.tree_nodes == s.lookup_nodes for s in skipped)
-    assert min(s.seconds["probe"] for s in probed) > max(s.seconds["probe"] for s in skipped)
+    assert skipped and probed and len(skipped) + len(probed) == len(result.steps)  # both kinds of step ran
+    assert len(computed) == len(probed)  # one probe computed per probed step, none on a skipped one
+    assert all(s.tree_nodes == s.lookup_nodes for s in skipped)
 
 
 @pytest.mark.parametrize("acceptance", ["sample", "typical"])
