@@ -12,6 +12,7 @@ from conftest import tiny_model
 from entmtp import __version__
 from entmtp.cli import main
 from entmtp.engine import Engine
+from entmtp.errors import EntMTPError
 from entmtp.machine import cpu_info, describe_record, record
 from entmtp.packing import bf16_supported
 
@@ -63,6 +64,29 @@ def test_unloadable_models_get_one_clear_line(capsys, monkeypatch, model, messag
     code, out, err = _run(capsys, ["generate", "hi", "--model", model, "--heads", "none"])
     assert code == 2 and message in err and "Traceback" not in err
     assert "embedded" in err  # the fix names the default
+
+
+def test_hf_hub_offline_set_after_import_keeps_the_loader_off_the_hub(monkeypatch):
+    """huggingface_hub reads HF_HUB_OFFLINE once, at import; the loader reads it when it loads, so one set later
+    (by a program, or the test above) never sends it to the Hub and its retries (23 s here without a network)."""
+    from entmtp import model as model_module
+
+    asked = {}
+
+    def not_cached(path, **kwargs):
+        asked.update(kwargs)
+        raise OSError(f"{path} is not in the cache")
+
+    monkeypatch.setattr(model_module.AutoModelForCausalLM, "from_pretrained", not_cached)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(EntMTPError, match="not found in the local Hugging Face cache \\(OSError\\)"):
+        model_module.load_model("some-org/some-model")
+    assert asked["local_files_only"] is True
+    asked.clear()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # online: the Hub may be asked
+    with pytest.raises(EntMTPError, match="or the Hub"):
+        model_module.load_model("some-org/some-model")
+    assert "local_files_only" not in asked
 
 
 def test_a_directory_without_a_model_is_named(capsys, tmp_path):

@@ -144,9 +144,14 @@ def resolve_model_path(name_or_path: str | None) -> str:
     return name_or_path  # a Hugging Face id: the loader looks in the local cache (and the Hub when online)
 
 
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE as it is now (huggingface_hub reads it once, at import: one set later, by a program or a
+    test, would otherwise still send the loader to the Hub and its retries)."""
+    return os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
+
+
 def _load_error(name: str, error: Exception) -> EntMTPError:
-    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
-    where = "the local Hugging Face cache" + ("" if offline else " or the Hub (unreachable from here?)")
+    where = "the local Hugging Face cache" + ("" if hub_offline() else " or the Hub (unreachable from here?)")
     return EntMTPError(
         f"could not load model {name!r}: it is not a local directory and was not found in {where} "
         f"({type(error).__name__}). Download it on a machine with internet (`hf download {name}`) and pass "
@@ -184,8 +189,9 @@ def load_model(
         path = resolve_model_path(name_or_path)
     try:
         # Load in float32 and cast: asking the loader for bf16 directly was seen to produce a much slower model.
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **gguf)
-        tokenizer = AutoTokenizer.from_pretrained(path, **gguf)
+        local = {"local_files_only": True} if hub_offline() else {}
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **gguf, **local)
+        tokenizer = AutoTokenizer.from_pretrained(path, **gguf, **local)
     except (OSError, ValueError) as e:  # not found locally / not a valid repo id / hub unreachable
         if Path(path).is_dir():
             raise EntMTPError(f"could not load the model in {path}: {e}") from e
