@@ -4,14 +4,16 @@
 
 Starts `entmtp serve --ray --replicas 1 --threads 2` (float32, transformers) with the given environment, waits
 until it serves and 15 s more, then prints the CPU seconds each process on the machine took over 30 s, and stops
-it. X_DASH=0 needs experiment.patch applied (it is not shipped)."""
+it; `--no-ray` measures `entmtp serve` itself. X_DASH=0 needs experiment.patch applied (it is not shipped)."""
 import os, subprocess, sys, time, signal
 import psutil
 env = dict(os.environ, PYTHONPATH="src")
 env.update(dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a))
 args = [a for a in sys.argv[1:] if "=" not in a]
+ray = [] if "--no-ray" in args else ["--ray", "--replicas", "1"]  # --no-ray: `entmtp serve` itself
+args = [a for a in args if a != "--no-ray"]
 log = open("/tmp/idle_serve.log", "w")
-p = subprocess.Popen([sys.executable, "-m", "entmtp.cli", "serve", "--ray", "--replicas", "1",
+p = subprocess.Popen([sys.executable, "-m", "entmtp.cli", "serve", *ray,
                       "--threads", "2", "--backend", "transformers", "--dtype", "float32", "--max-batch", "8",
                       "--port", "8941", *args], env=env, stdout=log, stderr=subprocess.STDOUT)
 for _ in range(300):
