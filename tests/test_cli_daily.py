@@ -10,6 +10,7 @@ import torch
 
 from conftest import tiny_model
 from entmtp import __version__
+from entmtp import model as model_module
 from entmtp.cli import main
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
@@ -69,8 +70,6 @@ def test_unloadable_models_get_one_clear_line(capsys, monkeypatch, model, messag
 def test_hf_hub_offline_set_after_import_keeps_the_loader_off_the_hub(monkeypatch):
     """huggingface_hub reads HF_HUB_OFFLINE once, at import; the loader reads it when it loads, so one set later
     (by a program, or the test above) never sends it to the Hub and its retries (23 s here without a network)."""
-    from entmtp import model as model_module
-
     asked = {}
 
     def not_cached(path, **kwargs):

@@ -199,13 +199,11 @@ def test_a_short_branch_learns_how_far_the_text_copies_one_token_past_it():
     missed.choose(_ctx(index))
     missed.observe(Step(tree.name, 9, 3, 4, [0, 5, 6, 7], sources={"heads": 3, "lookup": 0}))
     assert missed.copy[3].values()[0] < prior[0] and missed.copy[3].values()[1:] == prior[1:]
-    assert chain_depth([4, 5, 6], [4, 5, 6, 7], 0, 8) == (3, 3) and chain_depth([4, 5, 6], [9, 5], 1, 1) == (
-        0,
-        0,
-    )
-    assert chain_depth([4, 5, 6], [4, 5, 0, 7], 1, 1) == (1, 1) and chain_depth(
-        [4, 5, 6], [4, 5, 0], 1, 2
-    ) == (1, 2)
+    # (right, judged) past the first `start` tokens, to at most `most` more
+    assert chain_depth([4, 5, 6], [4, 5, 6, 7], 0, 8) == (3, 3)  # judged as far as the chain goes
+    assert chain_depth([4, 5, 6], [9, 5], 1, 1) == (0, 0)  # the emitted path was another branch
+    assert chain_depth([4, 5, 6], [4, 5, 0, 7], 1, 1) == (1, 1)  # one more, right
+    assert chain_depth([4, 5, 6], [4, 5, 0], 1, 2) == (1, 2)  # two more: right, then wrong
 
 
 def _lazy(computed: list, first=(7, 8, 9)):
