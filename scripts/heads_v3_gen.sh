@@ -12,7 +12,10 @@
 # Python process's id: SIGSTOP pauses it while something else is timed, SIGCONT resumes it; nothing it decides
 # depends on time, only the wall seconds it records for a shard grow (the CPU seconds beside them do not).
 # The log ($OUT/gen.log) has one line per shard: tokens/s of generation, positions/s of the teacher-forced pass.
-# Usage: scripts/heads_v3_gen.sh   (settings by environment: OUT, PROMPTS, PYTHON, PIDFILE, REV, BATCH, THREADS)
+# The answers themselves (2 bytes a token) go to $ANSWERS, by default docs/results/heads-v3-cpu/answers/ in this
+# checkout: commit them, and a later start on a fresh machine only teacher-forces the shards they cover.
+# Usage: scripts/heads_v3_gen.sh   (settings by environment: OUT, PROMPTS, ANSWERS, PYTHON, PIDFILE, REV, BATCH,
+# THREADS)
 set -euo pipefail
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then  # the header comment above is the help
   sed -n '2,/^set -/{/^set -/d;s/^# \{0,1\}//;p}' "$0"; exit 0
@@ -20,6 +23,7 @@ fi
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/work/heads-v3}
 PROMPTS=${PROMPTS:-../shared/data/train}
+ANSWERS=${ANSWERS:-$PWD/docs/results/heads-v3-cpu/answers}
 PYTHON=${PYTHON:-.venv/bin/python}
 PIDFILE=${PIDFILE:-$OUT/gen.pid}
 REV=${REV:-HEAD}
@@ -43,6 +47,7 @@ fi
 # prompts up to 384 tokens (the longer ones skipped), answers up to 256 tokens, 1% of prompts held out,
 # 256 sequences (128 prompts, two answers each) a shard.
 args=(train-heads --kind hydra --stages gen --out "$OUT/run" --distill-dir "$OUT/distill" --data-dir "$OUT/prompts"
+      --answers-dir "$(realpath -m "$ANSWERS")"
       --num-prompts 1000000 --both-answers --max-prompt-tokens 384 --max-new-tokens 256 --val-fraction 0.01
       --shard-size 256 --top-k 10 --seed 0 --gen-batch-size "$BATCH" --dtype bfloat16 --device cpu --threads "$THREADS"
       --no-progress)

@@ -28,6 +28,8 @@ from entmtp.train import (
     train,
 )
 from entmtp.train import shards as shards_mod
+from entmtp.train.answers import IDENTITY as ANSWER_IDENTITY
+from entmtp.train.answers import AnswerStore
 from entmtp.train.command import add_train_arguments, train_settings_from_args
 from entmtp.train.evaluate import plot_learning_curve, report_markdown, teacher_forced_accuracy
 from entmtp.train.pipeline import cap_vocab, train_heads
@@ -233,6 +235,35 @@ def test_generation_resumes_and_is_reused(base, distill, tmp_path, monkeypatch):
     with pytest.raises(DataError, match="other settings.*max_new_tokens"):
         other = GenSettings(**{**GEN.__dict__, "max_new_tokens": 8})
         generate_data(model, tok, d, prompts=PROMPTS, settings=other, base_model="tiny", progress=False)
+
+
+def test_stored_answers_make_the_same_shards_without_generating(base, distill, tmp_path, monkeypatch):
+    """The answers kept apart (an AnswerStore: 2 bytes a token) rebuild the same data on a fresh machine:
+    a run whose answers are all stored generates nothing and writes shards equal to the generated ones.
+    Answers made for other data are refused with the fix; a damaged file is named."""
+    model, tok = base
+    run = dict(prompts=PROMPTS, settings=GEN, batch_size=3, base_model="tiny", progress=False)
+    answers = tmp_path / "answers"
+    made = generate_data(model, tok, tmp_path / "made", answers_dir=answers, **run)
+    stored = AnswerStore(answers, {k: 0 for k in ANSWER_IDENTITY}).stored()
+    assert stored == sorted(s["file"] for s in made.shards) and {s["answers"] for s in made.shards} == {
+        "generated"
+    }
+    assert _sequences(tmp_path / "made") == _sequences(distill)  # the store changes no token
+    calls = []
+    monkeypatch.setattr(shards_mod, "engine_responses", lambda *a, **k: calls.append(1))
+    again = generate_data(model, tok, tmp_path / "fresh", answers_dir=answers, **run)
+    assert calls == [] and {s["answers"] for s in again.shards} == {"stored"}
+    for entry in made.shards:  # teacher-forced from the stored answers: the same tensors
+        a, b = (load_file(str(tmp_path / d / entry["file"])) for d in ("made", "fresh"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert "answers stored" in shards_mod.shard_line(again.shards[0], again)
+    other = replace(GEN, max_new_tokens=8)
+    with pytest.raises(DataError, match="made for other data.*max_new_tokens.*another --answers-dir"):
+        generate_data(model, tok, tmp_path / "other", answers_dir=answers, **{**run, "settings": other})
+    (answers / "train-00000.answers.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(DataError, match="cannot read answers .*train-00000.answers.safetensors"):
+        generate_data(model, tok, tmp_path / "damaged", answers_dir=answers, **run)
 
 
 def _sequences(d: Path) -> list[tuple[int, list[int]]]:

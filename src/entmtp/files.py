@@ -23,10 +23,12 @@ def write_text_atomic(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def save_tensors_atomic(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+def save_tensors_atomic(
+    path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> None:
     tmp = tmp_name(path)
     try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

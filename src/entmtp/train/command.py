@@ -95,6 +95,12 @@ def _prompt_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--distill-dir", default=None, help="generated data directory (default OUT/distill); reused"
     )
+    p.add_argument(
+        "--answers-dir",
+        default=None,
+        help="keep the base model's answers here (2 bytes a token; a directory that outlives the machine): "
+        "shards whose answers are stored there are only teacher-forced from them, not generated again",
+    )
 
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
@@ -161,6 +167,7 @@ def run_train(args) -> int:
         data_dir=args.data_dir,
         prompts_file=args.prompts,
         distill_dir=args.distill_dir,
+        answers_dir=args.answers_dir,
         **settings,
         gen_batch_size=args.gen_batch_size,
         device=args.device,

@@ -133,6 +133,7 @@ def train_heads(
     data_dir: str | os.PathLike[str] | list | None = None,  # training prompt directories (see prompt_sources)
     prompts_file: str | os.PathLike[str] | None = None,  # JSONL/JSON prompts instead of data_dir
     distill_dir: str | os.PathLike[str] | None = None,  # generated data (default: OUT/distill)
+    answers_dir: str | os.PathLike[str] | None = None,  # the base model's answers, kept apart (AnswerStore)
     gen_settings: GenSettings | None = None,  # None: the defaults, here and in the next three
     train_settings: TrainSettings | None = None,  # its seed also seeds the new heads
     heads_settings: HeadsSettings | None = None,
@@ -164,7 +165,7 @@ def train_heads(
     if "gen" in stages:
         batch_size = gen_batch_size or (128 if torch.device(device).type == "cuda" else 32)
         summary["distill"] = _gen_stage(
-            b, distill, prompts, sources, gen_settings, batch_size, progress, gen_time_limit
+            b, distill, prompts, sources, gen_settings, batch_size, progress, gen_time_limit, answers_dir
         )
     heads = None
     if "train" in stages:
@@ -210,6 +211,7 @@ def _gen_stage(
     batch_size: int,
     progress,
     time_limit,
+    answers_dir,
 ) -> dict:
     """Generate the self-distillation data in ``distill``; returns its summary."""
     t0 = time.perf_counter()
@@ -224,6 +226,7 @@ def _gen_stage(
         base_model=b.name,
         progress=progress,
         time_limit=time_limit,
+        answers_dir=answers_dir,
     )
     return _distill_summary(distill, manifest, time.perf_counter() - t0)
 

@@ -55,6 +55,7 @@ from ..errors import DataError, PromptError
 from ..files import save_tensors_atomic, write_text_atomic
 from ..model import encode_prompt, eos_token_ids
 from ..settings import setting
+from .answers import IDENTITY, AnswerStore
 
 FORMAT = "entmtp-distill"
 FORMAT_VERSION = 1
@@ -349,12 +350,15 @@ def generate_data(
     base_model: str | None = None,
     progress: bool = True,
     time_limit: float | None = None,
+    answers_dir: str | os.PathLike[str] | None = None,
 ) -> Manifest:
     """Write (or finish writing) the distillation data for ``prompts`` into ``out_dir``; return its manifest.
 
     Shards already listed in an existing manifest are kept; a manifest made with other settings, another
     base model or another prompt selection is refused (use another directory). ``time_limit``: no new shard
-    is started after this many seconds; the data stays incomplete (and resumable) but usable for training."""
+    is started after this many seconds; the data stays incomplete (and resumable) but usable for training.
+    ``answers_dir``: an `AnswerStore` directory. A shard whose answers are stored there is not generated, only
+    teacher-forced from them; a generated shard's answers are written there first."""
     t_start = time.perf_counter()
     d = Path(out_dir)
     if d.exists() and not d.is_dir():
@@ -363,6 +367,12 @@ def generate_data(
     d.mkdir(parents=True, exist_ok=True)
     with _writer_lock(d):
         manifest = _open_manifest(d, _new_manifest(model, base_model, settings, selected, skipped), selected)
+        identity = {
+            **manifest.settings,
+            "base_model": manifest.base_model,
+            "prompts_sha": manifest.prompts_sha,
+        }
+        store = AnswerStore(answers_dir, {k: identity[k] for k in IDENTITY}) if answers_dir else None
         engine = Engine(model, tokenizer, graphs=False)  # no heads: plain decoding, batched
         plan = [
             (n, f, idx)
@@ -374,7 +384,7 @@ def generate_data(
                 if time_limit is not None and time.perf_counter() - t_start > time_limit:
                     return manifest  # complete stays False: a later run finishes the remaining shards
                 torch.manual_seed(settings.seed * 1_000_003 + n)  # per shard: resumed or not, same samples
-                entry = _write_shard(engine, d, file, [selected[i] for i in idx], settings, batch_size)
+                entry = _write_shard(engine, d, file, [selected[i] for i in idx], settings, batch_size, store)
                 manifest.shards.append(entry)
                 manifest.write(d)
                 bar.advance(entry, manifest)
@@ -384,11 +394,35 @@ def generate_data(
 
 
 def _write_shard(
-    engine: Engine, d: Path, file: str, chosen: list[Selected], settings: GenSettings, batch_size: int
+    engine: Engine,
+    d: Path,
+    file: str,
+    chosen: list[Selected],
+    settings: GenSettings,
+    batch_size: int,
+    store: AnswerStore | None = None,
 ) -> dict:
-    """Generate and write shard ``file`` of ``chosen``; returns its manifest entry."""
+    """Generate and write shard ``file`` of ``chosen``; returns its manifest entry. With a ``store``, the
+    answers are read from it when stored there, and written to it when generated."""
     t0 = time.perf_counter()
-    tensors, phases = _make_shard(engine, chosen, settings, batch_size)
+    clock = _Clock()
+    responses = store.read(file, len(chosen)) if store is not None else None
+    source = "stored" if responses is not None else "generated"
+    if responses is None:
+        responses = _responses(engine, chosen, settings, batch_size)
+        if store is not None:
+            store.write(file, responses, engine.model.get_output_embeddings().weight.shape[0])
+    gen_wall, gen_cpu = clock.lap()
+    tensors = _make_shard(engine, chosen, responses, settings, batch_size)
+    tf_wall, tf_cpu = clock.lap()
+    phases = {
+        "answers": source,
+        "anchors": sum(len(r) for r in responses),  # positions >= prompt_len - 1: one per response token
+        "gen_seconds": round(gen_wall, 4),
+        "gen_cpu_seconds": round(gen_cpu, 4),
+        "targets_seconds": round(tf_wall, 4),
+        "targets_cpu_seconds": round(tf_cpu, 4),
+    }
     save_tensors_atomic(d / file, tensors)
     return {
         "file": file,
@@ -505,13 +539,10 @@ class _Clock:
         return out
 
 
-def _make_shard(
+def _responses(
     engine: Engine, chosen: list[Selected], settings: GenSettings, batch_size: int
-) -> tuple[dict[str, torch.Tensor], dict]:
-    """One shard's tensors (see the module docstring) for the prompts ``chosen``, and the record of its two
-    phases: generation (response tokens, seconds) then the teacher-forced pass (positions, seconds).
-    Greedy and sampled responses are generated in separate batches."""
-    clock = _Clock()
+) -> list[list[int]]:
+    """The base model's response to each prompt of ``chosen``: greedy and sampled ones in separate batches."""
     prompt_ids = [s.ids for s in chosen]
     responses: list[list[int]] = [[] for _ in chosen]
     for sample in (False, True):
@@ -528,7 +559,15 @@ def _make_shard(
         )
         for j, r in zip(group, got, strict=True):
             responses[j] = r
-    gen_wall, gen_cpu = clock.lap()
+    return responses
+
+
+def _make_shard(
+    engine: Engine, chosen: list[Selected], responses: list[list[int]], settings: GenSettings, batch_size: int
+) -> dict[str, torch.Tensor]:
+    """One shard's tensors (see the module docstring): the teacher-forced pass over the prompts ``chosen``
+    followed by their ``responses``."""
+    prompt_ids = [s.ids for s in chosen]
     seqs = [p + r for p, r in zip(prompt_ids, responses, strict=True)]
     rows = base_targets(
         engine.model,
@@ -547,15 +586,7 @@ def _make_shard(
         "prompt_lens": torch.tensor([len(p) for p in prompt_ids], dtype=torch.int32),
         "sampled": torch.tensor([s.sampled for s in chosen], dtype=torch.uint8),
     }
-    tf_wall, tf_cpu = clock.lap()
-    phases = {
-        "anchors": sum(len(r) for r in responses),  # positions >= prompt_len - 1: one per response token
-        "gen_seconds": round(gen_wall, 4),
-        "gen_cpu_seconds": round(gen_cpu, 4),
-        "targets_seconds": round(tf_wall, 4),
-        "targets_cpu_seconds": round(tf_cpu, 4),
-    }
-    return tensors, phases
+    return tensors
 
 
 def _check_same_data(d: Path, old: Manifest, new: Manifest) -> None:
@@ -579,9 +610,14 @@ def shard_line(entry: dict, manifest: Manifest) -> str:
     """One shard's log line: its two phases' rates (wall seconds, which include any pause; CPU seconds
     beside them) and the data so far."""
     gen, tf = entry["gen_seconds"], entry["targets_seconds"]
+    answers = (
+        f"answers stored: {entry['anchors']} tokens read"
+        if entry.get("answers") == "stored"
+        else f"gen {entry['anchors']} tokens in {gen:.0f} s ({entry['anchors'] / max(gen, 1e-9):.0f} tokens/s, "
+        f"{entry['gen_cpu_seconds']:.0f} CPU s)"
+    )
     return (
-        f"{entry['file']}: {entry['sequences']} sequences; gen {entry['anchors']} tokens in {gen:.0f} s "
-        f"({entry['anchors'] / max(gen, 1e-9):.0f} tokens/s, {entry['gen_cpu_seconds']:.0f} CPU s); "
+        f"{entry['file']}: {entry['sequences']} sequences; {answers}; "
         f"targets {entry['positions']} positions in {tf:.0f} s ({entry['positions'] / max(tf, 1e-9):.0f}/s, "
         f"{entry['targets_cpu_seconds']:.0f} CPU s); {entry['bytes'] / max(1, entry['anchors']):.0f} bytes "
         f"per anchor; so far {manifest.positions('train')} train + {manifest.positions('val')} val anchors "
