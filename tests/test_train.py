@@ -33,7 +33,7 @@ from entmtp.train.answers import AnswerStore
 from entmtp.train.command import add_train_arguments, train_settings_from_args
 from entmtp.train.evaluate import plot_learning_curve, report_markdown, teacher_forced_accuracy
 from entmtp.train.pipeline import cap_vocab, train_heads
-from entmtp.train.trainer import LOG, batch_windows, make_windows
+from entmtp.train.trainer import LOG, batch_windows, distill_loss, make_windows
 
 CHATML = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
@@ -386,6 +386,58 @@ def test_hydra_trains(base, distill, tmp_path, arch, loss):
     )
     result = train(model, heads, distill, tmp_path, settings=settings, progress=False)
     assert result.step == 3 and all(0 <= x <= 1 for x in result.val_top1) and len(result.val_top1) == 2
+
+
+def test_a_target_outside_the_logits_drops_out_of_the_loss():
+    """distill_loss with target columns of -1 (tokens outside the draft vocabulary): they leave the top-k,
+    which is renormalised over the rest; a position with no target left costs nothing."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 6)
+    ids = torch.tensor([[2, 4, 5], [-1, 1, 3], [-1, -1, -1]])
+    logp = torch.log_softmax(torch.randn(3, 3), -1)
+    got = distill_loss(logits, ids, logp, "mix")
+    lp = torch.log_softmax(logits, -1)
+    q0 = torch.softmax(logp[0], -1)
+    kl0 = (q0 * (q0.log() - lp[0, ids[0]])).sum()
+    torch.testing.assert_close(got[0], 0.5 * (kl0 - lp[0, 2]))
+    q1 = torch.softmax(logp[1, 1:], -1)  # renormalised over the two columns inside
+    torch.testing.assert_close(got[1], 0.5 * (q1 * (q1.log() - lp[1, ids[1, 1:]])).sum())  # no CE term
+    assert got[2] == 0 and torch.isfinite(got).all()
+
+
+def test_the_draft_vocabulary_loss_is_the_full_one_over_the_whole_vocabulary(base, distill, tmp_path):
+    """vocab=draft scores the heads over their draft vocabulary only. With every token in it, it is the full
+    loss (the same weights after training); with a subset it trains, and its top-1 counts a target outside
+    the subset as a miss. Without a draft vocabulary it asks for one."""
+    model, _ = base
+    V = model.config.vocab_size
+    every, trained = torch.arange(V), {}
+    for vocab in ("full", "draft"):
+        heads = medusa(model)
+        heads.set_draft_vocab(every)
+        settings = replace(FAST, steps=4, vocab=vocab, checkpoint_every=0, eval_every=0)
+        trained[vocab] = train(model, heads, distill, tmp_path / vocab, settings=settings, progress=False)
+        trained[vocab + "-weights"] = _weights(heads)
+    assert trained["full"].loss == pytest.approx(trained["draft"].loss, rel=1e-5)
+    a, b = trained["full-weights"], trained["draft-weights"]
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    data = load_split(distill, "val")
+    heads = medusa(model)
+    heads.set_draft_vocab(data.tokens.unique()[: V // 3])  # a third of the tokens the data holds
+    settings = replace(FAST, steps=8, vocab="draft", checkpoint_every=4, eval_every=4)
+    stopped = train(
+        model, heads, distill, tmp_path / "subset", settings=settings, progress=False, stop_after=4
+    )
+    vocab = heads.draft_vocab.clone()
+    resumed = medusa(model)
+    resumed.set_draft_vocab(torch.arange(7))  # the checkpoint's vocabulary wins
+    result = train(
+        model, resumed, distill, tmp_path / "subset", settings=settings, progress=False, resume=True
+    )
+    assert stopped.stopped_early and result.step == 8 and torch.equal(resumed.draft_vocab, vocab)
+    assert all(0 <= x <= 1 for x in result.val_top1) and len(result.val_top1) == 3
+    with pytest.raises(HeadsError, match="needs heads with one.*--vocab full"):
+        train(model, medusa(model), distill, tmp_path / "none", settings=settings, progress=False)
 
 
 def test_resume_matches_uninterrupted(base, distill, tmp_path):

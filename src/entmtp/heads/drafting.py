@@ -399,6 +399,18 @@ class Heads(nn.Module):
         lm_head = self._require_base().lm_head
         return lm_head(feats.to(lm_head.weight.dtype))
 
+    def project_draft(self, k: int, feats: torch.Tensor) -> torch.Tensor:
+        """Head k's (0-based) logits over the draft vocabulary, for training: feats [..., H] -> [..., Vd].
+        Differentiable in the features and in the head's own projection (sliced afresh each call); a frozen
+        shared lm_head is sliced once (`_draft_logits`)."""
+        if self.draft_vocab is None:
+            raise HeadsError("these heads have no draft vocabulary: set one (set_draft_vocab) first")
+        proj = self.heads[k].proj
+        if proj is None or not proj.weight.requires_grad:
+            return self._draft_logits(k, feats)
+        ids = self.draft_vocab.to(proj.weight.device)
+        return F.linear(feats, proj.weight[ids], None if proj.bias is None else proj.bias[ids])
+
     def init_projections_from_base(self) -> None:
         """Copy the bound base output layer into each head's own projection (the official Medusa init)."""
         lm_weight = self._require_base().lm_head.weight

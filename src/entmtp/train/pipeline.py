@@ -293,10 +293,14 @@ def _train_stage(
         heads, init_vocab = random_heads(config, seed=settings.seed), None
         if not config.share_lm_head:
             heads.bind(b.model).init_projections_from_base()
+    # the draft vocabulary: chosen first when the loss runs over it (a resumed run takes its checkpoint's)
+    if settings.vocab == "draft":
+        _set_draft_vocab(heads, b.model, b.tokenizer, distill, manifest, heads_settings, init_vocab)
     result = train(b.model, heads, distill, out, settings=settings, **run)
     plot_learning_curve(out / LOG, out / "learning_curve.png")
     if not result.stopped_early:
-        _set_draft_vocab(heads, b.model, b.tokenizer, distill, manifest, heads_settings, init_vocab)
+        if settings.vocab != "draft":
+            _set_draft_vocab(heads, b.model, b.tokenizer, distill, manifest, heads_settings, init_vocab)
         heads.to(dtype=DTYPES[heads_settings.save_dtype])
         save_heads(heads, out, overwrite=run["overwrite"])
     return heads, dataclasses.asdict(result)
