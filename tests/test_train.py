@@ -31,7 +31,12 @@ from entmtp.train import shards as shards_mod
 from entmtp.train.answers import IDENTITY as ANSWER_IDENTITY
 from entmtp.train.answers import AnswerStore
 from entmtp.train.command import add_train_arguments, train_settings_from_args
-from entmtp.train.evaluate import plot_learning_curve, report_markdown, teacher_forced_accuracy
+from entmtp.train.evaluate import (
+    evaluate_heads,
+    plot_learning_curve,
+    report_markdown,
+    teacher_forced_accuracy,
+)
 from entmtp.train.pipeline import cap_vocab, train_heads
 from entmtp.train.trainer import LOG, batch_windows, distill_loss, make_windows
 
@@ -769,6 +774,30 @@ def test_train_time_limit_plans_fewer_steps_and_finishes(base, distill, tmp_path
 
 
 # ---- eval-heads: new heads against the ones they would replace -------------------------------------------
+
+
+def test_the_evaluation_decodes_at_temperature_with_each_sampling_rule_seeded_alike(base):
+    """eval's sampling rules: tokens/step at T=0.7 per rule and tree, for the heads and the baseline; each
+    prompt is seeded alike for both, so identical heads give identical figures. An unknown rule is named."""
+    model, tok = base
+    heads = random_heads(HeadsConfig.for_model(model, "hydra", 2), seed=1, init="random")
+    twin = random_heads(HeadsConfig.for_model(model, "hydra", 2), seed=1, init="random")
+    run = dict(tasks=("gsm8k",), split="test", num_prompts=2, max_new_tokens=8, trees=("chain_2", "tree_4"))
+    report = evaluate_heads(
+        model, tok, heads, baseline=twin, progress=False, sampling=("sample", "typical"), **run
+    )
+    e = report["tasks"]["gsm8k"]
+    for rule in ("sample", "typical"):
+        for tree in ("chain_2", "tree_4"):
+            new, old = e["sampling"][rule][tree], e["baseline"]["sampling"][rule][tree]
+            assert new["tokens_per_step"] >= 1.0 and new["steps"] > 0
+            assert (new["tokens"], new["steps"]) == (old["tokens"], old["steps"])  # seeded alike
+    md = report_markdown(report)
+    assert "## Mean tokens per step at T=0.7, sample acceptance" in md and "typical acceptance" in md
+    with pytest.raises(ValueError, match="unknown sampling rule 'nosuch'"):
+        evaluate_heads(model, tok, heads, progress=False, sampling=("nosuch",), **run)
+    with pytest.raises(DataError, match="unknown sampling rule 'greedy'"):
+        EvalSettings(sampling=("greedy",))
 
 
 @pytest.mark.slow

@@ -214,6 +214,7 @@ def run_eval(args) -> int:
         baseline=baseline,
         baseline_name=f"shipped {heads.config.kind}" if args.against == "shipped" else str(args.against),
         progress=not args.no_progress,
+        sampling=settings.sampling,
     )
     shipped = args.heads_dir in HEAD_KINDS  # the package's own folder: write the report elsewhere
     out = (

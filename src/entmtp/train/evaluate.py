@@ -9,6 +9,8 @@ Metrics (on the test split of each task by default, or its calibration split; ne
 * ``chain`` at depth k: heads 1..k are all top-1 right at t (what a chain of k drafts would accept).
 * ``tokens_per_step`` per tree: realised mean tokens per verification step of greedy speculative decoding
   (accepted drafts + 1 bonus token), i.e. generated tokens / steps over all prompts of the task.
+* ``sampling``: with sampling rules asked for (``sample``: lossless rejection sampling, ``typical``, ``gumbel``),
+  the same per tree at temperature T (0.7), each prompt seeded alike for the heads and the baseline.
 * ``tokens_per_second`` per tree: the steps' tokens (the prefill's first token left out) over the whole
   generations' wall time (see metrics.py). The heads and the baseline decode each prompt back to back, so
   machine load hits both alike; ratios between them are what to read.
@@ -35,6 +37,7 @@ from .shards import generate_responses
 TOPS = (1, 5, 10)
 # The published default tree, and the static tree `entmtp generate` uses for heads without a profile.
 DEFAULT_TREES = ("mc_sim_7b_63", "tree_8")
+SAMPLING_RULES = ("sample", "typical", "gumbel")  # acceptance rules the evaluation can decode with at T > 0
 EVAL_TASKS = FOUR_TASKS + tuple(SPECBENCH)  # the paper's four tasks, then the dev benchmark's categories
 
 
@@ -87,14 +90,20 @@ def speculative_runs(
     prompts: list[list[int]],
     trees: list[str],
     max_new_tokens: int,
+    temperature: float = 0.0,
+    acceptance: str = "auto",
 ) -> dict[str, dict[str, dict]]:
-    """Greedy speculative decoding of every prompt with every (heads, tree), the heads interleaved prompt by
-    prompt: {heads name: {tree: tokens_per_step, steps, tokens, seconds, tokens_per_second}}."""
+    """Speculative decoding of every prompt with every (heads, tree), the heads interleaved prompt by prompt:
+    {heads name: {tree: tokens_per_step, steps, tokens, seconds, tokens_per_second}}. Greedy at temperature 0;
+    else sampled by ``acceptance``, prompt i seeded with i for every heads and tree."""
     engines = {(n, t): Engine(model, tokenizer, h, static(t)) for n, h in heads.items() for t in trees}
     sums = {key: [0, 0, 0.0] for key in engines}  # tokens after the first, steps, seconds
-    for ids in prompts:
+    sampling = {} if temperature == 0 else {"acceptance": acceptance}
+    for i, ids in enumerate(prompts):
         for key, engine in engines.items():
-            result = engine.generate(ids, max_new_tokens=max_new_tokens, temperature=0.0)
+            result = engine.generate(
+                ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=i, **sampling
+            )
             acc = sums[key]
             acc[0] += sum(result.tokens_per_step)
             acc[1] += result.num_steps
@@ -125,9 +134,15 @@ def evaluate_heads(
     baseline_name: str = "baseline",
     batch_size: int = 8,
     progress: bool = True,
+    sampling: tuple[str, ...] = (),
+    temperature: float = 0.7,
 ) -> dict:
     """The evaluation report as a dict (see the module docstring). ``baseline``: other heads for the same
-    model, measured the same way on the same prompts (report["baseline"] and each task's "baseline")."""
+    model, measured the same way on the same prompts (report["baseline"] and each task's "baseline").
+    ``sampling``: also decode at ``temperature`` with these acceptance rules (`SAMPLING_RULES`)."""
+    for rule in sampling:
+        if rule not in SAMPLING_RULES:
+            raise ValueError(f"unknown sampling rule {rule!r}: use some of {', '.join(SAMPLING_RULES)}")
     named = {"heads": heads} | ({"baseline": baseline} if baseline is not None else {})
     for h in named.values():
         h.bind(model)
@@ -136,7 +151,13 @@ def evaluate_heads(
     usable = [t for t in trees if load_tree(t).depth <= depth]
     report: dict = {
         "heads": dataclasses.asdict(heads.config),
-        "settings": {"num_prompts": num_prompts, "max_new_tokens": max_new_tokens, "split": split},
+        "settings": {
+            "num_prompts": num_prompts,
+            "max_new_tokens": max_new_tokens,
+            "split": split,
+            "sampling": list(sampling),
+            "temperature": temperature,
+        },
         "trees": usable,
         "skipped_trees": {t: f"depth {load_tree(t).depth} > {depth} heads" for t in trees if t not in usable},
         "tasks": {},
@@ -157,6 +178,13 @@ def evaluate_heads(
         if baseline is not None:
             entry["baseline"] = teacher_forced_accuracy(model, baseline, pairs)
             entry["baseline"]["speculative"] = runs["baseline"]
+        for rule in sampling:
+            sampled = speculative_runs(
+                model, tokenizer, named, prompts, usable, max_new_tokens, temperature, acceptance=rule
+            )
+            entry.setdefault("sampling", {})[rule] = sampled["heads"]
+            if baseline is not None:
+                entry["baseline"].setdefault("sampling", {})[rule] = sampled["baseline"]
         entry["seconds"] = time.perf_counter() - t0
         report["tasks"][task] = entry
         if progress:
@@ -217,6 +245,8 @@ def report_markdown(report: dict) -> str:
         lines.append("")
     if "baseline" in report and report["trees"]:
         lines += comparison_table(report)
+    for rule in report["settings"].get("sampling", []):
+        lines += sampling_table(report, rule)
     for tree, why in report["skipped_trees"].items():
         lines.append(f"Tree {tree} skipped: {why}.")
     return "\n".join(lines) + "\n"
@@ -273,6 +303,35 @@ def comparison_table(report: dict) -> list[str]:
                 for side in ("new", "baseline")
             ]
             lines.append("| " + " | ".join([f"**min, {group}**", *worst, ""]) + " |")
+    lines.append("")
+    return lines
+
+
+def sampling_table(report: dict, rule: str) -> list[str]:
+    """Tokens/step at the report's temperature with acceptance ``rule``, per tree and task (the baseline's
+    beside the heads' when there is one), with the means of the task groups."""
+    trees, tasks = report["trees"], report["tasks"]
+    name = report["baseline"]["name"] if "baseline" in report else None
+    sides = ["new", name] if name else ["new"]
+    T = report["settings"]["temperature"]
+
+    def tps(e: dict, side: str, tree: str) -> float:
+        return (e if side == "new" else e["baseline"])["sampling"][rule][tree]["tokens_per_step"]
+
+    head = ["task"] + [f"{t} {side}" for t in trees for side in sides]
+    lines = [
+        f"## Mean tokens per step at T={T:g}, {rule} acceptance",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|---|" + "---|" * (len(head) - 1),
+    ]
+    for e in tasks.values():
+        lines.append(
+            "| " + " | ".join([e["label"]] + [f"{tps(e, s, t):.2f}" for t in trees for s in sides]) + " |"
+        )
+    for group, ts in _groups(tasks):
+        means = [f"{sum(tps(tasks[x], s, t) for x in ts) / len(ts):.2f}" for t in trees for s in sides]
+        lines.append("| " + " | ".join([f"**mean, {group}**", *means]) + " |")
     lines.append("")
     return lines
 

@@ -33,7 +33,7 @@ from ..model import DTYPES, EMBEDDED, load_model
 from ..prompts import FOUR_TASKS, TASKS
 from ..settings import csv, setting
 from ..shipped import heads_path
-from .evaluate import DEFAULT_TREES, evaluate_heads, plot_learning_curve, write_report
+from .evaluate import DEFAULT_TREES, SAMPLING_RULES, evaluate_heads, plot_learning_curve, write_report
 from .prompt_sources import load_training_prompts
 from .shards import GenSettings, Manifest, generate_data, mean_feature_rms, model_name, token_counts
 from .trainer import LOG, TrainSettings, check_output_dir, train
@@ -111,11 +111,22 @@ class EvalSettings:
     tasks: tuple[str, ...] = setting(  # the paper's four tasks
         FOUR_TASKS, type=csv, help=f"comma list of {', '.join(TASKS)} (default {','.join(FOUR_TASKS)})"
     )
+    sampling: tuple[str, ...] = setting(
+        (),
+        type=csv,
+        help="also decode at T=0.7 with these acceptance rules and report their tokens/step: comma list of "
+        f"{', '.join(SAMPLING_RULES)} (default: greedy only)",
+    )
 
     def __post_init__(self) -> None:
         for t in self.tasks:
             if t not in TASKS:
                 raise DataError(f"unknown task {t!r} in the evaluation tasks: use some of {', '.join(TASKS)}")
+        for rule in self.sampling:
+            if rule not in SAMPLING_RULES:
+                raise DataError(
+                    f"unknown sampling rule {rule!r} in the evaluation: use some of {', '.join(SAMPLING_RULES)}"
+                )
         if self.prompts < 1 or self.max_new_tokens < 1:
             raise DataError(
                 f"evaluation needs prompts >= 1 and max_new_tokens >= 1, got {self.prompts} and "
@@ -334,6 +345,7 @@ def _evaluate(model, tokenizer, heads: Heads, out: Path, s: EvalSettings, progre
         max_new_tokens=s.max_new_tokens,
         trees=tuple(s.trees),
         progress=progress,
+        sampling=tuple(s.sampling),
     )
     write_report(report, out / "eval")
     return report
