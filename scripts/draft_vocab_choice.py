@@ -105,8 +105,12 @@ def main() -> None:
     p.add_argument("distill", type=Path)
     p.add_argument("--heads", default="hydra,medusa", help="comma list: hydra | medusa | heads directories")
     p.add_argument("--sizes", default="4096,8192,12288,16384,24576,32768")
-    p.add_argument(
-        "--curve", type=Path, required=True, help="a cost curve record (~/.cache/entmtp/costs/*.json)"
+    cost = p.add_mutually_exclusive_group(required=True)
+    cost.add_argument("--curve", type=Path, help="a cost curve record (~/.cache/entmtp/costs/*.json)")
+    cost.add_argument(
+        "--costs",
+        help="PLAIN_MS,DRAFT_MS: a plain step and the drafting at one node, read off such a record elsewhere "
+        "(say where in the notes)",
     )
     p.add_argument(
         "--max-windows", type=int, default=0, help="measure the first N windows of 128 anchors (0: all)"
@@ -134,13 +138,19 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     vocabs = {n: frequent_tokens(counts, n, keep=tokenizer.all_special_ids) for n in sizes}
     intercept, slope = probe_line(PROBE_RECORD)
-    plain_ms, draft_ms = curve_costs(args.curve)
+    if args.curve is not None:
+        plain_ms, draft_ms = curve_costs(args.curve)
+    else:
+        try:
+            plain_ms, draft_ms = (float(x) for x in args.costs.split(","))
+        except ValueError:
+            p.error(f"--costs takes PLAIN_MS,DRAFT_MS (two numbers), got {args.costs!r}")
     report = {
         "distill": str(args.distill),
         "counted": counted,
         "tokens_counted": int(counts.sum()),
         "val_sequences": data.num_sequences,
-        "curve": str(args.curve),
+        "curve": str(args.curve) if args.curve is not None else f"given: --costs {args.costs}",
         "plain_ms": plain_ms,
         "draft_ms_at_one_node": draft_ms,
         "probe_line_ms": [intercept, slope],

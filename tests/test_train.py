@@ -821,8 +821,10 @@ def test_eval_heads_compares_with_baseline_heads_on_tasks_and_dev_categories(tmp
     ]
     args += ["--tasks", "gsm8k,humaneval,specbench-rag,specbench-translation", "--num-prompts", "1"]
     args += ["--max-new-tokens", "8", "--trees", "chain_2,tree_4", "--dtype", "float32", "--out", str(out)]
-    assert main([*args, "--no-progress"]) == 0
+    assert main([*args, "--sampling", "typical", "--no-progress"]) == 0
     report = json.loads((out / "eval.json").read_text())
+    assert report["settings"]["sampling"] == ["typical"]
+    assert set(report["tasks"]["gsm8k"]["baseline"]["sampling"]["typical"]) == {"chain_2", "tree_4"}
     assert report["settings"]["split"] == "test" and report["baseline"]["name"] == str(tmp_path / "old")
     for task, e in report["tasks"].items():
         for side in (e, e["baseline"]):

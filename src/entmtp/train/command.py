@@ -126,6 +126,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
             "max_new_tokens": dict(flag="--max-new-tokens"),
             "trees": dict(flag="--trees"),
             "tasks": dict(flag="--tasks", default=EVAL_TASKS, help=tasks),
+            "sampling": dict(flag="--sampling"),
         },
     )
     p.add_argument("--no-progress", action="store_true")

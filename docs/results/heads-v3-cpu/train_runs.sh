@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Heads v3 (issue 42): the training runs on the shards in $D/distill, then their evaluation against the shipped
+# heads. Each run starts from the shipped heads (--init; Hydra++ puts the shipped Hydra behind a new prefix
+# layer), trains in bf16 over the draft vocabulary only (--vocab draft: ~8x the positions/s of the full
+# vocabulary on this CPU, train_speed.txt), with checkpoints and a log; the same command with --resume continues
+# an interrupted run. Run it on a quiet machine: it uses both cores.
+# Usage: docs/results/heads-v3-cpu/train_runs.sh [hydra|hydra-pp|medusa|eval-KIND ...]   (default: all three)
+#   settings by environment: D (the job's directory, /work/heads-v3), PYTHON, EPOCHS (2), V (draft vocabulary
+#   size, 8192), RESUME (set: --resume)
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+D=${D:-/work/heads-v3}
+PYTHON=${PYTHON:-.venv/bin/python}
+EPOCHS=${EPOCHS:-2}
+V=${V:-8192}
+here=docs/results/heads-v3-cpu
+# optimiser steps for EPOCHS passes over the training split's response positions (~636 a step at 8 x 128)
+positions=$("$PYTHON" -c "import json,sys; m=json.load(open(sys.argv[1])); \
+print(sum(s['anchors'] for s in m['shards'] if s['split']=='train'))" "$D/distill/manifest.json")
+steps=$(( positions * EPOCHS / 636 ))
+common=(--stages train --distill-dir "$D/distill" --precision bfloat16 --vocab draft --steps "$steps"
+        --batch-size 8 --window 128 --lr 3e-4 --checkpoint-every 200 --eval-every 200 --draft-vocab "$V"
+        --max-draft-vocab "$V" --num-heads 4 --save-dtype bfloat16 --threads 2 --no-progress
+        ${RESUME:+--resume})
+run() {  # name, then train-heads' own arguments
+    local name=$1; shift
+    echo "$(date -u +%FT%TZ) $name: $positions training positions, $steps steps" | tee -a "$D/runs.log"
+    PYTHONPATH=src nice -n 5 "$PYTHON" -m entmtp.cli train-heads "$@" --out "$D/runs/$name" "${common[@]}" \
+        >> "$D/runs/$name.log" 2>&1
+    mkdir -p "$here/runs/$name"
+    cp "$D/runs/$name/train_log.jsonl" "$D/runs/$name/learning_curve.png" "$D/runs/$name/config.json" "$here/runs/$name/"
+    tail -1 "$D/runs/$name/train_log.jsonl" | tee -a "$D/runs.log"
+}
+evaluate() {  # name: the trained heads against the shipped ones of their kind, greedy and at T=0.7
+    PYTHONPATH=src nice -n 5 "$PYTHON" -m entmtp.cli eval-heads "$D/runs/$1" --against shipped --split test \
+        --sampling "${SAMPLING:-sample}" --out "$here/eval/$1" --no-progress 2>&1 | grep -v "^Loading\|Convert"
+}
+mkdir -p "$D/runs"
+for what in "${@:-hydra medusa hydra-pp}"; do
+    for w in $what; do
+        case $w in
+            hydra) run hydra --kind hydra --init hydra ;;
+            hydra-pp) run hydra-pp --kind hydra --head-arch prefix-mlp --init hydra ;;
+            medusa) run medusa --kind medusa --init medusa ;;
+            eval-*) evaluate "${w#eval-}" ;;
+            *) echo "unknown run $w: use hydra, hydra-pp, medusa or eval-NAME" >&2; exit 2 ;;
+        esac
+    done
+done
