@@ -20,7 +20,7 @@ print(sum(s['anchors'] for s in m['shards'] if s['split']=='train'))" "$D/distil
 steps=$(( positions * EPOCHS / 636 ))
 common=(--stages train --distill-dir "$D/distill" --precision bfloat16 --vocab draft --steps "$steps"
         --batch-size 8 --window 128 --lr 3e-4 --checkpoint-every 200 --eval-every 200 --draft-vocab "$V"
-        --max-draft-vocab "$V" --num-heads 4 --save-dtype bfloat16 --threads 2 --no-progress
+        --max-draft-vocab "$V" --num-heads 4 --save-dtype bfloat16 --threads "${THREADS:-2}" --no-progress
         ${RESUME:+--resume})
 run() {  # name, then train-heads' own arguments
     local name=$1; shift

@@ -46,7 +46,12 @@ def time_steps(heads, data, windows, settings: TrainSettings, steps: int) -> dic
             seconds.append(time.perf_counter() - t0)
             positions += counts[0]
     total = sum(seconds)
-    return {"steps": steps, "positions": positions, "seconds": round(total, 3), "per_second": positions / total}
+    return {
+        "steps": steps,
+        "positions": positions,
+        "seconds": round(total, 3),
+        "per_second": positions / total,
+    }
 
 
 def main() -> None:
