@@ -77,12 +77,7 @@ class AnswerStore:
                 f"not {sequences} responses of {responses.numel()} tokens: delete the file to generate "
                 f"them again"
             )
-        flat = responses.to(torch.int64).tolist()
-        out, start = [], 0
-        for n in lengths.tolist():
-            out.append(flat[start : start + n])
-            start += n
-        return out
+        return [r.tolist() for r in responses.to(torch.int64).split(lengths.tolist())]
 
     def write(self, shard_file: str, responses: list[list[int]], vocab_size: int) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)

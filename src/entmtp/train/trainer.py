@@ -221,6 +221,7 @@ class _Projection:
 
     def __init__(self, heads: Heads, vocab: str):
         self.heads = heads
+        self.width = heads.config.vocab_size  # the logits' columns
         self.columns: torch.Tensor | None = None  # [V] token id -> column, or None: the identity
         if vocab == "draft":
             ids = heads.draft_vocab
@@ -231,6 +232,7 @@ class _Projection:
                 )
             self.columns = torch.full((heads.config.vocab_size,), -1, dtype=torch.long)
             self.columns[ids.cpu()] = torch.arange(ids.numel())
+            self.width = ids.numel()
 
     def logits(self, k: int, feats: torch.Tensor) -> torch.Tensor:  # [M, H] -> [M, V or Vd]
         if self.columns is None:
@@ -239,13 +241,6 @@ class _Projection:
 
     def targets(self, ids: torch.Tensor) -> torch.Tensor:  # token ids [M, K] -> columns [M, K]
         return ids if self.columns is None else self.columns.to(ids.device)[ids]
-
-
-def _columns(heads: Heads, settings: TrainSettings) -> int:
-    """The logits' width: the vocabulary, or the draft vocabulary's size."""
-    if settings.vocab == "draft" and heads.draft_vocab is not None:
-        return heads.draft_vocab.numel()
-    return heads.config.vocab_size
 
 
 def _chunk_rows(settings: TrainSettings, vocab: int, device: torch.device) -> int:
@@ -285,7 +280,7 @@ def train_step(
     K = heads.config.num_heads
     weights = head_weights(K, settings.head_decay)
     proj = _Projection(heads, settings.vocab)
-    chunk = _chunk_rows(settings, _columns(heads, settings), torch.device(device))
+    chunk = _chunk_rows(settings, proj.width, torch.device(device))
     j = torch.arange(batch.anchor.shape[1], device=device)
     with _autocast(device, settings.precision):
         feats = heads.features(batch.hidden, batch.tokens)  # K x [B, T, H]
@@ -325,7 +320,7 @@ def evaluate_split(heads: Heads, data: SplitData, windows: Windows, settings: Tr
     K = heads.config.num_heads
     hits, counts, losses = [0] * K, [0] * K, [0.0] * K
     proj = _Projection(heads, settings.vocab)
-    chunk = _chunk_rows(settings, _columns(heads, settings), torch.device(device))
+    chunk = _chunk_rows(settings, proj.width, torch.device(device))
     for b in range(0, len(windows), settings.batch_size):
         batch = _to(
             make_batch(data, windows, torch.arange(b, min(b + settings.batch_size, len(windows)))), device
