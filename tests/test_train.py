@@ -266,6 +266,9 @@ def test_stored_answers_make_the_same_shards_without_generating(base, distill, t
     other = replace(GEN, max_new_tokens=8)
     with pytest.raises(DataError, match="made for other data.*max_new_tokens.*another --answers-dir"):
         generate_data(model, tok, tmp_path / "other", answers_dir=answers, **{**run, "settings": other})
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(DataError, match="answers directory .*a-file is a file: give a directory"):
+        generate_data(model, tok, tmp_path / "file", answers_dir=tmp_path / "a-file", **run)
     (answers / "train-00000.answers.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(DataError, match="cannot read answers .*train-00000.answers.safetensors"):
         generate_data(model, tok, tmp_path / "damaged", answers_dir=answers, **run)
