@@ -14,8 +14,11 @@
 # The log ($OUT/gen.log) has one line per shard: tokens/s of generation, positions/s of the teacher-forced pass.
 # The answers themselves (2 bytes a token) go to $ANSWERS, by default docs/results/heads-v3-cpu/answers/ in this
 # checkout: commit them, and a later start on a fresh machine only teacher-forces the shards they cover.
-# Usage: scripts/heads_v3_gen.sh   (settings by environment: OUT, PROMPTS, ANSWERS, PYTHON, PIDFILE, REV, BATCH,
-# THREADS)
+# Usage: scripts/heads_v3_gen.sh   (settings by environment: OUT, PROMPTS, PROMPT_FILE, ANSWERS, PYTHON, PIDFILE,
+# REV, BATCH, THREADS)
+# A second data set beside the first, from one prompt file (GSM8K's train split; train on both with
+# `--distill-dir A,B`): OUT=/work/heads-v3/gsm8k PROMPT_FILE=../shared/data/gsm8k/train.jsonl
+# ANSWERS=docs/results/heads-v3-cpu/answers-gsm8k scripts/heads_v3_gen.sh
 set -euo pipefail
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then  # the header comment above is the help
   sed -n '2,/^set -/{/^set -/d;s/^# \{0,1\}//;p}' "$0"; exit 0
@@ -36,8 +39,14 @@ if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
     echo "a generation is already running: pid $(cat "$PIDFILE") ($PIDFILE)" >&2
     exit 1
 fi
-mkdir -p "$OUT/prompts"
-ln -sfn "$(realpath "$PROMPTS")" "$OUT/prompts/train"  # --data-dir reads DIR/train/*.json(l) (and DIR/gsm8k/)
+mkdir -p "$OUT"
+if [ -n "${PROMPT_FILE:-}" ]; then  # one prompt file (its records' question/instruction/prompt field)
+    prompt_args=(--prompts "$(realpath "$PROMPT_FILE")")
+else
+    mkdir -p "$OUT/prompts"
+    ln -sfn "$(realpath "$PROMPTS")" "$OUT/prompts/train"  # --data-dir reads DIR/train/*.json(l) (and DIR/gsm8k/)
+    prompt_args=(--data-dir "$OUT/prompts")
+fi
 code="$OUT/code-$(git rev-parse --short "$REV")"
 if [ ! -d "$code/src" ]; then
     mkdir -p "$code"
@@ -46,7 +55,7 @@ fi
 # Settings are the data's identity (a resumed run must give the same ones):
 # prompts up to 384 tokens (the longer ones skipped), answers up to 256 tokens, 1% of prompts held out,
 # 256 sequences (128 prompts, two answers each) a shard.
-args=(train-heads --kind hydra --stages gen --out "$OUT/run" --distill-dir "$OUT/distill" --data-dir "$OUT/prompts"
+args=(train-heads --kind hydra --stages gen --out "$OUT/run" --distill-dir "$OUT/distill" "${prompt_args[@]}"
       --answers-dir "$(realpath -m "$ANSWERS")"
       --num-prompts 1000000 --both-answers --max-prompt-tokens 384 --max-new-tokens 256 --val-fraction 0.01
       --shard-size 256 --top-k 10 --seed 0 --gen-batch-size "$BATCH" --dtype bfloat16 --device cpu --threads "$THREADS"

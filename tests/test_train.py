@@ -202,6 +202,62 @@ def test_load_split_is_the_shards_concatenated_and_refuses_a_bad_shard(distill, 
         load_split(d, "train")
 
 
+def test_several_distillation_directories_train_as_one(base, distill, tmp_path):
+    """Data made apart (say GSM8K's prompts beside the instruction prompts') trains as one: the splits are
+    the directories' shards in order, the draft vocabulary counts both, and the data's identity is both
+    (a run resumed on one of them alone is refused). Directories that do not fit together are named."""
+    model, tok = base
+    other = tmp_path / "other"
+    words = [f"Spell the word number {i} backwards." for i in range(10)]
+    generate_data(
+        model, tok, other, prompts=words, settings=GEN, batch_size=3, base_model="tiny", progress=False
+    )
+    both = shards_mod.DistillData.read(f"{distill},{other}")
+    assert both.positions("train") == sum(load_split(d, "train").num_anchors for d in (distill, other))
+    a, b, ab = load_split(distill, "train"), load_split(other, "train"), load_split(both, "train")
+    assert torch.equal(ab.hidden, torch.cat([a.hidden, b.hidden]))
+    assert torch.equal(ab.topk_ids, torch.cat([a.topk_ids, b.topk_ids]))
+    assert torch.equal(ab.offsets, torch.cat([a.offsets[:-1], b.offsets + a.offsets[-1]]))
+    assert torch.equal(ab.prompt_lens, torch.cat([a.prompt_lens, b.prompt_lens]))
+    assert torch.equal(
+        shards_mod.token_counts(both, "train"),
+        shards_mod.token_counts(distill, "train") + shards_mod.token_counts(other, "train"),
+    )
+    assert load_split([distill, other], "val").num_sequences == 2 * load_split(distill, "val").num_sequences
+    shas = {shards_mod.DistillData.read(d).prompts_sha for d in (distill, other, both)}
+    assert len(shas) == 3
+    # training reads both; resuming that run on one directory alone is another data set
+    kw = dict(base=base, model="tiny", stages="train", train_settings=replace(FAST, steps=4), progress=False)
+    kw["heads_settings"] = HeadsSettings(num_heads=2, draft_vocab=40, max_draft_vocab=40)
+    summary = train_heads("medusa", tmp_path / "run", distill_dir=f"{distill},{other}", stop_after=2, **kw)
+    assert summary["train"]["stopped_early"] and summary["train"]["step"] == 2
+    with pytest.raises(HeadsError, match="data"):
+        train_heads("medusa", tmp_path / "run", distill_dir=distill, resume=True, **kw)
+    done = train_heads("medusa", tmp_path / "run", distill_dir=[distill, other], resume=True, **kw)
+    assert done["train"]["step"] == 4 and (tmp_path / "run" / "heads.safetensors").is_file()
+    # what cannot be put together
+    topk3 = tmp_path / "topk3"
+    generate_data(
+        model,
+        tok,
+        topk3,
+        prompts=words,
+        settings=replace(GEN, top_k=3),
+        batch_size=3,
+        base_model="tiny",
+        progress=False,
+    )
+    with pytest.raises(DataError, match=f"{topk3} does not fit with {distill}: top_k 3 \\(in .*: 5\\)"):
+        shards_mod.DistillData.read([distill, topk3])
+    with pytest.raises(DataError, match="listed twice"):
+        shards_mod.DistillData.read(f"{distill},{distill}")
+    with pytest.raises(DataError, match="gen stage writes one distillation directory"):
+        train_heads(
+            "medusa", tmp_path / "gen2", base=base, stages="gen,train", distill_dir=f"{distill},{other}"
+        )
+    assert not (tmp_path / "gen2").exists()
+
+
 def test_greedy_targets_match_tokens(base, distill):
     """In a greedy response, the stored argmax at t is the next stored token x_{t+1}."""
     shard = load_file(str(distill / "train-00000.safetensors"))

@@ -5,8 +5,10 @@
 # vocabulary on this CPU, train_speed.txt), with checkpoints and a log; the same command with --resume continues
 # an interrupted run. Run it on a quiet machine: it uses both cores.
 # Usage: docs/results/heads-v3-cpu/train_runs.sh [hydra|hydra-pp|medusa|eval-KIND ...]   (default: all three)
-#   settings by environment: D (the job's directory, /work/heads-v3), PYTHON, EPOCHS (2), V (draft vocabulary
-#   size, 8192), RESUME (set: --resume)
+#   settings by environment: D (the job's directory, /work/heads-v3), DISTILL (the data: directories, comma-
+#   separated; default $D/distill, the instruction prompts' data, and $D/gsm8k/distill when it exists), PYTHON,
+#   EPOCHS (2), V (draft vocabulary size, 8192), RESUME (set: --resume), THREADS (2), LR (3e-4), TAG (a suffix
+#   for the run's name)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 D=${D:-/work/heads-v3}
@@ -14,17 +16,21 @@ PYTHON=${PYTHON:-.venv/bin/python}
 EPOCHS=${EPOCHS:-2}
 V=${V:-8192}
 here=docs/results/heads-v3-cpu
+if [ -z "${DISTILL:-}" ]; then
+    DISTILL=$D/distill
+    if [ -f "$D/gsm8k/distill/manifest.json" ]; then DISTILL=$DISTILL,$D/gsm8k/distill; fi
+fi
 # optimiser steps for EPOCHS passes over the training split's response positions (~636 a step at 8 x 128)
-positions=$("$PYTHON" -c "import json,sys; m=json.load(open(sys.argv[1])); \
-print(sum(s['anchors'] for s in m['shards'] if s['split']=='train'))" "$D/distill/manifest.json")
+positions=$("$PYTHON" -c "import json,sys; ms=[json.load(open(d+'/manifest.json')) for d in sys.argv[1].split(',')]; \
+print(sum(s['anchors'] for m in ms for s in m['shards'] if s['split']=='train'))" "$DISTILL")
 steps=$(( positions * EPOCHS / 636 ))
-common=(--stages train --distill-dir "$D/distill" --precision bfloat16 --vocab draft --steps "$steps"
-        --batch-size 8 --window 128 --lr 3e-4 --checkpoint-every 200 --eval-every 200 --draft-vocab "$V"
+common=(--stages train --distill-dir "$DISTILL" --precision bfloat16 --vocab draft --steps "$steps"
+        --batch-size 8 --window 128 --lr "${LR:-3e-4}" --checkpoint-every 200 --eval-every 200 --draft-vocab "$V"
         --max-draft-vocab "$V" --num-heads 4 --save-dtype bfloat16 --threads "${THREADS:-2}" --no-progress
         ${RESUME:+--resume})
 run() {  # name, then train-heads' own arguments
-    local name=$1; shift
-    echo "$(date -u +%FT%TZ) $name: $positions training positions, $steps steps" | tee -a "$D/runs.log"
+    local name=$1${TAG:-}; shift
+    echo "$(date -u +%FT%TZ) $name: $positions training positions ($DISTILL), $steps steps" | tee -a "$D/runs.log"
     PYTHONPATH=src nice -n 5 "$PYTHON" -m entmtp.cli train-heads "$@" --out "$D/runs/$name" "${common[@]}" \
         >> "$D/runs/$name.log" 2>&1
     mkdir -p "$here/runs/$name"

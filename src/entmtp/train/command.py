@@ -93,7 +93,10 @@ def _prompt_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--prompts", default=None, help="JSONL/JSON prompt file instead of --data-dir")
     p.add_argument(
-        "--distill-dir", default=None, help="generated data directory (default OUT/distill); reused"
+        "--distill-dir",
+        default=None,
+        help="generated data directory (default OUT/distill); reused. --stages train also takes several, "
+        "comma-separated, made apart (say instruction prompts' and GSM8K's) and trained on as one",
     )
     p.add_argument(
         "--answers-dir",

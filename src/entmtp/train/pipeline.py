@@ -35,7 +35,15 @@ from ..settings import csv, setting
 from ..shipped import heads_path
 from .evaluate import DEFAULT_TREES, SAMPLING_RULES, evaluate_heads, plot_learning_curve, write_report
 from .prompt_sources import load_training_prompts
-from .shards import GenSettings, Manifest, generate_data, mean_feature_rms, model_name, token_counts
+from .shards import (
+    DistillData,
+    GenSettings,
+    Manifest,
+    generate_data,
+    mean_feature_rms,
+    model_name,
+    token_counts,
+)
 from .trainer import LOG, TrainSettings, check_output_dir, train
 
 STAGES = ("gen", "train", "eval")
@@ -143,7 +151,8 @@ def train_heads(
     stages: str | tuple[str, ...] = STAGES,  # any of gen, train, eval, in that order
     data_dir: str | os.PathLike[str] | list | None = None,  # training prompt directories (see prompt_sources)
     prompts_file: str | os.PathLike[str] | None = None,  # JSONL/JSON prompts instead of data_dir
-    distill_dir: str | os.PathLike[str] | None = None,  # generated data (default: OUT/distill)
+    distill_dir: str | os.PathLike[str] | list | None = None,  # generated data (default: OUT/distill); train
+    # reads several directories as one (a comma-separated string or a list), gen writes one
     answers_dir: str | os.PathLike[str] | None = None,  # the base model's answers, kept apart (AnswerStore)
     gen_settings: GenSettings | None = None,  # None: the defaults, here and in the next three
     train_settings: TrainSettings | None = None,  # its seed also seeds the new heads
@@ -166,7 +175,7 @@ def train_heads(
     """
     stages = _stages(stages)
     out = Path(out_dir)
-    distill = Path(distill_dir) if distill_dir is not None else out / "distill"
+    distill = distill_dir if distill_dir is not None else out / "distill"
     _check_inputs(stages, out, distill, resume, overwrite, gen_time_limit, train_time_limit)
     prompts, sources = (
         load_training_prompts(data_dir, prompts_file, with_sources=True) if "gen" in stages else (None, None)
@@ -176,7 +185,15 @@ def train_heads(
     if "gen" in stages:
         batch_size = gen_batch_size or (128 if torch.device(device).type == "cuda" else 32)
         summary["distill"] = _gen_stage(
-            b, distill, prompts, sources, gen_settings, batch_size, progress, gen_time_limit, answers_dir
+            b,
+            Path(distill),
+            prompts,
+            sources,
+            gen_settings,
+            batch_size,
+            progress,
+            gen_time_limit,
+            answers_dir,
         )
     heads = None
     if "train" in stages:
@@ -242,9 +259,7 @@ def _gen_stage(
     return _distill_summary(distill, manifest, time.perf_counter() - t0)
 
 
-def _check_inputs(
-    stages, out: Path, distill: Path, resume, overwrite, gen_time_limit, train_time_limit
-) -> None:
+def _check_inputs(stages, out: Path, distill, resume, overwrite, gen_time_limit, train_time_limit) -> None:
     """Fail before any slow work: time limits, output directory, the inputs of the stages asked for."""
     for name, limit in (("gen_time_limit", gen_time_limit), ("train_time_limit", train_time_limit)):
         if limit is not None and not limit > 0:
@@ -255,8 +270,14 @@ def _check_inputs(
         raise HeadsError(
             f"no heads in {out} to evaluate: run the train stage first (or give the heads directory)"
         )
+    several = isinstance(distill, (list, tuple)) or "," in str(distill)
+    if "gen" in stages and several:
+        raise DataError(
+            f"the gen stage writes one distillation directory, not {distill}: give several --distill-dir "
+            "directories only to --stages train"
+        )
     if "train" in stages and "gen" not in stages:
-        Manifest.read(distill)  # raises a clear DataError when the data is missing
+        DistillData.read(distill)  # raises a clear DataError when the data is missing
 
 
 def _distill_summary(distill: Path, manifest: Manifest, seconds: float) -> dict:
@@ -269,21 +290,21 @@ def _distill_summary(distill: Path, manifest: Manifest, seconds: float) -> dict:
     }
 
 
-def _manifest_of(distill: Path, base_name: str) -> Manifest:
-    """The manifest of the distillation data, which must come from the base model being trained for."""
-    manifest = Manifest.read(distill)
-    if manifest.base_model != base_name:
+def _data_of(distill, base_name: str) -> DistillData:
+    """The distillation data, which must come from the base model being trained for."""
+    data = DistillData.read(distill)
+    if data.base_model != base_name:
         raise DataError(
-            f"distillation data in {distill} was made by {manifest.base_model!r}, not {base_name!r}: "
+            f"distillation data in {data.name} was made by {data.base_model!r}, not {base_name!r}: "
             f"use another --distill-dir for this model"
         )
-    return manifest
+    return data
 
 
 def _train_stage(
     b: _Base,
     kind: str,
-    distill: Path,
+    distill,
     out: Path,
     settings: TrainSettings | None,
     heads_settings: HeadsSettings | None,
@@ -295,9 +316,9 @@ def _train_stage(
     the `TrainResult` fields."""
     settings, heads_settings = settings or TrainSettings(), heads_settings or HeadsSettings()
     config = heads_settings.config(b.model, kind, b.name)
-    manifest = _manifest_of(distill, config.base_model)
+    data = _data_of(distill, config.base_model)
     if init is not None:  # continue from trained heads (e.g. the shipped ones, on new data)
-        heads = _init_heads(init, config, distill, settings.seed)
+        heads = _init_heads(init, config, data, settings.seed)
         init_vocab = heads.draft_vocab  # the new data's draft vocabulary extends it (_set_draft_vocab)
         heads.set_draft_vocab(None)
     else:
@@ -306,25 +327,23 @@ def _train_stage(
             heads.bind(b.model).init_projections_from_base()
     # the draft vocabulary: chosen first when the loss runs over it (a resumed run takes its checkpoint's)
     if settings.vocab == "draft":
-        _set_draft_vocab(heads, b.model, b.tokenizer, distill, manifest, heads_settings, init_vocab)
-    result = train(b.model, heads, distill, out, settings=settings, **run)
+        _set_draft_vocab(heads, b.tokenizer, data, heads_settings, init_vocab)
+    result = train(b.model, heads, data, out, settings=settings, **run)
     plot_learning_curve(out / LOG, out / "learning_curve.png")
     if not result.stopped_early:
         if settings.vocab != "draft":
-            _set_draft_vocab(heads, b.model, b.tokenizer, distill, manifest, heads_settings, init_vocab)
+            _set_draft_vocab(heads, b.tokenizer, data, heads_settings, init_vocab)
         heads.to(dtype=DTYPES[heads_settings.save_dtype])
         save_heads(heads, out, overwrite=run["overwrite"])
     return heads, dataclasses.asdict(result)
 
 
-def _set_draft_vocab(
-    heads: Heads, model, tokenizer, distill: Path, manifest: Manifest, s: HeadsSettings, init_vocab
-) -> None:
+def _set_draft_vocab(heads: Heads, tokenizer, data: DistillData, s: HeadsSettings, init_vocab) -> None:
     """Draft from the tokens the base model itself writes most often (its distillation data); what the
     ``init`` heads could draft stays draftable (up to ``max_draft_vocab``). Nothing when ``draft_vocab`` is 0."""
     if not s.draft_vocab:
         return
-    counts = token_counts(distill, "train", manifest)  # [V]; the data's vocab_size is the model's
+    counts = token_counts(data, "train")  # [V]; the data's vocab_size is the model's
     ids = frequent_tokens(counts, s.draft_vocab, keep=tokenizer.all_special_ids)
     if init_vocab is not None:
         ids = torch.cat([ids, init_vocab.to(ids.device)]).unique()
@@ -365,7 +384,7 @@ def cap_vocab(
     return ids[score.topk(max(size, int(special.sum()))).indices].sort().values
 
 
-def _init_heads(path, config: HeadsConfig, distill: Path, seed: int = 0) -> Heads:
+def _init_heads(path, config: HeadsConfig, data: DistillData, seed: int = 0) -> Heads:
     """Heads loaded from ``path`` to train further. Their architecture must be the one asked for, except
     that Hydra ``mlp`` heads may grow into Hydra++ (``prefix-mlp``): see `_add_prefix_layer`."""
     heads = load_heads(heads_path(path), dtype=torch.float32)
@@ -393,7 +412,7 @@ def _init_heads(path, config: HeadsConfig, distill: Path, seed: int = 0) -> Head
             "--head-arch prefix-mlp), or drop --init to train from scratch"
         )
     if upgrade:
-        scale = mean_feature_rms(distill, "train", Manifest.read(distill))
+        scale = mean_feature_rms(data, "train")
         heads = _add_prefix_layer(heads, config, scale, seed)
     return heads
 

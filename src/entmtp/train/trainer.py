@@ -44,7 +44,7 @@ from ..errors import DataError, HeadsError
 from ..files import write_text_atomic
 from ..heads import HEADS_FILES, Heads, HeadsConfig
 from ..settings import setting
-from .shards import Manifest, SplitData, load_split
+from .shards import DistillData, SplitData, load_split
 
 CHECKPOINTS = "checkpoints"
 LOG = "train_log.jsonl"
@@ -403,14 +403,14 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _signature(heads: Heads, manifest: Manifest, settings: TrainSettings) -> dict:
+def _signature(heads: Heads, data: DistillData, settings: TrainSettings) -> dict:
     """What must not change between a run and its resumption."""
     keep = {
         k: v
         for k, v in asdict(settings).items()
         if k not in ("eval_every", "checkpoint_every", "log_every", "keep_checkpoints", "precision")
     }
-    return {"heads": asdict(heads.config), "data": manifest.prompts_sha, **keep}
+    return {"heads": asdict(heads.config), "data": data.prompts_sha, **keep}
 
 
 def _read_log(path: Path, up_to: int) -> list[str]:
@@ -446,17 +446,17 @@ def check_output_dir(out_dir: Path, *, overwrite: bool, resume: bool) -> None:
         )
 
 
-def check_data_fits(manifest: Manifest, config: HeadsConfig, distill_dir) -> None:
-    if (manifest.hidden_size, manifest.vocab_size) != (config.hidden_size, config.vocab_size):
+def check_data_fits(data: DistillData, config: HeadsConfig) -> None:
+    if (data.hidden_size, data.vocab_size) != (config.hidden_size, config.vocab_size):
         raise DataError(
-            f"distillation data in {distill_dir} is for {manifest.base_model} (hidden {manifest.hidden_size}, "
-            f"vocab {manifest.vocab_size}) but the heads have hidden {config.hidden_size}, vocab "
+            f"distillation data in {data.name} is for {data.base_model} (hidden {data.hidden_size}, "
+            f"vocab {data.vocab_size}) but the heads have hidden {config.hidden_size}, vocab "
             f"{config.vocab_size}: generate data with the heads' base model (another --distill-dir)"
         )
-    offset = manifest.settings.get("hidden_state_offset", 0)
+    offset = data.hidden_state_offset
     if offset != config.hidden_state_offset:
         raise DataError(
-            f"distillation data in {distill_dir} stores hidden states at offset {offset} but the heads read "
+            f"distillation data in {data.name} stores hidden states at offset {offset} but the heads read "
             f"offset {config.hidden_state_offset}: generate data with --hidden-state-offset "
             f"{config.hidden_state_offset}"
         )
@@ -465,7 +465,7 @@ def check_data_fits(manifest: Manifest, config: HeadsConfig, distill_dir) -> Non
 def train(
     model,
     heads: Heads,
-    distill_dir: str | os.PathLike[str],
+    distill_dir: str | os.PathLike[str] | list | DistillData,
     out_dir: str | os.PathLike[str],
     *,
     settings: TrainSettings = TrainSettings(),
@@ -476,7 +476,8 @@ def train(
     stop_after: int | None = None,
     time_limit: float | None = None,
 ) -> TrainResult:
-    """Train ``heads`` (bound to the frozen ``model``) on the data in ``distill_dir``; checkpoints and the
+    """Train ``heads`` (bound to the frozen ``model``) on the data in ``distill_dir`` (one directory, several as
+    a comma-separated string or list, or a `DistillData`); checkpoints and the
     learning-curve log go to ``out_dir``. The final heads are NOT saved here (see ``train_heads``).
 
     ``resume``: continue from the latest checkpoint in ``out_dir`` (same settings required).
@@ -486,14 +487,12 @@ def train(
     shorter run, not an interrupted one).
     """
     out = Path(out_dir)
-    manifest = Manifest.read(distill_dir)
-    check_data_fits(manifest, heads.config, distill_dir)
+    data = DistillData.read(distill_dir)
+    check_data_fits(data, heads.config)
     heads.bind(model)
     check_output_dir(out, overwrite=overwrite, resume=resume)
-    splits = _load_splits(distill_dir, manifest, heads.config, settings)
-    run = _TrainingRun(
-        heads, splits, _signature(heads, manifest, settings), out, settings, torch.device(device)
-    )
+    splits = _load_splits(data, heads.config, settings)
+    run = _TrainingRun(heads, splits, _signature(heads, data, settings), out, settings, torch.device(device))
     run.resume_or_start(resume=resume, overwrite=overwrite)
     if run.step == 0 and splits.val is not None:  # the untrained heads: the learning curve's first point
         run.log({"step": 0, "positions": 0, "loss": None, **run.validate()})
@@ -510,9 +509,9 @@ class _Splits:
     val_windows: Windows | None
 
 
-def _load_splits(distill_dir, manifest: Manifest, config: HeadsConfig, settings: TrainSettings) -> _Splits:
-    train_data = load_split(distill_dir, "train", manifest)
-    val_data = load_split(distill_dir, "val", manifest) if manifest.shard_files("val") else None
+def _load_splits(data: DistillData, config: HeadsConfig, settings: TrainSettings) -> _Splits:
+    train_data = load_split(data, "train")
+    val_data = load_split(data, "val") if data.has("val") else None
     K = config.num_heads
     whole = config.head_arch == "prefix-mlp"
     windows = make_windows(train_data, settings.window, K, whole)
