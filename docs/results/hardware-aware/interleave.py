@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 
 
-def interleaved(engines: dict, prompts: list[str], max_new_tokens: int, reps: int = 2) -> tuple[dict, bool]:
+def interleaved(
+    engines: dict, prompts: list[str], max_new_tokens: int, reps: int = 2, **options
+) -> tuple[dict, bool]:
     """Every engine on every prompt in turn (the order reversed on alternate prompts), `reps` times over, after
-    one short warm-up each. Returns, per engine, the decode steps' totals (tokens, steps, seconds, probe
+    one short warm-up each. `options`: the generation's own (temperature, acceptance); with a temperature,
+    prompt i is seeded with i for every engine. Returns, per engine, the decode steps' totals (tokens, steps, seconds, probe
     seconds, steps chosen without probing the heads; prefill left out), and whether all engines wrote the same
     tokens on every prompt."""
     for engine in engines.values():
@@ -20,7 +23,8 @@ def interleaved(engines: dict, prompts: list[str], max_new_tokens: int, reps: in
             order = list(engines) if (i + rep) % 2 == 0 else list(engines)[::-1]
             outs = set()
             for name in order:
-                result = engines[name].generate(prompt, max_new_tokens=max_new_tokens)
+                seed = {"seed": i} if options.get("temperature") else {}
+                result = engines[name].generate(prompt, max_new_tokens=max_new_tokens, **options, **seed)
                 outs.add(tuple(result.token_ids))
                 steps = result.steps
                 t = tally[name]
