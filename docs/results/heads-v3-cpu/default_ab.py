@@ -4,8 +4,8 @@ same engine with other heads and their re-derived profile, interleaved per promp
 (`../hardware-aware/interleave.py`: a slow stretch of the machine hits both alike), on the four tasks' test
 splits, greedy and at T=0.7 (lossless `sample` acceptance; prompt i seeded with i, both engines alike).
 
-Both engines run on the backend and dtype the default picks here, on one engine each (no routing by prompt
-length): the comparison is of heads, not backends. Re-derive the profile for the new heads first, without
+Both engines run on the backend and dtype the default picks here (`--backend`: on that one, with the dtype
+it would pick), on one engine each (no routing by prompt length): the comparison is of heads, not backends. Re-derive the profile for the new heads first, without
 decoding anything (`calibrate --retrace` teacher-forces the shipped profile's stored generations through them):
 
     mkdir -p DIR/profiles && cp src/entmtp/assets/profiles/hydra/mixed.{json,traces.safetensors} DIR/profiles/
@@ -47,10 +47,15 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--backend", default=None, help="run both on this backend (default: the one the default picks here)"
+    )
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     spec = EngineSpec(lookup=Lookup(), threads=args.threads)
+    if args.backend:
+        spec = replace(spec, backend=args.backend)
     first = build(spec, log=lambda m: None)  # what `entmtp generate` builds here: its backend and dtype
     pinned = replace(spec, backend=first.plan.backend, dtype=first.plan.dtype)
     shipped = build(pinned, route=False, log=lambda m: None)
