@@ -39,6 +39,7 @@ from .shards import (
     DistillData,
     GenSettings,
     Manifest,
+    distill_dirs,
     generate_data,
     mean_feature_rms,
     model_name,
@@ -186,7 +187,7 @@ def train_heads(
         batch_size = gen_batch_size or (128 if torch.device(device).type == "cuda" else 32)
         summary["distill"] = _gen_stage(
             b,
-            Path(distill),
+            distill_dirs(distill)[0],
             prompts,
             sources,
             gen_settings,
@@ -270,8 +271,7 @@ def _check_inputs(stages, out: Path, distill, resume, overwrite, gen_time_limit,
         raise HeadsError(
             f"no heads in {out} to evaluate: run the train stage first (or give the heads directory)"
         )
-    several = isinstance(distill, (list, tuple)) or "," in str(distill)
-    if "gen" in stages and several:
+    if "gen" in stages and len(distill_dirs(distill)) > 1:
         raise DataError(
             f"the gen stage writes one distillation directory, not {distill}: give several --distill-dir "
             "directories only to --stages train"

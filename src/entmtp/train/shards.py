@@ -178,18 +178,10 @@ class DistillData:
         """``directories``: a path, a comma-separated string of paths, a list of them, or a DistillData."""
         if isinstance(directories, DistillData):
             return directories
-        if isinstance(directories, (list, tuple)):
-            dirs = [Path(d) for d in directories]
-        else:
-            dirs = [Path(d) for d in str(directories).split(",") if d.strip()]
-        if not dirs:
-            raise DataError("no distillation data directory given: pass --distill-dir DIR[,DIR...]")
-        if len(set(dirs)) < len(dirs):
-            raise DataError(f"a distillation directory is listed twice in {','.join(map(str, dirs))}")
-        parts = tuple((d, Manifest.read(d)) for d in dirs)
+        parts = tuple((d, Manifest.read(d)) for d in distill_dirs(directories))
         first_dir, first = parts[0]
+        mine = _data_shape(first)
         for d, m in parts[1:]:
-            mine = _data_shape(first)
             theirs = _data_shape(m)
             if theirs != mine:
                 diff = ", ".join(
@@ -233,6 +225,20 @@ class DistillData:
 
     def has(self, split: str) -> bool:
         return any(m.shard_files(split) for _, m in self.parts)
+
+
+def distill_dirs(directories) -> list[Path]:
+    """The distillation directories named by ``directories``: a path, a comma-separated string of paths, or a
+    list of them; at least one, none twice."""
+    if isinstance(directories, (list, tuple)):
+        dirs = [Path(d) for d in directories]
+    else:
+        dirs = [Path(d) for d in str(directories).split(",") if d.strip()]
+    if not dirs:
+        raise DataError("no distillation data directory given: pass --distill-dir DIR[,DIR...]")
+    if len(set(dirs)) < len(dirs):
+        raise DataError(f"a distillation directory is listed twice in {','.join(map(str, dirs))}")
+    return dirs
 
 
 def _data_shape(m: Manifest) -> dict:
@@ -782,7 +788,10 @@ def load_split(data, split: str, manifest: Manifest | None = None) -> SplitData:
     """Read every shard of ``split`` ("train" | "val") into memory: of one distillation directory, or of
     several (`DistillData`) in their order."""
     parts = _parts(data, manifest)
-    files = [(d, f, {e["file"]: e for e in m.shards}[f]) for d, m in parts for f in m.shard_files(split)]
+    files = []  # (directory, shard file, its manifest entry), in order
+    for d, m in parts:
+        by_file = {e["file"]: e for e in m.shards}
+        files += [(d, f, by_file[f]) for f in m.shard_files(split)]
     if not files:
         where = ",".join(str(d) for d, _ in parts)
         raise DataError(
