@@ -43,7 +43,7 @@ from entmtp.shipped import resolve_heads, shipped_heads_dir
 ROOT = Path(__file__).resolve().parents[3]  # the checkout (this file: docs/results/hardware-aware/)
 sys.path.insert(0, str(ROOT / "scripts"))  # build_draft_vocab.py, a maintained tool
 from build_draft_vocab import corpus_counts, corpus_texts  # noqa: E402
-from interleave import finish, interleaved, lookup_alone  # noqa: E402  (beside this file)
+from interleave import add_rates, finish, interleaved, lookup_alone  # noqa: E402  (beside this file)
 
 
 def shipped_at(rev: str, default, folder: Path) -> Engine:
@@ -111,10 +111,8 @@ def main() -> None:
     for task in args.tasks.split(","):
         prompts = load_prompts(task, "test", args.num_prompts)
         tally, same = interleaved(engines, prompts, args.max_new_tokens)
-        base = tally[f"{shipped} (shipped)"]
+        add_rates(tally, f"{shipped} (shipped)")
         for name, t in tally.items():
-            t["tokens_per_second"] = t["tokens"] / t["seconds"]
-            t["vs_shipped"] = t["tokens_per_second"] / (base["tokens"] / base["seconds"])
             table.add_row(
                 task,
                 name,

@@ -37,6 +37,14 @@ def interleaved(
     return tally, same
 
 
+def add_rates(tally: dict, base: str) -> None:
+    """Adds each engine's tokens/s and its ratio to engine `base`'s (`vs_shipped`) to its `interleaved` totals."""
+    for t in tally.values():
+        t["tokens_per_second"] = t["tokens"] / t["seconds"]
+    for t in tally.values():
+        t["vs_shipped"] = t["tokens_per_second"] / tally[base]["tokens_per_second"]
+
+
 def lookup_alone(default):
     """entmtp's prompt lookup without heads on the default engine's model and cost curve (the method the
     default is held to on copy-heavy text)."""

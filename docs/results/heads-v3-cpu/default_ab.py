@@ -32,7 +32,7 @@ from entmtp.prompts import FOUR_TASKS, load_prompts
 
 ROOT = Path(__file__).resolve().parents[3]  # the checkout (this file: docs/results/heads-v3-cpu/)
 sys.path.insert(0, str(ROOT / "docs" / "results" / "hardware-aware"))
-from interleave import finish, interleaved  # noqa: E402
+from interleave import add_rates, finish, interleaved  # noqa: E402
 
 
 def main() -> None:
@@ -81,10 +81,8 @@ def main() -> None:
         for task in args.tasks.split(","):
             prompts = load_prompts(task, "test", args.num_prompts)
             tally, same = interleaved(engines, prompts, args.max_new_tokens, args.reps, **options)
-            base = tally["shipped heads"]
+            add_rates(tally, "shipped heads")
             for name, t in tally.items():
-                t["tokens_per_second"] = t["tokens"] / t["seconds"]
-                t["vs_shipped"] = t["tokens_per_second"] / (base["tokens"] / base["seconds"])
                 table.add_row(
                     f"{temperature:g}",
                     task,
