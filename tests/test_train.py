@@ -251,6 +251,8 @@ def test_several_distillation_directories_train_as_one(base, distill, tmp_path):
         shards_mod.DistillData.read([distill, topk3])
     with pytest.raises(DataError, match="listed twice"):
         shards_mod.DistillData.read(f"{distill},{distill}")
+    with pytest.raises(DataError, match="no distillation data directory given: pass --distill-dir"):
+        shards_mod.DistillData.read(" , ")
     with pytest.raises(DataError, match="gen stage writes one distillation directory"):
         train_heads(
             "medusa", tmp_path / "gen2", base=base, stages="gen,train", distill_dir=f"{distill},{other}"
