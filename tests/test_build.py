@@ -5,6 +5,8 @@ the same one."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from conftest import save_tiny_model
@@ -13,6 +15,7 @@ from entmtp.accept import ACCEPTANCE
 from entmtp.build import EngineSpec, Loaded, Loader, build, compose
 from entmtp.costs import CostCurve
 from entmtp.heads import HeadsConfig, random_heads, save_heads
+from entmtp.heads.int8 import Int8Linear, int8_supported
 from entmtp.lookup import Lookup
 from entmtp.packing import PackedLinear, bf16_supported
 from entmtp.policy import StaticPolicy, static
@@ -33,22 +36,29 @@ def _curve() -> CostCurve:
     return CostCurve((0, 1, 4, 64), (30.0, 33.0, 36.0, 90.0), (0.0, 1.0, 2.0, 9.0), source="test")
 
 
-@pytest.mark.skipif(not bf16_supported(), reason="packing needs oneDNN's bf16 kernels")
-def test_the_heads_are_bound_and_packed_before_a_probe_times_them(tiny, monkeypatch):
-    """The curve (and the batch surface) must time the heads the engine runs: packed like the model."""
+@pytest.mark.skipif(not (bf16_supported() and int8_supported()), reason="needs oneDNN's bf16, torch's int8")
+def test_the_heads_are_bound_and_made_ready_before_a_probe_times_them(tiny, monkeypatch):
+    """The curve (and the batch surface) must time the heads the engine runs: drafting from int8 copies of
+    their weights (the default on a CPU in bf16), or packed like the model (`draft_int8=False`)."""
     monkeypatch.delenv("ENTMTP_NO_PROBE")
     seen = []
 
     def probe(model, heads, **kw):
-        seen.append((heads.is_bound_to(model), any(isinstance(m, PackedLinear) for m in heads.modules())))
+        kinds = {type(m) for m in heads.modules()}
+        seen.append((heads.is_bound_to(model), heads.int8, Int8Linear in kinds, PackedLinear in kinds))
         return _curve()
 
     monkeypatch.setattr(build_mod, "costs_for", probe)
     monkeypatch.setattr(build_mod, "surface_for", lambda model, heads, **kw: probe(model, heads))
     model, heads = tiny
-    built = build(EngineSpec(model=model, heads=heads, dtype="bfloat16", tree="tree_4"), max_batch=4)
-    assert seen == [(True, True), (True, True)]  # the curve's probe, then the surface's
+    spec = EngineSpec(model=model, heads=heads, dtype="bfloat16", tree="tree_4")
+    built = build(spec, max_batch=4)
+    assert seen == [(True, True, True, False)] * 2  # the curve's probe, then the surface's
     assert built.loaded.surface is not None and built.engine.heads is built.loaded.heads
+    seen.clear()
+    built = build(replace(spec, draft_int8=False), max_batch=4)
+    assert seen == [(True, False, False, True)] * 2
+    assert built.engine.heads is built.loaded.heads
 
 
 def test_a_loader_loads_a_model_once_and_each_heads_once_on_it(tiny, monkeypatch):

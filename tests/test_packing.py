@@ -124,5 +124,5 @@ def test_embedded_model_packed_decodes_the_same_tokens():
             if heads is not None:  # the heads follow the model, their draft projection included
                 is_packed = model is packed
                 assert any(isinstance(m, PackedLinear) for m in heads.modules()) == is_packed
-                assert [p is not None for _, _, p in heads._draft_proj.values()] == [is_packed]
+                assert [p is not None for _, _, p, _ in heads._draft_proj.values()] == [is_packed]
         assert outs[0] == outs[1]

@@ -135,6 +135,11 @@ class EngineSpec:
     graphs: bool = setting(
         True, help="on CUDA, verify eagerly instead of replaying one captured CUDA graph per tree size"
     )
+    draft_int8: bool = setting(
+        True,
+        help="on a CPU in bfloat16, draft from the heads' own bf16 weights instead of int8 copies of them "
+        "(int8: the same outputs, about half the bytes a draft reads; heads/int8.py)",
+    )
     kv: str = setting(
         "auto",
         choices=("auto", "dynamic"),
@@ -400,7 +405,7 @@ class Loader:
         """See `load`; what was loaded before is reused."""
         spec = _concrete(spec)
         probe = spec.probe and not probing_disabled()
-        key = (_base_key(spec), _heads_spec(spec), probe, spec.graphs, spec.kv, max_batch)
+        key = (_base_key(spec), _heads_spec(spec), probe, spec.graphs, spec.kv, spec.draft_int8, max_batch)
         if key not in self._loaded:
             if not self.has(spec):
                 self._bases[_base_key(spec)] = load_base(spec, spec.backend, spec.dtype)
@@ -426,7 +431,8 @@ def _ready(spec: EngineSpec, model, tokenizer, probe: bool, budget_s: float | No
     from .shipped import resolve_heads
 
     heads_spec = _heads_spec(spec)
-    heads = resolve_heads(heads_spec, model)  # bound and packed: heads made for another model fail here
+    # bound, packed, int8 for drafting where asked: heads made for another model fail here
+    heads = resolve_heads(heads_spec, model, int8=spec.draft_int8)
     kwargs = {} if budget_s is None else {"budget_s": budget_s}
     sampling = Sampling(spec.temperature, spec.acceptance)  # steps priced under the rule they will run
     if probe:

@@ -27,26 +27,31 @@ def heads_path(spec: str | Path) -> Path:
     return path
 
 
-def resolve_heads(spec: str | None, model):
+def resolve_heads(spec: str | None, model, *, int8: bool = False):
     """`spec`: medusa | hydra (shipped heads for the embedded model) | none | a heads directory. The heads
     come ready for `model` (`bind_heads`: heads made for another model fail here, before anything else uses
-    them)."""
+    them); `int8`: `bind_heads`'."""
     from .heads import load_heads
 
     if spec in (None, "none"):
         return None
-    return bind_heads(load_heads(heads_path(spec), dtype=model.dtype, device=model.device), model)
+    heads = load_heads(heads_path(spec), dtype=model.dtype, device=model.device)
+    return bind_heads(heads, model, int8=int8)
 
 
-def bind_heads(heads, model):
+def bind_heads(heads, model, *, int8: bool = False):
     """`heads` ready to draft for `model`, in place (the one place heads are bound): bound to it, on its device
     in its dtype, and their linears packed when the model's are (packing.py: the same drafts, faster), so a
-    cost probe times the heads the engine runs. Idempotent; returns `heads`."""
+    cost probe times the heads the engine runs. `int8`: on a CPU in bfloat16, they draft from int8 copies of
+    their weights (heads/int8.py: the same outputs, cheaper drafts; the engine's default, `EngineSpec`'s
+    `draft_int8`). Idempotent (heads quantized already stay so); returns `heads`."""
     from .packing import PackedLinear, pack_linears
 
     if not heads.is_bound_to(model):
         heads.bind(model)
     heads.to(device=model.device, dtype=model.dtype)
+    if int8 and heads.quantize_int8():
+        return heads  # the int8 copies stand in for packed ones
     if any(isinstance(m, PackedLinear) for m in model.modules()):
         pack_linears(heads)  # the heads follow the model; layers packed already stay as they are
     return heads

@@ -41,6 +41,7 @@ def cost_key(model, heads, graphs: bool = False, sampling: Sampling | None = Non
             "kind": heads.config.kind,
             "num_heads": heads.config.num_heads,
             "checksum": heads_checksum(heads),
+            **({"int8": True} if getattr(heads, "int8", False) else {}),  # drafting from int8 copies
         },
         "versions": {"entmtp": __version__, "torch": torch.__version__},
         "probe": PROBE,

@@ -18,6 +18,7 @@ from torch import nn
 from ..errors import HeadsError
 from ..packing import PackedLinear, linear, packed_weight
 from .config import HeadsConfig
+from .int8 import Int8Linear, applies, int8_linear, int8_weight, quantize_linears
 from .modules import Head
 
 if TYPE_CHECKING:
@@ -152,7 +153,9 @@ class Heads(nn.Module):
         self._base: BaseRefs | None = None
         self._plans: weakref.WeakKeyDictionary[Tree, dict[torch.device, Any]] = weakref.WeakKeyDictionary()
         self.draft_vocab: torch.Tensor | None = None  # [Vd] token ids drafts are chosen from (None: all)
-        self._draft_proj: dict[tuple, tuple] = {}  # key -> (weight [Vd, H], bias, packed weight or None)
+        # key -> (weight [Vd, H], bias, packed weight or None, (int8 weight, scales) or None)
+        self._draft_proj: dict[tuple, tuple] = {}
+        self.int8 = False  # drafting reads int8 copies of the weights (`quantize_int8`)
 
     proj_bias = False  # Medusa's projections have no bias; Hydra's do
 
@@ -365,9 +368,26 @@ class Heads(nn.Module):
             self._draft_proj = {kk: v for kk, v in self._draft_proj.items() if kk[0] != key[0]}
             weight = layer.weight[ids].contiguous()  # [Vd, H]
             packed = packed_weight(weight) if isinstance(layer, PackedLinear) else None  # the layer's choice
-            self._draft_proj[key] = (weight, bias, packed)  # bias [Vd]
-        weight, bias, packed = self._draft_proj[key]
-        return linear(feats.to(weight.dtype), weight, bias, packed)
+            q = int8_weight(weight) if self.int8 and weight.dtype == torch.bfloat16 else None
+            self._draft_proj[key] = (weight, bias, None if q is not None else packed, q)  # bias [Vd]
+        weight, bias, packed, q = self._draft_proj[key]
+        x = feats.to(weight.dtype)
+        if q is not None and applies(x):
+            return int8_linear(x, *q, bias)
+        return linear(x, weight, bias, packed)
+
+    def quantize_int8(self) -> int:
+        """Draft from int8 copies of the heads' weights and of the draft projection (heads/int8.py: the same
+        outputs, about half the bytes a draft reads), in place, where the heads are bfloat16 on a CPU and
+        torch has the kernel; returns how many layers it quantized (0: nothing changed). Training and
+        anything with gradients still read the dense weights."""
+        if self.dtype != torch.bfloat16 or self.device.type != "cpu":
+            return 0
+        count = quantize_linears(self)
+        if count or any(isinstance(m, Int8Linear) for m in self.modules()):
+            self.int8 = True
+            self._draft_proj = {}  # rebuilt with its int8 copy on the next draft
+        return count
 
     def _draft_ids(self, top: torch.Tensor) -> torch.Tensor:
         """Map indices into the draft vocabulary back to token ids."""
