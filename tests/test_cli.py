@@ -341,6 +341,14 @@ def test_step_costs_random_model_from_a_config_compares_cache_paths(tmp_path, ca
         (["--random-model", "llama-70b"], "neither a shape (smollm2-135m, llama-7b) nor a config.json"),
         (["--random-model", "smollm2-135m", "--model", "x"], "either --model or --random-model, not both"),
         (["--rounds", "0"], "--past, --steps and --rounds must be >= 1"),
+        (
+            ["--random-model", "smollm2-135m", "--backend", "llama-cpp"],
+            "--random-model builds a transformers",
+        ),
+        (
+            ["--backend", "llama-cpp", "--kv", "dynamic"],
+            "--kv is transformers' cache: llama-cpp keeps its own",
+        ),
     ],
 )
 def test_step_costs_bad_options_are_named(argv, message, capsys):

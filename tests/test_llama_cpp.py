@@ -428,6 +428,28 @@ def test_build_runs_the_embedded_gguf_on_llama_cpp():
     assert len(result.token_ids) == 8
 
 
+def test_step_costs_times_the_llama_cpp_engines_own_step(tmp_path):
+    """`entmtp step-costs --backend llama-cpp`: where a step's time goes on llama.cpp's kernels, with the heads
+    drafting as the engine's default does (int8 copies, bf16 heads) and the GGUF file's bytes as the weights."""
+    import json
+
+    from entmtp.cli import main
+    from entmtp.heads.int8 import int8_supported
+    from entmtp.model import embedded_gguf
+
+    out = tmp_path / "costs.json"
+    argv = ["step-costs", "--backend", "llama-cpp", "--trees", "chain_1,tree_4", "--steps", "2"]
+    assert main([*argv, "--threads", "2", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert set(record["rows"]) == {"plain", "chain_1", "tree_4"}
+    assert record["rows"]["tree_4"]["verify"] > 0 and record["rows"]["plain"]["mode"] == "own"
+    meta = record["meta"]
+    assert meta["backend"] == "llama-cpp" and meta["weight_bytes"] == embedded_gguf().stat().st_size
+    assert meta["drafting_weights"] == ("int8" if int8_supported() else "bfloat16")
+    assert main([*argv, "--no-draft-int8", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["meta"]["drafting_weights"] == "bfloat16"
+
+
 def test_a_router_sends_a_long_prompt_to_transformers_and_a_short_one_to_llama_cpp(f32, plain, embedded):
     """Forced costs of this EPYC's shape (llama.cpp: fast decode, slow prefill): each request's output is
     the chosen engine's own, told apart by its steps (the heads' trees on llama.cpp, plain on transformers)."""

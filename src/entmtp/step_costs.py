@@ -17,15 +17,16 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
+from .build import EngineSpec, load
 from .engine import Engine
 from .errors import EntMTPError
 from .heads import HeadsConfig, random_heads
 from .machine import record
-from .model import DTYPES, load_model
+from .model import DTYPES
 from .packing import pack_linears
 from .policy import static
 from .random_model import memory_bandwidth, random_model, weight_bytes
-from .shipped import default_heads, resolve_heads
+from .shipped import bind_heads, default_heads, resolve_heads
 from .tree import load_tree
 
 PHASES = ("draft", "verify", "accept", "commit")
@@ -61,10 +62,10 @@ def summarize(measured: list) -> dict:
 
 
 def run_step_costs(args) -> int:
-    modes = _modes(args.kv, args.device)
+    modes = _modes(args.kv, args.device, args.backend)
     trees = [load_tree(n) for n in args.trees.split(",")]  # bad names fail before any model loads
     model, tokenizer, prompt, spec = _base_model(args)
-    heads, spec = _heads(spec, model)
+    heads, spec = _heads(spec, model, not args.no_draft_int8)
     runs = _runs(model, tokenizer, heads, trees, modes)
     # rounds interleave every run, so drift in the machine's speed hits all of them alike
     order = [key for _ in range(args.rounds) for key in runs]
@@ -73,19 +74,24 @@ def run_step_costs(args) -> int:
         measured += measure_steps(engine, args.steps, prompt)
     rows = {key: {**row, **summarize(measured)} for key, (row, engine, measured) in runs.items()}
     captures = {key: e.graphs.captures for key, (_, e, _) in runs.items() if e.graphs is not None}
-    nbytes, bandwidth = weight_bytes(model), memory_bandwidth(args.device)
+    nbytes, bandwidth = _weight_bytes(model), memory_bandwidth(args.device)
     floor_ms = 1000 * nbytes / bandwidth
     where = f"{torch.get_num_threads()} threads" if args.device == "cpu" else torch.cuda.get_device_name()
     what = f"random {args.random_model}" if args.random_model else (args.model or "embedded SmolLM2-135M")
+    what += f" on {args.backend}" if args.backend != "transformers" else ""
+    drafting = "int8" if getattr(heads, "int8", False) else args.dtype
     _print_table(
         rows,
-        title=f"per-step cost, ms (median of {args.rounds} x {args.steps} steps; {what}; heads: {spec}; {args.dtype}; {where})",
+        title=f"per-step cost, ms (median of {args.rounds} x {args.steps} steps; {what}; heads: {spec}, drafting "
+        f"in {drafting}; {args.dtype}; {where})",
         caption=f"weights {nbytes / 2**20:.0f} MiB / measured copy bandwidth {bandwidth / 1e9:.1f} GB/s = "
         f"{floor_ms:.2f} ms: the floor of a step that reads every weight once",
     )
     meta = {
         "model": what,
         "heads": spec,
+        "backend": args.backend,
+        "drafting_weights": drafting,
         "dtype": args.dtype,
         "device": where,
         "steps": args.steps,
@@ -115,20 +121,22 @@ def _base_model(args) -> tuple:
         gen = torch.Generator().manual_seed(0)
         prompt = torch.randint(0, model.config.vocab_size, (args.past,), generator=gen).tolist()
         return model, tokenizer, prompt, args.heads or "none"
-    model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, pack=not args.no_pack)
-    return model, tokenizer, PROMPT, args.heads or default_heads()
+    spec = EngineSpec(model=args.model, backend=args.backend, dtype=args.dtype, device=args.device,
+                      threads=args.threads, pack=not args.no_pack, heads="none", probe=False)  # fmt: skip
+    loaded = load(spec)  # the model as `generate` loads it on this backend (its heads are bound below)
+    return loaded.model, loaded.tokenizer, PROMPT, args.heads or default_heads()
 
 
-def _heads(spec: str, model) -> tuple:
-    """(heads, the name the table gives them)."""
+def _heads(spec: str, model, int8: bool) -> tuple:
+    """(heads, the name the table gives them), drafting from int8 copies where the engine's default would."""
     if spec != "none":
-        return resolve_heads(spec, model), spec
+        return resolve_heads(spec, model, int8=int8), spec
     # nothing shipped: random heads still measure drafting cost (acceptance will be low)
     cfg = model.config
     heads = random_heads(
         HeadsConfig(kind="medusa", num_heads=4, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size)
     )
-    return heads, "random medusa"
+    return bind_heads(heads, model, int8=int8), "random medusa"
 
 
 def _runs(model, tokenizer, heads, trees: list, modes: list[str]) -> dict:
@@ -156,7 +164,18 @@ def _print_table(rows: dict, title: str, caption: str) -> None:
     _console().print(table)
 
 
-def _modes(spec: str, device: str) -> list[str]:
+def _weight_bytes(model) -> int:
+    """Bytes of weights one forward reads: the GGUF file's on llama.cpp (its tensors live there), else the
+    module's parameters."""
+    runtime = getattr(model, "runtime", None)
+    return runtime.path.stat().st_size if runtime is not None else weight_bytes(model)
+
+
+def _modes(spec: str, device: str, backend: str = "transformers") -> list[str]:
+    if backend != "transformers":
+        if spec != "auto":
+            raise EntMTPError(f"--kv is transformers' cache: {backend} keeps its own, so drop --kv {spec}")
+        return ["own"]
     if spec == "auto":
         return ["graphs" if device.startswith("cuda") else "kv"]
     modes = spec.split(",")
@@ -182,10 +201,17 @@ def _console(stderr: bool = False) -> Console:
 
 # ---- `entmtp step-costs` --------------------------------------------------------------------------------
 
+NAMED_BACKEND = dict(
+    default="transformers",
+    choices=["transformers", "llama-cpp"],
+    help="what runs the base model: transformers (default) or llama-cpp (a GGUF file: --model FILE.gguf, or "
+    "the embedded model's)",
+)
+
 
 def register(sub) -> None:
     """`step-costs` (and its old name `profile`) on the subcommand parsers `sub`."""
-    from .engine_args import add_model_arguments
+    from .engine_args import MODEL_FIELDS, add_model_arguments
     from .shipped import HEAD_KINDS
 
     p = sub.add_parser(
@@ -217,7 +243,7 @@ def register(sub) -> None:
         help="auto (graphs on CUDA, else kv) or a comma list of: dynamic (transformers' DynamicCache), kv "
         "(the preallocated cache), graphs (kv + CUDA graphs)",
     )
-    add_model_arguments(p)
+    add_model_arguments(p, fields=(*MODEL_FIELDS, "backend", "draft_int8"), backend=NAMED_BACKEND)
     p.set_defaults(func=run_step_costs_command)
 
 
@@ -231,6 +257,11 @@ def run_step_costs_command(args) -> int:
         )
     if args.random_model and args.model:
         raise EntMTPError("give either --model or --random-model, not both")
+    if args.random_model and args.backend != "transformers":
+        raise EntMTPError(
+            "--random-model builds a transformers model: for llama.cpp give --model FILE.gguf (cpu_curves.py "
+            "in docs/results/llama-cpp/ writes random GGUFs of the 1B and 7B shapes)"
+        )
     if args.past < 1 or args.steps < 1 or args.rounds < 1:
         raise EntMTPError("--past, --steps and --rounds must be >= 1")
     if args.threads:
