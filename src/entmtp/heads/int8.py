@@ -2,15 +2,18 @@
 output row (weight-only: activations stay bfloat16), through PyTorch's CPU kernel `_weight_int8pack_mm`.
 
 Why: on a CPU, drafting is a chain of matrix-vector products whose weights the base model's forward has just
-pushed out of the caches, so its time is the bytes it reads. Hydra's tree_8 reads ~56 MB of bf16 weights a
-step (the 8,192 x 576 draft projection once per level, and each level's blocks), 2.6 ms on a 2-core AMD
-EPYC, about a seventh of a llama.cpp step on BF16 weights. Int8 halves the bytes; with its kernel a cold
-8,192 x 576 projection fell from 0.53 ms (bf16) and 0.34 ms (bf16, prepacked) to 0.21 ms, a head's block
-from 0.14-0.20 ms to 0.06-0.09 ms (`docs/results/heads-int8/`, which has the commands and the machine).
+pushed out of the caches, so its time is the bytes it reads: Hydra's tree_8 reads ~56 MB of bf16 weights a
+step (the 8,192 x 576 draft projection once per level, and each level's blocks). Int8 halves the bytes. On a
+2-core AMD EPYC (avx512_bf16) a cold 8,192 x 576 projection took 0.45 ms in bf16, 0.37 ms prepacked and 0.23
+ms in int8, a block 0.13-0.24 ms against 0.07-0.11 ms; Hydra's tree_8 draft phase fell from 2.8-3.3 ms to
+1.6-1.7 ms on llama.cpp and from 1.8 to 1.5 ms on transformers (prepacked before), with tokens per step level
+(`docs/results/heads-int8/`: the commands, the machine, the tables).
 
-The drafts may differ where rounding moves a near tie; outputs do not: every draft is verified by the base
-model, so speculative output equals plain output whatever the heads propose. float32 heads are never
-quantized (a float32 run stays exact end to end, drafts included). The dense weights stay: training,
+The drafts may differ where rounding moves a near tie. Every draft is verified by the base model, so what is
+kept is what the base model writes, whatever the heads propose; that int8 heads exist only in bf16 does not
+change bf16's own caveat (a verify of another tree shape can round a near tie differently, with any heads:
+docs/sampling.md), and float32 heads are never quantized, so a float32 run stays token for token plain
+decoding's. The dense weights stay: training,
 `state_dict` and anything with gradients or another dtype or device use them, as `PackedLinear` does.
 """
 
