@@ -35,6 +35,7 @@ from entmtp.train.evaluate import (
     evaluate_heads,
     plot_learning_curve,
     report_markdown,
+    task_line,
     teacher_forced_accuracy,
 )
 from entmtp.train.pipeline import cap_vocab, train_heads
@@ -835,6 +836,20 @@ def test_train_time_limit_plans_fewer_steps_and_finishes(base, distill, tmp_path
 
 
 # ---- eval-heads: new heads against the ones they would replace -------------------------------------------
+
+
+def test_each_tasks_result_prints_with_or_without_a_progress_bar(base, capsys):
+    """`eval-heads --no-progress` drops the bar, not the results: one line per task, as it finishes."""
+    model, tok = base
+    heads = random_heads(HeadsConfig.for_model(model, "hydra", 2), seed=1, init="random")
+    run = dict(
+        tasks=("gsm8k", "specbench-math"), split="test", num_prompts=1, max_new_tokens=4, trees=("chain_2",)
+    )
+    for progress in (False, True):  # off a terminal the bar gives way to the same lines
+        report = evaluate_heads(model, tok, heads, progress=progress, **run)
+        lines = capsys.readouterr().out.strip().splitlines()
+        assert lines == [task_line(t, report["tasks"][t]) for t in ("gsm8k", "specbench-math")]
+        assert lines[0].startswith("eval gsm8k: head top-1 ") and "tokens/step chain_2 " in lines[0]
 
 
 def test_the_evaluation_decodes_at_temperature_with_each_sampling_rule_seeded_alike(base):

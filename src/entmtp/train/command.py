@@ -132,7 +132,9 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
             "sampling": dict(flag="--sampling"),
         },
     )
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (the per-task results still print)"
+    )
 
 
 # ---- settings from arguments -------------------------------------------------------------------------

@@ -139,7 +139,8 @@ def evaluate_heads(
 ) -> dict:
     """The evaluation report as a dict (see the module docstring). ``baseline``: other heads for the same
     model, measured the same way on the same prompts (report["baseline"] and each task's "baseline").
-    ``sampling``: also decode at ``temperature`` with these acceptance rules (`SAMPLING_RULES`)."""
+    ``sampling``: also decode at ``temperature`` with these acceptance rules (`SAMPLING_RULES`). Each task's
+    result line (`task_line`) prints when the task is done; ``progress``: a progress bar over the tasks too."""
     for rule in sampling:
         if rule not in SAMPLING_RULES:
             raise ValueError(f"unknown sampling rule {rule!r}: use some of {', '.join(SAMPLING_RULES)}")
@@ -164,41 +165,86 @@ def evaluate_heads(
     }
     if baseline is not None:
         report["baseline"] = {"name": baseline_name, "heads": dataclasses.asdict(baseline.config)}
-    for task in tasks:
-        t0 = time.perf_counter()
-        prompts = [encode_prompt(tokenizer, p) for p in load_prompts(task, split, num_prompts)]
-        responses = generate_responses(
-            model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size
-        )
-        pairs = list(zip(prompts, responses, strict=True))
-        runs = speculative_runs(model, tokenizer, named, prompts, usable, max_new_tokens)
-        entry = {"label": TASKS[task][1], "prompts": len(prompts)}
-        entry.update(teacher_forced_accuracy(model, heads, pairs))
-        entry["speculative"] = runs["heads"]
-        if baseline is not None:
-            entry["baseline"] = teacher_forced_accuracy(model, baseline, pairs)
-            entry["baseline"]["speculative"] = runs["baseline"]
-        for rule in sampling:
-            sampled = speculative_runs(
-                model, tokenizer, named, prompts, usable, max_new_tokens, temperature, acceptance=rule
-            )
-            entry.setdefault("sampling", {})[rule] = sampled["heads"]
-            if baseline is not None:
-                entry["baseline"].setdefault("sampling", {})[rule] = sampled["baseline"]
-        entry["seconds"] = time.perf_counter() - t0
-        report["tasks"][task] = entry
-        if progress:
-            tps = ", ".join(f"{t} {v['tokens_per_step']:.2f}" for t, v in entry["speculative"].items())
-            if baseline is not None:
-                tps += (
-                    " (baseline "
-                    + ", ".join(
-                        f"{v['tokens_per_step']:.2f}" for v in entry["baseline"]["speculative"].values()
-                    )
-                    + ")"
-                )
-            print(f"eval {task}: head top-1 {_fmt(entry['top1'])}; tokens/step {tps}", flush=True)
+    with _TaskProgress(progress, len(tasks)) as bar:
+        for task in tasks:
+            report["tasks"][task] = _evaluate_task(
+                model, tokenizer, named, task, split, num_prompts, max_new_tokens, usable, batch_size,
+                sampling, temperature,
+            )  # fmt: skip
+            bar.done(task_line(task, report["tasks"][task]))
     return report
+
+
+def _evaluate_task(
+    model, tokenizer, named: dict, task: str, split: str, num_prompts: int, max_new_tokens: int,
+    trees: list[str], batch_size: int, sampling: tuple[str, ...], temperature: float,
+) -> dict:  # fmt: skip
+    """One task's entry of the report: teacher-forced accuracy and tokens per step of `named`'s heads
+    ("heads", and "baseline" when given) on the task's prompts."""
+    t0 = time.perf_counter()
+    heads, baseline = named["heads"], named.get("baseline")
+    prompts = [encode_prompt(tokenizer, p) for p in load_prompts(task, split, num_prompts)]
+    responses = generate_responses(
+        model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size
+    )
+    pairs = list(zip(prompts, responses, strict=True))
+    runs = speculative_runs(model, tokenizer, named, prompts, trees, max_new_tokens)
+    entry = {"label": TASKS[task][1], "prompts": len(prompts)}
+    entry.update(teacher_forced_accuracy(model, heads, pairs))
+    entry["speculative"] = runs["heads"]
+    if baseline is not None:
+        entry["baseline"] = teacher_forced_accuracy(model, baseline, pairs)
+        entry["baseline"]["speculative"] = runs["baseline"]
+    for rule in sampling:
+        sampled = speculative_runs(
+            model, tokenizer, named, prompts, trees, max_new_tokens, temperature, acceptance=rule
+        )
+        entry.setdefault("sampling", {})[rule] = sampled["heads"]
+        if baseline is not None:
+            entry["baseline"].setdefault("sampling", {})[rule] = sampled["baseline"]
+    entry["seconds"] = time.perf_counter() - t0
+    return entry
+
+
+def task_line(task: str, entry: dict) -> str:
+    """One task's result as a line: the heads' top-1 accuracy and tokens per step per tree (the baseline's
+    beside them)."""
+    tps = ", ".join(f"{t} {v['tokens_per_step']:.2f}" for t, v in entry["speculative"].items())
+    if "baseline" in entry:
+        old = ", ".join(f"{v['tokens_per_step']:.2f}" for v in entry["baseline"]["speculative"].values())
+        tps += f" (baseline {old})"
+    return f"eval {task}: head top-1 {_fmt(entry['top1'])}; tokens/step {tps}"
+
+
+class _TaskProgress:
+    """A rich progress bar over the tasks, each task's result line logged above it; without it (`enabled`
+    False, or off a terminal) the result lines alone. The lines are results, so they always print."""
+
+    def __init__(self, enabled: bool, tasks: int):
+        self.enabled, self.tasks = enabled and tasks > 0, tasks
+
+    def __enter__(self) -> _TaskProgress:
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            bar = Progress(TextColumn("eval tasks"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+            self.enabled = bar.console.is_terminal
+            if self.enabled:
+                self.bar = bar
+                bar.__enter__()
+                self.task = bar.add_task("eval", total=self.tasks)
+        return self
+
+    def done(self, line: str) -> None:
+        if not self.enabled:
+            print(line, flush=True)
+            return
+        self.bar.console.log(line)
+        self.bar.advance(self.task)
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self.bar.__exit__(*exc)
 
 
 def _fmt(values: list[float]) -> str:
