@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
+from .backends import BACKENDS
 from .build import EngineSpec, load
 from .engine import Engine
 from .errors import EntMTPError
@@ -203,7 +204,7 @@ def _console(stderr: bool = False) -> Console:
 
 NAMED_BACKEND = dict(
     default="transformers",
-    choices=["transformers", "llama-cpp"],
+    choices=[b for b in BACKENDS if b != "auto"],  # a named one: this command times one backend's step
     help="what runs the base model: transformers (default) or llama-cpp (a GGUF file: --model FILE.gguf, or "
     "the embedded model's)",
 )
