@@ -43,7 +43,7 @@ from entmtp.shipped import resolve_heads, shipped_heads_dir
 ROOT = Path(__file__).resolve().parents[3]  # the checkout (this file: docs/results/hardware-aware/)
 sys.path.insert(0, str(ROOT / "scripts"))  # build_draft_vocab.py, a maintained tool
 from build_draft_vocab import corpus_counts, corpus_texts  # noqa: E402
-from interleave import add_rates, finish, interleaved, lookup_alone  # noqa: E402  (beside this file)
+from interleave import add_rates, finish, interleaved, lookup_alone, rate_cells  # noqa: E402  (beside this file)
 
 
 def shipped_at(rev: str, default, folder: Path) -> Engine:
@@ -113,15 +113,7 @@ def main() -> None:
         tally, same = interleaved(engines, prompts, args.max_new_tokens)
         add_rates(tally, f"{shipped} (shipped)")
         for name, t in tally.items():
-            table.add_row(
-                task,
-                name,
-                f"{t['tokens_per_second']:.1f}",
-                f"{t['vs_shipped']:.3f}x",
-                f"{t['tokens'] / t['steps']:.2f}",
-                f"{1000 * t['seconds'] / t['steps']:.1f}",
-                f"{1000 * t['probe'] / t['steps']:.2f}",
-            )
+            table.add_row(task, name, *rate_cells(t), f"{1000 * t['probe'] / t['steps']:.2f}")
         table.add_row(task, "identical outputs" if same else "OUTPUTS DIFFER", end_section=True)
         results["tasks"][task] = {"identical_outputs": same, "methods": tally}
         print(f"{task}: done", flush=True)

@@ -45,6 +45,36 @@ def add_rates(tally: dict, base: str) -> None:
         t["vs_shipped"] = t["tokens_per_second"] / tally[base]["tokens_per_second"]
 
 
+def rate_cells(t: dict) -> list[str]:
+    """An engine's `add_rates`d totals as table cells: tokens/s, its ratio to the base engine, tokens/step,
+    ms/step."""
+    return [
+        f"{t['tokens_per_second']:.1f}",
+        f"{t['vs_shipped']:.3f}x",
+        f"{t['tokens'] / t['steps']:.2f}",
+        f"{1000 * t['seconds'] / t['steps']:.1f}",
+    ]
+
+
+def per_task(engines: dict, base: str, table, results: dict, args) -> None:
+    """Every engine on each of `args.tasks`' test prompts at each of `args.temperatures` (`interleaved`, with
+    `args.num_prompts`, `args.max_new_tokens`, `args.reps`): a section of `table` (columns T, task, engine,
+    then `rate_cells`, against engine `base`) and an entry of results["runs"] per (temperature, task)."""
+    from entmtp.prompts import load_prompts
+
+    for temperature in (float(t) for t in args.temperatures.split(",")):
+        options = {"temperature": temperature} if temperature > 0 else {}
+        for task in args.tasks.split(","):
+            prompts = load_prompts(task, "test", args.num_prompts)
+            tally, same = interleaved(engines, prompts, args.max_new_tokens, args.reps, **options)
+            add_rates(tally, base)
+            for name, t in tally.items():
+                table.add_row(f"{temperature:g}", task, name, *rate_cells(t))
+            table.add_row("", "", "same text" if same else "texts differ", end_section=True)
+            results["runs"][f"{temperature:g}/{task}"] = {"identical_outputs": same, "methods": tally}
+            print(f"T={temperature:g} {task}: done", flush=True)
+
+
 def lookup_alone(default):
     """entmtp's prompt lookup without heads on the default engine's model and cost curve (the method the
     default is held to on copy-heavy text)."""

@@ -23,10 +23,10 @@ from rich.table import Table
 from entmtp.build import EngineSpec, build
 from entmtp.lookup import Lookup
 from entmtp.machine import describe, hardware
-from entmtp.prompts import FOUR_TASKS, load_prompts
+from entmtp.prompts import FOUR_TASKS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hardware-aware"))
-from interleave import add_rates, finish, interleaved  # noqa: E402
+from interleave import finish, per_task  # noqa: E402
 
 
 def main() -> None:
@@ -68,25 +68,7 @@ def main() -> None:
     )
     for col in ("T", "task", "drafting", "tokens/s", "int8 / bf16", "tokens/step", "ms/step"):
         table.add_column(col, justify="left" if col in ("task", "drafting") else "right")
-    for temperature in (float(t) for t in args.temperatures.split(",")):
-        options = {"temperature": temperature} if temperature > 0 else {}
-        for task in args.tasks.split(","):
-            prompts = load_prompts(task, "test", args.num_prompts)
-            tally, same = interleaved(engines, prompts, args.max_new_tokens, args.reps, **options)
-            add_rates(tally, "bf16 drafting")
-            for name, t in tally.items():
-                table.add_row(
-                    f"{temperature:g}",
-                    task,
-                    name,
-                    f"{t['tokens_per_second']:.1f}",
-                    f"{t['vs_shipped']:.3f}x",
-                    f"{t['tokens'] / t['steps']:.2f}",
-                    f"{1000 * t['seconds'] / t['steps']:.1f}",
-                )
-            table.add_row("", "", "same text" if same else "texts differ", end_section=True)
-            results["runs"][f"{temperature:g}/{task}"] = {"identical_outputs": same, "methods": tally}
-            print(f"T={temperature:g} {task}: done", flush=True)
+    per_task(engines, "bf16 drafting", table, results, args)
     finish(table, results, args.out)
 
 

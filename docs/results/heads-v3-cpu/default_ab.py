@@ -28,11 +28,11 @@ from rich.table import Table
 from entmtp.build import EngineSpec, build
 from entmtp.lookup import Lookup
 from entmtp.machine import describe, hardware
-from entmtp.prompts import FOUR_TASKS, load_prompts
+from entmtp.prompts import FOUR_TASKS
 
 ROOT = Path(__file__).resolve().parents[3]  # the checkout (this file: docs/results/heads-v3-cpu/)
 sys.path.insert(0, str(ROOT / "docs" / "results" / "hardware-aware"))
-from interleave import add_rates, finish, interleaved  # noqa: E402
+from interleave import finish, per_task  # noqa: E402
 
 
 def main() -> None:
@@ -76,25 +76,7 @@ def main() -> None:
     )
     for col in ("T", "task", "heads", "tokens/s", "vs shipped", "tokens/step", "ms/step"):
         table.add_column(col, justify="left" if col in ("task", "heads") else "right")
-    for temperature in (float(t) for t in args.temperatures.split(",")):
-        options = {"temperature": temperature} if temperature > 0 else {}
-        for task in args.tasks.split(","):
-            prompts = load_prompts(task, "test", args.num_prompts)
-            tally, same = interleaved(engines, prompts, args.max_new_tokens, args.reps, **options)
-            add_rates(tally, "shipped heads")
-            for name, t in tally.items():
-                table.add_row(
-                    f"{temperature:g}",
-                    task,
-                    name,
-                    f"{t['tokens_per_second']:.1f}",
-                    f"{t['vs_shipped']:.3f}x",
-                    f"{t['tokens'] / t['steps']:.2f}",
-                    f"{1000 * t['seconds'] / t['steps']:.1f}",
-                )
-            table.add_row("", "", "same text" if same else "texts differ", end_section=True)
-            results["runs"][f"{temperature:g}/{task}"] = {"identical_outputs": same, "methods": tally}
-            print(f"T={temperature:g} {task}: done", flush=True)
+    per_task(engines, "shipped heads", table, results, args)
     finish(table, results, args.out)
 
 
