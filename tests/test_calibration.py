@@ -201,7 +201,7 @@ def test_a_built_engine_gives_each_acceptance_rule_its_sections_policy(
     model, heads, _, _ = tiny_profile
     out, _, _ = sampled_profile
     monkeypatch.setattr(entmtp.model, "load_model", lambda *a, **k: (model, ByteTokenizer()))
-    monkeypatch.setattr(entmtp.shipped, "resolve_heads", lambda *a: heads["hydra"])
+    monkeypatch.setattr(entmtp.shipped, "resolve_heads", lambda *a, **k: heads["hydra"])
     spec = EngineSpec(model="tiny", heads="tiny-hydra", profile=str(out), dtype="float32", probe=False)
     built = build(spec, log=lambda m: None)
     loaded = load_profile(out)
