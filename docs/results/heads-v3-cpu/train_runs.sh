@@ -7,7 +7,7 @@
 # Usage: docs/results/heads-v3-cpu/train_runs.sh [hydra|hydra-pp|medusa|eval-KIND ...]   (default: all three)
 #   settings by environment: D (the job's directory, /work/heads-v3), DISTILL (the data: directories, comma-
 #   separated; default $D/distill, the instruction prompts' data, and $D/gsm8k/distill when it exists), PYTHON,
-#   EPOCHS (2), V (draft vocabulary size, 8192), RESUME (set: --resume), THREADS (2), LR (3e-4), TAG (a suffix
+#   EPOCHS (2), STEPS (optimiser steps: overrides EPOCHS), V (draft vocabulary size, 8192), RESUME (set: --resume), THREADS (2), LR (3e-4), TAG (a suffix
 #   for the run's name)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -23,7 +23,7 @@ fi
 # optimiser steps for EPOCHS passes over the training split's response positions (~636 a step at 8 x 128)
 positions=$("$PYTHON" -c "import json,sys; ms=[json.load(open(d+'/manifest.json')) for d in sys.argv[1].split(',')]; \
 print(sum(s['anchors'] for m in ms for s in m['shards'] if s['split']=='train'))" "$DISTILL")
-steps=$(( positions * EPOCHS / 636 ))
+steps=${STEPS:-$(( positions * EPOCHS / 636 ))}  # STEPS: a fixed number instead (part of a pass)
 common=(--stages train --distill-dir "$DISTILL" --precision bfloat16 --vocab draft --steps "$steps"
         --batch-size 8 --window 128 --lr "${LR:-3e-4}" --checkpoint-every 200 --eval-every 200 --draft-vocab "$V"
         --max-draft-vocab "$V" --num-heads 4 --save-dtype bfloat16 --threads "${THREADS:-2}" --no-progress
