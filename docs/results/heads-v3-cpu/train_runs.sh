@@ -20,19 +20,20 @@ if [ -z "${DISTILL:-}" ]; then
     DISTILL=$D/distill
     if [ -f "$D/gsm8k/distill/manifest.json" ]; then DISTILL=$DISTILL,$D/gsm8k/distill; fi
 fi
-# optimiser steps for EPOCHS passes over the training split's response positions (~636 a step at 8 x 128)
-positions=$("$PYTHON" -c "import json,sys; ms=[json.load(open(d+'/manifest.json')) for d in sys.argv[1].split(',')]; \
-print(sum(s['anchors'] for m in ms for s in m['shards'] if s['split']=='train'))" "$DISTILL")
-steps=${STEPS:-$(( positions * EPOCHS / 636 ))}  # STEPS: a fixed number instead (part of a pass)
-common=(--stages train --distill-dir "$DISTILL" --precision bfloat16 --vocab draft --steps "$steps"
+# optimiser steps for EPOCHS passes over the training split's response positions: a step of windows of 128
+# takes ~636 of them (8 x 128, ends of answers shorter); a Hydra++ step takes 8 whole sequences' (it reads every
+# earlier position), 8 x the mean per sequence. STEPS: a fixed number instead (part of a pass).
+read -r positions sequences < <("$PYTHON" -c "import json,sys; ms=[json.load(open(d+'/manifest.json')) for d in sys.argv[1].split(',')]; \
+tr=[s for m in ms for s in m['shards'] if s['split']=='train']; print(sum(s['anchors'] for s in tr), sum(s['sequences'] for s in tr))" "$DISTILL")
+common=(--stages train --distill-dir "$DISTILL" --precision bfloat16 --vocab draft
         --batch-size 8 --window 128 --lr "${LR:-3e-4}" --checkpoint-every 200 --eval-every 200 --draft-vocab "$V"
         --max-draft-vocab "$V" --num-heads 4 --save-dtype bfloat16 --threads "${THREADS:-2}" --no-progress
         ${RESUME:+--resume})
-run() {  # name, then train-heads' own arguments
-    local name=$1${TAG:-}; shift
+run() {  # name, response positions a step, then train-heads' own arguments
+    local name=$1${TAG:-} steps=${STEPS:-$(( positions * EPOCHS / $2 ))}; shift 2
     echo "$(date -u +%FT%TZ) $name: $positions training positions ($DISTILL), $steps steps" | tee -a "$D/runs.log"
-    PYTHONPATH=src nice -n 5 "$PYTHON" -m entmtp.cli train-heads "$@" --out "$D/runs/$name" "${common[@]}" \
-        >> "$D/runs/$name.log" 2>&1
+    PYTHONPATH=src nice -n 5 "$PYTHON" -m entmtp.cli train-heads "$@" --steps "$steps" --out "$D/runs/$name" \
+        "${common[@]}" >> "$D/runs/$name.log" 2>&1
     mkdir -p "$here/runs/$name"
     cp "$D/runs/$name/train_log.jsonl" "$D/runs/$name/learning_curve.png" "$D/runs/$name/config.json" "$here/runs/$name/"
     tail -1 "$D/runs/$name/train_log.jsonl" | tee -a "$D/runs.log"
@@ -45,9 +46,9 @@ mkdir -p "$D/runs"
 for what in "${@:-hydra medusa hydra-pp}"; do
     for w in $what; do
         case $w in
-            hydra) run hydra --kind hydra --init hydra ;;
-            hydra-pp) run hydra-pp --kind hydra --head-arch prefix-mlp --init hydra ;;
-            medusa) run medusa --kind medusa --init medusa ;;
+            hydra) run hydra 636 --kind hydra --init hydra ;;
+            hydra-pp) run hydra-pp $(( 8 * positions / sequences )) --kind hydra --head-arch prefix-mlp --init hydra ;;
+            medusa) run medusa 636 --kind medusa --init medusa ;;
             eval-*) evaluate "${w#eval-}" ;;
             *) echo "unknown run $w: use hydra, hydra-pp, medusa or eval-NAME" >&2; exit 2 ;;
         esac
