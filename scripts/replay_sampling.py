@@ -1,7 +1,7 @@
 """The scheduler at T > 0: every method replayed on sampled generations of the test prompts, per acceptance
 rule, on several machines' measured cost curves, and the base model's perplexity of the continuations.
 
-    python scripts/replay_sampling.py [--rules sample,typical] [--heads hydra,medusa] [--tasks T,...]
+    python scripts/replay_sampling.py [--rules sample,typical] [--heads hydra,medusa,DIR] [--tasks T,...]
         [--num-prompts 10] [--max-new-tokens 96] [--temperature 0.7] [--dtype bfloat16] [--out DIR]
 
 1. Sampled generations of each task's first test prompts (seed = prompt index), per rule, with Hydra heads
@@ -45,7 +45,7 @@ from entmtp.policy import StaticPolicy, static
 from entmtp.prompts import FOUR_TASKS, TASKS, load_prompts
 from entmtp.scheduler.hybrid import HybridPolicy
 from entmtp.scheduler.profiles import PROFILE_TASKS, resolve_profile
-from entmtp.shipped import resolve_heads
+from entmtp.shipped import HEAD_KINDS, resolve_heads
 from entmtp.tree import load_tree
 
 METHODS = ("mc_sim_7b_63", "EntMTP*", "binary", "cost", "dynamic", "dynamic+lookup", "oracle")
@@ -54,7 +54,12 @@ METHODS = ("mc_sim_7b_63", "EntMTP*", "binary", "cost", "dynamic", "dynamic+look
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rules", default="sample,typical")
-    ap.add_argument("--heads", default="hydra,medusa")
+    ap.add_argument(
+        "--heads",
+        default="hydra,medusa",
+        help="shipped heads (hydra, medusa) or trained heads directories, comma list; a directory's heads are "
+        "replayed with the shipped profiles of their kind (banks and signals calibrated on the shipped heads)",
+    )
     ap.add_argument("--tasks", default=",".join(FOUR_TASKS))
     ap.add_argument("--num-prompts", type=int, default=10)
     ap.add_argument("--max-new-tokens", type=int, default=96)
@@ -69,13 +74,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    tasks = [t for t in args.tasks.split(",") if t]
-    rules = [r for r in args.rules.split(",") if r]
-    if not rules or any(r not in ("sample", "typical", "gumbel") for r in rules):
-        raise SystemExit(f"--rules {args.rules}: use some of sample, typical, gumbel (comma list)")
-    unknown = [t for t in tasks if t not in TASKS]
-    if unknown:
-        raise SystemExit(f"unknown task(s) {', '.join(unknown)}: use some of {', '.join(TASKS)}")
+    tasks, rules = _checked(args)
     args.out.mkdir(parents=True, exist_ok=True)
     model, tokenizer = load_model(dtype=args.dtype)
     console = Console(width=200)
@@ -87,12 +86,13 @@ def main() -> None:
         outputs = _outputs(model, tokenizer, tasks, args, sampling)
         result["perplexity"][rule] = {t: _perplexity(model, outputs[t], plain[t]) for t in tasks}
         result["replays"][rule] = {}
-        for kind in [k for k in args.heads.split(",") if k and not args.perplexity_only]:
-            heads = resolve_heads(kind, model)
+        for label in [k for k in args.heads.split(",") if k and not args.perplexity_only]:
+            heads = resolve_heads(label, model)  # shipped (hydra, medusa) or a heads directory
+            kind = heads.config.kind  # the profiles (banks, signals) are the shipped heads' of this kind
             engine = Engine(model, tokenizer, heads=heads)
             rows: dict[str, dict] = {}
             with Progress(console=console, transient=True) as bar:
-                job = bar.add_task(f"{rule}/{kind}: traces and replays", total=len(tasks))
+                job = bar.add_task(f"{rule}/{label}: traces and replays", total=len(tasks))
                 for task in tasks:
                     profile = resolve_profile(task if task in PROFILE_TASKS else "mixed", kind)
                     mode = profile.mode_for(args.temperature, rule)
@@ -114,10 +114,10 @@ def main() -> None:
                         for name, curve in task_curves.items()
                     }
                     bar.advance(job)
-            result["replays"][rule][kind] = rows
+            result["replays"][rule][label] = rows
             for curve in rows[tasks[0]] if rows else ():
                 table = Table(
-                    title=f"T={args.temperature} {rule}, {kind} heads, {curve} costs: replayed speed-up over "
+                    title=f"T={args.temperature} {rule}, {label} heads, {curve} costs: replayed speed-up over "
                     "plain (tokens/step)"
                 )
                 for col in ("task", *METHODS):
@@ -140,6 +140,27 @@ def main() -> None:
     path = args.out / ("perplexity.json" if args.perplexity_only else "replay-sampling.json")
     path.write_text(json.dumps(result, indent=1))
     console.print(f"wrote {path}")
+
+
+def _checked(args) -> tuple[list[str], list[str]]:
+    """(tasks, rules) of the command line, each bad setting named before anything is loaded or written."""
+    tasks = [t for t in args.tasks.split(",") if t]
+    rules = [r for r in args.rules.split(",") if r]
+    if not rules or any(r not in ("sample", "typical", "gumbel") for r in rules):
+        raise SystemExit(f"--rules {args.rules}: use some of sample, typical, gumbel (comma list)")
+    missing = [
+        h
+        for h in args.heads.split(",")
+        if h and h not in HEAD_KINDS and not (Path(h) / "config.json").exists()
+    ]
+    if missing:
+        raise SystemExit(
+            f"--heads {', '.join(missing)}: no heads there (a directory with config.json), or hydra, medusa"
+        )
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        raise SystemExit(f"unknown task(s) {', '.join(unknown)}: use some of {', '.join(TASKS)}")
+    return tasks, rules
 
 
 def _replay_methods(profile, mode: str, traces, curve: CostCurve, rule: str) -> dict:

@@ -158,3 +158,11 @@ def test_on_a_busy_batch_choosing_by_the_whole_step_beats_choosing_alone_and_the
         replay_batch(policy, traces[:1], BUSY, 1).tokens_per_second
         > replay_batch(StaticPolicy(bank[0].root_only()), traces[:1], BUSY, 1).tokens_per_second
     )
+
+
+def test_replay_sampling_names_missing_heads_before_loading_anything(tmp_path):
+    out = tmp_path / "out"
+    run = run_script("replay_sampling.py", "--heads", f"hydra,{tmp_path / 'nothing'}", "--out", str(out))
+    assert run.returncode != 0
+    assert f"--heads {tmp_path / 'nothing'}: no heads there" in run.stderr
+    assert not out.exists()
