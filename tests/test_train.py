@@ -678,6 +678,47 @@ def test_train_heads_end_to_end(base, tmp_path):
         train_heads("hydra", tmp_path / "back", init=tmp_path / "hydrapp", **more)
 
 
+def test_init_heads_grow_starting_from_the_function_they_computed(base, distill, tmp_path):
+    """--init heads may grow into more residual blocks a head (the new ones exactly the identity) and a vocab
+    projection of each head's own (a copy of the shared base output layer, bias zero): the grown heads start
+    by drafting exactly what the old ones drafted. Shrinking is refused with the fields named."""
+    model, _ = base
+    old = random_heads(HeadsConfig.for_model(model, "hydra", 2, base_model="tiny"), seed=0)
+    with torch.no_grad():  # trained-looking blocks, so that keeping them is checked
+        for p in old.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    old.set_draft_vocab(torch.arange(1, 60))
+    save_heads(old, tmp_path / "old")
+    still = TrainSettings(
+        steps=2, batch_size=2, window=16, lr=1e-9, warmup=0.0, checkpoint_every=2, eval_every=2
+    )
+    kw = dict(
+        base=base, model="tiny", distill_dir=distill, stages="train", train_settings=still, progress=False
+    )
+    bigger = HeadsSettings(num_heads=2, num_layers=3, share_lm_head=False)
+    train_heads("hydra", tmp_path / "grown", init=tmp_path / "old", heads_settings=bigger, **kw)
+    grown = load_heads(tmp_path / "grown", dtype=torch.float32)
+    assert grown.config.num_layers == 3 and not grown.config.share_lm_head
+    assert set(old.draft_vocab.tolist()) <= set(grown.draft_vocab.tolist())
+    old.bind(model)
+    grown.bind(model)
+    hidden = load_split(distill, "train").hidden.float()[None, :12]  # [1, 12, H]
+    tokens = torch.arange(12)[None] + 5
+    for k, (a, b) in enumerate(
+        zip(old.features(hidden, tokens), grown.features(hidden, tokens), strict=True)
+    ):
+        assert torch.allclose(a, b, atol=1e-5)
+        assert torch.allclose(old.project(k, a), grown.project(k, b), atol=1e-4)
+    with pytest.raises(HeadsError, match="num_layers=3 \\(asked 1\\), share_lm_head=False \\(asked True\\)"):
+        train_heads(
+            "hydra",
+            tmp_path / "back",
+            init=tmp_path / "grown",
+            heads_settings=HeadsSettings(num_heads=2),
+            **kw,
+        )
+
+
 def test_cap_vocab():
     counts = torch.tensor([0, 5, 1, 9, 0, 3, 0, 2])  # [V] token counts in the new data
     # special tokens stay however rare; then the most frequent

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -318,7 +319,7 @@ def _train_stage(
     config = heads_settings.config(b.model, kind, b.name)
     data = _data_of(distill, config.base_model)
     if init is not None:  # continue from trained heads (e.g. the shipped ones, on new data)
-        heads = _init_heads(init, config, data, settings.seed)
+        heads = _init_heads(init, config, data, b.model, settings.seed)
         init_vocab = heads.draft_vocab  # the new data's draft vocabulary extends it (_set_draft_vocab)
         heads.set_draft_vocab(None)
     else:
@@ -384,12 +385,18 @@ def cap_vocab(
     return ids[score.topk(max(size, int(special.sum()))).indices].sort().values
 
 
-def _init_heads(path, config: HeadsConfig, data: DistillData, seed: int = 0) -> Heads:
-    """Heads loaded from ``path`` to train further. Their architecture must be the one asked for, except
-    that Hydra ``mlp`` heads may grow into Hydra++ (``prefix-mlp``): see `_add_prefix_layer`."""
+def _init_heads(path, config: HeadsConfig, data: DistillData, model, seed: int = 0) -> Heads:
+    """Heads loaded from ``path`` to train further. Their architecture must be the one asked for, except that
+    they may grow, each growth starting as the function the old heads computed (see `_grow`): Hydra ``mlp``
+    heads into Hydra++ (``prefix-mlp``), more residual blocks a head (``num_layers``), and a projection of
+    each head's own instead of the shared base output layer (``share_lm_head`` off)."""
     heads = load_heads(heads_path(path), dtype=torch.float32)
     have, want = heads.config, config
-    upgrade = have.head_arch == "mlp" and want.head_arch == "prefix-mlp"
+    grows = {
+        "head_arch": have.head_arch == "mlp" and want.head_arch == "prefix-mlp",
+        "num_layers": have.num_layers < want.num_layers,
+        "share_lm_head": have.share_lm_head and not want.share_lm_head,
+    }
     fields = (
         "kind",
         "num_heads",
@@ -403,41 +410,62 @@ def _init_heads(path, config: HeadsConfig, data: DistillData, seed: int = 0) -> 
     diff = [
         f"{f}={getattr(have, f)!r} (asked {getattr(want, f)!r})"
         for f in fields
-        if getattr(have, f) != getattr(want, f) and not (f == "head_arch" and upgrade)
+        if getattr(have, f) != getattr(want, f) and not grows.get(f)
     ]
     if diff:
         raise HeadsError(
             f"--init heads in {path} differ from the heads to train: {', '.join(diff)}; pass matching "
-            "--kind/--num-heads/--num-layers/--head-arch (Hydra mlp heads may also start Hydra++ with "
-            "--head-arch prefix-mlp), or drop --init to train from scratch"
+            "--kind/--num-heads/--num-layers/--head-arch (heads may also grow: Hydra mlp heads into Hydra++ "
+            "with --head-arch prefix-mlp, more --num-layers, --own-lm-head), or drop --init to train from scratch"
         )
-    if upgrade:
-        scale = mean_feature_rms(data, "train")
-        heads = _add_prefix_layer(heads, config, scale, seed)
+    if any(grows.values()):
+        scale = mean_feature_rms(data, "train") if grows["head_arch"] else 1.0
+        heads = _grow(heads, config, model, scale, seed)
     return heads
 
 
-def _add_prefix_layer(heads: Heads, config: HeadsConfig, scale: float, seed: int) -> Heads:
-    """Hydra++ from trained Hydra ``mlp`` heads: the same heads behind a new prefix layer that starts as
-    (nearly) the identity, so training begins from the old heads' accuracy instead of from noise.
+def _grow(heads: Heads, config: HeadsConfig, model, scale: float, seed: int) -> Heads:
+    """Trained heads in a larger architecture that starts as (nearly) the function they computed, so training
+    begins from their accuracy instead of from noise. What is new:
 
-    The layer's attention and MLP outputs start at zero (as fresh residual blocks do), which leaves its final
-    RMSNorm: x -> scale * x / rms(x). With ``scale`` the mean RMS of the features the heads read (the base
-    model's normed hidden states, whose RMS varies ~10% from token to token on SmolLM2), the heads see their
-    old inputs up to that spread."""
-    if config.head_dim == 0:
+    * Hydra++'s prefix layer (``prefix-mlp`` from ``mlp``): its attention and MLP outputs start at zero (as
+      fresh residual blocks do), which leaves its final RMSNorm: x -> scale * x / rms(x). With ``scale`` the
+      mean RMS of the features the heads read (the base model's normed hidden states, whose RMS varies ~10%
+      from token to token on SmolLM2), the heads see their old inputs up to that spread.
+    * residual blocks beyond the old ``num_layers``: x + SiLU(0 x + 0) = x, exactly the identity.
+    * each head's own vocab projection instead of the shared base output layer: a copy of it (bias zero),
+      exactly the old logits. On SmolLM2 that is 49,152 x 576 weights a head; drafting and ``--vocab draft``
+      training read only the draft vocabulary's rows."""
+    if config.head_arch == "prefix-mlp" and config.head_dim == 0:
         raise HeadsError("Hydra++ from mlp heads needs the base model's attention geometry in the config")
+    old_layers = heads.config.num_layers
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed + 1)
-        new = heads_class(config)(config)  # the geometry is known: the prefix layer is built here
+        new = heads_class(config)(config)  # the geometry is known: a prefix layer is built here
+
+    def is_new(key: str) -> bool:
+        block = re.match(r"heads\.\d+\.blocks\.(\d+)\.", key)
+        return (
+            key.startswith("prefix.")
+            or ".proj." in key
+            or (block is not None and int(block[1]) >= old_layers)
+        )
+
     missing, unexpected = new.load_state_dict(heads.state_dict(), strict=False)
-    if unexpected or any(not k.startswith("prefix.") for k in missing):
+    if unexpected or not all(is_new(k) for k in missing):
         raise HeadsError(
-            f"cannot carry mlp heads into prefix-mlp heads: missing {missing}, extra {unexpected}"
+            f"cannot carry the --init heads into the new ones: missing {missing}, extra {unexpected}"
         )
     with torch.no_grad():
-        new.prefix.self_attn.o_proj.weight.zero_()
-        new.prefix.mlp.down_proj.weight.zero_()
-        new.prefix.norm.weight.fill_(scale)
+        for head in new.heads:
+            for block in list(head.blocks)[old_layers:]:
+                block.linear.weight.zero_()
+                block.linear.bias.zero_()
+        if heads.config.head_arch == "mlp" and config.head_arch == "prefix-mlp":
+            new.prefix.self_attn.o_proj.weight.zero_()
+            new.prefix.mlp.down_proj.weight.zero_()
+            new.prefix.norm.weight.fill_(scale)
+    if heads.config.share_lm_head and not config.share_lm_head:
+        new.bind(model).init_projections_from_base()
     new.set_draft_vocab(heads.draft_vocab)
     return new
