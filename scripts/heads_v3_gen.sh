@@ -15,7 +15,7 @@
 # The answers themselves (2 bytes a token) go to $ANSWERS, by default docs/results/heads-v3-cpu/answers/ in this
 # checkout: commit them, and a later start on a fresh machine only teacher-forces the shards they cover.
 # Usage: scripts/heads_v3_gen.sh   (settings by environment: OUT, PROMPTS, PROMPT_FILE, ANSWERS, PYTHON, PIDFILE,
-# REV, BATCH, THREADS)
+# REV, BATCH, THREADS, DTYPE)
 # A second data set beside the first, from one prompt file (GSM8K's train split; train on both with
 # `--distill-dir A,B`): OUT=/work/heads-v3/gsm8k PROMPT_FILE=../shared/data/gsm8k/train.jsonl
 # ANSWERS=docs/results/heads-v3-cpu/answers-gsm8k scripts/heads_v3_gen.sh
@@ -34,6 +34,10 @@ BATCH=${BATCH:-32}  # rows of the continuous batch; not part of the data's ident
 # torch threads: 1 while other work shares the cores (2 threads on a busy 2-core machine wait at every op's
 # barrier: ~10x slower a step, measured under load), 2 on a quiet machine. Not part of the data's identity.
 THREADS=${THREADS:-2}
+# the base model's dtype for generation and the teacher-forced pass: bfloat16 where the CPU has bf16 matrix
+# units (avx512_bf16, amx), float32 on one without (an AVX2-only CPU emulates bf16, several times slower). The
+# features are stored in bfloat16 either way. Not part of the data's identity.
+DTYPE=${DTYPE:-bfloat16}
 
 if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
     echo "a generation is already running: pid $(cat "$PIDFILE") ($PIDFILE)" >&2
@@ -58,7 +62,7 @@ fi
 args=(train-heads --kind hydra --stages gen --out "$OUT/run" --distill-dir "$OUT/distill" "${prompt_args[@]}"
       --answers-dir "$(realpath -m "$ANSWERS")"
       --num-prompts 1000000 --both-answers --max-prompt-tokens 384 --max-new-tokens 256 --val-fraction 0.01
-      --shard-size 256 --top-k 10 --seed 0 --gen-batch-size "$BATCH" --dtype bfloat16 --device cpu --threads "$THREADS"
+      --shard-size 256 --top-k 10 --seed 0 --gen-batch-size "$BATCH" --dtype "$DTYPE" --device cpu --threads "$THREADS"
       --no-progress)
 echo "$(date -u +%FT%TZ) start: code $code, $PYTHON -m entmtp.cli ${args[*]}" >> "$OUT/gen.log"
 PYTHONPATH="$code/src" setsid nohup nice -n 19 "$PYTHON" -m entmtp.cli "${args[@]}" >> "$OUT/gen.log" 2>&1 < /dev/null &
