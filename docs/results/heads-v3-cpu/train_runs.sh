@@ -7,8 +7,10 @@
 # Usage: docs/results/heads-v3-cpu/train_runs.sh [hydra|hydra-pp|medusa|eval-KIND ...]   (default: all three)
 #   settings by environment: D (the job's directory, /work/heads-v3), DISTILL (the data: directories, comma-
 #   separated; default $D/distill, the instruction prompts' data, and $D/gsm8k/distill when it exists), PYTHON,
-#   EPOCHS (2), STEPS (optimiser steps: overrides EPOCHS), V (draft vocabulary size, 8192), RESUME (set: --resume), THREADS (2), LR (3e-4), TAG (a suffix
-#   for the run's name)
+#   EPOCHS (2), STEPS (optimiser steps: overrides EPOCHS), V (draft vocabulary size, 8192), RESUME (set: --resume),
+#   THREADS (2), LR (3e-4), PRECISION (bfloat16; float32 on a CPU without native bf16), TAG (a suffix
+#   for the run's name), GROW (train-heads arguments that grow the shipped heads: e.g. "--num-layers 2" or
+#   "--own-lm-head"; see "Capacity" in the README)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 D=${D:-/work/heads-v3}
@@ -20,18 +22,35 @@ if [ -z "${DISTILL:-}" ]; then
     DISTILL=$D/distill
     if [ -f "$D/gsm8k/distill/manifest.json" ]; then DISTILL=$DISTILL,$D/gsm8k/distill; fi
 fi
-# optimiser steps for EPOCHS passes over the training split's response positions: a step of windows of 128
-# takes ~636 of them (8 x 128, ends of answers shorter); a Hydra++ step takes 8 whole sequences' (it reads every
-# earlier position), 8 x the mean per sequence. STEPS: a fixed number instead (part of a pass).
-read -r positions sequences < <("$PYTHON" -c "import json,sys; ms=[json.load(open(d+'/manifest.json')) for d in sys.argv[1].split(',')]; \
-tr=[s for m in ms for s in m['shards'] if s['split']=='train']; print(sum(s['anchors'] for s in tr), sum(s['sequences'] for s in tr))" "$DISTILL")
-common=(--stages train --distill-dir "$DISTILL" --precision bfloat16 --vocab draft
-        --batch-size 8 --window 128 --lr "${LR:-3e-4}" --checkpoint-every 200 --eval-every 200 --draft-vocab "$V"
+# optimiser steps for EPOCHS passes over the training split's response positions, counted from the shards as
+# the trainer's window sampler (make_windows) cuts them: a Hydra or Medusa step takes 8 windows of up to $WINDOW
+# anchors (a sequence's last window shorter), a Hydra++ step 8 whole sequences (it reads every earlier
+# position). STEPS: a fixed number instead (part of a pass).
+WINDOW=128
+read -r positions window_step sequence_step < <("$PYTHON" - "$DISTILL" "$WINDOW" <<'PY'
+import json, math, sys
+from pathlib import Path
+from safetensors import safe_open
+anchors = windows = sequences = 0
+for d in sys.argv[1].split(","):
+    for shard in json.loads((Path(d) / "manifest.json").read_text())["shards"]:
+        if shard["split"] != "train":
+            continue
+        with safe_open(str(Path(d) / shard["file"]), "pt") as f:
+            offsets, prompt_lens = f.get_tensor("offsets").tolist(), f.get_tensor("prompt_lens").tolist()
+        for s, p in enumerate(prompt_lens):
+            n = max(0, offsets[s + 1] - offsets[s] - 1 - max(0, p - 1))  # anchors, as make_windows counts them
+            anchors, windows, sequences = anchors + n, windows + math.ceil(n / int(sys.argv[2])), sequences + (n > 0)
+print(anchors, round(8 * anchors / windows), round(8 * anchors / sequences))
+PY
+)
+common=(--stages train --distill-dir "$DISTILL" --precision "${PRECISION:-bfloat16}" --vocab draft
+        --batch-size 8 --window "$WINDOW" --lr "${LR:-3e-4}" --checkpoint-every 200 --eval-every 200 --draft-vocab "$V"
         --max-draft-vocab "$V" --num-heads 4 --save-dtype bfloat16 --threads "${THREADS:-2}" --no-progress
         ${RESUME:+--resume})
 run() {  # name, response positions a step, then train-heads' own arguments
     local name=$1${TAG:-} steps=${STEPS:-$(( positions * EPOCHS / $2 ))}; shift 2
-    echo "$(date -u +%FT%TZ) $name: $positions training positions ($DISTILL), $steps steps" | tee -a "$D/runs.log"
+    echo "$(date -u +%FT%TZ) $name: $positions training positions ($DISTILL), $steps steps of ~$2 ${GROW:-}" | tee -a "$D/runs.log"
     PYTHONPATH=src nice -n 5 "$PYTHON" -m entmtp.cli train-heads "$@" --steps "$steps" --out "$D/runs/$name" \
         "${common[@]}" >> "$D/runs/$name.log" 2>&1
     mkdir -p "$here/runs/$name"
@@ -46,9 +65,9 @@ mkdir -p "$D/runs"
 for what in "${@:-hydra medusa hydra-pp}"; do
     for w in $what; do
         case $w in
-            hydra) run hydra 636 --kind hydra --init hydra ;;
-            hydra-pp) run hydra-pp $(( 8 * positions / sequences )) --kind hydra --head-arch prefix-mlp --init hydra ;;
-            medusa) run medusa 636 --kind medusa --init medusa ;;
+            hydra) run hydra "$window_step" --kind hydra --init hydra ${GROW:-} ;;
+            hydra-pp) run hydra-pp "$sequence_step" --kind hydra --head-arch prefix-mlp --init hydra ${GROW:-} ;;
+            medusa) run medusa "$window_step" --kind medusa --init medusa ${GROW:-} ;;
             eval-*) evaluate "${w#eval-}" ;;
             *) echo "unknown run $w: use hydra, hydra-pp, medusa or eval-NAME" >&2; exit 2 ;;
         esac
