@@ -34,10 +34,11 @@ BATCH=${BATCH:-32}  # rows of the continuous batch; not part of the data's ident
 # torch threads: 1 while other work shares the cores (2 threads on a busy 2-core machine wait at every op's
 # barrier: ~10x slower a step, measured under load), 2 on a quiet machine. Not part of the data's identity.
 THREADS=${THREADS:-2}
-# the base model's dtype for generation and the teacher-forced pass: bfloat16 where the CPU has bf16 matrix
-# units (avx512_bf16, amx), float32 on one without (an AVX2-only CPU emulates bf16, several times slower). The
-# features are stored in bfloat16 either way. Not part of the data's identity.
-DTYPE=${DTYPE:-bfloat16}
+# the base model's dtype for generation and the teacher-forced pass: by default bfloat16 where the CPU has bf16
+# dot products (avx512_bf16, amx_bf16), float32 on one without (the AVX2-only EPYC emulates bf16: a 1-thread
+# [512, 576] x [576, 1536] bf16 matmul took ~25x float32's time there). The features are stored in bfloat16
+# either way. Not part of the data's identity.
+DTYPE=${DTYPE:-$(grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null && echo bfloat16 || echo float32)}
 
 if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
     echo "a generation is already running: pid $(cat "$PIDFILE") ($PIDFILE)" >&2

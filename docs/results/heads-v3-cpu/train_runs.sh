@@ -8,8 +8,8 @@
 #   settings by environment: D (the job's directory, /work/heads-v3), DISTILL (the data: directories, comma-
 #   separated; default $D/distill, the instruction prompts' data, and $D/gsm8k/distill when it exists), PYTHON,
 #   EPOCHS (2), STEPS (optimiser steps: overrides EPOCHS), V (draft vocabulary size, 8192), RESUME (set: --resume),
-#   THREADS (2), LR (3e-4), PRECISION (bfloat16; float32 on a CPU without native bf16), TAG (a suffix
-#   for the run's name), GROW (train-heads arguments that grow the shipped heads: e.g. "--num-layers 2" or
+#   THREADS (2), LR (3e-4), PRECISION (bfloat16 where the CPU has bf16 dot products, else float32), TAG (a
+#   suffix for the run's name), GROW (train-heads arguments that grow the shipped heads: e.g. "--num-layers 2" or
 #   "--own-lm-head"; see "Capacity" in the README)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -44,7 +44,8 @@ for d in sys.argv[1].split(","):
 print(anchors, round(8 * anchors / windows), round(8 * anchors / sequences))
 PY
 )
-common=(--stages train --distill-dir "$DISTILL" --precision "${PRECISION:-bfloat16}" --vocab draft
+PRECISION=${PRECISION:-$(grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null && echo bfloat16 || echo float32)}
+common=(--stages train --distill-dir "$DISTILL" --precision "$PRECISION" --vocab draft
         --batch-size 8 --window "$WINDOW" --lr "${LR:-3e-4}" --checkpoint-every 200 --eval-every 200 --draft-vocab "$V"
         --max-draft-vocab "$V" --num-heads 4 --save-dtype bfloat16 --threads "${THREADS:-2}" --no-progress
         ${RESUME:+--resume})
