@@ -14,7 +14,6 @@ import argparse
 import json
 from pathlib import Path
 
-METHODS = ("mc_sim_7b_63", "EntMTP*", "binary", "cost", "dynamic", "dynamic+lookup", "oracle")
 CURVES = (
     "calibration",
     "avx512 bf16",
@@ -51,9 +50,8 @@ def main() -> None:
     summary: dict = {"commands": commands, "rows": []}
     for rule, by_heads in replays.items():
         for curve in CURVES:
-            methods = [
-                m for m in METHODS if all(m in c[curve] for rows in by_heads.values() for c in rows.values())
-            ]
+            replayed = [c[curve] for rows in by_heads.values() for c in rows.values()]
+            methods = [m for m in replayed[0] if all(m in c for c in replayed)]  # in the replays' order
             print(f"\nT=0.7 {rule}, {curve} costs: speed-up over plain, mean of the tasks (tokens/step)\n")
             print("| heads | tasks | " + " | ".join(methods) + " |")
             print("|---|---|" + "---|" * len(methods))
