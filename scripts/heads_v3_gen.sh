@@ -35,9 +35,9 @@ BATCH=${BATCH:-32}  # rows of the continuous batch; not part of the data's ident
 # barrier: ~10x slower a step, measured under load), 2 on a quiet machine. Not part of the data's identity.
 THREADS=${THREADS:-2}
 # the base model's dtype for generation and the teacher-forced pass: by default bfloat16 where the CPU has bf16
-# dot products (avx512_bf16, amx_bf16), float32 on one without (the AVX2-only EPYC emulates bf16: a 1-thread
-# [512, 576] x [576, 1536] bf16 matmul took ~25x float32's time there). The features are stored in bfloat16
-# either way. Not part of the data's identity.
+# dot products (avx512_bf16, amx_bf16), float32 on one without (on the AVX2-only EPYC the teacher-forced pass ran
+# at 33 tokens/s in bf16 and 213 in float32, 2 threads: docs/results/heads-v3-cpu/dtype-speed-avx2.txt). The
+# features are stored in bfloat16 either way. Not part of the data's identity.
 DTYPE=${DTYPE:-$(grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null && echo bfloat16 || echo float32)}
 
 if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then

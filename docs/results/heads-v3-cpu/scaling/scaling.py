@@ -73,14 +73,21 @@ def eval_means(dirs: tuple[str, ...]) -> dict:
         out[side] = {
             "chain_tokens": sum(chain_tokens(r["chain"]) for r in rows) / 4,
             "top1_head1": sum(r["top1"][0] for r in rows) / 4,
-            **{tree: sum(r["speculative"][tree]["tokens_per_step"] for r in rows) / 4 for tree in ("tree_8", "mc_sim_7b_63")},
+            **{
+                tree: sum(r["speculative"][tree]["tokens_per_step"] for r in rows) / 4
+                for tree in ("tree_8", "mc_sim_7b_63")
+            },
         }
     out["prompts"] = sorted({t["prompts"] for t in tasks.values()})
     return out
 
 
 def run_curve(name: str) -> tuple[list[int], list[float]]:
-    rows = [json.loads(line) for line in (HERE / "runs" / name / "train_log.jsonl").read_text().splitlines() if line]
+    rows = [
+        json.loads(line)
+        for line in (HERE / "runs" / name / "train_log.jsonl").read_text().splitlines()
+        if line
+    ]
     val = [r for r in rows if "val_top1" in r]
     return [r["positions"] for r in val], [r["val_top1"][0] for r in val]
 
@@ -113,7 +120,9 @@ def main() -> None:
     for kind, goal in GOALS.items():
         evaluated = [r for r in runs.values() if r["kind"] == kind and "eval" in r]
         d_tree = sum(r["eval"]["new"]["tree_8"] - r["eval"]["shipped"]["tree_8"] for r in evaluated)
-        d_chain = sum(r["eval"]["new"]["chain_tokens"] - r["eval"]["shipped"]["chain_tokens"] for r in evaluated)
+        d_chain = sum(
+            r["eval"]["new"]["chain_tokens"] - r["eval"]["shipped"]["chain_tokens"] for r in evaluated
+        )
         tree_per_top1 = d_tree / sum(r["gain"] for r in evaluated)  # pooled over the runs
         shipped_tree = sum(r["eval"]["shipped"]["tree_8"] for r in evaluated) / len(evaluated)
         need_top1 = (goal - shipped_tree) / tree_per_top1
@@ -133,25 +142,33 @@ def main() -> None:
             "positions_needed": SHIPPED_POSITIONS * 2**doublings,
         }
 
-    print("| run | kind | unique positions | seen | val top-1 head 1 (shipped -> new) | gain / doubling |"
-          " chain (new vs shipped) | tree_8 (new vs shipped) |")
+    print(
+        "| run | kind | unique positions | seen | val top-1 head 1 (shipped -> new) | gain / doubling |"
+        " chain (new vs shipped) | tree_8 (new vs shipped) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, r in runs.items():
         e = r.get("eval")
         chain = f"{e['new']['chain_tokens']:.3f} vs {e['shipped']['chain_tokens']:.3f}" if e else ""
         tree = f"{e['new']['tree_8']:.2f} vs {e['shipped']['tree_8']:.2f}" if e else ""
-        print(f"| {name} | {r['kind']} | {r['unique_positions'] / 1e6:.2f}M | {r['positions_seen'] / 1e6:.2f}M |"
-              f" {r['val_top1_head1'][0]:.3f} -> {r['val_top1_head1'][1]:.3f} | {r['gain_per_doubling']:+.4f} |"
-              f" {chain} | {tree} |")
+        print(
+            f"| {name} | {r['kind']} | {r['unique_positions'] / 1e6:.2f}M | {r['positions_seen'] / 1e6:.2f}M |"
+            f" {r['val_top1_head1'][0]:.3f} -> {r['val_top1_head1'][1]:.3f} | {r['gain_per_doubling']:+.4f} |"
+            f" {chain} | {tree} |"
+        )
     print()
-    print("| heads | goal tree_8 | shipped | best | tree_8 per chain token | tree_8 per point of val top-1 |"
-          " val top-1 gain needed (best so far) | best gain per doubling | doublings | positions |")
+    print(
+        "| heads | goal tree_8 | shipped | best | tree_8 per chain token | tree_8 per point of val top-1 |"
+        " val top-1 gain needed (best so far) | best gain per doubling | doublings | positions |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for kind, k in kinds.items():
-        print(f"| {kind} | {k['goal_tree_8']} | {k['shipped_tree_8']:.2f} | {k['best_tree_8']:.2f} |"
-              f" {k['tree_8_per_chain_token']:.2f} | {k['tree_8_per_top1'] / 100:.3f} |"
-              f" {k['need_top1_gain']:+.3f} ({k['best_top1_gain']:+.3f}) | {k['best_gain_per_doubling']:+.4f} |"
-              f" {k['doublings_needed']:.1f} | {k['positions_needed'] / 1e6:,.0f}M |")
+        print(
+            f"| {kind} | {k['goal_tree_8']} | {k['shipped_tree_8']:.2f} | {k['best_tree_8']:.2f} |"
+            f" {k['tree_8_per_chain_token']:.2f} | {k['tree_8_per_top1'] / 100:.3f} |"
+            f" {k['need_top1_gain']:+.3f} ({k['best_top1_gain']:+.3f}) | {k['best_gain_per_doubling']:+.4f} |"
+            f" {k['doublings_needed']:.1f} | {k['positions_needed'] / 1e6:,.0f}M |"
+        )
 
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "scaling.json").write_text(json.dumps({"runs": runs, "goals": kinds}, indent=2) + "\n")
@@ -160,20 +177,35 @@ def main() -> None:
         own = {n: r for n, r in runs.items() if r["kind"] == kind}
         xs = [(SHIPPED_POSITIONS + r["distinct_positions_seen"]) / 1e6 for r in own.values()]
         ax.plot([SHIPPED_POSITIONS / 1e6], [0], "ko")
-        ax.annotate("shipped", (SHIPPED_POSITIONS / 1e6, 0), textcoords="offset points", xytext=(4, -10), fontsize=8)
+        ax.annotate(
+            "shipped", (SHIPPED_POSITIONS / 1e6, 0), textcoords="offset points", xytext=(4, -10), fontsize=8
+        )
         for x, (name, r) in zip(xs, own.items(), strict=True):
             ax.plot([x], [r["gain"]], "o")
-            ax.annotate(name, (x, r["gain"]), textcoords="offset points", xytext=(5, 4 if "-pp" not in name else -11), fontsize=8)
+            ax.annotate(
+                name,
+                (x, r["gain"]),
+                textcoords="offset points",
+                xytext=(5, 4 if "-pp" not in name else -11),
+                fontsize=8,
+            )
         far = k["positions_needed"] / 1e6
         ax.plot([SHIPPED_POSITIONS / 1e6, far], [0, k["need_top1_gain"]], "--", color="grey", lw=1)
         ax.axhline(k["need_top1_gain"], color="tab:red", lw=1)
-        ax.text(SHIPPED_POSITIONS / 1e6, k["need_top1_gain"] + 0.003, f"needed for tree_8 {k['goal_tree_8']}",
-                fontsize=8, color="tab:red")
+        ax.text(
+            SHIPPED_POSITIONS / 1e6,
+            k["need_top1_gain"] + 0.003,
+            f"needed for tree_8 {k['goal_tree_8']}",
+            fontsize=8,
+            color="tab:red",
+        )
         ax.set_xscale("log", base=2)
         ax.set_xlabel("training positions, shipped + distinct seen (millions, log2)")
         ax.set_title(f"{kind}: best rate {k['best_gain_per_doubling']:+.4f} a doubling (dashed)", fontsize=10)
     axes[0].set_ylabel("validation top-1 gain, head 1")
-    fig.suptitle("Heads v3 (issue 42): head-1 top-1 against data, and what the tree_8 goals need", fontsize=11)
+    fig.suptitle(
+        "Heads v3 (issue 42): head-1 top-1 against data, and what the tree_8 goals need", fontsize=11
+    )
     fig.tight_layout()
     fig.savefig(args.out / "scaling.png", dpi=120)
     print(f"\nwrote {args.out / 'scaling.json'} and {args.out / 'scaling.png'}")
