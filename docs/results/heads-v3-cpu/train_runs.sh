@@ -22,26 +22,30 @@ if [ -z "${DISTILL:-}" ]; then
     DISTILL=$D/distill
     if [ -f "$D/gsm8k/distill/manifest.json" ]; then DISTILL=$DISTILL,$D/gsm8k/distill; fi
 fi
-# optimiser steps for EPOCHS passes over the training split's response positions, counted from the shards as
-# the trainer's window sampler (make_windows) cuts them: a Hydra or Medusa step takes 8 windows of up to $WINDOW
-# anchors (a sequence's last window shorter), a Hydra++ step 8 whole sequences (it reads every earlier
-# position). STEPS: a fixed number instead (part of a pass).
+# optimiser steps for EPOCHS passes over the training split's response positions, counted by the trainer's own
+# window sampler (make_windows) over the shards' sequence offsets and prompt lengths: a Hydra or Medusa step
+# takes 8 windows of up to $WINDOW anchors (a sequence's last window shorter), a Hydra++ step 8 whole sequences
+# (it reads every earlier position). STEPS: a fixed number instead (part of a pass).
 WINDOW=128
-read -r positions window_step sequence_step < <("$PYTHON" - "$DISTILL" "$WINDOW" <<'PY'
-import json, math, sys
+read -r positions window_step sequence_step < <(PYTHONPATH=src "$PYTHON" - "$DISTILL" "$WINDOW" <<'PY'
+import json, sys
 from pathlib import Path
+from types import SimpleNamespace
+import torch
 from safetensors import safe_open
-anchors = windows = sequences = 0
+from entmtp.train.trainer import make_windows
+offsets, prompt_lens = [torch.zeros(1, dtype=torch.long)], []  # only what make_windows reads, no features
 for d in sys.argv[1].split(","):
     for shard in json.loads((Path(d) / "manifest.json").read_text())["shards"]:
-        if shard["split"] != "train":
-            continue
-        with safe_open(str(Path(d) / shard["file"]), "pt") as f:
-            offsets, prompt_lens = f.get_tensor("offsets").tolist(), f.get_tensor("prompt_lens").tolist()
-        for s, p in enumerate(prompt_lens):
-            n = max(0, offsets[s + 1] - offsets[s] - 1 - max(0, p - 1))  # anchors, as make_windows counts them
-            anchors, windows, sequences = anchors + n, windows + math.ceil(n / int(sys.argv[2])), sequences + (n > 0)
-print(anchors, round(8 * anchors / windows), round(8 * anchors / sequences))
+        if shard["split"] == "train":
+            with safe_open(str(Path(d) / shard["file"]), "pt") as f:
+                offsets.append(f.get_tensor("offsets")[1:] + offsets[-1][-1])
+                prompt_lens.append(f.get_tensor("prompt_lens").long())
+offsets, prompt_lens = torch.cat(offsets), torch.cat(prompt_lens)
+split = SimpleNamespace(num_sequences=len(prompt_lens), offsets=offsets, prompt_lens=prompt_lens)
+windows, whole = make_windows(split, int(sys.argv[2]), 4), make_windows(split, int(sys.argv[2]), 4, whole_sequences=True)
+anchors = int((windows.hi - windows.lo).sum())
+print(anchors, round(8 * anchors / len(windows.start)), round(8 * anchors / len(whole.start)))
 PY
 )
 PRECISION=${PRECISION:-$(grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null && echo bfloat16 || echo float32)}
