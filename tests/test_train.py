@@ -27,7 +27,9 @@ from entmtp.train import (
     load_training_prompts,
     train,
 )
+from entmtp.train import pipeline as pipeline_mod
 from entmtp.train import shards as shards_mod
+from entmtp.train import trainer as trainer_mod
 from entmtp.train.answers import IDENTITY as ANSWER_IDENTITY
 from entmtp.train.answers import AnswerStore
 from entmtp.train.command import add_train_arguments, train_settings_from_args
@@ -39,7 +41,7 @@ from entmtp.train.evaluate import (
     teacher_forced_accuracy,
 )
 from entmtp.train.pipeline import cap_vocab, train_heads
-from entmtp.train.trainer import LOG, batch_windows, distill_loss, make_windows
+from entmtp.train.trainer import LOG, auto_precision, batch_windows, distill_loss, make_windows
 
 CHATML = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
@@ -557,6 +559,55 @@ def test_bfloat16_training_runs_the_heads_in_bf16_and_resumes_a_float32_run(base
     assert resumed.step == 4 and not resumed.stopped_early
     with pytest.raises(DataError, match="precision 'fp8' is unknown"):
         TrainSettings(precision="fp8")
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "emulated-bf16"])
+def test_auto_precision_is_bf16_only_where_the_hardware_multiplies_it(
+    base, distill, tmp_path, monkeypatch, native
+):
+    """auto: bfloat16 on CUDA and on a CPU with native bf16 (avx512_bf16, AMX); float32 on a CPU that would
+    emulate it (a teacher-forced pass 6.5x slower on the AVX2-only EPYC). The run's first log line says what it
+    chose and how many distinct positions a pass over its training split trains on."""
+    monkeypatch.setattr(trainer_mod, "native_bf16", lambda flags=None: native)
+    want = "bfloat16" if native else "float32"
+    assert auto_precision("cpu") == want and auto_precision("cuda") == "bfloat16"
+    model, _ = base
+    heads, seen = medusa(model), set()
+    linear = next(m for m in heads.heads[0].blocks.modules() if isinstance(m, torch.nn.Linear))
+    linear.register_forward_hook(lambda m, i, o: seen.add(o.dtype))
+    s = replace(FAST, steps=2, precision="auto", eval_every=0, checkpoint_every=0)
+    train(model, heads, distill, tmp_path, settings=s, progress=False)
+    assert seen == {getattr(torch, want)}
+    first = json.loads((tmp_path / LOG).read_text().splitlines()[0])
+    split = load_split(shards_mod.DistillData.read(distill), "train")
+    answers = int(
+        (split.offsets.diff() - split.prompt_lens).sum()
+    )  # each answer token's position has a target
+    assert (first["step"], first["precision"], first["train_positions"]) == (0, want, answers)
+
+
+def test_train_heads_loads_the_base_model_in_float32_on_a_cpu_without_native_bf16(tmp_path, monkeypatch):
+    """train-heads' base model (batched generation, teacher-forced passes) takes `auto_precision`'s dtype by
+    default; a dtype named on the command line is kept."""
+    asked = []
+
+    def load_model(model, dtype, device):
+        asked.append(dtype)
+        raise KeyboardInterrupt  # stop before anything is generated
+
+    monkeypatch.setattr(pipeline_mod, "load_model", load_model)
+    monkeypatch.setattr(trainer_mod, "native_bf16", lambda flags=None: False)
+    pf = tmp_path / "prompts.jsonl"
+    pf.write_text(json.dumps({"instruction": PROMPTS[0]}) + "\n")
+    for dtype in ("auto", "bfloat16"):
+        with pytest.raises(KeyboardInterrupt):
+            train_heads(
+                "medusa", tmp_path / dtype, stages="gen", prompts_file=pf, dtype=dtype, progress=False
+            )
+    assert asked == ["float32", "bfloat16"]
+    p = argparse.ArgumentParser()
+    add_train_arguments(p)
+    assert p.parse_args(["--kind", "hydra", "--out", "o"]).dtype == "auto"
 
 
 def test_saved_heads_give_identical_logits(base, distill, tmp_path):

@@ -60,7 +60,7 @@ from .engine import Engine
 from .errors import EntMTPError
 from .files import write_text_atomic
 from .lookup import Lookup, add_lookup_arguments, lookup_from_args
-from .machine import cpu_info, digest
+from .machine import cpu_info, digest, native_bf16
 from .model import DTYPES, is_embedded, is_gguf
 from .policy import TreePolicy, static
 from .routing import Lane, Router
@@ -666,12 +666,8 @@ def _single_backend_reason(spec: EngineSpec) -> str:
     return "llama.cpp needs a GGUF model" if spec.model else "nothing measured (--no-probe)"
 
 
-def _native_bf16() -> bool:
-    return bool({"avx512_bf16", "amx_bf16"} & set(cpu_info()["flags"]))
-
-
 def _heads_dtype_reason() -> str:
-    return "native bf16 on this CPU" if _native_bf16() else "no native bf16 on this CPU"
+    return "native bf16 on this CPU" if native_bf16() else "no native bf16 on this CPU"
 
 
 def _candidates(spec: EngineSpec, probe: bool) -> list[str]:
@@ -680,9 +676,7 @@ def _candidates(spec: EngineSpec, probe: bool) -> list[str]:
     backends = _backends(spec) if probe or spec.backend != "auto" else ["transformers"]
     for backend in backends:
         if backend == "llama-cpp":
-            heads_dtype = (
-                spec.dtype if spec.dtype != "auto" else ("bfloat16" if _native_bf16() else "float32")
-            )
+            heads_dtype = spec.dtype if spec.dtype != "auto" else ("bfloat16" if native_bf16() else "float32")
             out.append(f"llama-cpp/{heads_dtype}")
         else:
             out += [f"transformers/{d}" for d in _dtype_candidates(spec, probe)]

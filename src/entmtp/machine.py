@@ -46,6 +46,13 @@ def cpu_info() -> dict:
     }
 
 
+def native_bf16(flags=None) -> bool:
+    """Whether the CPU multiplies bf16 in hardware (avx512_bf16 dot products, AMX tiles). Elsewhere torch emulates
+    bf16 matmuls: a batched teacher-forced pass ran 6.5x slower in bf16 than in float32 on the AVX2-only EPYC
+    (docs/results/heads-v3-cpu/dtype-speed-avx2.txt). `flags`: CPU_FLAGS to judge instead of this CPU's."""
+    return bool({"avx512_bf16", "amx_bf16"} & set(cpu_info()["flags"] if flags is None else flags))
+
+
 LIBRARIES = ("entmtp", "torch", "transformers", "llama-cpp-python")  # what runs the model, versioned
 
 

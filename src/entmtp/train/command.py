@@ -18,7 +18,7 @@ import torch
 
 from ..engine_args import add_model_arguments
 from ..heads import load_heads
-from ..model import load_model
+from ..model import DTYPES, load_model
 from ..prompts import TASKS
 from ..settings import add_arguments, from_args
 from ..shipped import HEAD_KINDS, heads_path, shipped_heads_dir
@@ -28,6 +28,14 @@ from .shards import GenSettings
 from .trainer import LOG, TrainSettings
 
 # ---- arguments ---------------------------------------------------------------------------------------
+
+# train-heads' base model: batched generation and teacher-forced passes, where emulated bf16 is slow
+TRAIN_DTYPE = dict(
+    default="auto",
+    choices=["auto", *DTYPES],
+    help="base model dtype for generation and the teacher-forced pass: auto (default) = bfloat16 on CUDA and "
+    "on a CPU with native bf16 (avx512_bf16, AMX), float32 on other CPUs",
+)
 
 
 def register(sub) -> None:
@@ -47,18 +55,19 @@ def register(sub) -> None:
     ev.set_defaults(func=run_eval)
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
+def _model_args(p: argparse.ArgumentParser, **changes) -> None:
     add_model_arguments(
         p,
         ("model", "dtype", "device", "threads"),
         model=dict(help="Hugging Face model id or local path (default: embedded SmolLM2)"),
+        **changes,
     )
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", required=True, choices=list(HEAD_KINDS))
     p.add_argument("--out", required=True, help="output directory: heads, checkpoints, log, eval report")
-    _model_args(p)
+    _model_args(p, dtype=TRAIN_DTYPE)
     p.add_argument("--stages", default="gen,train,eval", help="comma list of gen, train, eval (default: all)")
     _prompt_arguments(p)
     add_arguments(p, GenSettings)

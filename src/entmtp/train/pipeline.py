@@ -46,7 +46,7 @@ from .shards import (
     model_name,
     token_counts,
 )
-from .trainer import LOG, TrainSettings, check_output_dir, train
+from .trainer import LOG, TrainSettings, auto_precision, check_output_dir, train
 
 STAGES = ("gen", "train", "eval")
 
@@ -162,7 +162,7 @@ def train_heads(
     eval_settings: EvalSettings | None = None,
     gen_batch_size: int | None = None,  # None: 32 on CPU (~150 tok/s here), 128 on CUDA
     device: str = "cpu",
-    dtype: str = "bfloat16",  # the frozen base model's dtype; the heads train in float32
+    dtype: str = "auto",  # the frozen base model's dtype (auto: `auto_precision`); the heads' weights are fp32
     resume: bool = False,
     overwrite: bool = False,
     progress: bool = True,
@@ -226,6 +226,7 @@ class _Base:
 
 def _load_base(model: str | None, base: tuple | None, dtype: str, device: str) -> _Base:
     if base is None:
+        dtype = auto_precision(device) if dtype == "auto" else dtype
         model_obj, tokenizer = load_model(model, dtype=dtype, device=device)
     else:
         model_obj, tokenizer = base

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from ..errors import DataError, HeadsError
 from ..files import write_text_atomic
 from ..heads import HEADS_FILES, Heads, HeadsConfig
+from ..machine import native_bf16
 from ..settings import setting
 from .shards import DistillData, SplitData, load_split
 
@@ -85,7 +86,8 @@ class TrainSettings:
     precision: str = setting(
         "auto",
         choices=PRECISIONS,
-        help="the heads' matmuls in training: auto (bfloat16 on CUDA, float32 on CPU), bfloat16, float32",
+        help="the heads' matmuls in training: auto (bfloat16 on CUDA and on a CPU with native bf16, "
+        "float32 on other CPUs), bfloat16, float32",
     )  # weights and optimiser stay fp32
 
     def __post_init__(self) -> None:
@@ -249,10 +251,16 @@ def _chunk_rows(settings: TrainSettings, vocab: int, device: torch.device) -> in
     return settings.chunk or max(64, budget // vocab)
 
 
+def auto_precision(device: str | torch.device) -> str:
+    """What `auto` means for training's matmuls (and train-heads' base model): bfloat16 where the hardware
+    multiplies it (CUDA, a CPU with avx512_bf16 or AMX), float32 on a CPU that would emulate it."""
+    return "bfloat16" if torch.device(device).type == "cuda" or native_bf16() else "float32"
+
+
 def _autocast(device: torch.device, precision: str = "auto"):
     """The heads' forward in bfloat16 (autocast: fp32 weights, optimiser and loss) or float32."""
     device = torch.device(device)
-    bf16 = precision == "bfloat16" or (precision == "auto" and device.type == "cuda")
+    bf16 = (auto_precision(device) if precision == "auto" else precision) == "bfloat16"
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
 
 
@@ -487,6 +495,8 @@ def train(
     shorter run, not an interrupted one).
     """
     out = Path(out_dir)
+    if settings.precision == "auto":  # decided once a run (not part of its identity: a resume may differ)
+        settings = dataclasses.replace(settings, precision=auto_precision(device))
     data = DistillData.read(distill_dir)
     check_data_fits(data, heads.config)
     heads.bind(model)
@@ -494,8 +504,20 @@ def train(
     splits = _load_splits(data, heads.config, settings)
     run = _TrainingRun(heads, splits, _signature(heads, data, settings), out, settings, torch.device(device))
     run.resume_or_start(resume=resume, overwrite=overwrite)
-    if run.step == 0 and splits.val is not None:  # the untrained heads: the learning curve's first point
-        run.log({"step": 0, "positions": 0, "loss": None, **run.validate()})
+    if (
+        run.step == 0
+    ):  # what the run trains on and in, and the untrained heads: the learning curve's first point
+        anchors = int((splits.windows.hi - splits.windows.lo).sum())  # distinct positions a pass trains on
+        start = {"train_positions": anchors, "precision": settings.precision}
+        run.log(
+            {
+                "step": 0,
+                "positions": 0,
+                "loss": None,
+                **start,
+                **(run.validate() if splits.val is not None else {}),
+            }
+        )
     return run.loop(progress=progress, stop_after=stop_after, time_limit=time_limit)
 
 
