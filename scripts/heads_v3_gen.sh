@@ -34,11 +34,11 @@ BATCH=${BATCH:-32}  # rows of the continuous batch; not part of the data's ident
 # torch threads: 1 while other work shares the cores (2 threads on a busy 2-core machine wait at every op's
 # barrier: ~10x slower a step, measured under load), 2 on a quiet machine. Not part of the data's identity.
 THREADS=${THREADS:-2}
-# the base model's dtype for generation and the teacher-forced pass: by default bfloat16 where the CPU has bf16
-# dot products (avx512_bf16, amx_bf16), float32 on one without (on the AVX2-only EPYC the teacher-forced pass ran
-# at 33 tokens/s in bf16 and 213 in float32, 2 threads: docs/results/heads-v3-cpu/dtype-speed-avx2.txt). The
-# features are stored in bfloat16 either way. Not part of the data's identity.
-DTYPE=${DTYPE:-$(grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null && echo bfloat16 || echo float32)}
+# the base model's dtype for generation and the teacher-forced pass: train-heads' default, auto, is bfloat16 where
+# the CPU has bf16 dot products (avx512_bf16, amx_bf16) and float32 on one without (on the AVX2-only EPYC the
+# teacher-forced pass ran at 33 tokens/s in bf16 and 213 in float32, 2 threads: dtype-speed-avx2.txt beside the
+# heads-v3 README). The features are stored in bfloat16 either way. Not part of the data's identity.
+DTYPE=${DTYPE:-auto}
 
 if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
     echo "a generation is already running: pid $(cat "$PIDFILE") ($PIDFILE)" >&2

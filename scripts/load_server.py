@@ -68,6 +68,7 @@ from urllib.parse import urlparse
 
 import openai
 
+from entmtp.machine import cpu_info
 from entmtp.prompts import FOUR_TASKS, load_prompts
 
 # the HTTP library the installed openai client is built on (httpx, or httpx2 in newer releases)
@@ -80,7 +81,6 @@ DEFAULT_CONFIGS = (  # issue #22: today's one-at-a-time server, plain batched de
 )
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 RESERVED = ("--host", "--port", "--max-queue")  # the script sets these on the servers it starts
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile")  # what decides CPU kernels (and bf16 speed)
 WARMUP_TOKENS = 8
 START_TIMEOUT_S = 600  # model load, the cost probes on a fresh machine (~45 s a replica), Ray's cluster start
 # `-v` prints the engine's plan: `entmtp serve` itself, each Ray replica in its log (Ray: "engine plan: ...")
@@ -505,21 +505,8 @@ def print_overhead(results: list[dict], width: int):
 
 def machine() -> dict:
     """The CPU (model, cores, the flags that decide its kernels), GPU if any, versions and the checkout."""
-    info = {
-        "host": platform.node(),
-        "cpu": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-    }
-    info["cpu_flags"] = []
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        cpuinfo = ""
-    first_cpu = cpuinfo.split("\n\n")[0].splitlines()
-    fields = dict(line.split(":", 1) for line in first_cpu if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    info["cpu"] = fields.get("model name", info["cpu"])
-    info["cpu_flags"] = [f for f in CPU_FLAGS if f in fields.get("flags", "").split()]
+    cpu = cpu_info()
+    info = {"host": platform.node(), "cpu": cpu["name"], "cpus": os.cpu_count(), "cpu_flags": cpu["flags"]}
     if shutil.which("nvidia-smi"):
         gpu = subprocess.run(
             ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True

@@ -8,7 +8,7 @@
 #   settings by environment: D (the job's directory, /work/heads-v3), DISTILL (the data: directories, comma-
 #   separated; default $D/distill, the instruction prompts' data, and $D/gsm8k/distill when it exists), PYTHON,
 #   EPOCHS (2), STEPS (optimiser steps: overrides EPOCHS), V (draft vocabulary size, 8192), RESUME (set: --resume),
-#   THREADS (2), LR (3e-4), PRECISION (bfloat16 where the CPU has bf16 dot products, else float32), TAG (a
+#   THREADS (2), LR (3e-4), PRECISION (auto: bfloat16 where the CPU has bf16 dot products, else float32), TAG (a
 #   suffix for the run's name), GROW (train-heads arguments that grow the shipped heads: e.g. "--num-layers 2" or
 #   "--own-lm-head"; see "Capacity" in the README)
 set -euo pipefail
@@ -48,7 +48,7 @@ anchors = int((windows.hi - windows.lo).sum())
 print(anchors, round(8 * anchors / len(windows.start)), round(8 * anchors / len(whole.start)))
 PY
 )
-PRECISION=${PRECISION:-$(grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null && echo bfloat16 || echo float32)}
+PRECISION=${PRECISION:-auto}  # train-heads' auto: bfloat16 where the CPU has bf16 dot products, else float32
 common=(--stages train --distill-dir "$DISTILL" --precision "$PRECISION" --vocab draft
         --batch-size 8 --window "$WINDOW" --lr "${LR:-3e-4}" --checkpoint-every 200 --eval-every 200 --draft-vocab "$V"
         --max-draft-vocab "$V" --num-heads 4 --save-dtype bfloat16 --threads "${THREADS:-2}" --no-progress
