@@ -276,6 +276,31 @@ def test_greedy_targets_match_tokens(base, distill):
         assert (argmax == tokens).float().mean() > 0.9  # batched vs teacher-forced: all but rare near-ties
 
 
+def test_the_teacher_forced_pass_batches_similar_lengths_and_keeps_the_order(base):
+    """base_targets pads little: a batch holds sequences of neighbouring lengths. Each sequence's rows come back
+    in the order given, as a pass over that sequence alone gives them."""
+    model, _ = base
+    lengths = [30, 5, 22, 6, 29, 7, 21, 4]
+    seqs = [[3 + (i * 7 + j) % 20 for j in range(n)] for i, n in enumerate(lengths)]
+    widths = []
+    hook = model.get_decoder().register_forward_pre_hook(
+        lambda m, a, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    rows = shards_mod.base_targets(model, seqs, top_k=3, batch_size=2)
+    hook.remove()
+    assert sorted(widths) == [
+        5,
+        7,
+        22,
+        30,
+    ]  # 4+5, 6+7, 21+22, 29+30: 4 padded positions, not 64 in given order
+    for s, r in zip(seqs, rows, strict=True):
+        alone = shards_mod.base_targets(model, [s], top_k=3)[0]
+        assert torch.equal(r["tokens"], torch.tensor(s[:-1], dtype=torch.int32))
+        assert torch.allclose(r["hidden"].float(), alone["hidden"].float(), atol=1e-4)
+        assert torch.allclose(r["topk_logp"].float(), alone["topk_logp"].float(), atol=1e-2)
+
+
 def test_generation_resumes_and_is_reused(base, distill, tmp_path, monkeypatch):
     model, tok = base
     d = tmp_path / "copy"

@@ -380,12 +380,15 @@ def base_targets(
     model, sequences: list[list[int]], *, top_k: int, hidden_state_offset: int = 0, batch_size: int = 8
 ) -> list[dict[str, torch.Tensor]]:
     """One teacher-forced forward per sequence batch (right padding): for positions 0..L-2 of each sequence,
-    the hidden state (on CPU, model dtype), the token, and the base top-k next-token ids and log-probs."""
+    the hidden state (on CPU, model dtype), the token, and the base top-k next-token ids and log-probs, in the
+    order of ``sequences``. Batches hold sequences of similar length (sorted), so little of a pass is padding."""
     dev = model.device
     decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
-    out = []
-    for b in range(0, len(sequences), batch_size):
-        batch = sequences[b : b + batch_size]
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    out: list[dict[str, torch.Tensor]] = [{} for _ in sequences]
+    for b in range(0, len(order), batch_size):
+        chosen = order[b : b + batch_size]
+        batch = [sequences[i] for i in chosen]
         width = max(len(s) for s in batch)
         ids = torch.zeros(len(batch), width, dtype=torch.long)  # [B, L] right padded
         mask = torch.zeros(len(batch), width, dtype=torch.long)
@@ -401,14 +404,12 @@ def base_targets(
             n = len(s) - 1  # positions whose next token exists
             logp = F.log_softmax(lm_head(last[row, :n]).float(), dim=-1)  # [n, V]
             top_logp, top_ids = logp.topk(top_k, dim=-1)  # [n, K]
-            out.append(
-                {
-                    "hidden": feats[row, :n].cpu(),
-                    "tokens": torch.tensor(s[:n], dtype=torch.int32),
-                    "topk_ids": top_ids.to(torch.int32).cpu(),
-                    "topk_logp": top_logp.to(torch.float16).cpu(),
-                }
-            )
+            out[chosen[row]] = {
+                "hidden": feats[row, :n].cpu(),
+                "tokens": torch.tensor(s[:n], dtype=torch.int32),
+                "topk_ids": top_ids.to(torch.int32).cpu(),
+                "topk_logp": top_logp.to(torch.float16).cpu(),
+            }
     return out
 
 
