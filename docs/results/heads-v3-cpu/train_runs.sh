@@ -9,7 +9,7 @@
 #   separated; default $D/distill, the instruction prompts' data, and $D/gsm8k/distill when it exists), PYTHON,
 #   EPOCHS (2), STEPS (optimiser steps: overrides EPOCHS), V (draft vocabulary size, 8192), RESUME (set: --resume),
 #   THREADS (2), LR (3e-4), PRECISION (auto: bfloat16 where the CPU has bf16 dot products, else float32), TAG (a
-#   suffix for the run's name), GROW (train-heads arguments that grow the shipped heads: e.g. "--num-layers 2" or
+#   suffix for the run's name), EVAL_EVERY (steps between validations, 200), GROW (train-heads arguments that grow the shipped heads: e.g. "--num-layers 2" or
 #   "--own-lm-head"; see "Capacity" in the README)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -50,7 +50,7 @@ PY
 )
 PRECISION=${PRECISION:-auto}  # train-heads' auto: bfloat16 where the CPU has bf16 dot products, else float32
 common=(--stages train --distill-dir "$DISTILL" --precision "$PRECISION" --vocab draft
-        --batch-size 8 --window "$WINDOW" --lr "${LR:-3e-4}" --checkpoint-every 200 --eval-every 200 --draft-vocab "$V"
+        --batch-size 8 --window "$WINDOW" --lr "${LR:-3e-4}" --checkpoint-every 200 --eval-every "${EVAL_EVERY:-200}" --draft-vocab "$V"
         --max-draft-vocab "$V" --num-heads 4 --save-dtype bfloat16 --threads "${THREADS:-2}" --no-progress
         ${RESUME:+--resume})
 run() {  # name, response positions a step, then train-heads' own arguments
