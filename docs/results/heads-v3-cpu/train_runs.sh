@@ -54,8 +54,9 @@ common=(--stages train --distill-dir "$DISTILL" --precision "$PRECISION" --vocab
         --max-draft-vocab "$V" --num-heads 4 --save-dtype bfloat16 --threads "${THREADS:-2}" --no-progress
         ${RESUME:+--resume})
 run() {  # name, response positions a step, then train-heads' own arguments
-    local name=$1${TAG:-} steps=${STEPS:-$(( positions * EPOCHS / $2 ))}; shift 2
-    echo "$(date -u +%FT%TZ) $name: $positions training positions ($DISTILL), $steps steps of ~$2 ${GROW:-}" | tee -a "$D/runs.log"
+    local name=$1${TAG:-} per_step=$2 steps=${STEPS:-$(( positions * EPOCHS / $2 ))}; shift 2
+    echo "$(date -u +%FT%TZ) $name: $positions training positions ($DISTILL), $steps steps of ~$per_step ${GROW:-}" \
+        | tee -a "$D/runs.log"
     PYTHONPATH=src nice -n 5 "$PYTHON" -m entmtp.cli train-heads "$@" --steps "$steps" --out "$D/runs/$name" \
         "${common[@]}" >> "$D/runs/$name.log" 2>&1
     mkdir -p "$here/runs/$name"
