@@ -15,8 +15,10 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from conftest import tiny_model
+from entmtp import machine as machine_mod
 from entmtp.errors import DataError, HeadsError
 from entmtp.heads import HeadsConfig, load_heads, random_heads, save_heads
+from entmtp.machine import auto_dtype
 from entmtp.train import (
     EvalSettings,
     GenSettings,
@@ -29,7 +31,6 @@ from entmtp.train import (
 )
 from entmtp.train import pipeline as pipeline_mod
 from entmtp.train import shards as shards_mod
-from entmtp.train import trainer as trainer_mod
 from entmtp.train.answers import IDENTITY as ANSWER_IDENTITY
 from entmtp.train.answers import AnswerStore
 from entmtp.train.command import add_train_arguments, train_settings_from_args
@@ -41,7 +42,7 @@ from entmtp.train.evaluate import (
     teacher_forced_accuracy,
 )
 from entmtp.train.pipeline import cap_vocab, train_heads
-from entmtp.train.trainer import LOG, auto_precision, batch_windows, distill_loss, make_windows
+from entmtp.train.trainer import LOG, batch_windows, distill_loss, make_windows
 
 CHATML = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
@@ -593,9 +594,9 @@ def test_auto_precision_is_bf16_only_where_the_hardware_multiplies_it(
     """auto: bfloat16 on CUDA and on a CPU with native bf16 (avx512_bf16, AMX); float32 on a CPU that would
     emulate it (a teacher-forced pass 6.5x slower on the AVX2-only EPYC). The run's first log line says what it
     chose and how many distinct positions a pass over its training split trains on."""
-    monkeypatch.setattr(trainer_mod, "native_bf16", lambda flags=None: native)
+    monkeypatch.setattr(machine_mod, "native_bf16", lambda flags=None: native)
     want = "bfloat16" if native else "float32"
-    assert auto_precision("cpu") == want and auto_precision("cuda") == "bfloat16"
+    assert auto_dtype("cpu") == want and auto_dtype("cuda") == "bfloat16"
     model, _ = base
     heads, seen = medusa(model), set()
     linear = next(m for m in heads.heads[0].blocks.modules() if isinstance(m, torch.nn.Linear))
@@ -612,7 +613,7 @@ def test_auto_precision_is_bf16_only_where_the_hardware_multiplies_it(
 
 
 def test_train_heads_loads_the_base_model_in_float32_on_a_cpu_without_native_bf16(tmp_path, monkeypatch):
-    """train-heads' base model (batched generation, teacher-forced passes) takes `auto_precision`'s dtype by
+    """train-heads' base model (batched generation, teacher-forced passes) takes `auto_dtype`'s dtype by
     default; a dtype named on the command line is kept."""
     asked = []
 
@@ -621,7 +622,7 @@ def test_train_heads_loads_the_base_model_in_float32_on_a_cpu_without_native_bf1
         raise KeyboardInterrupt  # stop before anything is generated
 
     monkeypatch.setattr(pipeline_mod, "load_model", load_model)
-    monkeypatch.setattr(trainer_mod, "native_bf16", lambda flags=None: False)
+    monkeypatch.setattr(machine_mod, "native_bf16", lambda flags=None: False)
     pf = tmp_path / "prompts.jsonl"
     pf.write_text(json.dumps({"instruction": PROMPTS[0]}) + "\n")
     for dtype in ("auto", "bfloat16"):

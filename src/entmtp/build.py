@@ -60,7 +60,7 @@ from .engine import Engine
 from .errors import EntMTPError
 from .files import write_text_atomic
 from .lookup import Lookup, add_lookup_arguments, lookup_from_args
-from .machine import cpu_info, digest, native_bf16
+from .machine import auto_dtype, cpu_info, digest, native_bf16
 from .model import DTYPES, is_embedded, is_gguf
 from .policy import TreePolicy, static
 from .routing import Lane, Router
@@ -676,7 +676,7 @@ def _candidates(spec: EngineSpec, probe: bool) -> list[str]:
     backends = _backends(spec) if probe or spec.backend != "auto" else ["transformers"]
     for backend in backends:
         if backend == "llama-cpp":
-            heads_dtype = spec.dtype if spec.dtype != "auto" else ("bfloat16" if native_bf16() else "float32")
+            heads_dtype = spec.dtype if spec.dtype != "auto" else auto_dtype("cpu")
             out.append(f"llama-cpp/{heads_dtype}")
         else:
             out += [f"transformers/{d}" for d in _dtype_candidates(spec, probe)]

@@ -53,6 +53,13 @@ def native_bf16(flags=None) -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & set(cpu_info()["flags"] if flags is None else flags))
 
 
+def auto_dtype(device: str | torch.device = "cpu") -> str:
+    """What `auto` means where a dtype is chosen by the hardware alone (train-heads' base model and heads'
+    matmuls, the heads beside llama.cpp): bfloat16 where it is multiplied natively (CUDA, a CPU with
+    avx512_bf16 or AMX), float32 on a CPU that would emulate it."""
+    return "bfloat16" if torch.device(device).type == "cuda" or native_bf16() else "float32"
+
+
 LIBRARIES = ("entmtp", "torch", "transformers", "llama-cpp-python")  # what runs the model, versioned
 
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from entmtp.machine import auto_dtype
 from entmtp.machine import record as machine_record
 from entmtp.model import load_model
 from entmtp.train.shards import base_targets
-from entmtp.train.trainer import auto_precision
 
 BATCH = 8  # the data job's teacher-forced batch (--gen-batch-size 32 // 4)
 
@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    dtype = auto_precision("cpu") if args.dtype == "auto" else args.dtype
+    dtype = auto_dtype("cpu") if args.dtype == "auto" else args.dtype
     seqs = shard_sequences(args.shard)
     lengths = [len(s) for s in seqs]
     timed = seqs[: args.sequences]

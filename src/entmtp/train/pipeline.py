@@ -30,6 +30,7 @@ from ..heads import (
     save_heads,
 )
 from ..heads.hydra import heads_class
+from ..machine import auto_dtype
 from ..model import DTYPES, EMBEDDED, load_model
 from ..prompts import FOUR_TASKS, TASKS
 from ..settings import csv, setting
@@ -46,7 +47,7 @@ from .shards import (
     model_name,
     token_counts,
 )
-from .trainer import LOG, TrainSettings, auto_precision, check_output_dir, train
+from .trainer import LOG, TrainSettings, check_output_dir, train
 
 STAGES = ("gen", "train", "eval")
 
@@ -162,7 +163,7 @@ def train_heads(
     eval_settings: EvalSettings | None = None,
     gen_batch_size: int | None = None,  # None: 32 on CPU (~150 tok/s here), 128 on CUDA
     device: str = "cpu",
-    dtype: str = "auto",  # the frozen base model's dtype (auto: `auto_precision`); the heads' weights are fp32
+    dtype: str = "auto",  # the frozen base model's dtype (auto: `machine.auto_dtype`); the heads' weights are fp32
     resume: bool = False,
     overwrite: bool = False,
     progress: bool = True,
@@ -226,7 +227,7 @@ class _Base:
 
 def _load_base(model: str | None, base: tuple | None, dtype: str, device: str) -> _Base:
     if base is None:
-        dtype = auto_precision(device) if dtype == "auto" else dtype
+        dtype = auto_dtype(device) if dtype == "auto" else dtype
         model_obj, tokenizer = load_model(model, dtype=dtype, device=device)
     else:
         model_obj, tokenizer = base

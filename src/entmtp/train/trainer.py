@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from ..errors import DataError, HeadsError
 from ..files import write_text_atomic
 from ..heads import HEADS_FILES, Heads, HeadsConfig
-from ..machine import native_bf16
+from ..machine import auto_dtype
 from ..settings import setting
 from .shards import DistillData, SplitData, load_split
 
@@ -251,16 +251,10 @@ def _chunk_rows(settings: TrainSettings, vocab: int, device: torch.device) -> in
     return settings.chunk or max(64, budget // vocab)
 
 
-def auto_precision(device: str | torch.device) -> str:
-    """What `auto` means for training's matmuls (and train-heads' base model): bfloat16 where the hardware
-    multiplies it (CUDA, a CPU with avx512_bf16 or AMX), float32 on a CPU that would emulate it."""
-    return "bfloat16" if torch.device(device).type == "cuda" or native_bf16() else "float32"
-
-
 def _autocast(device: torch.device, precision: str = "auto"):
     """The heads' forward in bfloat16 (autocast: fp32 weights, optimiser and loss) or float32."""
     device = torch.device(device)
-    bf16 = (auto_precision(device) if precision == "auto" else precision) == "bfloat16"
+    bf16 = (auto_dtype(device) if precision == "auto" else precision) == "bfloat16"
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
 
 
@@ -496,7 +490,7 @@ def train(
     """
     out = Path(out_dir)
     if settings.precision == "auto":  # decided once a run (not part of its identity: a resume may differ)
-        settings = dataclasses.replace(settings, precision=auto_precision(device))
+        settings = dataclasses.replace(settings, precision=auto_dtype(device))
     data = DistillData.read(distill_dir)
     check_data_fits(data, heads.config)
     heads.bind(model)
