@@ -43,6 +43,7 @@ from entmtp.train.evaluate import (
 )
 from entmtp.train.pipeline import cap_vocab, train_heads
 from entmtp.train.trainer import LOG, batch_windows, distill_loss, make_windows
+from entmtp.tree import Tree
 
 CHATML = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
@@ -500,15 +501,19 @@ def test_a_target_outside_the_logits_drops_out_of_the_loss():
     assert got[2] == 0 and torch.isfinite(got).all()
 
 
-def test_the_draft_vocabulary_loss_is_the_full_one_over_the_whole_vocabulary(base, distill, tmp_path):
+@pytest.mark.parametrize("projection", ["shared", "own"])
+def test_the_draft_vocabulary_loss_is_the_full_one_over_the_whole_vocabulary(
+    base, distill, tmp_path, projection
+):
     """vocab=draft scores the heads over their draft vocabulary only. With every token in it, it is the full
-    loss (the same weights after training); with a subset it trains, and its top-1 counts a target outside
-    the subset as a miss. Without a draft vocabulary it asks for one."""
+    loss (the same weights after training, whether the heads share the base output layer or train their
+    own); with a subset it trains, and its top-1 counts a target outside the subset as a miss. Without a
+    draft vocabulary it asks for one."""
     model, _ = base
     V = model.config.vocab_size
     every, trained = torch.arange(V), {}
     for vocab in ("full", "draft"):
-        heads = medusa(model)
+        heads = medusa(model, share_lm_head=projection == "shared")
         heads.set_draft_vocab(every)
         settings = replace(FAST, steps=4, vocab=vocab, checkpoint_every=0, eval_every=0)
         trained[vocab] = train(model, heads, distill, tmp_path / vocab, settings=settings, progress=False)
@@ -516,6 +521,8 @@ def test_the_draft_vocabulary_loss_is_the_full_one_over_the_whole_vocabulary(bas
     assert trained["full"].loss == pytest.approx(trained["draft"].loss, rel=1e-5)
     a, b = trained["full-weights"], trained["draft-weights"]
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    if projection == "own":
+        return  # the subset, resumed, for own projections: test_own_projections_train_only_their_draft_rows
     data = load_split(distill, "val")
     heads = medusa(model)
     heads.set_draft_vocab(data.tokens.unique()[: V // 3])  # a third of the tokens the data holds
@@ -533,6 +540,61 @@ def test_the_draft_vocabulary_loss_is_the_full_one_over_the_whole_vocabulary(bas
     assert all(0 <= x <= 1 for x in result.val_top1) and len(result.val_top1) == 3
     with pytest.raises(HeadsError, match="needs heads with one.*--vocab full"):
         train(model, medusa(model), distill, tmp_path / "none", settings=settings, progress=False)
+
+
+def test_own_projections_train_only_their_draft_rows(base, distill, tmp_path):
+    """Heads with vocab projections of their own, scored over a draft vocabulary, train only its rows: the
+    optimiser holds [Vd, H] rows, not [V, H] (on SmolLM2, 8,192 of 49,152 a head), the other rows keep their
+    values, the drafts read the trained rows, and a resumed run ends with the uninterrupted run's weights. A
+    checkpoint of a run that stepped the whole projection is refused with the difference named."""
+    model, _ = base
+    V, H = model.config.vocab_size, model.config.hidden_size
+    vocab = load_split(distill, "val").tokens.unique()[: V // 3]
+    settings = replace(FAST, steps=8, vocab="draft", checkpoint_every=4, eval_every=4)
+
+    def own_heads():
+        heads = medusa(model, share_lm_head=False)
+        heads.set_draft_vocab(vocab)
+        return heads
+
+    tree, hidden, root = Tree.from_paths([[0], [1], [0, 0], [0, 0, 0]]), torch.randn(4, H), torch.tensor([5])
+
+    def drafts(heads):
+        drafter = heads.eval().drafter()
+        drafter.extend(hidden)
+        return drafter.draft(tree, root)
+
+    heads = own_heads()
+    before, untrained = _weights(heads), drafts(heads)  # a draft before training slices the old rows
+    train(model, heads, distill, tmp_path / "whole", settings=settings, progress=False)
+    after = _weights(heads)
+    outside = torch.ones(V, dtype=torch.bool)
+    outside[vocab] = False
+    for k in range(3):
+        w0, w1 = before[f"heads.{k}.proj.weight"], after[f"heads.{k}.proj.weight"]
+        assert torch.equal(w1[outside], w0[outside]) and not torch.allclose(w1[vocab], w0[vocab])
+    ckpt = torch.load(tmp_path / "whole" / "checkpoints" / "step-00000008.pt", weights_only=True)
+    moments = [st["exp_avg"].shape for st in ckpt["optimizer"]["state"].values()]
+    assert moments.count((vocab.numel(), H)) == 3 and (V, H) not in moments
+    fresh = own_heads()
+    fresh.load_state_dict(after)
+    got, want = drafts(heads), drafts(fresh)  # the trained rows, not the rows sliced before training
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.logprobs, want.logprobs)
+    assert not torch.equal(got.logprobs, untrained.logprobs)
+
+    part = own_heads()
+    stopped = train(model, part, distill, tmp_path / "part", settings=settings, progress=False, stop_after=4)
+    resumed = own_heads()
+    train(model, resumed, distill, tmp_path / "part", settings=settings, progress=False, resume=True)
+    got = _weights(resumed)
+    assert stopped.stopped_early and all(torch.equal(after[k], got[k]) for k in after)
+
+    old = torch.load(tmp_path / "part" / "checkpoints" / "step-00000004.pt", weights_only=True)
+    del old["signature"]["trained_rows"]  # what a run that stepped all V rows recorded
+    old["step"] = 5
+    torch.save(old, tmp_path / "part" / "checkpoints" / "step-00000009.pt")
+    with pytest.raises(HeadsError, match="other settings \\(trained_rows differ\\)"):
+        train(model, own_heads(), distill, tmp_path / "part", settings=settings, progress=False, resume=True)
 
 
 def test_resume_matches_uninterrupted(base, distill, tmp_path):

@@ -350,6 +350,11 @@ class Heads(nn.Module):
         self.draft_vocab = ids
         self._draft_proj.clear()
 
+    def weights_changed(self) -> None:
+        """Forget the draft projections sliced from the weights: call it after writing weights in place (an
+        optimiser does), so that the next draft slices the new ones."""
+        self._draft_proj.clear()
+
     def _draft_logits(self, k: int, feats: torch.Tensor) -> torch.Tensor:
         """Head k's logits over the draft vocabulary (all of it when none is set): [..., H] -> [..., Vd]."""
         if self.draft_vocab is None:

@@ -13,7 +13,8 @@ Vocabulary (``vocab``). ``full``: the heads' softmax runs over the whole vocabul
 draft vocabulary they draft from (`Heads.set_draft_vocab`), which is all they are ever asked for: a target
 outside it is a draft they cannot make, so it drops out of the loss (and counts as a miss in top-1). With
 SmolLM2's 49,152 tokens and an 8k draft vocabulary, the projection, the softmax and their backward, which
-are nearly all of a step's work, shrink about sixfold.
+are nearly all of a step's work, shrink about sixfold. Heads with vocab projections of their own then train
+only those projections' draft rows (`DraftRows`): the rest get no gradient, and AdamW need not step them.
 
 Batches are windows of one sequence: ``window`` anchor positions (the positions that get a loss) plus the
 K positions after them, which Hydra's heads read as tokens and which hold the targets. Windows are visited
@@ -219,10 +220,11 @@ def distill_loss(
 
 class _Projection:
     """What a head's features are scored against: the whole vocabulary, or only the draft vocabulary (see the
-    module docstring), with the map from token ids to logit columns (-1: not a column)."""
+    module docstring), with the map from token ids to logit columns (-1: not a column). Heads with vocab
+    projections of their own are scored over the draft vocabulary through `DraftRows`' copy of those rows."""
 
-    def __init__(self, heads: Heads, vocab: str):
-        self.heads = heads
+    def __init__(self, heads: Heads, vocab: str, rows: DraftRows | None = None):
+        self.heads, self.rows = heads, rows
         self.width = heads.config.vocab_size  # the logits' columns
         self.columns: torch.Tensor | None = None  # [V] token id -> column, or None: the identity
         if vocab == "draft":
@@ -239,10 +241,47 @@ class _Projection:
     def logits(self, k: int, feats: torch.Tensor) -> torch.Tensor:  # [M, H] -> [M, V or Vd]
         if self.columns is None:
             return self.heads.project(k, feats)
+        if self.rows is not None:
+            return self.rows.logits(k, feats)
         return self.heads.project_draft(k, feats)
 
     def targets(self, ids: torch.Tensor) -> torch.Tensor:  # token ids [M, K] -> columns [M, K]
         return ids if self.columns is None else self.columns.to(ids.device)[ids]
+
+
+class DraftRows:
+    """The draft vocabulary's rows of each head's own vocab projection, as parameters of their own.
+
+    Scored over the draft vocabulary (``vocab="draft"``), a head's own projection [V, H] gets gradient only in
+    its draft rows, but AdamW would still step and decay all V rows: on SmolLM2, 49,152 rows for the 8,192 a
+    draft reads, most of a step's time. The run trains these [Vd, H] copies instead (the heads' projections
+    are not stepped meanwhile) and writes them back into the projections after every optimiser step, so what is
+    validated, checkpointed and saved is always the heads themselves; the other rows keep their values."""
+
+    def __init__(self, heads: Heads):
+        if heads.draft_vocab is None or heads.config.share_lm_head:
+            raise HeadsError("DraftRows needs heads with their own vocab projections and a draft vocabulary")
+        self.heads = heads
+        self.ids = heads.draft_vocab.to(heads.device)
+        self.replaced = {id(p) for head in heads.heads for p in head.proj.parameters()}  # not stepped
+        self.weights, self.biases = [], []
+        for head in heads.heads:
+            self.weights.append(torch.nn.Parameter(head.proj.weight.detach()[self.ids].clone()))  # [Vd, H]
+            bias = head.proj.bias
+            self.biases.append(None if bias is None else torch.nn.Parameter(bias.detach()[self.ids].clone()))
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [p for pair in zip(self.weights, self.biases, strict=True) for p in pair if p is not None]
+
+    def logits(self, k: int, feats: torch.Tensor) -> torch.Tensor:  # [M, H] -> [M, Vd]
+        return F.linear(feats, self.weights[k], self.biases[k])
+
+    @torch.no_grad()
+    def write_back(self) -> None:
+        for head, weight, bias in zip(self.heads.heads, self.weights, self.biases, strict=True):
+            head.proj.weight.index_copy_(0, self.ids, weight)
+            if bias is not None:
+                head.proj.bias.index_copy_(0, self.ids, bias)
 
 
 def _chunk_rows(settings: TrainSettings, vocab: int, device: torch.device) -> int:
@@ -275,13 +314,18 @@ def head_weights(num_heads: int, decay: float) -> list[float]:
 
 
 def train_step(
-    heads: Heads, data: SplitData, batch: Batch, settings: TrainSettings, device
+    heads: Heads,
+    data: SplitData,
+    batch: Batch,
+    settings: TrainSettings,
+    device,
+    rows: DraftRows | None = None,
 ) -> tuple[float, list[int], list[int]]:
-    """Forward + backward of one batch (gradients accumulate in the heads). Returns (loss, correct top-1 per
-    head, counted positions per head)."""
+    """Forward + backward of one batch (gradients accumulate in the heads, and in ``rows`` when the heads'
+    own projections train through them). Returns (loss, correct top-1 per head, counted positions per head)."""
     K = heads.config.num_heads
     weights = head_weights(K, settings.head_decay)
-    proj = _Projection(heads, settings.vocab)
+    proj = _Projection(heads, settings.vocab, rows)
     chunk = _chunk_rows(settings, proj.width, torch.device(device))
     j = torch.arange(batch.anchor.shape[1], device=device)
     with _autocast(device, settings.precision):
@@ -321,7 +365,7 @@ def evaluate_split(heads: Heads, data: SplitData, windows: Windows, settings: Tr
     """Teacher-forced top-1 accuracy (against the base argmax) and loss per head over the whole split."""
     K = heads.config.num_heads
     hits, counts, losses = [0] * K, [0] * K, [0.0] * K
-    proj = _Projection(heads, settings.vocab)
+    proj = _Projection(heads, settings.vocab)  # the heads' own weights (a run writes its draft rows back)
     chunk = _chunk_rows(settings, proj.width, torch.device(device))
     for b in range(0, len(windows), settings.batch_size):
         batch = _to(
@@ -412,7 +456,13 @@ def _signature(heads: Heads, data: DistillData, settings: TrainSettings) -> dict
         for k, v in asdict(settings).items()
         if k not in ("eval_every", "checkpoint_every", "log_every", "keep_checkpoints", "precision")
     }
-    return {"heads": asdict(heads.config), "data": data.prompts_sha, **keep}
+    rows = {"trained_rows": "draft"} if own_projection_rows(heads, settings) else {}  # the optimiser's shapes
+    return {"heads": asdict(heads.config), "data": data.prompts_sha, **keep, **rows}
+
+
+def own_projection_rows(heads: Heads, settings: TrainSettings) -> bool:
+    """Whether the heads' own vocab projections train through their draft rows (`DraftRows`)."""
+    return settings.vocab == "draft" and not heads.config.share_lm_head
 
 
 def _read_log(path: Path, up_to: int) -> list[str]:
@@ -545,15 +595,25 @@ class _TrainingRun:
         self.heads, self.splits, self.signature = heads, splits, signature
         self.out, self.log_path, self.settings, self.device = out, out / LOG, settings, device
         heads.to(device=device, dtype=torch.float32).train()
-        self.params = [p for p in heads.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=settings.lr, weight_decay=settings.weight_decay)
         warmup = max(1, int(settings.warmup * settings.steps)) if settings.warmup > 0 else 0
         self.schedule = WarmupCosine(
             settings.steps, warmup, settings.min_lr_ratio
         )  # a time limit shortens it
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
+        self._build_optimizer()
         self.step, self.positions = 0, 0
         self.val_top1: list[float] = []  # per head, from the last validation run
+
+    def _build_optimizer(self) -> None:
+        """AdamW and its lr schedule over what trains: the heads' parameters, except that own vocab projections
+        scored over the draft vocabulary train through their draft rows (`DraftRows`). Rebuilt when a resumed
+        run's draft vocabulary replaces the one the heads came with."""
+        s, heads = self.settings, self.heads
+        self.rows = DraftRows(heads) if own_projection_rows(heads, s) else None
+        self.params = [p for p in heads.parameters() if p.requires_grad]
+        if self.rows is not None:
+            self.params = [p for p in self.params if id(p) not in self.rows.replaced] + self.rows.parameters()
+        self.optimizer = torch.optim.AdamW(self.params, lr=s.lr, weight_decay=s.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
 
     # ---- start, checkpoints, log -------------------------------------------------------------------------
 
@@ -582,6 +642,7 @@ class _TrainingRun:
         self.heads.load_state_dict(state["heads"])
         if self.settings.vocab == "draft":  # the columns trained so far, whatever the data holds now
             self.heads.set_draft_vocab(state["draft_vocab"])
+            self._build_optimizer()
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         _set_rng_state(state["rng"])
@@ -613,10 +674,13 @@ class _TrainingRun:
         which = batch_windows(len(windows), s.seed, self.step, s.batch_size)
         batch = _to(make_batch(data, windows, which), self.device)
         self.optimizer.zero_grad(set_to_none=True)
-        loss, hits, counts = train_step(self.heads, data, batch, s, self.device)
+        loss, hits, counts = train_step(self.heads, data, batch, s, self.device, self.rows)
         if s.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.params, s.grad_clip)
         self.optimizer.step()
+        if self.rows is not None:
+            self.rows.write_back()
+        self.heads.weights_changed()  # written in place: drafts slice them afresh
         self.scheduler.step()
         self.step += 1
         self.positions += counts[0]
