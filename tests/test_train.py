@@ -544,8 +544,8 @@ def test_the_draft_vocabulary_loss_is_the_full_one_over_the_whole_vocabulary(
 
 def test_own_projections_train_only_their_draft_rows(base, distill, tmp_path):
     """Heads with vocab projections of their own, scored over a draft vocabulary, train only its rows: the
-    optimiser holds [Vd, H] rows, not [V, H] (on SmolLM2, 8,192 of 49,152 a head), the other rows keep their
-    values, the drafts read the trained rows, and a resumed run ends with the uninterrupted run's weights. A
+    optimiser holds [Vd, H] rows, not [V, H] (on SmolLM2, 8,192 of 49,152 a head), and the log says so; the
+    other rows keep their values, the drafts read the trained rows, and a resumed run ends with the uninterrupted run's weights. A
     checkpoint of a run that stepped the whole projection is refused with the difference named."""
     model, _ = base
     V, H = model.config.vocab_size, model.config.hidden_size
@@ -568,6 +568,10 @@ def test_own_projections_train_only_their_draft_rows(base, distill, tmp_path):
     before, untrained = _weights(heads), drafts(heads)  # a draft before training slices the old rows
     train(model, heads, distill, tmp_path / "whole", settings=settings, progress=False)
     after = _weights(heads)
+    first = json.loads((tmp_path / "whole" / LOG).read_text().splitlines()[0])
+    assert (
+        first["trained_parameters"] == sum(p.numel() for p in heads.parameters()) - 3 * (V - len(vocab)) * H
+    )
     outside = torch.ones(V, dtype=torch.bool)
     outside[vocab] = False
     for k in range(3):

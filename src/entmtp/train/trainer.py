@@ -552,7 +552,8 @@ def train(
         run.step == 0
     ):  # what the run trains on and in, and the untrained heads: the learning curve's first point
         anchors = int((splits.windows.hi - splits.windows.lo).sum())  # distinct positions a pass trains on
-        start = {"train_positions": anchors, "precision": settings.precision}
+        trained = sum(p.numel() for p in run.params)  # own projections: their draft rows only
+        start = {"train_positions": anchors, "precision": settings.precision, "trained_parameters": trained}
         run.log(
             {
                 "step": 0,
