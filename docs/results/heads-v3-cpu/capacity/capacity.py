@@ -27,9 +27,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from entmtp.heads import HeadsConfig, random_heads  # noqa: E402
 
 HERE = Path(__file__).resolve().parent.parent  # docs/results/heads-v3-cpu
-# the twelfth session's runs (README "Twelfth session"); hydra-small-own was stopped at step 60 of 253 and is not
-# compared
-RUNS = ("hydra-small-ctl", "hydra-small-l2")
+# the twelfth session's runs and the thirteenth's own projections (README "Twelfth session", "Thirteenth session")
+RUNS = ("hydra-small-ctl", "hydra-small-l2", "hydra-small-own")
 
 
 def read_run(name: str) -> dict:
@@ -41,13 +40,19 @@ def read_run(name: str) -> dict:
         if k not in ("format", "version")
     }
     heads = random_heads(HeadsConfig(**config))
+    parameters = sum(p.numel() for p in heads.parameters())
+    # logged since the thirteenth session; before it, every parameter of heads sharing the base layer trained
+    trained = rows[0].get("trained_parameters", None if not config["share_lm_head"] else parameters)
+    if trained is None:
+        raise SystemExit(f"{name}'s log does not say which parameters it trained: rerun it with this trainer")
     val = [r for r in rows if "val_top1" in r]
     rates = [r["positions_per_second"] for r in rows if "positions_per_second" in r]
     return {
         "name": name,
         "num_layers": config["num_layers"],
         "own_lm_head": not config["share_lm_head"],
-        "parameters": sum(p.numel() for p in heads.parameters()),
+        "parameters": parameters,
+        "trained_parameters": trained,
         "precision": rows[0].get("precision"),
         "train_positions": rows[0].get("train_positions"),
         "steps": rows[-1]["step"],
@@ -72,7 +77,7 @@ def table(runs: list[dict]) -> str:
     control_end = runs[0]["curve"][-1]["val_top1"]
     k = len(control_end)
     lines = [
-        "| run | blocks a head | own projection | head parameters | distinct training positions | steps "
+        "| run | blocks a head | own projection | head parameters (trained) | distinct training positions | steps "
         "| positions seen | "
         + " | ".join(f"val top-1 head {i + 1}: start -> end" for i in range(k))
         + " | head 1 vs control | positions/s (median) |",
@@ -82,7 +87,7 @@ def table(runs: list[dict]) -> str:
         start, end = r["curve"][0]["val_top1"], r["curve"][-1]["val_top1"]
         rate = r["positions_per_second_median"]
         lines.append(
-            f"| {r['name']} | {r['num_layers']} | {'yes' if r['own_lm_head'] else 'no'} | {r['parameters'] / 1e6:.1f}M "
+            f"| {r['name']} | {r['num_layers']} | {'yes' if r['own_lm_head'] else 'no'} | {r['parameters'] / 1e6:.1f}M ({r['trained_parameters'] / 1e6:.1f}M) "
             f"| {r['train_positions'] if r['train_positions'] is None else format(r['train_positions'], ',')} | {r['steps']} | {r['positions_seen']:,} | "
             + " | ".join(f"{a:.4f} -> {b:.4f} ({b - a:+.4f})" for a, b in zip(start, end, strict=True))
             + f" | {end[0] - control_end[0]:+.4f} | {rate:.0f} |"
