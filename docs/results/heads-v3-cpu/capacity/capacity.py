@@ -1,6 +1,7 @@
 """Issue 42's capacity question: at equal data, do heads that grow (`--init hydra` with `--num-layers 2`, or
 `--own-lm-head`) learn more than the shipped Hydra heads continued as they are? Nothing is run or timed: this reads
 the committed training logs of the runs `train_runs.sh` made (runs/<name>/train_log.jsonl and config.json).
+It compares any runs on equal data: the same heads at other learning rates too (capacity/lr/).
 
     python docs/results/heads-v3-cpu/capacity/capacity.py [--runs CONTROL,ARM,...] [--out DIR]
 
@@ -54,6 +55,7 @@ def read_run(name: str) -> dict:
         "parameters": parameters,
         "trained_parameters": trained,
         "precision": rows[0].get("precision"),
+        "peak_lr": max(r["lr"] for r in rows if "lr" in r),
         "train_positions": rows[0].get("train_positions"),
         "steps": rows[-1]["step"],
         "positions_seen": rows[-1]["positions"],
@@ -77,17 +79,17 @@ def table(runs: list[dict]) -> str:
     control_end = runs[0]["curve"][-1]["val_top1"]
     k = len(control_end)
     lines = [
-        "| run | blocks a head | own projection | head parameters (trained) | distinct training positions | steps "
+        "| run | blocks a head | own projection | head parameters (trained) | peak lr | distinct training positions | steps "
         "| positions seen | "
         + " | ".join(f"val top-1 head {i + 1}: start -> end" for i in range(k))
         + " | head 1 vs control | positions/s (median) |",
-        "|---|---|---|---|---|---|---|" + "---|" * k + "---|---|",
+        "|---|---|---|---|---|---|---|---|" + "---|" * k + "---|---|",
     ]
     for r in runs:
         start, end = r["curve"][0]["val_top1"], r["curve"][-1]["val_top1"]
         rate = r["positions_per_second_median"]
         lines.append(
-            f"| {r['name']} | {r['num_layers']} | {'yes' if r['own_lm_head'] else 'no'} | {r['parameters'] / 1e6:.1f}M ({r['trained_parameters'] / 1e6:.1f}M) "
+            f"| {r['name']} | {r['num_layers']} | {'yes' if r['own_lm_head'] else 'no'} | {r['parameters'] / 1e6:.1f}M ({r['trained_parameters'] / 1e6:.1f}M) | {r['peak_lr']:.0e} "
             f"| {r['train_positions'] if r['train_positions'] is None else format(r['train_positions'], ',')} | {r['steps']} | {r['positions_seen']:,} | "
             + " | ".join(f"{a:.4f} -> {b:.4f} ({b - a:+.4f})" for a, b in zip(start, end, strict=True))
             + f" | {end[0] - control_end[0]:+.4f} | {rate:.0f} |"
@@ -109,7 +111,7 @@ def plot(runs: list[dict], path: Path) -> None:
         ax.set_xlabel("positions seen")
     axes[0].set_ylabel("validation top-1")
     axes[0].legend(fontsize=8)
-    fig.suptitle("Hydra from the shipped heads, grown or not, on equal data (validation top-1)")
+    fig.suptitle("Hydra from the shipped heads, on equal data (validation top-1): " + ", ".join(r["name"] for r in runs))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
