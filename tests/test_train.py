@@ -546,7 +546,8 @@ def test_own_projections_train_only_their_draft_rows(base, distill, tmp_path):
     """Heads with vocab projections of their own, scored over a draft vocabulary, train only its rows: the
     optimiser holds [Vd, H] rows, not [V, H] (on SmolLM2, 8,192 of 49,152 a head), and the log says so; the
     other rows keep their values, the drafts read the trained rows, and a resumed run ends with the uninterrupted run's weights. A
-    checkpoint of a run that stepped the whole projection is refused with the difference named."""
+    checkpoint of a run that stepped the whole projection is refused with the difference named; heads without
+    a draft vocabulary are refused as shared ones are."""
     model, _ = base
     V, H = model.config.vocab_size, model.config.hidden_size
     vocab = load_split(distill, "val").tokens.unique()[: V // 3]
@@ -599,6 +600,9 @@ def test_own_projections_train_only_their_draft_rows(base, distill, tmp_path):
     torch.save(old, tmp_path / "part" / "checkpoints" / "step-00000009.pt")
     with pytest.raises(HeadsError, match="other settings \\(trained_rows differ\\)"):
         train(model, own_heads(), distill, tmp_path / "part", settings=settings, progress=False, resume=True)
+    no_vocab = medusa(model, share_lm_head=False)
+    with pytest.raises(HeadsError, match="needs heads with one.*--vocab full"):
+        train(model, no_vocab, distill, tmp_path / "none", settings=settings, progress=False)
 
 
 def test_resume_matches_uninterrupted(base, distill, tmp_path):

@@ -218,6 +218,16 @@ def distill_loss(
     return kl if loss == "kl" else 0.5 * (kl + ce)
 
 
+def _draft_vocab(heads: Heads) -> torch.Tensor:
+    """The heads' draft vocabulary [Vd], which training over the draft vocabulary needs."""
+    if heads.draft_vocab is None:
+        raise HeadsError(
+            "training over the draft vocabulary needs heads with one: set it first (train-heads does, "
+            "from --draft-vocab), or train with --vocab full"
+        )
+    return heads.draft_vocab
+
+
 class _Projection:
     """What a head's features are scored against: the whole vocabulary, or only the draft vocabulary (see the
     module docstring), with the map from token ids to logit columns (-1: not a column). Heads with vocab
@@ -228,12 +238,7 @@ class _Projection:
         self.width = heads.config.vocab_size  # the logits' columns
         self.columns: torch.Tensor | None = None  # [V] token id -> column, or None: the identity
         if vocab == "draft":
-            ids = heads.draft_vocab
-            if ids is None:
-                raise HeadsError(
-                    "training over the draft vocabulary needs heads with one: set it first (train-heads does, "
-                    "from --draft-vocab), or train with --vocab full"
-                )
+            ids = _draft_vocab(heads)
             self.columns = torch.full((heads.config.vocab_size,), -1, dtype=torch.long)
             self.columns[ids.cpu()] = torch.arange(ids.numel())
             self.width = ids.numel()
@@ -259,10 +264,10 @@ class DraftRows:
     validated, checkpointed and saved is always the heads themselves; the other rows keep their values."""
 
     def __init__(self, heads: Heads):
-        if heads.draft_vocab is None or heads.config.share_lm_head:
-            raise HeadsError("DraftRows needs heads with their own vocab projections and a draft vocabulary")
+        if heads.config.share_lm_head:
+            raise HeadsError("DraftRows needs heads with vocab projections of their own (--own-lm-head)")
         self.heads = heads
-        self.ids = heads.draft_vocab.to(heads.device)
+        self.ids = _draft_vocab(heads).to(heads.device)
         self.replaced = {id(p) for head in heads.heads for p in head.proj.parameters()}  # not stepped
         self.weights, self.biases = [], []
         for head in heads.heads:
