@@ -42,7 +42,7 @@ from entmtp.train.evaluate import (
     teacher_forced_accuracy,
 )
 from entmtp.train.pipeline import cap_vocab, train_heads
-from entmtp.train.trainer import LOG, batch_windows, distill_loss, make_windows
+from entmtp.train.trainer import LOG, batch_windows, check_data_fits, distill_loss, make_windows
 from entmtp.tree import Tree
 
 CHATML = (
@@ -1119,3 +1119,17 @@ def test_eval_summary_rows_say_four_tasks_only_when_all_four_were_run():
 
     assert _groups(dict.fromkeys(FOUR_TASKS)) == [("four tasks", list(FOUR_TASKS))]
     assert _groups(dict.fromkeys(["writing", "gsm8k"])) == [("gsm8k + writing", ["gsm8k", "writing"])]
+
+
+def test_heads_refuse_data_stored_at_another_layer_and_say_how_to_make_it():
+    """Heads reading the layer one below the last cannot train on data that stored the last layer: the error
+    names both offsets and the setting that makes matching data (no command-line flag sets it)."""
+    config = HeadsConfig(kind="hydra", num_heads=2, hidden_size=8, vocab_size=16, hidden_state_offset=1)
+    data = argparse.Namespace(
+        name="d", base_model="m", hidden_size=8, vocab_size=16, hidden_state_offset=0
+    )  # what check_data_fits reads of a DistillData
+    with pytest.raises(
+        DataError, match=r"offset 0 .* offset 1: generate data with DataSettings\(hidden_state_offset=1\)"
+    ):
+        check_data_fits(data, config)
+    check_data_fits(argparse.Namespace(**{**vars(data), "hidden_state_offset": 1}), config)  # fits: no error

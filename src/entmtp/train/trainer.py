@@ -514,8 +514,8 @@ def check_data_fits(data: DistillData, config: HeadsConfig) -> None:
     if offset != config.hidden_state_offset:
         raise DataError(
             f"distillation data in {data.name} stores hidden states at offset {offset} but the heads read "
-            f"offset {config.hidden_state_offset}: generate data with --hidden-state-offset "
-            f"{config.hidden_state_offset}"
+            f"offset {config.hidden_state_offset}: generate data with DataSettings(hidden_state_offset="
+            f"{config.hidden_state_offset}) (no command-line flag sets it yet)"
         )
 
 
