@@ -63,7 +63,7 @@ ARMS = {
 
 
 def _bar(total: int, what: str, quiet: bool):
-    """A rich bar on a terminal; a plain line a chunk otherwise."""
+    """A rich bar on a terminal; otherwise a plain line every twentieth of the way."""
     if quiet or not sys.stderr.isatty():
 
         class Line:
@@ -72,6 +72,8 @@ def _bar(total: int, what: str, quiet: bool):
 
             def advance(self, n: int = 1) -> None:
                 self.done += n
+                if self.done != total and self.done % max(1, total // 20):
+                    return
                 print(
                     f"{what}: {self.done}/{total} ({time.time() - self.t0:.0f} s)",
                     file=sys.stderr,
