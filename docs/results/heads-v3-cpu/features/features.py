@@ -346,6 +346,11 @@ def train(args) -> None:
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         raise SystemExit(f"unknown arms {unknown}: use some of {', '.join(ARMS)}")
+    shipped_heads = json.loads((SHIPPED / "config.json").read_text())["num_heads"]
+    if not 1 <= args.head <= shipped_heads:
+        raise SystemExit(
+            f"--head {args.head}: the shipped Hydra has heads 1 to {shipped_heads}; pick one of them"
+        )
     model, _ = load_model(None, dtype="float32", pack=False)
     embed, lm = model.get_input_embeddings(), model.get_output_embeddings().weight.detach()
     draft = load_file(SHIPPED / "draft_vocab.safetensors")["ids"]  # the shipped heads' draft vocabulary
