@@ -7,13 +7,14 @@ import torch
 
 from conftest import ByteTokenizer, OracleHeads, tiny_model
 from entmtp.accept import Sampling
-from entmtp.batch import Batch
+from entmtp.batch import Batch, generate_batch
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError, PromptError
 from entmtp.heads import HeadsConfig, random_heads
 from entmtp.lookup import Lookup
 from entmtp.policy import StaticPolicy, static
 from entmtp.scheduler.hybrid import hybrid
+from entmtp.train.shards import base_targets
 from entmtp.tree import Tree, load_tree
 
 TREES = ["mc_sim_7b_63", "tree_16", "tree_4", "chain_5", "chain_1"]
@@ -453,3 +454,40 @@ def test_streamed_text_adds_up_to_the_result_when_a_stop_string_spans_tokens():
         result = events[-1].result
         assert "".join(ev.text for ev in events) == result.text
         assert result.text == text.split(stop)[0]
+
+
+@pytest.mark.parametrize("arch", ["mlp", "prefix-mlp"])
+def test_heads_that_read_an_earlier_layer_give_identical_output_and_read_what_training_stores(arch):
+    """Hydra heads on the layer two before the last (through the final norm): the output is plain greedy's,
+    one at a time and in a continuous batch, and what the engine feeds them at every committed position is
+    what the distillation data stores for that position (one definition: `heads_input`)."""
+    model = tiny_model("llama", seed=4)
+    cfg = HeadsConfig(
+        kind="hydra", num_heads=3, hidden_size=64, vocab_size=256, head_arch=arch, hidden_state_offset=2
+    )
+    heads = random_heads(cfg, seed=0, init="random")
+    fed = []
+    make = heads.drafter
+
+    def recording_drafter(*args, **kwargs):  # keeps each `extend`'s states
+        drafter = make(*args, **kwargs)
+        extend = drafter.extend
+        drafter.extend = lambda hidden: (fed.append(hidden.detach().clone()), extend(hidden))[1]
+        return drafter
+
+    heads.drafter = recording_drafter
+    ids = list(range(100, 120))
+    engine = Engine(model, ByteTokenizer(), heads=heads, policy=static("tree_8"))
+    result = engine.generate(ids, max_new_tokens=32)
+    assert result.token_ids == plain_greedy(model, ids, 32)
+    got = torch.cat(fed)  # the prompt's states, then each step's accepted path's
+    rows = generate_batch(engine, [ids, list(range(50, 61))], max_new_tokens=32)
+    assert rows[0].token_ids == result.token_ids
+
+    seq = ids + result.token_ids
+    stored = base_targets(model, [seq], top_k=1, hidden_state_offset=2)[0]["hidden"]  # positions 0..L-2
+    last = base_targets(model, [seq], top_k=1)[0]["hidden"]
+    n = got.shape[0]
+    assert len(ids) + 16 <= n <= stored.shape[0]  # the prompt and the accepted paths of several steps
+    torch.testing.assert_close(got, stored[:n], atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(got, last[:n], atol=1e-2)  # another layer than the last: the check has teeth

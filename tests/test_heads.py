@@ -1,5 +1,7 @@
 """Heads: drafting against slow oracles, teacher forcing vs drafting, official checkpoint layouts, errors."""
 
+import json
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaModel
@@ -11,6 +13,7 @@ from entmtp.heads import (
     HeadsConfig,
     HydraHeads,
     MedusaHeads,
+    heads_input,
     load_heads,
     random_heads,
     save_heads,
@@ -299,7 +302,6 @@ def test_own_format_round_trip_keeps_dtype(model, tmp_path, arch):
     save_heads(heads, tmp_path)
     loaded = load_heads(tmp_path)
     assert loaded.dtype == torch.bfloat16 and loaded.config == heads.config
-    assert loaded.needs_all_hidden_states and loaded.hidden_state_index == -2
     assert_same_heads(heads, loaded.bind(model), model)
     assert load_heads(tmp_path, dtype=torch.float32).dtype == torch.float32
 
@@ -308,7 +310,6 @@ def test_own_format_medusa_saves_only_head_parameters(model, tmp_path):
     from safetensors.torch import load_file
 
     heads = make(model, "medusa", init="medusa")
-    assert not heads.needs_all_hidden_states
     save_heads(heads, tmp_path)
     assert set(load_file(tmp_path / "heads.safetensors")) == set(heads.state_dict())
     assert not any("embed" in k or "lm_head" in k for k in heads.state_dict())
@@ -472,3 +473,61 @@ def test_probing_rows_together_gives_each_row_its_own_probe(model, prompt, kind,
         torch.testing.assert_close(got.logprobs, want.logprobs, rtol=1e-5, atol=1e-5)
         if want.context is not None:
             torch.testing.assert_close(got.context, want.context)
+
+
+# ---- what the heads read -------------------------------------------------------------------------------
+
+
+def test_heads_read_an_earlier_layer_through_the_final_norm_unless_told_raw(model):
+    """`heads_input`: offset 0 is the last layer's state (already normed); offset k the output of the layer k
+    before the last, through the same final norm, or raw with norm False."""
+    ids = torch.randint(0, V, (1, 9), generator=torch.Generator().manual_seed(2))
+    decoder = model.get_decoder()
+    with torch.no_grad():
+        out = decoder(input_ids=ids, output_hidden_states=True)
+        assert torch.equal(heads_input(decoder, out, 0), out.last_hidden_state)
+        assert torch.equal(heads_input(decoder, out, 1), decoder.norm(out.hidden_states[-2]))
+        assert torch.equal(heads_input(decoder, out, 1, norm=False), out.hidden_states[-2])
+    raw = out.hidden_states[-2].norm(dim=-1)
+    normed = heads_input(decoder, out, 1).norm(dim=-1)
+    assert not torch.allclose(raw, normed)  # the norm is not a no-op on this model
+
+
+def test_a_base_model_without_a_final_norm_refuses_heads_that_need_one(model):
+    class NoNorm(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config = inner, inner.config
+
+        def get_decoder(self):
+            return torch.nn.Identity()  # no .norm
+
+        def get_input_embeddings(self):
+            return self.inner.get_input_embeddings()
+
+        def get_output_embeddings(self):
+            return self.inner.get_output_embeddings()
+
+    heads = random_heads(HeadsConfig.for_model(model, "medusa", 2, hidden_state_offset=1), seed=0)
+    with pytest.raises(HeadsError, match=r"final norm, which \w+ lacks .*hidden_state_norm False"):
+        heads.bind(NoNorm(model))
+    raw = random_heads(
+        HeadsConfig.for_model(model, "medusa", 2, hidden_state_offset=1, hidden_state_norm=False), seed=0
+    )
+    raw.bind(NoNorm(model))  # raw states need no norm
+
+
+@pytest.mark.parametrize("save", ["ours", "hydra", "medusa"])
+def test_saved_heads_keep_the_layer_they_read_and_older_files_read_it_raw(model, tmp_path, save):
+    """Every format keeps hidden_state_offset and hidden_state_norm. A config written before
+    hidden_state_norm existed read an earlier layer raw, and loads so."""
+    kind = "medusa" if save == "medusa" else "hydra"
+    heads = make(model, kind, hidden_state_offset=2, share_lm_head=save == "ours")
+    {"ours": save_heads, "hydra": save_hydra_official, "medusa": save_medusa_official}[save](heads, tmp_path)
+    loaded = load_heads(tmp_path).config
+    assert (loaded.hidden_state_offset, loaded.hidden_state_norm) == (2, True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["hidden_state_norm"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = load_heads(tmp_path).config
+    assert (loaded.hidden_state_offset, loaded.hidden_state_norm) == (2, False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -1122,14 +1122,86 @@ def test_eval_summary_rows_say_four_tasks_only_when_all_four_were_run():
 
 
 def test_heads_refuse_data_stored_at_another_layer_and_say_how_to_make_it():
-    """Heads reading the layer one below the last cannot train on data that stored the last layer: the error
-    names both offsets and the setting that makes matching data (no command-line flag sets it)."""
+    """Heads reading the layer one below the last cannot train on data that stored the last layer, nor on that
+    layer's raw state when they read it normed: the error names what each holds and the flag that makes
+    matching data."""
     config = HeadsConfig(kind="hydra", num_heads=2, hidden_size=8, vocab_size=16, hidden_state_offset=1)
     data = argparse.Namespace(
-        name="d", base_model="m", hidden_size=8, vocab_size=16, hidden_state_offset=0
+        name="d", base_model="m", hidden_size=8, vocab_size=16, hidden_state_offset=0, hidden_state_norm=True
     )  # what check_data_fits reads of a DistillData
-    with pytest.raises(
-        DataError, match=r"offset 0 .* offset 1: generate data with DataSettings\(hidden_state_offset=1\)"
-    ):
+    with pytest.raises(DataError, match=r"offset 0 .* offset 1: generate data with --hidden-state-offset 1"):
         check_data_fits(data, config)
+    raw = argparse.Namespace(**{**vars(data), "hidden_state_offset": 1, "hidden_state_norm": False})
+    with pytest.raises(
+        DataError, match=r"stores layer states raw .* through the final norm.* without --no-hidden"
+    ):
+        check_data_fits(raw, config)
     check_data_fits(argparse.Namespace(**{**vars(data), "hidden_state_offset": 1}), config)  # fits: no error
+
+
+def test_heads_trained_on_an_earlier_layer_read_it_in_data_training_and_evaluation(base, tmp_path):
+    """--hidden-state-offset 1: the data stores the normed state of the layer before the last, the new heads
+    are made to read it, and the evaluation decodes with them (greedy output: plain's, checked there)."""
+    model, tok = base
+    gen = replace(GEN, num_prompts=6, max_new_tokens=12, hidden_state_offset=1)
+    d = tmp_path / "distill"
+    generate_data(
+        model, tok, d, prompts=PROMPTS, settings=gen, batch_size=3, base_model="tiny", progress=False
+    )
+    manifest = json.loads((d / "manifest.json").read_text())["settings"]
+    assert (manifest["hidden_state_offset"], manifest["hidden_state_norm"]) == (1, True)
+    shard = shards_mod._read_shard(d, shards_mod.Manifest.read(d).shard_files("train")[0])
+    first = shard["tokens"][: int(shard["offsets"][1])].tolist()
+    with torch.no_grad():
+        out = model.get_decoder()(input_ids=torch.tensor([first]), output_hidden_states=True)
+    want = model.get_decoder().norm(out.hidden_states[-2])[0].to(shard["hidden"].dtype)
+    torch.testing.assert_close(shard["hidden"][: len(first)], want, atol=0.02, rtol=0.02)
+    summary = train_heads(
+        "hydra",
+        tmp_path / "heads",
+        base=(model, tok),
+        model="tiny",
+        distill_dir=d,
+        stages="train,eval",
+        train_settings=replace(FAST, steps=2),
+        heads_settings=HeadsSettings(num_heads=2),
+        eval_settings=EvalSettings(prompts=1, max_new_tokens=6, tasks=("gsm8k",), trees=("tree_4",)),
+        progress=False,
+    )
+    heads = load_heads(tmp_path / "heads")
+    assert (heads.config.hidden_state_offset, heads.config.hidden_state_norm) == (1, True)
+    assert summary["eval"]["tasks"]["gsm8k"]["speculative"]["tree_4"]["tokens_per_step"] >= 1.0
+
+
+def test_data_made_before_the_norm_setting_resumes_and_an_earlier_layers_raw_data_is_told_apart():
+    """A manifest without hidden_state_norm: at offset 0 it is the same data as today's (the last layer is
+    normed either way); at an offset it stored the raw state, which normed settings must not extend."""
+
+    def manifest(**settings):
+        return shards_mod.Manifest(
+            base_model="m",
+            hidden_size=8,
+            vocab_size=16,
+            settings=settings,
+            prompts_sha="s",
+            num_val=1,
+            num_train=1,
+        )
+
+    now = asdict(GenSettings())
+    old = {k: v for k, v in now.items() if k != "hidden_state_norm"}
+    shards_mod._check_same_data(Path("d"), manifest(**old), manifest(**now))  # resumes: no error
+    at_layer = {**now, "hidden_state_offset": 1}
+    old_at_layer = {k: v for k, v in at_layer.items() if k != "hidden_state_norm"}
+    with pytest.raises(DataError, match=r"hidden_state_norm: False there, True now"):
+        shards_mod._check_same_data(Path("d"), manifest(**old_at_layer), manifest(**at_layer))
+
+
+def test_the_layer_flags_set_the_data_settings():
+    p = argparse.ArgumentParser()
+    add_train_arguments(p)
+    args = p.parse_args(
+        ["--kind", "hydra", "--out", "o", "--hidden-state-offset", "3", "--no-hidden-state-norm"]
+    )
+    gen = train_settings_from_args(args)["gen_settings"]
+    assert (gen.hidden_state_offset, gen.hidden_state_norm) == (3, False)

@@ -33,6 +33,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
+from .heads.config import heads_input
 from .tree import Tree
 
 _NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -267,13 +268,14 @@ class BaseModel:
     `kv="dynamic"` always uses transformers' `DynamicCache`.
     """
 
-    def __init__(self, model, hidden_state_offset: int = 0, kv: str = "auto"):
+    def __init__(self, model, hidden_state_offset: int = 0, kv: str = "auto", hidden_state_norm: bool = True):
         if kv not in ("auto", "dynamic"):
             raise ValueError(f"unknown kv cache {kv!r}: use 'auto' or 'dynamic'")
         self.model = model
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
-        self.hidden_state_offset = hidden_state_offset
+        self.hidden_state_offset = hidden_state_offset  # what the heads read: see heads.config.heads_input
+        self.hidden_state_norm = hidden_state_norm
         params = inspect.signature(self.decoder.forward).parameters
         # transformers >= 5.24 names the argument `cache`; older 5.x calls it `past_key_values`.
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -356,9 +358,8 @@ class BaseModel:
         eager_cuda = tokens.device.type == "cuda" and not fixed_shape
         with sdpa_kernel(_NO_CUDNN) if eager_cuda else contextlib.nullcontext():
             out = self._decode(tokens[None], positions[None], None if mask is None else mask[None], cache)
-        offset = self.hidden_state_offset
         last = out.last_hidden_state[0]  # [n, H]
-        hidden = out.hidden_states[-1 - offset][0] if offset > 0 else last
+        hidden = self._heads_input(out)[0]
         keep = last[-logits_to_keep:] if logits_to_keep > 0 else last
         return Forward(logits=self.lm_head(keep), hidden=hidden)
 
@@ -385,14 +386,17 @@ class BaseModel:
             mask[b, pad, past + pad] = True  # a padding token sees itself: no empty softmax row
         positions = (lengths[:, None] + depths).to(self.device)
         out = self._decode(ids, positions, mask.to(self.device), batch)
-        offset, last = self.hidden_state_offset, out.last_hidden_state  # [B, n, H]
-        hidden = out.hidden_states[-1 - offset] if offset > 0 else last  # what the heads read
+        last = out.last_hidden_state  # [B, n, H]
+        hidden = self._heads_input(out)
         sizes = [t.numel() for t in tokens]
         logits = self.lm_head(torch.cat([last[b, :k] for b, k in enumerate(sizes)])).split(sizes)
         return [
             Forward(logits=lg, hidden=hidden[b, :k])
             for b, (lg, k) in enumerate(zip(logits, sizes, strict=True))
         ]
+
+    def _heads_input(self, out) -> torch.Tensor:
+        return heads_input(self.decoder, out, self.hidden_state_offset, self.hidden_state_norm)
 
     def _decode(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache):
         """The decoder over `ids` [B, n] at `positions` [B, n], `mask` [B, n, kv_len] bool (True = attend) or

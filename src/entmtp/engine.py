@@ -90,10 +90,13 @@ class Engine:
         self.costs = costs  # the machine's cost curve the policy was built on (costs.py), if any
         self.observers = tuple(observers)  # told every finished generation's steps
         offset = heads.config.hidden_state_offset if heads is not None else 0
+        norm = heads.config.hidden_state_norm if offset else True
         full_hidden = (
             heads is not None and getattr(heads.config, "head_arch", None) == "prefix-mlp"
         )  # reads every position
-        self.base = base_for(model, offset, kv, full_hidden=full_hidden)  # transformers or llama.cpp
+        self.base = base_for(
+            model, offset, kv, full_hidden=full_hidden, hidden_state_norm=norm
+        )  # transformers or llama.cpp
         self.window = context_window(model)
         self.scratch = max(scratch(p) for p in (policy, *self.policies.values()))
         self.graphs = None

@@ -54,16 +54,26 @@ class Base(Protocol):
     ) -> list: ...
 
 
-def base_for(model, hidden_state_offset: int = 0, kv: str = "auto", *, full_hidden: bool = True) -> Base:
+def base_for(
+    model,
+    hidden_state_offset: int = 0,
+    kv: str = "auto",
+    *,
+    full_hidden: bool = True,
+    hidden_state_norm: bool = True,
+) -> Base:
     """The backend that runs `model`: llama.cpp for a model loaded from a GGUF file by `llama_cpp.load_gguf`,
     else transformers. `full_hidden` False: the heads read only the last position's hidden state (Medusa,
-    Hydra-`mlp`), so a llama.cpp prefill outputs the last position alone."""
+    Hydra-`mlp`), so a llama.cpp prefill outputs the last position alone. `hidden_state_offset` and
+    `hidden_state_norm`: what the heads read (`heads.config.heads_input`); llama.cpp gives the last layer's."""
     maker = getattr(model, "entmtp_base", None)
     if maker is not None:
         return maker(hidden_state_offset=hidden_state_offset, full_hidden=full_hidden)
     from ..cache import BaseModel
 
-    return BaseModel(model, hidden_state_offset=hidden_state_offset, kv=kv)
+    return BaseModel(
+        model, hidden_state_offset=hidden_state_offset, kv=kv, hidden_state_norm=hidden_state_norm
+    )
 
 
 def backend_name(model) -> str:

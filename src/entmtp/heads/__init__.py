@@ -3,6 +3,7 @@
 Glossary (t is a committed position, x_t its token):
 
 * ``hidden[t]``: the base model's last hidden state after x_t; the base output layer on it predicts x_{t+1}.
+  Heads with ``hidden_state_offset`` k read an earlier layer's output instead (``heads_input``).
 * root token: x_{t+1}, the base model's own next token (tree node 0).
 * head k (k = 1..K, index k-1 in ``heads.heads``) at position t predicts x_{t+k+1}.
 * feature: what the heads read at t. Medusa and Hydra-``mlp``: hidden[t]. Hydra++ ``prefix-mlp``: the output
@@ -24,7 +25,7 @@ Drafting contract: ``drafter = heads.drafter()`` per generation (its own feature
 accepted path); ``drafter.probe(master, root_token) -> Probe``; ``drafter.draft(tree, root_token) -> Draft``.
 Training: ``features`` then ``project``.
 
-Where things live: ``config.py`` (HeadsConfig, file names), ``modules.py`` (residual blocks, Hydra++'s prefix
+Where things live: ``config.py`` (HeadsConfig, file names, what the heads read: ``heads_input``), ``modules.py`` (residual blocks, Hydra++'s prefix
 layer), ``drafting.py`` (the ``Heads`` base class, Medusa, the draft vocabulary), ``hydra.py`` (Hydra's
 branch-by-branch drafting, fresh heads) and ``formats.py`` (save and load: ours and the official layouts).
 """
@@ -42,6 +43,7 @@ from .config import (
     MEDUSA_SAFETENSORS,
     WEIGHTS_FILE,
     HeadsConfig,
+    heads_input,
 )
 from .drafting import Draft, Drafter, Heads, LazyProbe, MedusaHeads, Probe, frequent_tokens, taken
 from .formats import load_heads, save_heads, save_hydra_official, save_medusa_official
@@ -68,6 +70,7 @@ __all__ = [
     "MedusaHeads",
     "Probe",
     "frequent_tokens",
+    "heads_input",
     "load_heads",
     "random_heads",
     "save_heads",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..errors import HeadsError
@@ -37,6 +38,9 @@ class HeadsConfig:
     head_arch: str = "mlp"  # hydra only: "mlp" | "prefix-mlp" (Hydra++: one extra decoder layer)
     grounded: bool = True  # hydra only: heads see the tokens drafted before them (the point of Hydra)
     hidden_state_offset: int = 0  # feed the heads the hidden state of this layer counted from the last
+    # offset > 0: put that state through the base model's final norm first, as the last layer's state is
+    # (False: the raw state, what heads saved without this field read; see `heads_input`)
+    hidden_state_norm: bool = True
     base_model: str = ""  # informational: the model the heads were trained for
     # prefix-mlp only: geometry of the extra decoder layer, copied from the base model. All 0 = not known
     # yet: the layer is built when the heads are bound to their base model.
@@ -93,3 +97,23 @@ class HeadsConfig:
                 intermediate_size=cfg.intermediate_size,
             )
         return cls(kind=kind, num_heads=num_heads, **{**sizes, **fields})
+
+
+def heads_input(decoder: nn.Module, out, offset: int = 0, norm: bool = True) -> torch.Tensor:
+    """What heads read, from the decoder's output ``out`` [B, L, H]: the last layer's state, which the final
+    norm has made (``offset`` 0), or the output of the layer ``offset`` layers before the last, through the
+    same final norm unless ``norm`` is False. ``out`` must hold ``hidden_states`` when ``offset`` > 0 (run the
+    decoder with ``output_hidden_states=True``). The engine, the distillation data and the evaluation all read
+    the heads' input here."""
+    if offset == 0:
+        return out.last_hidden_state
+    state = out.hidden_states[-1 - offset]  # [0]: the embeddings; [-1]: the last layer, already normed
+    if not norm:
+        return state
+    final = getattr(decoder, "norm", None)
+    if final is None:
+        raise HeadsError(
+            f"{type(decoder).__name__} has no final norm (`.norm`) to put layer states through: use heads with "
+            "hidden_state_offset 0, or hidden_state_norm False"
+        )
+    return final(state)

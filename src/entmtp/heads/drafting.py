@@ -176,16 +176,6 @@ class Heads(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
-    @property
-    def needs_all_hidden_states(self) -> bool:
-        """True when the engine must run the base model with ``output_hidden_states=True``."""
-        return self.config.hidden_state_offset != 0
-
-    @property
-    def hidden_state_index(self) -> int:
-        """Index into ``outputs.hidden_states`` of the state the heads read (-1: the last, normed one)."""
-        return -(self.config.hidden_state_offset + 1)
-
     # ---- binding --------------------------------------------------------------------------------
 
     def bind(self, model: nn.Module) -> Heads:
@@ -214,6 +204,18 @@ class Heads(nn.Module):
         if layers is not None and cfg.hidden_state_offset > layers:
             raise HeadsError(
                 f"hidden_state_offset {cfg.hidden_state_offset} is deeper than the model's {layers} layers; {fix}"
+            )
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else None  # llama.cpp's has none
+        if (
+            cfg.hidden_state_offset
+            and cfg.hidden_state_norm
+            and decoder is not None
+            and not hasattr(decoder, "norm")
+        ):
+            raise HeadsError(
+                f"heads read layer states through the base model's final norm, which {name} lacks (no "
+                "`.norm` on its decoder): use heads that read the last layer (hidden_state_offset 0) or the "
+                "raw state (hidden_state_norm False)"
             )
         eps = float(getattr(model.config, "rms_norm_eps", 1e-6))
         rotary = None

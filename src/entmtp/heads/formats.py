@@ -152,6 +152,8 @@ def save_medusa_official(
         "medusa_num_layers": cfg.num_layers,
         "base_model_name_or_path": cfg.base_model,
     }
+    if cfg.hidden_state_offset:  # not an official field: heads that read an earlier layer must say so
+        config.update(hidden_state_offset=cfg.hidden_state_offset, hidden_state_norm=cfg.hidden_state_norm)
     name = MEDUSA_SAFETENSORS if safetensors else MEDUSA_PT
     files = {
         name: _tensor_writer(_official_state(heads, _medusa_name), safetensors),
@@ -179,6 +181,7 @@ def save_hydra_official(
         "base_model_name_or_path": cfg.base_model,
         "grounded_heads": cfg.grounded,
         "hidden_state_offset": cfg.hidden_state_offset,
+        "hidden_state_norm": cfg.hidden_state_norm,  # entmtp's: official Hydra code ignores it
     }
     if cfg.head_arch == "prefix-mlp":  # not in official configs; recorded so the split needs no guess
         config.update(
@@ -300,6 +303,8 @@ def _load_medusa(directory: Path, cfg: dict[str, Any]) -> Heads:
         hidden_size=hidden,
         vocab_size=proj.shape[0],
         share_lm_head=False,
+        hidden_state_offset=int(cfg.get("hidden_state_offset", 0)),  # entmtp's: official configs lack it
+        hidden_state_norm=_stored_norm(cfg),
         base_model=str(cfg.get("base_model_name_or_path", "")),
     )
     return _build(config, state, path, _medusa_name)
@@ -343,6 +348,7 @@ def _load_hydra(directory: Path, cfg: dict[str, Any]) -> Heads:
         head_arch=arch,
         grounded=f"hydra_mlp.0.{first}.res_connection.weight" in state,
         hidden_state_offset=int(cfg.get("hidden_state_offset", 0)),
+        hidden_state_norm=_stored_norm(cfg),
         base_model=str(cfg.get("base_model_name_or_path", "")),
         **fields,
     )
@@ -376,6 +382,14 @@ def _prefix_layer_fields(state: dict, cfg: dict[str, Any], path: Path) -> dict[s
     }
 
 
+def _stored_norm(cfg: dict[str, Any]) -> bool:
+    """`HeadsConfig.hidden_state_norm` of a config file: heads saved before the field existed read an earlier
+    layer's state raw (the last layer's is normed whatever the field says)."""
+    if not cfg.get("hidden_state_offset", 0):
+        return bool(cfg.get("hidden_state_norm", True))
+    return bool(cfg.get("hidden_state_norm", False))
+
+
 def _load_ours(directory: Path, cfg: dict[str, Any]) -> Heads:
     path = directory / WEIGHTS_FILE
     if cfg.get("version") != FORMAT_VERSION:
@@ -386,6 +400,7 @@ def _load_ours(directory: Path, cfg: dict[str, Any]) -> Heads:
     if not path.exists():
         raise HeadsError(f"{directory} has a heads config but no {WEIGHTS_FILE}: save the heads again")
     fields = {k: v for k, v in cfg.items() if k not in ("format", "version")}
+    fields["hidden_state_norm"] = _stored_norm(cfg)
     known = {f.name for f in dataclasses.fields(HeadsConfig)}
     if set(fields) - known:
         raise HeadsError(

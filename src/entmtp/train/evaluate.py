@@ -28,6 +28,7 @@ import torch
 
 from .. import metrics
 from ..engine import Engine
+from ..heads.config import heads_input
 from ..model import encode_prompt
 from ..policy import static
 from ..prompts import FOUR_TASKS, SPECBENCH, TASKS, load_prompts
@@ -53,7 +54,7 @@ def teacher_forced_accuracy(model, heads, sequences: list[tuple[list[int], list[
     for prompt, response in sequences:
         seq = torch.tensor(prompt + response, device=model.device)[None]  # [1, L]
         out = decoder(input_ids=seq, output_hidden_states=offset > 0)
-        hidden = out.hidden_states[-1 - offset] if offset > 0 else out.last_hidden_state  # [1, L, H]
+        hidden = heads_input(decoder, out, offset, heads.config.hidden_state_norm)  # [1, L, H]
         feats = heads.features(hidden.to(heads.dtype), seq)  # K x [1, L, H]
         L, first = seq.shape[1], len(prompt) - 1
         right = []  # per head: [n_k] top-1 correct at anchors first .. L-k-2

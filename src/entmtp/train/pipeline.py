@@ -93,8 +93,9 @@ class HeadsSettings:
         if self.save_dtype not in DTYPES:
             raise HeadsError(f"save_dtype {self.save_dtype!r} is unknown: use one of {', '.join(DTYPES)}")
 
-    def config(self, model, kind: str, base_model: str) -> HeadsConfig:
-        """The config of such heads of ``kind`` for ``model`` (sizes from its config)."""
+    def config(self, model, kind: str, base_model: str, data: DistillData | None = None) -> HeadsConfig:
+        """The config of such heads of ``kind`` for ``model`` (sizes from its config), reading the layer state
+        that ``data`` stores (None: the last layer's)."""
         return HeadsConfig.for_model(
             model,
             kind,
@@ -103,6 +104,8 @@ class HeadsSettings:
             head_arch=self.head_arch,
             share_lm_head=self.share_lm_head,
             base_model=base_model,
+            hidden_state_offset=data.hidden_state_offset if data is not None else 0,
+            hidden_state_norm=data.hidden_state_norm if data is not None else True,
         )
 
 
@@ -318,8 +321,8 @@ def _train_stage(
     them their draft vocabulary and save them in ``out`` unless training stopped early. Returns the heads and
     the `TrainResult` fields."""
     settings, heads_settings = settings or TrainSettings(), heads_settings or HeadsSettings()
-    config = heads_settings.config(b.model, kind, b.name)
-    data = _data_of(distill, config.base_model)
+    data = _data_of(distill, b.name)
+    config = heads_settings.config(b.model, kind, b.name, data)
     if init is not None:  # continue from trained heads (e.g. the shipped ones, on new data)
         heads = _init_heads(init, config, data, b.model, settings.seed)
         init_vocab = heads.draft_vocab  # the new data's draft vocabulary extends it (_set_draft_vocab)

@@ -510,12 +510,18 @@ def check_data_fits(data: DistillData, config: HeadsConfig) -> None:
             f"vocab {data.vocab_size}) but the heads have hidden {config.hidden_size}, vocab "
             f"{config.vocab_size}: generate data with the heads' base model (another --distill-dir)"
         )
-    offset = data.hidden_state_offset
-    if offset != config.hidden_state_offset:
+    offset, want = data.hidden_state_offset, config.hidden_state_offset
+    if offset != want:
         raise DataError(
             f"distillation data in {data.name} stores hidden states at offset {offset} but the heads read "
-            f"offset {config.hidden_state_offset}: generate data with DataSettings(hidden_state_offset="
-            f"{config.hidden_state_offset}) (no command-line flag sets it yet)"
+            f"offset {want}: generate data with --hidden-state-offset {want} (another --distill-dir)"
+        )
+    if offset and data.hidden_state_norm != config.hidden_state_norm:
+        said = {True: "through the final norm", False: "raw"}
+        raise DataError(
+            f"distillation data in {data.name} stores layer states {said[data.hidden_state_norm]} but the "
+            f"heads read them {said[config.hidden_state_norm]}: generate data "
+            f"{'without' if config.hidden_state_norm else 'with'} --no-hidden-state-norm (another --distill-dir)"
         )
 
 
