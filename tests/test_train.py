@@ -961,6 +961,8 @@ def test_cli_arguments():
 
     cli_args = build_parser().parse_args(["train-heads", "--kind", "medusa", "--out", "o"])
     assert cli_args.data_dir.split(",")[0] == "../shared/data"
+    # both commands' base model follows the hardware by default: no emulated bf16 on a CPU without it
+    assert cli_args.dtype == build_parser().parse_args(["eval-heads", "hydra"]).dtype == "auto"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -1087,7 +1089,7 @@ def test_eval_heads_compares_with_baseline_heads_on_tasks_and_dev_categories(tmp
     args += ["--max-new-tokens", "8", "--trees", "chain_2,tree_4", "--dtype", "float32", "--out", str(out)]
     assert main([*args, "--sampling", "typical", "--no-progress"]) == 0
     report = json.loads((out / "eval.json").read_text())
-    assert report["settings"]["sampling"] == ["typical"]
+    assert report["settings"]["sampling"] == ["typical"] and report["settings"]["dtype"] == "float32"
     assert set(report["tasks"]["gsm8k"]["baseline"]["sampling"]["typical"]) == {"chain_2", "tree_4"}
     assert report["settings"]["split"] == "test" and report["baseline"]["name"] == str(tmp_path / "old")
     for task, e in report["tasks"].items():

@@ -18,6 +18,7 @@ import torch
 
 from ..engine_args import add_model_arguments
 from ..heads import load_heads
+from ..machine import auto_dtype
 from ..model import DTYPES, load_model
 from ..prompts import TASKS
 from ..settings import add_arguments, from_args
@@ -35,6 +36,16 @@ TRAIN_DTYPE = dict(
     choices=["auto", *DTYPES],
     help="base model dtype for generation and the teacher-forced pass: auto (default) = bfloat16 on CUDA and "
     "on a CPU with native bf16 (avx512_bf16, AMX), float32 on other CPUs",
+)
+
+
+# eval-heads' base model: tokens per step barely depends on it, the run's length does (emulated bf16 ran the
+# teacher-forced pass ~6x slower than float32 on a 2-core AVX2-only EPYC)
+EVAL_DTYPE = dict(
+    default="auto",
+    choices=["auto", *DTYPES],
+    help="base model dtype: auto (default) = bfloat16 on CUDA and on a CPU with native bf16 (avx512_bf16, "
+    "AMX), float32 on other CPUs",
 )
 
 
@@ -127,7 +138,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--split", default="test", choices=["calib", "test"], help="prompt split (default test)")
     p.add_argument("--out", default=None, help="report directory (default HEADS_DIR/eval)")
-    _model_args(p)
+    _model_args(p, dtype=EVAL_DTYPE)
     tasks = f"comma list of {', '.join(TASKS)} (default {','.join(EVAL_TASKS)})"
     add_arguments(  # train-heads' --eval-* settings, unprefixed here
         p,
@@ -214,8 +225,9 @@ def run_eval(args) -> int:
     elif args.against != "none":
         against = heads_path(args.against)
     baseline = load_heads(against) if against is not None else None
+    dtype = auto_dtype(args.device) if args.dtype == "auto" else args.dtype
     model, tokenizer = load_model(
-        args.model or heads.config.base_model or None, dtype=args.dtype, device=args.device
+        args.model or heads.config.base_model or None, dtype=dtype, device=args.device
     )
     report = evaluate_heads(
         model,
@@ -231,6 +243,7 @@ def run_eval(args) -> int:
         progress=not args.no_progress,
         sampling=settings.sampling,
     )
+    report["settings"]["dtype"] = dtype  # the base model's and the heads' (evaluate_heads casts them to it)
     shipped = args.heads_dir in HEAD_KINDS  # the package's own folder: write the report elsewhere
     out = (
         Path(args.out)
