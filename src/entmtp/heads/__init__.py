@@ -25,9 +25,10 @@ Drafting contract: ``drafter = heads.drafter()`` per generation (its own feature
 accepted path); ``drafter.probe(master, root_token) -> Probe``; ``drafter.draft(tree, root_token) -> Draft``.
 Training: ``features`` then ``project``.
 
-Where things live: ``config.py`` (HeadsConfig, file names, what the heads read: ``heads_input``), ``modules.py`` (residual blocks, Hydra++'s prefix
-layer), ``drafting.py`` (the ``Heads`` base class, Medusa, the draft vocabulary), ``hydra.py`` (Hydra's
-branch-by-branch drafting, fresh heads) and ``formats.py`` (save and load: ours and the official layouts).
+Where things live: ``config.py`` (HeadsConfig, file names, what the heads read: ``heads_input``),
+``modules.py`` (residual blocks, Hydra++'s prefix layer), ``drafting.py`` (the ``Heads`` base class, Medusa,
+the draft vocabulary), ``hydra.py`` (Hydra's branch-by-branch drafting, fresh heads) and ``formats.py`` (save
+and load: ours and the official layouts).
 """
 
 from .config import (
