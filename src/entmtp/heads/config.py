@@ -99,6 +99,12 @@ class HeadsConfig:
         return cls(kind=kind, num_heads=num_heads, **{**sizes, **fields})
 
 
+def saved_norm(fields: dict[str, Any]) -> bool:
+    """`hidden_state_norm` as a heads config or a data manifest's settings record it. Files written before the
+    field existed read an earlier layer's state raw (the last layer's is normed whatever the field says)."""
+    return bool(fields.get("hidden_state_norm", not fields.get("hidden_state_offset", 0)))
+
+
 def heads_input(decoder: nn.Module, out, offset: int = 0, norm: bool = True) -> torch.Tensor:
     """What heads read, from the decoder's output ``out`` [B, L, H]: the last layer's state, which the final
     norm has made (``offset`` 0), or the output of the layer ``offset`` layers before the last, through the

@@ -29,6 +29,7 @@ from .config import (
     MEDUSA_SAFETENSORS,
     WEIGHTS_FILE,
     HeadsConfig,
+    saved_norm,
 )
 from .drafting import Heads
 from .hydra import heads_class
@@ -304,7 +305,7 @@ def _load_medusa(directory: Path, cfg: dict[str, Any]) -> Heads:
         vocab_size=proj.shape[0],
         share_lm_head=False,
         hidden_state_offset=int(cfg.get("hidden_state_offset", 0)),  # entmtp's: official configs lack it
-        hidden_state_norm=_stored_norm(cfg),
+        hidden_state_norm=saved_norm(cfg),
         base_model=str(cfg.get("base_model_name_or_path", "")),
     )
     return _build(config, state, path, _medusa_name)
@@ -348,7 +349,7 @@ def _load_hydra(directory: Path, cfg: dict[str, Any]) -> Heads:
         head_arch=arch,
         grounded=f"hydra_mlp.0.{first}.res_connection.weight" in state,
         hidden_state_offset=int(cfg.get("hidden_state_offset", 0)),
-        hidden_state_norm=_stored_norm(cfg),
+        hidden_state_norm=saved_norm(cfg),
         base_model=str(cfg.get("base_model_name_or_path", "")),
         **fields,
     )
@@ -382,14 +383,6 @@ def _prefix_layer_fields(state: dict, cfg: dict[str, Any], path: Path) -> dict[s
     }
 
 
-def _stored_norm(cfg: dict[str, Any]) -> bool:
-    """`HeadsConfig.hidden_state_norm` of a config file: heads saved before the field existed read an earlier
-    layer's state raw (the last layer's is normed whatever the field says)."""
-    if not cfg.get("hidden_state_offset", 0):
-        return bool(cfg.get("hidden_state_norm", True))
-    return bool(cfg.get("hidden_state_norm", False))
-
-
 def _load_ours(directory: Path, cfg: dict[str, Any]) -> Heads:
     path = directory / WEIGHTS_FILE
     if cfg.get("version") != FORMAT_VERSION:
@@ -400,7 +393,7 @@ def _load_ours(directory: Path, cfg: dict[str, Any]) -> Heads:
     if not path.exists():
         raise HeadsError(f"{directory} has a heads config but no {WEIGHTS_FILE}: save the heads again")
     fields = {k: v for k, v in cfg.items() if k not in ("format", "version")}
-    fields["hidden_state_norm"] = _stored_norm(cfg)
+    fields["hidden_state_norm"] = saved_norm(cfg)
     known = {f.name for f in dataclasses.fields(HeadsConfig)}
     if set(fields) - known:
         raise HeadsError(

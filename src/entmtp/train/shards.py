@@ -35,7 +35,6 @@ seconds recorded: no token depends on time (only the optional time limit reads t
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
@@ -54,7 +53,7 @@ from ..batch import BatchOptions, generate_batch
 from ..engine import Engine
 from ..errors import DataError, PromptError
 from ..files import save_tensors_atomic, write_text_atomic
-from ..heads.config import heads_input
+from ..heads.config import heads_input, saved_norm
 from ..model import encode_prompt, eos_token_ids
 from ..settings import setting
 from .answers import IDENTITY, AnswerStore
@@ -254,11 +253,9 @@ def distill_dirs(directories) -> list[Path]:
 
 
 def stored_norm(settings: dict) -> bool:
-    """Whether the stored states went through the final norm (`heads_input`). The last layer's always does;
-    data made before `hidden_state_norm` existed stored earlier layers raw."""
-    if not settings.get("hidden_state_offset", 0):
-        return True
-    return bool(settings.get("hidden_state_norm", False))
+    """Whether the stored states went through the final norm (`heads_input`): the last layer's always did,
+    an earlier layer's as the settings say (`saved_norm`)."""
+    return not settings.get("hidden_state_offset", 0) or saved_norm(settings)
 
 
 def _data_shape(m: Manifest) -> dict:
@@ -407,8 +404,9 @@ def base_targets(
     batch_size: int = 8,
 ) -> list[dict[str, torch.Tensor]]:
     """One teacher-forced forward per sequence batch (right padding): for positions 0..L-2 of each sequence,
-    what the heads read (`heads_input`; on CPU, model dtype), the token, and the base top-k next-token ids and log-probs, in the
-    order of ``sequences``. Batches hold sequences of similar length (sorted), so little of a pass is padding."""
+    what the heads read (`heads_input`; on CPU, model dtype), the token, and the base top-k next-token ids and
+    log-probs, in the order of ``sequences``. Batches hold sequences of similar length (sorted), so little of a
+    pass is padding."""
     dev = model.device
     decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
@@ -714,10 +712,11 @@ def _check_same_data(d: Path, old: Manifest, new: Manifest) -> None:
     ):
         raise DataError(f"{d} holds data of base model {old.base_model!r}, not {new.base_model!r}: {fix}")
     defaults = asdict(GenSettings())  # a setting added since the data was made had its default value
-    had = {k: old.settings.get(k, defaults.get(k)) for k in new.settings}
-    had["hidden_state_norm"] = stored_norm(old.settings)  # the states' meaning, not the flag's default
-    new = dataclasses.replace(new, settings={**new.settings, "hidden_state_norm": stored_norm(new.settings)})
-    diff = {k: (had[k], v) for k, v in new.settings.items() if had[k] != v}
+    # hidden_state_norm: the stored states' meaning on both sides, not the flag's default
+    now = {**new.settings, "hidden_state_norm": stored_norm(new.settings)}
+    had = {k: old.settings.get(k, defaults.get(k)) for k in now}
+    had["hidden_state_norm"] = stored_norm(old.settings)
+    diff = {k: (had[k], v) for k, v in now.items() if had[k] != v}
     if diff:
         said = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
         raise DataError(f"{d} was generated with other settings ({said}): {fix}")
