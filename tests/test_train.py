@@ -1175,6 +1175,36 @@ def test_heads_trained_on_an_earlier_layer_read_it_in_data_training_and_evaluati
     assert summary["eval"]["tasks"]["gsm8k"]["speculative"]["tree_4"]["tokens_per_step"] >= 1.0
 
 
+def test_init_heads_from_the_last_layer_continue_on_data_of_an_earlier_layer_and_read_it(base, tmp_path):
+    """--init heads trained on the last layer, on data that stores an earlier layer: they start from their
+    weights (a warm start) and read the data's layer, as new heads would; grown heads too. Without the move
+    the trainer would refuse the data."""
+    model, tok = base
+    d = tmp_path / "distill"
+    gen = replace(GEN, num_prompts=4, max_new_tokens=8, hidden_state_offset=1)
+    generate_data(
+        model, tok, d, prompts=PROMPTS, settings=gen, batch_size=4, base_model="tiny", progress=False
+    )
+    old = random_heads(HeadsConfig.for_model(model, "hydra", 2, base_model="tiny"), seed=0)
+    with torch.no_grad():  # trained-looking weights, so that keeping them is checked
+        for p in old.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    old.set_draft_vocab(torch.arange(1, 60))
+    save_heads(old, tmp_path / "old")
+    still = replace(FAST, steps=2, lr=1e-9, warmup=0.0)
+    kw = dict(base=base, model="tiny", distill_dir=d, stages="train", train_settings=still, progress=False)
+    for name, settings in (
+        ("moved", HeadsSettings(num_heads=2)),
+        ("grown", HeadsSettings(num_heads=2, num_layers=2)),
+    ):
+        train_heads("hydra", tmp_path / name, init=tmp_path / "old", heads_settings=settings, **kw)
+        new = load_heads(tmp_path / name, dtype=torch.float32)
+        assert (new.config.hidden_state_offset, new.config.hidden_state_norm) == (1, True)
+        kept = dict(new.named_parameters())
+        for key, value in old.named_parameters():  # the old weights, up to the bf16 of saving
+            torch.testing.assert_close(kept[key], value, atol=0.02, rtol=0.02)
+
+
 def test_data_made_before_the_norm_setting_resumes_and_an_earlier_layers_raw_data_is_told_apart():
     """A manifest without hidden_state_norm: at offset 0 it is the same data as today's (the last layer is
     normed either way); at an offset it stored the raw state, which normed settings must not extend."""

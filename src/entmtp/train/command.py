@@ -92,7 +92,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--init",
         default=None,
-        help="start from these heads instead of random ones: medusa | hydra (shipped) | a heads directory",
+        help="start from these heads instead of random ones: medusa | hydra (shipped) | a heads directory "
+        "(they read the layer the data stores: heads of another layer start from their weights there)",
     )
     add_arguments(p, EvalSettings, prefix="eval-")
     p.add_argument(

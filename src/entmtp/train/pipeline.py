@@ -394,7 +394,11 @@ def _init_heads(path, config: HeadsConfig, data: DistillData, model, seed: int =
     """Heads loaded from ``path`` to train further. Their architecture must be the one asked for, except that
     they may grow, each growth starting as the function the old heads computed (see `_grow`): Hydra ``mlp``
     heads into Hydra++ (``prefix-mlp``), more residual blocks a head (``num_layers``), and a projection of
-    each head's own instead of the shared base output layer (``share_lm_head`` off)."""
+    each head's own instead of the shared base output layer (``share_lm_head`` off).
+
+    They read the layer state the data stores (``config``'s offset and norm), as new heads do: heads trained on
+    another layer start from their weights there, a warm start whose inputs have changed (their accuracy at
+    step 0 is what the first validation shows)."""
     heads = load_heads(heads_path(path), dtype=torch.float32)
     have, want = heads.config, config
     grows = {
@@ -425,8 +429,17 @@ def _init_heads(path, config: HeadsConfig, data: DistillData, model, seed: int =
         )
     if any(grows.values()):
         scale = mean_feature_rms(data, "train") if grows["head_arch"] else 1.0
-        heads = _grow(heads, config, model, scale, seed)
+        heads = _grow(heads, config, model, scale, seed)  # built from `config`: reads the data's layer
+    elif _reads(have) != _reads(want):
+        heads.config = dataclasses.replace(
+            have, hidden_state_offset=want.hidden_state_offset, hidden_state_norm=want.hidden_state_norm
+        )
     return heads
+
+
+def _reads(config: HeadsConfig) -> tuple[int, bool]:
+    """The layer state heads read: (offset, through the final norm); the last layer's is normed either way."""
+    return config.hidden_state_offset, config.hidden_state_norm or not config.hidden_state_offset
 
 
 def _grow(heads: Heads, config: HeadsConfig, model, scale: float, seed: int) -> Heads:
