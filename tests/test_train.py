@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerFast
 from conftest import tiny_model
 from entmtp import machine as machine_mod
 from entmtp.errors import DataError, HeadsError
-from entmtp.heads import HeadsConfig, load_heads, random_heads, save_heads
+from entmtp.heads import Heads, HeadsConfig, load_heads, random_heads, save_heads
 from entmtp.machine import auto_dtype
 from entmtp.train import (
     EvalSettings,
@@ -825,17 +825,24 @@ def test_train_heads_end_to_end(base, tmp_path):
         train_heads("hydra", tmp_path / "back", init=tmp_path / "hydrapp", **more)
 
 
+def _trained_looking_heads(model, directory: Path) -> Heads:
+    """Hydra heads (2) for the tiny model with weights away from their init, so that keeping them is checked;
+    saved in ``directory``."""
+    heads = random_heads(HeadsConfig.for_model(model, "hydra", 2, base_model="tiny"), seed=0)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    heads.set_draft_vocab(torch.arange(1, 60))
+    save_heads(heads, directory)
+    return heads
+
+
 def test_init_heads_grow_starting_from_the_function_they_computed(base, distill, tmp_path):
     """--init heads may grow into more residual blocks a head (the new ones exactly the identity) and a vocab
     projection of each head's own (a copy of the shared base output layer, bias zero): the grown heads start
     by drafting exactly what the old ones drafted. Shrinking is refused with the fields named."""
     model, _ = base
-    old = random_heads(HeadsConfig.for_model(model, "hydra", 2, base_model="tiny"), seed=0)
-    with torch.no_grad():  # trained-looking blocks, so that keeping them is checked
-        for p in old.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    old.set_draft_vocab(torch.arange(1, 60))
-    save_heads(old, tmp_path / "old")
+    old = _trained_looking_heads(model, tmp_path / "old")
     still = TrainSettings(
         steps=2, batch_size=2, window=16, lr=1e-9, warmup=0.0, checkpoint_every=2, eval_every=2
     )
@@ -1185,12 +1192,7 @@ def test_init_heads_from_the_last_layer_continue_on_data_of_an_earlier_layer_and
     generate_data(
         model, tok, d, prompts=PROMPTS, settings=gen, batch_size=4, base_model="tiny", progress=False
     )
-    old = random_heads(HeadsConfig.for_model(model, "hydra", 2, base_model="tiny"), seed=0)
-    with torch.no_grad():  # trained-looking weights, so that keeping them is checked
-        for p in old.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    old.set_draft_vocab(torch.arange(1, 60))
-    save_heads(old, tmp_path / "old")
+    old = _trained_looking_heads(model, tmp_path / "old")
     still = replace(FAST, steps=2, lr=1e-9, warmup=0.0)
     kw = dict(base=base, model="tiny", distill_dir=d, stages="train", train_settings=still, progress=False)
     for name, settings in (
