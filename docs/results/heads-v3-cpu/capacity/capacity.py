@@ -51,6 +51,7 @@ def read_run(name: str) -> dict:
     return {
         "name": name,
         "num_layers": config["num_layers"],
+        "hidden_state_offset": config.get("hidden_state_offset", 0),  # the layer read: 0 the last, 3 layer 27
         "own_lm_head": not config["share_lm_head"],
         "parameters": parameters,
         "trained_parameters": trained,
@@ -75,21 +76,25 @@ def check_comparable(runs: list[dict]) -> None:
                 )
 
 
+def _reads(offset: int) -> str:
+    return "last layer" if offset == 0 else f"last layer - {offset}"
+
+
 def table(runs: list[dict]) -> str:
     control_end = runs[0]["curve"][-1]["val_top1"]
     k = len(control_end)
     lines = [
-        "| run | blocks a head | own projection | head parameters (trained) | peak lr | distinct training positions | steps "
+        "| run | reads | blocks a head | own projection | head parameters (trained) | peak lr | distinct training positions | steps "
         "| positions seen | "
         + " | ".join(f"val top-1 head {i + 1}: start -> end" for i in range(k))
         + " | head 1 vs control | positions/s (median) |",
-        "|---|---|---|---|---|---|---|---|" + "---|" * k + "---|---|",
+        "|---|---|---|---|---|---|---|---|---|" + "---|" * k + "---|---|",
     ]
     for r in runs:
         start, end = r["curve"][0]["val_top1"], r["curve"][-1]["val_top1"]
         rate = r["positions_per_second_median"]
         lines.append(
-            f"| {r['name']} | {r['num_layers']} | {'yes' if r['own_lm_head'] else 'no'} | {r['parameters'] / 1e6:.1f}M ({r['trained_parameters'] / 1e6:.1f}M) | {r['peak_lr']:.0e} "
+            f"| {r['name']} | {_reads(r['hidden_state_offset'])} | {r['num_layers']} | {'yes' if r['own_lm_head'] else 'no'} | {r['parameters'] / 1e6:.1f}M ({r['trained_parameters'] / 1e6:.1f}M) | {r['peak_lr']:.0e} "
             f"| {r['train_positions'] if r['train_positions'] is None else format(r['train_positions'], ',')} | {r['steps']} | {r['positions_seen']:,} | "
             + " | ".join(f"{a:.4f} -> {b:.4f} ({b - a:+.4f})" for a, b in zip(start, end, strict=True))
             + f" | {end[0] - control_end[0]:+.4f} | {rate:.0f} |"
