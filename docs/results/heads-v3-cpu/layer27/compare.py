@@ -1,8 +1,9 @@
 """The layer-27 experiment's results in one table, JSON and plot: validation top-1 of both arms per head at every
-evaluation (their copied ``train_log.jsonl``), and eval-heads' tokens per step (``eval/eval.json``: layer 27's
-heads, with layer 30's as the baseline), greedy and at T=0.7, per task and as the four tasks' mean.
+evaluation (their copied ``train_log.jsonl``), and their tokens per step (``replay/replay.json``, written by
+replay.py: layer 27's heads against layer 30's on the same generations), greedy and at T=0.7, per task and as
+the four tasks' mean with its bootstrap interval.
 
-    python docs/results/heads-v3-cpu/layer27/compare.py      # after run.sh; writes layer27.{json,md,png} here
+    python docs/results/heads-v3-cpu/layer27/compare.py   # after run.sh l27 l30 and replay.py; writes layer27.{json,md,png}
 """
 
 from __future__ import annotations
@@ -34,27 +35,10 @@ def curves() -> dict[str, list[dict]]:
     return out
 
 
-def tokens_per_step(report: dict) -> dict:
-    """{mode: {tree: {task: (layer 27, layer 30)}}}, mode greedy or a sampling rule."""
-    out: dict = {}
-    for task, t in report["tasks"].items():
-        modes = {"greedy": (t["speculative"], t["baseline"]["speculative"])}
-        for rule, ours in t.get("sampling", {}).items():
-            modes[f"T=0.7 {rule}"] = (ours, t["baseline"]["sampling"][rule])
-        for mode, (ours, theirs) in modes.items():
-            for tree in report["trees"]:
-                out.setdefault(mode, {}).setdefault(tree, {})[task] = (
-                    ours[tree]["tokens_per_step"],
-                    theirs[tree]["tokens_per_step"],
-                )
-    return out
-
-
 def main() -> None:
     c = curves()
-    evaluated = (HERE / "eval" / "eval.json").is_file()  # run.sh eval (not yet run: the curves alone)
-    report = json.loads((HERE / "eval" / "eval.json").read_text()) if evaluated else {"tasks": {}}
-    tps = tokens_per_step(report) if evaluated else {}
+    replayed = (HERE / "replay" / "replay.json").is_file()  # replay.py (not yet run: the curves alone)
+    summary = json.loads((HERE / "replay" / "replay.json").read_text())["summary"] if replayed else {}
     lines = ["## Validation top-1 at the end (380 steps, 299,771 positions seen)", ""]
     lines += ["| heads read | k=1 | k=2 | k=3 | k=4 | val loss k=1 |", "|---|---|---|---|---|---|"]
     for arm, rows in c.items():
@@ -66,31 +50,26 @@ def main() -> None:
         )
     a, b = (rows[-1]["val_top1"] for rows in c.values())
     lines.append("| difference | " + " | ".join(f"{x - y:+.4f}" for x, y in zip(a, b, strict=True)) + " | |")
-    lines += ["", "## Tokens per step, layer 27 vs layer 30 (eval-heads, test split)", ""]
-    if not evaluated:
-        lines.append("Not measured yet: `run.sh eval`, then this script again.")
-    tasks = list(report["tasks"])
-    if evaluated:
+    lines += ["", "## Tokens per step, layer 27 vs layer 30 (replay.py, test split)", ""]
+    if not replayed:
+        lines.append("Not measured yet: replay.py, then this script again.")
+    else:
+        tasks = list(next(iter(next(iter(summary.values())).values()))["tasks"])
         lines += [
-            "| mode | tree | " + " | ".join(tasks) + " | mean |",
+            "| mode | tree | " + " | ".join(tasks) + " | mean (95% interval of the difference) |",
             "|---|---|" + "---|" * (len(tasks) + 1),
         ]
-    summary = {}
-    for mode, trees in tps.items():
-        for tree, per_task in trees.items():
-            ours = sum(v[0] for v in per_task.values()) / len(per_task)
-            theirs = sum(v[1] for v in per_task.values()) / len(per_task)
-            summary[f"{mode} {tree}"] = {"layer27": ours, "layer30": theirs, "gain": ours / theirs - 1}
-            cells = [f"{per_task[t][0]:.2f} vs {per_task[t][1]:.2f}" for t in tasks]
+    for mode, trees in summary.items():
+        for tree, r in trees.items():
+            cells = [f"{x:.2f} vs {y:.2f}" for x, y in (r["tasks"][t] for t in tasks)]
+            lo, hi = r["relative_95"]
             lines.append(
                 f"| {mode} | {tree} | "
                 + " | ".join(cells)
-                + f" | **{ours:.2f} vs {theirs:.2f} ({ours / theirs - 1:+.1%})** |"
+                + f" | **{r['mean'][0]:.2f} vs {r['mean'][1]:.2f} ({r['relative']:+.1%})** ({lo:+.1%} .. {hi:+.1%}) |"
             )
     (HERE / "layer27.md").write_text("\n".join(lines) + "\n")
-    (HERE / "layer27.json").write_text(
-        json.dumps({"curves": c, "tokens_per_step": tps, "means": summary}, indent=1) + "\n"
-    )
+    (HERE / "layer27.json").write_text(json.dumps({"curves": c, "tokens_per_step": summary}, indent=1) + "\n")
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6), sharey=True)
     for k, ax in enumerate(axes):
         for arm, rows in c.items():
