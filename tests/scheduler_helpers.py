@@ -46,9 +46,10 @@ def path_value(path) -> float:
 # ---- heads fitted to one greedy sequence -------------------------------------------------------------------
 
 
-def fitted_heads(kind: str, model, tokens: list[int], steps: int = 300):
-    """Random heads overfitted to one greedy sequence of the tiny model, so they accept often on it."""
-    cfg = HeadsConfig(kind=kind, num_heads=4, hidden_size=64, vocab_size=256)
+def fitted_heads(kind: str, model, tokens: list[int], steps: int = 300, config: HeadsConfig | None = None):
+    """Random heads (`config`; default 4 for the tiny model) overfitted to one greedy sequence of the tiny
+    model, so they accept often on it."""
+    cfg = config or HeadsConfig(kind=kind, num_heads=4, hidden_size=64, vocab_size=256)
     heads = random_heads(cfg, seed=1, init="random").bind(model)
     ids = torch.tensor([tokens])
     with torch.no_grad():

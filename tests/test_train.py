@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 from dataclasses import asdict, replace
@@ -16,9 +17,12 @@ from transformers import PreTrainedTokenizerFast
 
 from conftest import tiny_model
 from entmtp import machine as machine_mod
+from entmtp.engine import Engine
 from entmtp.errors import DataError, HeadsError
 from entmtp.heads import Heads, HeadsConfig, load_heads, random_heads, save_heads
 from entmtp.machine import auto_dtype
+from entmtp.model import encode_prompt
+from entmtp.prompts import load_prompts
 from entmtp.train import (
     EvalSettings,
     GenSettings,
@@ -1071,6 +1075,48 @@ def test_the_evaluation_decodes_at_temperature_with_each_sampling_rule_seeded_al
         evaluate_heads(model, tok, heads, progress=False, sampling=("nosuch",), **run)
     with pytest.raises(DataError, match="unknown sampling rule 'greedy'"):
         EvalSettings(sampling=("greedy",))
+
+
+def test_the_evaluation_by_trace_replay_gives_decodings_tokens_per_step_without_decoding(base):
+    """method replay: greedy tokens and steps per tree are exactly the decoded ones, for the heads and the
+    baseline; lossless sampling scores both heads on the same plain samples, so identical heads give identical
+    figures; no tokens/s is reported; rules a replay cannot score exactly are refused, naming the way out."""
+    from scheduler_helpers import fitted_heads
+
+    model, tok = base
+    run = dict(tasks=("gsm8k",), split="test", num_prompts=3, max_new_tokens=12, trees=("chain_2", "tree_4"))
+    first = encode_prompt(tok, load_prompts("gsm8k", "test", 1)[0])
+    text = first + Engine(model, tok).generate(first, max_new_tokens=12).token_ids
+    config = HeadsConfig.for_model(model, "hydra", 2)
+    heads = fitted_heads("hydra", model, text, steps=200, config=config)  # they accept on the first prompt
+    other = random_heads(config, seed=2, init="random")
+    decoded = evaluate_heads(model, tok, heads, baseline=other, progress=False, **run)
+    replayed = evaluate_heads(model, tok, heads, baseline=other, progress=False, method="replay", **run)
+    d, r = decoded["tasks"]["gsm8k"], replayed["tasks"]["gsm8k"]
+    for tree in run["trees"]:
+        for side in (lambda e: e, lambda e: e["baseline"]):
+            dec, rep = side(d)["speculative"][tree], side(r)["speculative"][tree]
+            assert (rep["tokens"], rep["steps"]) == (dec["tokens"], dec["steps"])
+            assert "tokens_per_second" not in rep
+    assert r["top1"] == d["top1"]  # teacher-forced accuracy does not depend on the method
+    assert max(d["speculative"][t]["tokens_per_step"] for t in run["trees"]) > 1.0  # drafts were accepted
+    md = report_markdown(replayed)
+    assert "by trace replay: no tokens/s" in md and "tokens/s new /" not in md
+    assert "tokens/s new /" in report_markdown(decoded)
+    twin = copy.deepcopy(heads)
+    sampled = evaluate_heads(
+        model, tok, heads, baseline=twin, progress=False, method="replay", sampling=("sample",), **run
+    )["tasks"]["gsm8k"]
+    for tree in run["trees"]:
+        new, old = sampled["sampling"]["sample"][tree], sampled["baseline"]["sampling"]["sample"][tree]
+        assert new["tokens_per_step"] >= 1.0 and (new["tokens"], new["steps"]) == (
+            old["tokens"],
+            old["steps"],
+        )
+    with pytest.raises(ValueError, match="'typical' cannot be replayed .* use method decode"):
+        evaluate_heads(model, tok, heads, progress=False, method="replay", sampling=("typical",), **run)
+    with pytest.raises(DataError, match="cannot replay sampling rules gumbel .* method decode"):
+        EvalSettings(method="replay", sampling=("sample", "gumbel"))
 
 
 @pytest.mark.slow

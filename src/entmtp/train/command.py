@@ -151,6 +151,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
             "trees": dict(flag="--trees"),
             "tasks": dict(flag="--tasks", default=EVAL_TASKS, help=tasks),
             "sampling": dict(flag="--sampling"),
+            "method": dict(flag="--method"),
         },
     )
     p.add_argument(
@@ -243,6 +244,7 @@ def run_eval(args) -> int:
         baseline_name=f"shipped {heads.config.kind}" if args.against == "shipped" else str(args.against),
         progress=not args.no_progress,
         sampling=settings.sampling,
+        method=settings.method,
     )
     report["settings"]["dtype"] = dtype  # the base model's and the heads' (evaluate_heads casts them to it)
     shipped = args.heads_dir in HEAD_KINDS  # the package's own folder: write the report elsewhere

@@ -14,6 +14,18 @@ Metrics (on the test split of each task by default, or its calibration split; ne
 * ``tokens_per_second`` per tree: the steps' tokens (the prefill's first token left out) over the whole
   generations' wall time (see metrics.py). The heads and the baseline decode each prompt back to back, so
   machine load hits both alike; ratios between them are what to read.
+
+How tokens per step is measured (``method``):
+
+* ``decode``: every prompt is decoded with every (heads, tree), greedy and with each sampling rule; this also
+  gives tokens/s.
+* ``replay``: every prompt is generated once by plain decoding (greedy, and a plain sample at T per prompt
+  seeded by its index), and each heads are teacher-forced over it (`calibration.traces`); a tree's steps are
+  then walked on the trace (`calibration.search.simulate`). For greedy output that is exactly what decoding
+  gives; with lossless ``sample`` acceptance, exactly what decoding gives for that sampled outcome, and all heads
+  and trees are scored on the same outcomes. No tokens/s (nothing decodes with the heads), and no ``typical``
+  or ``gumbel`` (their outputs depend on the tree). Much faster on a CPU: one plain generation a prompt and
+  mode instead of one speculative decode a prompt, mode, heads and tree.
 """
 
 from __future__ import annotations
@@ -27,6 +39,9 @@ from pathlib import Path
 import torch
 
 from .. import metrics
+from ..accept import Sampling
+from ..calibration.search import simulate
+from ..calibration.traces import generate_traces
 from ..engine import Engine
 from ..heads.config import heads_input
 from ..model import encode_prompt
@@ -40,6 +55,8 @@ TOPS = (1, 5, 10)
 DEFAULT_TREES = ("mc_sim_7b_63", "tree_8")
 SAMPLING_RULES = ("sample", "typical", "gumbel")  # acceptance rules the evaluation can decode with at T > 0
 EVAL_TASKS = FOUR_TASKS + tuple(SPECBENCH)  # the paper's four tasks, then the dev benchmark's categories
+METHODS = ("decode", "replay")  # how tokens per step is measured (module docstring)
+REPLAYED_RULES = ("sample",)  # sampling rules a replay scores exactly
 
 
 @torch.inference_mode()
@@ -121,6 +138,36 @@ def speculative_runs(
     return out
 
 
+@torch.inference_mode()
+def replayed_runs(
+    model,
+    tokenizer,
+    heads: dict[str, object],
+    prompts: list[list[int]],
+    trees: list[str],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+) -> dict[str, dict[str, dict]]:
+    """`speculative_runs`' tokens per step by trace replay (module docstring): {heads name: {tree:
+    tokens_per_step, steps, tokens}}. Greedy at temperature 0; else lossless sampling, prompt i's plain sample
+    seeded with i."""
+    plain = Engine(model, tokenizer)
+    outputs = [
+        plain.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=i).token_ids
+        for i, ids in enumerate(prompts)
+    ]
+    sampling = Sampling(temperature, "sample") if temperature > 0 else None
+    out: dict[str, dict[str, dict]] = {}
+    for name, h in heads.items():  # each heads' engine: its base model reads the layer the heads read
+        engine = Engine(model, tokenizer, h, static(trees[-1]))
+        traces, _ = generate_traces(engine, h, prompts, max_new_tokens, outputs=outputs, sampling=sampling)
+        out[name] = {}
+        for t in trees:
+            sim = simulate(load_tree(t), traces)
+            out[name][t] = {"tokens_per_step": sim.tokens_per_step, "steps": sim.steps, "tokens": sim.tokens}
+    return out
+
+
 def evaluate_heads(
     model,
     tokenizer,
@@ -137,14 +184,23 @@ def evaluate_heads(
     progress: bool = True,
     sampling: tuple[str, ...] = (),
     temperature: float = 0.7,
+    method: str = "decode",
 ) -> dict:
     """The evaluation report as a dict (see the module docstring). ``baseline``: other heads for the same
     model, measured the same way on the same prompts (report["baseline"] and each task's "baseline").
-    ``sampling``: also decode at ``temperature`` with these acceptance rules (`SAMPLING_RULES`). Each task's
-    result line (`task_line`) prints when the task is done; ``progress``: a progress bar over the tasks too."""
+    ``sampling``: also decode at ``temperature`` with these acceptance rules (`SAMPLING_RULES`). ``method``:
+    how tokens per step is measured (`METHODS`). Each task's result line (`task_line`) prints when the task is
+    done; ``progress``: a progress bar over the tasks too."""
+    if method not in METHODS:
+        raise ValueError(f"unknown evaluation method {method!r}: use {' or '.join(METHODS)}")
     for rule in sampling:
         if rule not in SAMPLING_RULES:
             raise ValueError(f"unknown sampling rule {rule!r}: use some of {', '.join(SAMPLING_RULES)}")
+        if method == "replay" and rule not in REPLAYED_RULES:
+            raise ValueError(
+                f"sampling rule {rule!r} cannot be replayed (its output depends on the tree): use method decode, "
+                f"or only {', '.join(REPLAYED_RULES)}"
+            )
     named = {"heads": heads} | ({"baseline": baseline} if baseline is not None else {})
     for h in named.values():
         h.bind(model)
@@ -159,6 +215,7 @@ def evaluate_heads(
             "split": split,
             "sampling": list(sampling),
             "temperature": temperature,
+            "method": method,
         },
         "trees": usable,
         "skipped_trees": {t: f"depth {load_tree(t).depth} > {depth} heads" for t in trees if t not in usable},
@@ -170,7 +227,7 @@ def evaluate_heads(
         for task in tasks:
             report["tasks"][task] = _evaluate_task(
                 model, tokenizer, named, task, split, num_prompts, max_new_tokens, usable, batch_size,
-                sampling, temperature,
+                sampling, temperature, method,
             )  # fmt: skip
             bar.done(task_line(task, report["tasks"][task]))
     return report
@@ -178,7 +235,7 @@ def evaluate_heads(
 
 def _evaluate_task(
     model, tokenizer, named: dict, task: str, split: str, num_prompts: int, max_new_tokens: int,
-    trees: list[str], batch_size: int, sampling: tuple[str, ...], temperature: float,
+    trees: list[str], batch_size: int, sampling: tuple[str, ...], temperature: float, method: str = "decode",
 ) -> dict:  # fmt: skip
     """One task's entry of the report: teacher-forced accuracy and tokens per step of `named`'s heads
     ("heads", and "baseline" when given) on the task's prompts."""
@@ -189,7 +246,8 @@ def _evaluate_task(
         model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size
     )
     pairs = list(zip(prompts, responses, strict=True))
-    runs = speculative_runs(model, tokenizer, named, prompts, trees, max_new_tokens)
+    measure = replayed_runs if method == "replay" else speculative_runs
+    runs = measure(model, tokenizer, named, prompts, trees, max_new_tokens)
     entry = {"label": TASKS[task][1], "prompts": len(prompts)}
     entry.update(teacher_forced_accuracy(model, heads, pairs))
     entry["speculative"] = runs["heads"]
@@ -197,9 +255,8 @@ def _evaluate_task(
         entry["baseline"] = teacher_forced_accuracy(model, baseline, pairs)
         entry["baseline"]["speculative"] = runs["baseline"]
     for rule in sampling:
-        sampled = speculative_runs(
-            model, tokenizer, named, prompts, trees, max_new_tokens, temperature, acceptance=rule
-        )
+        how = {} if method == "replay" else {"acceptance": rule}  # a replay's one rule: sample
+        sampled = measure(model, tokenizer, named, prompts, trees, max_new_tokens, temperature, **how)
         entry.setdefault("sampling", {})[rule] = sampled["heads"]
         if baseline is not None:
             entry["baseline"].setdefault("sampling", {})[rule] = sampled["baseline"]
@@ -278,7 +335,8 @@ def report_markdown(report: dict) -> str:
         lines.append("")
     if report["trees"]:
         lines += [
-            "## Mean tokens per step (greedy speculative decoding; accepted drafts + 1 bonus token)",
+            "## Mean tokens per step (greedy speculative decoding; accepted drafts + 1 bonus token)"
+            + (" by trace replay" if _replayed(report) else ""),
             "",
             "| task | " + " | ".join(report["trees"]) + " |",
             "|---|" + "---|" * len(report["trees"]),
@@ -308,15 +366,20 @@ def _groups(tasks: dict) -> list[tuple[str, list[str]]]:
     return [(name if len(ts) == len(every) else " + ".join(ts), ts) for name, ts, every in groups if ts]
 
 
+def _replayed(report: dict) -> bool:
+    return report["settings"].get("method", "decode") == "replay"
+
+
 def comparison_table(report: dict) -> list[str]:
-    """One table: tokens/step of the heads and the baseline per tree and task, and the tokens/s ratio with the
-    last tree (the default one), with means (and the dev categories' minimum) below."""
+    """One table: tokens/step of the heads and the baseline per tree and task, and (decoded, not replayed) the
+    tokens/s ratio with the last tree (the default one), with means (and the dev categories' minimum) below."""
     trees, tasks, name = report["trees"], report["tasks"], report["baseline"]["name"]
-    default = trees[-1]
+    default, timed = trees[-1], not _replayed(report)
     head = ["task"] + [f"{t} {who}" for t in trees for who in ("new", name)]
-    head.append(f"{default} tokens/s new / {name}")
+    head += [f"{default} tokens/s new / {name}"] if timed else []
+    title = f"tokens/s ratio with {default}" if timed else "by trace replay: no tokens/s"
     lines = [
-        f"## Against {name} (greedy tokens per step; tokens/s ratio with {default})",
+        f"## Against {name} (greedy tokens per step; {title})",
         "",
         "| " + " | ".join(head) + " |",
         "|---|" + "---|" * (len(head) - 1),
@@ -331,6 +394,8 @@ def comparison_table(report: dict) -> list[str]:
             for side in ("new", "baseline"):
                 xs = [tps(e, side, t) for e in values]
                 out.append(f"{sum(xs) / len(xs):.2f}")
+        if not timed:
+            return out
         ratios = [
             metrics.speedup(
                 e["speculative"][default]["tokens_per_second"],
@@ -351,7 +416,7 @@ def comparison_table(report: dict) -> list[str]:
                 for tr in trees
                 for side in ("new", "baseline")
             ]
-            lines.append("| " + " | ".join([f"**min, {group}**", *worst, ""]) + " |")
+            lines.append("| " + " | ".join([f"**min, {group}**", *worst] + [""] * timed) + " |")
     lines.append("")
     return lines
 
@@ -369,7 +434,8 @@ def sampling_table(report: dict, rule: str) -> list[str]:
 
     head = ["task"] + [f"{t} {side}" for t in trees for side in sides]
     lines = [
-        f"## Mean tokens per step at T={T:g}, {rule} acceptance",
+        f"## Mean tokens per step at T={T:g}, {rule} acceptance"
+        + (" (trace replay)" if _replayed(report) else ""),
         "",
         "| " + " | ".join(head) + " |",
         "|---|" + "---|" * (len(head) - 1),
