@@ -22,10 +22,11 @@ How tokens per step is measured (``method``):
 * ``replay``: every prompt is generated once by plain decoding (greedy, and a plain sample at T per prompt
   seeded by its index), and each heads are teacher-forced over it (`calibration.traces`); a tree's steps are
   then walked on the trace (`calibration.search.simulate`). For greedy output that is exactly what decoding
-  gives; with lossless ``sample`` acceptance, exactly what decoding gives for that sampled outcome, and all heads
-  and trees are scored on the same outcomes. No tokens/s (nothing decodes with the heads), and no ``typical``
-  or ``gumbel`` (their outputs depend on the tree). Much faster on a CPU: one plain generation a prompt and
-  mode instead of one speculative decode a prompt, mode, heads and tree.
+  gives; with lossless ``sample`` acceptance, exactly what decoding gives for that sampled outcome, and all
+  heads and trees are scored on the same outcomes. No tokens/s (nothing decodes with the heads). Not for
+  ``typical``, whose output depends on the tree, nor ``gumbel``, whose drafts depend on the decode's noise.
+  Much faster on a CPU: one plain generation a prompt and mode instead of one speculative decode a prompt,
+  mode, heads and tree.
 """
 
 from __future__ import annotations
@@ -198,8 +199,8 @@ def evaluate_heads(
             raise ValueError(f"unknown sampling rule {rule!r}: use some of {', '.join(SAMPLING_RULES)}")
         if method == "replay" and rule not in REPLAYED_RULES:
             raise ValueError(
-                f"sampling rule {rule!r} cannot be replayed (its output depends on the tree): use method decode, "
-                f"or only {', '.join(REPLAYED_RULES)}"
+                f"sampling rule {rule!r} cannot be replayed (typical's output depends on the tree, gumbel's "
+                f"drafts on the decode's noise): use method decode, or only {', '.join(REPLAYED_RULES)}"
             )
     named = {"heads": heads} | ({"baseline": baseline} if baseline is not None else {})
     for h in named.values():

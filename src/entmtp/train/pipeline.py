@@ -159,9 +159,9 @@ class EvalSettings:
         unreplayable = sorted(set(self.sampling) - set(REPLAYED_RULES)) if self.method == "replay" else []
         if unreplayable:
             raise DataError(
-                f"the evaluation cannot replay sampling rules {', '.join(unreplayable)} (their output depends "
-                "on the tree): measure them with method decode (eval-heads --method, train-heads "
-                f"--eval-method), or replay only {', '.join(REPLAYED_RULES)}"
+                f"the evaluation cannot replay sampling rules {', '.join(unreplayable)} (typical's output "
+                "depends on the tree, gumbel's drafts on the decode's noise): measure them with method decode "
+                f"(eval-heads --method, train-heads --eval-method), or replay only {', '.join(REPLAYED_RULES)}"
             )
         if self.prompts < 1 or self.max_new_tokens < 1:
             raise DataError(
