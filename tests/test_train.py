@@ -1113,6 +1113,8 @@ def test_the_evaluation_by_trace_replay_gives_decodings_tokens_per_step_without_
             old["tokens"],
             old["steps"],
         )
+    with pytest.raises(ValueError, match="unknown evaluation method 'nosuch': use decode or replay"):
+        evaluate_heads(model, tok, heads, progress=False, method="nosuch", **run)
     with pytest.raises(ValueError, match="'typical' cannot be replayed .* use method decode"):
         evaluate_heads(model, tok, heads, progress=False, method="replay", sampling=("typical",), **run)
     with pytest.raises(DataError, match="cannot replay sampling rules gumbel .* method decode"):
