@@ -396,6 +396,12 @@ def test_the_benchs_default_is_generates_engine_on_the_models_the_bench_loaded_o
     if "default@llama-cpp" in methods.static:
         assert methods.static["default@transformers"].model is methods.model
         assert methods.static["plain@llama-cpp"].model is methods.static["default@llama-cpp"].model
+    from entmtp.bench.report import weights_lines  # the report names each built default's weights
+
+    assert any(
+        line.startswith("- `default`: weights: bfloat16 on transformers")
+        for line in weights_lines(methods.plans)
+    )
 
 
 @pytest.mark.slow

@@ -356,14 +356,14 @@ def test_generate_measures_the_machine_once_and_says_what_it_chose(tmp_path, mon
     assert main([*args, "--dtype", "float32", "--threads", "1"]) == 0
     err = capsys.readouterr().err
     assert "measuring this machine's step costs" in err and "step costs (probe): plain" in err
-    assert "dtype: float32 (as asked)" in err
+    assert "weights: float32 on transformers (as asked)" in err
     curves = [json.loads(p.read_text()) for p in (tmp_path / "cache" / "costs").glob("*.json")]
     assert [c["machine"] for c in curves if "nodes" in c] == [record("cpu")]  # where it was measured
     assert main([*args, "--dtype", "float32", "--threads", "1"]) == 0  # cached: measured once
     assert "measuring" not in capsys.readouterr().err
     assert main([*args, "--threads", "1"]) == 0  # auto: both CPU dtypes compared, the faster one chosen
     said = re.search(
-        r"dtype: (\w+) \(most expected tokens/s here: (\w+) ([\d.]+), (\w+) ([\d.]+)\)",
+        r"weights: (\w+) on transformers \(most expected tokens/s here: (\w+) ([\d.]+), (\w+) ([\d.]+)\)",
         capsys.readouterr().err,
     )
     assert said, "the auto choice did not say what it measured"

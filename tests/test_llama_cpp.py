@@ -21,7 +21,7 @@ llama_cpp = pytest.importorskip(
 )
 
 from entmtp.accept import ACCEPTANCE  # noqa: E402
-from entmtp.backends import backend_name  # noqa: E402
+from entmtp.backends import backend_name, describe_weights  # noqa: E402
 from entmtp.backends.llama_cpp import (  # noqa: E402
     MAX_SEQ,
     LlamaCppError,
@@ -417,15 +417,81 @@ def test_auto_keeps_the_backend_with_the_most_expected_tokens_per_second(monkeyp
 
 
 def test_build_runs_the_embedded_gguf_on_llama_cpp():
+    """With no dtype named, llama.cpp runs the embedded Q4_1 file as it is, and the plan says so in words."""
     from entmtp.build import EngineSpec, build
 
-    built = build(
-        EngineSpec(backend="llama-cpp", dtype="float32", tree="tree_8", probe=False), log=lambda m: None
-    )
+    built = build(EngineSpec(backend="llama-cpp", tree="tree_8", probe=False), log=lambda m: None)
     assert built.plan.backend == "llama-cpp" and backend_name(built.engine.model) == "llama-cpp"
-    assert "backend: llama-cpp (as asked)" in built.plan.describe()
+    plan = built.plan.describe()
+    assert "backend: llama-cpp (as asked)" in plan
+    assert "weights: Q4_1 GGUF (" in plan and "(the GGUF file as given" in plan
+    assert "heads: hydra, computing in " in plan and "threads: " in plan
     result = built.engine.generate(PROMPTS[0], max_new_tokens=8)
     assert len(result.token_ids) == 8
+
+
+# ---- a named dtype names the weights on every backend (#70) ------------------------------------------------
+
+LONG_PROMPT = "Summarize this report in two sentences.\n\n" + " ".join(
+    f"In week {i} the team shipped {i + 2} fixes, closed {3 * i} issues and reviewed {i + 5} pull requests."
+    for i in range(1, 16)
+)
+
+
+@pytest.mark.parametrize("prompt", [PROMPTS[0], LONG_PROMPT], ids=["short", "long"])
+def test_dtype_float32_decodes_float32_weights_whichever_backend_and_route(prompt):
+    """`--dtype float32` runs float32 weights on transformers and on llama.cpp (the F32 GGUF written from the
+    embedded model), so plain and speculative greedy decoding give the same tokens on each backend auto can
+    choose, and through a route between the two lanes whichever lane a prompt's length picks."""
+    from entmtp.build import EngineSpec, build
+    from entmtp.costs import PrefillCost
+    from entmtp.routing import Lane, Router
+
+    outputs, engines = {}, {}
+    for backend in ("transformers", "llama-cpp"):
+        for heads, tree in (("none", None), ("hydra", "tree_8"), ("medusa", "mc_sim_7b_63")):
+            spec = EngineSpec(backend=backend, dtype="float32", heads=heads, tree=tree, threads=2)
+            built = build(spec, log=lambda m: None)
+            assert built.plan.weights.startswith("float32"), built.plan.describe()
+            engines[backend, heads] = built.engine
+            outputs[backend, heads] = built.engine.generate(prompt, max_new_tokens=24).token_ids
+    assert "F32 GGUF" in describe_weights(engines["llama-cpp", "none"].model)
+    # a route that sends short prompts to llama.cpp and long ones to transformers (this EPYC's shape)
+    llama_prefill, torch_prefill = (
+        PrefillCost((128, 1024), (530.0, 4210.0)),
+        PrefillCost((128, 1024), (135.0, 941.0)),
+    )
+    for heads in ("none", "hydra"):
+        router = Router(
+            Lane("llama-cpp", engines["llama-cpp", heads], llama_prefill, 95.0, "float32"),
+            Lane("transformers", engines["transformers", heads], torch_prefill, 37.0, "float32"),
+        )
+        outputs["routed", heads] = router.generate(prompt, max_new_tokens=24).token_ids
+    reference = outputs["transformers", "none"]
+    assert {k: v for k, v in outputs.items() if v != reference} == {}
+
+
+def test_a_user_gguf_is_decoded_as_given_and_never_as_another_dtype(tmp_path):
+    """A user's Q4_1 GGUF: `--dtype float32` on llama.cpp is refused by name (it would decode Q4_1), and under
+    `auto` backend llama.cpp is no candidate for that dtype; a BF16 GGUF serves `--dtype bfloat16`."""
+    from entmtp.backends.llama_cpp import gguf_weights, write_float_gguf
+    from entmtp.build import EngineSpec, _candidates, build
+    from entmtp.model import embedded_gguf
+
+    q4 = str(embedded_gguf())
+    assert gguf_weights(q4) == "Q4_1"
+    with pytest.raises(EntMTPError, match=r"holds Q4_1 weights and --dtype float32 names float32 weights"):
+        build(EngineSpec(model=q4, backend="llama-cpp", dtype="float32", heads="none"), log=lambda m: None)
+    assert _candidates(EngineSpec(model=q4, dtype="float32"), probe=True) == ["transformers/float32"]
+    assert _candidates(EngineSpec(model=q4), probe=True)[-1].startswith("llama-cpp/")  # auto: as given
+    bf16 = write_float_gguf(q4, tmp_path / "m-bf16.gguf", "bfloat16")
+    assert gguf_weights(bf16) == "BF16"
+    built = build(
+        EngineSpec(model=str(bf16), backend="llama-cpp", dtype="bfloat16", heads="none"), log=lambda m: None
+    )
+    assert built.plan.weights.startswith("bfloat16 (BF16 GGUF m-bf16.gguf)")
+    assert len(built.engine.generate(PROMPTS[0], max_new_tokens=4).token_ids) == 4
+    assert not list(tmp_path.glob("*.tmp"))  # nothing half-written
 
 
 def test_step_costs_times_the_llama_cpp_engines_own_step(tmp_path):

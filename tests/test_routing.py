@@ -122,13 +122,13 @@ def fake_build(monkeypatch, tmp_path):
     def fake_load(loader, spec, cand, budget, max_batch, log):
         loaded.append(cand)
         tok = tokenizers[cand.split("/")[0]]
-        model = build_mod.Loaded(spec, object(), tok, None, "none", None)
+        model = build_mod.Loaded(build_mod._at(spec, cand), object(), tok, None, "none", None)
         policies = dict.fromkeys(ACCEPTANCE, StaticPolicy(Tree.root_only()))
         return build_mod._Option(
             model, build_mod.Composed(policies, "greedy", "plain", "test", SPEEDS[cand], {}, (), False)
         )
 
-    prefill = {90.0: LLAMA_PREFILL, 40.0: TORCH_PREFILL}
+    prefill = {90.0: LLAMA_PREFILL, 40.0: TORCH_PREFILL, 30.0: TORCH_PREFILL, 50.0: LLAMA_PREFILL}
     monkeypatch.setattr(build_mod, "_load", fake_load)
     monkeypatch.setattr(build_mod, "_candidates", lambda spec, probe: list(SPEEDS))
     monkeypatch.setattr(build_mod, "_room_for_another", lambda model, cand: True)
@@ -137,9 +137,37 @@ def fake_build(monkeypatch, tmp_path):
     return loaded, tokenizers
 
 
+MIXED = build_mod.EngineSpec(mixed_weights=True)  # the Q4_1 GGUF's lane and bf16's may share requests
+
+
+def test_auto_decodes_one_weights_format_unless_mixing_is_allowed(fake_build):
+    """`--dtype auto` keeps the fastest candidate's weights for every request: llama.cpp's GGUF as given
+    (Q4_1) and transformers' bf16 are other weights, so no route joins them, and the plan says why."""
+    built = build_mod.build(build_mod.EngineSpec(), log=lambda m: None)
+    assert isinstance(built.engine, _FakeEngine) and built.plan.backend == "llama-cpp"
+    assert built.plan.route.startswith("none: llama-cpp decodes GGUF as given weights and the other backend")
+    assert "--mixed-weights" in built.plan.route
+    assert isinstance(build_mod.build(MIXED, log=lambda m: None).engine, Router)
+
+
+def test_a_named_dtype_routes_between_backends_that_decode_its_weights(fake_build, monkeypatch):
+    """`--dtype float32`: transformers in float32 and llama.cpp on the F32 GGUF decode the same weights, so
+    requests are routed between them; naming a dtype and asking for mixed weights contradict each other."""
+    speeds = {"llama-cpp/float32": 50.0, "transformers/float32": 30.0}
+    monkeypatch.setitem(globals(), "SPEEDS", speeds)
+    monkeypatch.setattr(build_mod, "_candidates", lambda spec, probe: list(speeds))
+    built = build_mod.build(build_mod.EngineSpec(dtype="float32"), log=lambda m: None)
+    assert isinstance(built.engine, Router)
+    assert [lane.weights for lane in built.engine.lanes] == ["float32", "float32"]
+    with pytest.raises(
+        EntMTPError, match="--mixed-weights routes between weights formats, and --dtype float32"
+    ):
+        build_mod.build(build_mod.EngineSpec(dtype="float32", mixed_weights=True), log=lambda m: None)
+
+
 def test_auto_routes_between_the_fastest_candidate_and_the_other_backends_best(fake_build):
     loaded, _ = fake_build
-    built = build_mod.build(build_mod.EngineSpec(), log=lambda m: None)
+    built = build_mod.build(MIXED, log=lambda m: None)
     assert isinstance(built.engine, Router)
     assert [(lane.backend, lane.tokens_per_second) for lane in built.engine.lanes] == [
         ("llama-cpp", 90.0),
@@ -150,31 +178,31 @@ def test_auto_routes_between_the_fastest_candidate_and_the_other_backends_best(f
         "route: prompts of >= " in built.plan.describe() and "tokens to transformers" in built.plan.describe()
     )
     loaded.clear()
-    again = build_mod.build(build_mod.EngineSpec(), log=lambda m: None)  # cached: the two lanes, no third
+    again = build_mod.build(MIXED, log=lambda m: None)  # cached: the two lanes, no third
     assert loaded == ["llama-cpp/bfloat16", "transformers/bfloat16"]
     assert isinstance(again.engine, Router) and again.plan.route == built.plan.route
 
 
 def test_a_choice_cached_before_routing_is_measured_again_to_find_the_route(fake_build):
     loaded, _ = fake_build
-    build_mod.build(build_mod.EngineSpec(), log=lambda m: None)
+    build_mod.build(MIXED, log=lambda m: None)
     path = costs_dir() / "dtype-choices.json"
     choices = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("route:")}
     path.write_text(json.dumps(choices))  # an older cache: the choice alone
     loaded.clear()
-    built = build_mod.build(build_mod.EngineSpec(), log=lambda m: None)
+    built = build_mod.build(MIXED, log=lambda m: None)
     assert loaded == list(SPEEDS) and isinstance(built.engine, Router)
 
 
 def test_no_route_when_asked_for_one_engine_or_the_backends_tokenize_differently(fake_build):
     _, tokenizers = fake_build
-    one = build_mod.build(build_mod.EngineSpec(), log=lambda m: None, route=False)
+    one = build_mod.build(MIXED, log=lambda m: None, route=False)
     assert isinstance(one.engine, _FakeEngine) and one.plan.route.startswith(
         "off: every request on llama-cpp"
     )
     tokenizers["llama-cpp"] = "another"
     (costs_dir() / "dtype-choices.json").unlink()
-    other = build_mod.build(build_mod.EngineSpec(), log=lambda m: None)
+    other = build_mod.build(MIXED, log=lambda m: None)
     assert isinstance(other.engine, _FakeEngine)
     assert other.plan.route == "none: transformers tokenizes differently, so every request runs on llama-cpp"
 

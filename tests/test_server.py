@@ -152,9 +152,37 @@ def test_sampling_with_a_seed_repeats(client):
     assert a.choices[0].message.content == b.choices[0].message.content
 
 
-def test_models_and_health(client, server):
+def test_models_and_health(client, served):
+    server, log = served
     assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct"]
-    assert httpx.get(f"{server}/health").json()["status"] == "ok"
+    health = httpx.get(f"{server}/health").json()
+    assert health["status"] == "ok" and health["weights"] == "float32 on transformers"  # --dtype float32
+    assert "serving smollm2-135m-instruct (float32 on transformers) on http" in log.read_text()
+
+
+def test_a_llama_cpp_server_with_dtype_float32_decodes_float32_weights_for_short_and_long_prompts(
+    tmp_path, plain
+):
+    """`entmtp serve --backend llama-cpp --dtype float32` decodes the F32 GGUF written from the embedded model,
+    whatever a request's length, says so in /health and its log, and answers transformers' float32 greedy
+    tokens: the dtype names the weights on every backend."""
+    proc, url, log = _start_server(tmp_path, "--backend", "llama-cpp", "--max-batch", "1")
+    try:
+        weights = httpx.get(f"{url}/health").json()["weights"]
+        assert weights.startswith("float32 (F32 GGUF ") and weights.endswith("on llama.cpp")
+        assert f"({weights})" in log.read_text()
+        long = "Summarize: " + " ".join(
+            f"Item {i} costs {i * 3} dollars and weighs {i} kg." for i in range(60)
+        )
+        for content in ("Name three colors, one per line.", long):
+            messages = [{"role": "user", "content": content}]
+            body = {"messages": messages, "max_tokens": 16, "temperature": 0}
+            reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).json()
+            assert (
+                reply["choices"][0]["message"]["content"] == plain.generate(messages, max_new_tokens=16).text
+            )
+    finally:
+        _stop(proc)
 
 
 def test_concurrent_requests_each_get_their_own_answer(client, plain):

@@ -16,11 +16,17 @@ place:
 
   backend  `auto`: on a CPU, with llama-cpp-python installed and a GGUF to run (the embedded model's, or
            `--model X.gguf`), both transformers and llama.cpp are candidates, measured like dtypes; else
-           transformers. A named backend is used as it is (backends/__init__.py).
-  dtype    `auto`: on CUDA bf16 where supported (else fp16); on a CPU, each candidate (bf16, float32) is
-           loaded and its cost curve measured (once: cached), and the one with the most expected tokens/s
-           is kept (the choice is cached too). A named dtype is used as it is. On llama.cpp the dtype is the
-           heads' alone (the GGUF's own types run the base model): bf16 where the CPU has native bf16.
+           transformers. A named backend is used as it is (backends/__init__.py). Requests are routed by
+           prompt length (routing.py) between the kept candidate and the other backend's best only where
+           the two decode the same weights, or where `mixed_weights` allows formats to mix.
+  weights  A named dtype names the weights on every backend: transformers in that dtype, llama.cpp on a GGUF
+           of that dtype (the embedded model's written once from its own file; a user's GGUF must be of it),
+           so that `--dtype float32` decodes float32 weights whichever backend runs. `auto`: on CUDA bf16
+           where supported (else fp16); on a CPU, each candidate (transformers in bf16 and float32,
+           llama.cpp on the GGUF as given, e.g. the embedded Q4_1) is loaded and its cost curve measured
+           (once: cached), and the one with the most expected tokens/s is kept (the choice is cached too):
+           one weights format per engine, which the plan names. The heads on llama.cpp compute in the named
+           dtype, or (auto) bf16 where the CPU has native bf16.
   heads    `None`: the shipped heads if any; `none`: plain decoding (or prompt lookup with `lookup`).
   policy   `--tree` alone: that static tree. Otherwise a policy from a profile (default: the shipped `mixed`
            profile and the policy it recommends), built on this machine's cost curve. When no bank tree is
@@ -45,7 +51,7 @@ import torch
 
 from . import metrics
 from .accept import ACCEPTANCE, Sampling
-from .backends import BACKENDS
+from .backends import BACKENDS, describe_weights, weights_format
 from .costs import (
     CostCorrector,
     CostCurve,
@@ -96,9 +102,11 @@ class EngineSpec:
     dtype: str = setting(
         "auto",
         choices=DTYPE_CHOICES,
-        help="auto (default): on a CPU, the dtype with the most expected tokens/s on this machine's "
-        "measured step costs (bf16 or float32, measured once and cached); bf16 on CUDA. float32: output "
-        "identical to plain decoding, token for token",
+        help="the weights' format on whichever backend runs (llama.cpp: a GGUF of that dtype, written once "
+        "from the embedded model's). auto (default): on a CPU, the format with the most expected tokens/s on "
+        "this machine's measured step costs (bf16 or float32 on transformers, the GGUF as given on "
+        "llama.cpp; measured once and cached); bf16 on CUDA. float32: output identical to plain decoding, "
+        "token for token",
     )
     device: str = setting("cpu", help="cpu or cuda[:N] (default cpu)")
     threads: int | None = setting(None, help="torch CPU threads (default: torch's choice)")
@@ -140,6 +148,14 @@ class EngineSpec:
         help="on a CPU in bfloat16, draft from the heads' own bf16 weights instead of int8 copies of them "
         "(int8: the same outputs, about half the bytes a draft reads; heads/int8.py)",
     )
+    mixed_weights: bool = setting(
+        False,
+        help="with --dtype auto: route each request by its prompt length between backends even where they "
+        "decode different weights (llama.cpp's Q4_1 GGUF for short prompts, transformers' bf16 for long "
+        "ones), so that two requests may decode different numerics (default: off, one weights format per "
+        "engine, routed only between backends that decode the same weights)",
+    )
+    gguf_as_given: bool = False  # llama.cpp runs the GGUF file as it is (`build` sets it for --dtype auto)
     kv: str = setting(
         "auto",
         choices=("auto", "dynamic"),
@@ -152,8 +168,10 @@ class EngineSpec:
 class Plan:
     """What `build` decided and why (`entmtp doctor` and `generate -v` print it)."""
 
-    dtype: str
-    dtype_reason: str
+    dtype: (
+        str  # the compute dtype: transformers' weights, the heads' on llama.cpp (`weights` names the GGUF's)
+    )
+    dtype_reason: str  # why these weights
     policy: str  # a policy name, "tree <name>", "plain" or "lookup"
     policy_reason: str
     costs: CostCurve | None
@@ -164,11 +182,16 @@ class Plan:
     backend_reason: str = "as asked"
     route: str = ""  # how requests are routed between backends by prompt length (routing.py); "": one backend
     costs_note: str = ""  # where the step costs came from when nothing was measured (--no-probe)
+    weights: str = ""  # the weights the engine decodes, in words (backends.describe_weights)
+    heads: str = ""  # the heads and the dtype they compute in ("none": plain or lookup decoding)
+    threads: int = 0
 
     def describe(self) -> str:
         lines = [
             f"backend: {self.backend} ({self.backend_reason})",
-            f"dtype: {self.dtype} ({self.dtype_reason})",
+            f"weights: {self.weights or self.dtype} ({self.dtype_reason})",
+            f"heads: {self.heads or 'none'}",
+            f"threads: {self.threads}",
             f"policy: {self.policy} ({self.policy_reason})",
         ]
         if self.other_rules:
@@ -245,8 +268,10 @@ def build(
     reason, backend_reason = _why(spec, backend, len(candidates), cached, speeds)
     loaded, composed = options[chosen].loaded, options[chosen].composed
     engine = assemble(loaded, composed, spec)
-    other = _other_backend(options, chosen)
+    other = _other_backend(options, chosen, spec.mixed_weights)
     router, route_note = route_between(spec, options, chosen, other, engine) if route else (None, "")
+    if route and other is None:
+        route_note = _unmixed(options, chosen) or route_note
     if not route and (other or second):
         route_note = f"off: every request on {backend} (asked for one engine: a server batches on one)"
     if choice_key is not None and (cached is None or second is None):
@@ -256,8 +281,44 @@ def build(
         dtype, reason, composed.name, composed.reason, loaded.costs, speeds, composed.others,
         composed.lookup_rules, backend, backend_reason, route_note,
         "" if probe else _unprobed_costs(loaded.costs, composed, spec.lookup),
+        _weights_words(loaded), _heads_words(loaded, composed), spec.threads or torch.get_num_threads(),
     )  # fmt: skip
     return Built(router or engine, plan, loaded, composed)
+
+
+def _weights_key(loaded: Loaded) -> str:
+    """The weights' format of a loaded candidate (backends.weights_format), or, before a real model is
+    loaded, the one its spec asks for."""
+    found = weights_format(loaded.model)
+    if found is not None:
+        return found
+    return "GGUF as given" if loaded.spec.gguf_as_given else loaded.spec.dtype
+
+
+def _weights_words(loaded: Loaded) -> str:
+    return describe_weights(loaded.model) if weights_format(loaded.model) else _weights_key(loaded)
+
+
+def _heads_words(loaded: Loaded, composed: Composed) -> str:
+    if not composed.uses_heads:
+        return "none"
+    dtype = loaded.spec.dtype
+    if loaded.spec.backend == "llama-cpp":  # the heads' dtype differs from the weights' there
+        why = "as asked" if not loaded.spec.gguf_as_given else _heads_dtype_reason()
+        return f"{loaded.heads_spec}, computing in {dtype} ({why})"
+    return f"{loaded.heads_spec}, computing in {dtype}"
+
+
+def _unmixed(options: dict[str, _Option], chosen: str) -> str:
+    """The route line where another backend was measured but decodes other weights ("": none was)."""
+    mine = _weights_key(options[chosen].loaded)
+    others = sorted({_weights_key(o.loaded) for c, o in options.items() if _split(c)[0] != _split(chosen)[0]})
+    if not others:
+        return ""
+    return (
+        f"none: {_split(chosen)[0]} decodes {mine} weights and the other backend {', '.join(others)}, so every "
+        "request runs on one weights format (--mixed-weights routes between them by prompt length)"
+    )
 
 
 def _unprobed_costs(costs: CostCurve | None, composed: Composed, lookup: Lookup | None) -> str:
@@ -275,9 +336,15 @@ def _unprobed_costs(costs: CostCurve | None, composed: Composed, lookup: Lookup 
     return note
 
 
-def _other_backend(options: dict[str, _Option], chosen: str) -> str | None:
-    """The candidate with the most expected tokens/s on the backend `chosen` is not on (None: one backend)."""
-    others = [c for c in options if _split(c)[0] != _split(chosen)[0]]
+def _other_backend(options: dict[str, _Option], chosen: str, mixed: bool = False) -> str | None:
+    """The candidate with the most expected tokens/s on the backend `chosen` is not on, decoding the same
+    weights unless `mixed` (None: no such candidate)."""
+    mine = _weights_key(options[chosen].loaded)
+    others = [
+        c
+        for c in options
+        if _split(c)[0] != _split(chosen)[0] and (mixed or _weights_key(options[c].loaded) == mine)
+    ]
     return max(others, key=lambda c: options[c].composed.expected) if others else None
 
 
@@ -292,7 +359,7 @@ def route_between(spec: EngineSpec, options: dict, chosen: str, other: str | Non
         return None, f"none: {why}"
     engines = (engine, assemble(second.loaded, second.composed, spec))
     lanes = [
-        Lane(_split(c)[0], e, _prefill(o), o.composed.expected)
+        Lane(_split(c)[0], e, _prefill(o), o.composed.expected, _weights_words(o.loaded))
         for c, o, e in zip((chosen, other), (first, second), engines, strict=True)
     ]
     router = Router(*lanes)
@@ -332,7 +399,9 @@ def _why(spec: EngineSpec, backend: str, candidates: int, cached: str | None, sp
         return why, why
     reason = "CUDA" if spec.device.startswith("cuda") else "as asked" if spec.dtype != "auto" else None
     reason = reason or (
-        "the heads' dtype: " + _heads_dtype_reason() if backend == "llama-cpp" else "the only candidate"
+        "the GGUF file as given: --dtype names float weights"
+        if backend == "llama-cpp"
+        else "the only candidate"
     )
     return reason, "as asked" if spec.backend != "auto" else _single_backend_reason(spec)
 
@@ -360,6 +429,10 @@ def check_spec(spec: EngineSpec) -> None:
             )
         if not spec.device.startswith("cpu"):
             raise EntMTPError("--backend llama-cpp runs on the CPU here: drop --device, or use transformers")
+    if spec.mixed_weights and spec.dtype != "auto":
+        raise EntMTPError(
+            f"--mixed-weights routes between weights formats, and --dtype {spec.dtype} names one: drop one of them"
+        )
     if spec.kv not in ("auto", "dynamic"):
         raise EntMTPError(f"unknown kv cache {spec.kv!r}: use 'auto' or 'dynamic'")
     if spec.tree is not None:
@@ -467,11 +540,12 @@ def _concrete(spec: EngineSpec) -> EngineSpec:
 def _at(spec: EngineSpec, cand: str) -> EngineSpec:
     """`spec` with the candidate "backend/dtype"'s backend and dtype."""
     backend, dtype = _split(cand)
-    return replace(spec, backend=backend, dtype=dtype)
+    as_given = spec.gguf_as_given or (backend == "llama-cpp" and spec.dtype == "auto")
+    return replace(spec, backend=backend, dtype=dtype, gguf_as_given=as_given)
 
 
 def _base_key(spec: EngineSpec) -> tuple:
-    return (spec.model, spec.backend, spec.dtype, spec.device, spec.pack, spec.threads)
+    return (spec.model, spec.backend, spec.dtype, spec.device, spec.pack, spec.threads, spec.gguf_as_given)
 
 
 # ---- compose: one policy per acceptance rule -------------------------------------------------------------
@@ -628,15 +702,32 @@ def load_base(spec: EngineSpec, backend: str, dtype: str):
     llama.cpp (`spec.model` a .gguf, else the embedded model's GGUF with its converted tokenizer)."""
     if backend == "llama-cpp":
         from .backends.llama_cpp import load_gguf
-        from .model import embedded_gguf, embedded_model_dir
+        from .model import embedded_model_dir
 
         embedded = is_embedded(spec.model)
-        path = embedded_gguf() if embedded else spec.model
+        path = gguf_for(spec.model, None if spec.gguf_as_given else dtype)
         tokenizer_dir = str(embedded_model_dir()) if embedded else None
         return load_gguf(path, dtype=DTYPES[dtype], threads=spec.threads, tokenizer_dir=tokenizer_dir)
     from .model import load_model
 
     return load_model(spec.model, dtype=dtype, device=spec.device, pack=spec.pack)
+
+
+def gguf_for(model: str | None, dtype: str | None) -> str:
+    """The GGUF file llama.cpp runs for `model` (None: the embedded model): the file as given (`dtype` None),
+    else one whose weights are `dtype`'s: the embedded model's written once in that dtype from its own file
+    (backends.llama_cpp.embedded_gguf_in), a user's file when it is of that dtype (else a clear error)."""
+    from .backends.llama_cpp import FLOAT_GGUF_TYPES, embedded_gguf_in, gguf_weights
+    from .model import embedded_gguf
+
+    if is_embedded(model):
+        return str(embedded_gguf() if dtype is None else embedded_gguf_in(dtype))
+    if dtype is not None and gguf_weights(model) != FLOAT_GGUF_TYPES.get(dtype):
+        raise EntMTPError(
+            f"{model} holds {gguf_weights(model)} weights and --dtype {dtype} names {dtype} weights: drop "
+            f"--dtype (llama.cpp runs the file as it is), or give a GGUF of {dtype} weights"
+        )
+    return model
 
 
 def _split(cand: str) -> tuple[str, str]:
@@ -651,9 +742,22 @@ def _backends(spec: EngineSpec) -> list[str]:
     from .backends.llama_cpp import available
 
     gguf = is_embedded(spec.model) or is_gguf(spec.model)
-    if spec.device.startswith("cpu") and gguf and available():
+    if spec.device.startswith("cpu") and gguf and available() and _gguf_fits_dtype(spec):
         return ["transformers", "llama-cpp"]
     return ["transformers"]
+
+
+def _gguf_fits_dtype(spec: EngineSpec) -> bool:
+    """Whether llama.cpp can decode the weights `spec.dtype` names: any GGUF under `auto` (as given), the
+    embedded model's in any float dtype (written from it), a user's file only in its own float type."""
+    if spec.dtype == "auto" or is_embedded(spec.model):
+        return True
+    from .backends.llama_cpp import FLOAT_GGUF_TYPES, LlamaCppError, gguf_weights
+
+    try:
+        return gguf_weights(spec.model) == FLOAT_GGUF_TYPES.get(spec.dtype)
+    except LlamaCppError:
+        return True  # a bad file: loading it says so
 
 
 def _single_backend_reason(spec: EngineSpec) -> str:
@@ -663,6 +767,8 @@ def _single_backend_reason(spec: EngineSpec) -> str:
         return "llama.cpp runs on the CPU only here"
     if not available():
         return f"llama-cpp-python is not installed ({LLAMA_CPP_HINT})"
+    if is_gguf(spec.model) and not _gguf_fits_dtype(spec):
+        return f"llama.cpp would decode other weights than --dtype {spec.dtype} names (the GGUF's own)"
     return "llama.cpp needs a GGUF model" if spec.model else "nothing measured (--no-probe)"
 
 
@@ -728,6 +834,8 @@ def _choice_key(spec: EngineSpec, heads_spec: str) -> str:
             "torch": torch.__version__,
             "model": spec.model,
             "backend": spec.backend,
+            "dtype": spec.dtype,
+            "mixed_weights": spec.mixed_weights,
             "heads": heads_spec,
             "tree": spec.tree,
             "policy": spec.policy,

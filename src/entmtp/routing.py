@@ -11,7 +11,9 @@ backend, and each request goes to the lane with the least
 where prefill is the lane's measured `PrefillCost` (costs/prefill.py) and the decode speed the composed
 policy's expected tokens/s on that backend's cost curve (trees and lookup drafts priced in). Ties go to the
 first lane (the backend `auto` chose by decode speed). The lanes share one tokenizer (the caller checks), so
-a prompt is encoded once, and a routed request's output is exactly what the chosen engine gives alone.
+a prompt is encoded once, and a routed request's output is exactly what the chosen engine gives alone. `build`
+routes only between lanes that decode the same weights (with `--dtype float32`: transformers in float32 and
+llama.cpp on an F32 GGUF), unless `--mixed-weights` lets a Q4_1 lane and a bf16 one share the requests.
 
 A `Router` has the `Engine` faces that `generate`, `chat` and the bench use: `generate`, `stream`, `encode`,
 `tokenizer`, `window`. The server batches requests on one engine (batch.py) and builds without routing.
@@ -39,6 +41,7 @@ class Lane:
     engine: object  # engine.Engine
     prefill: PrefillCost
     tokens_per_second: float  # expected decode speed of the engine's policy on this backend's curve
+    weights: str = ""  # the weights it decodes, in words (backends.describe_weights): the log names them
 
     def expected_ms(self, prompt_tokens: int, new_tokens: int) -> float:
         return self.prefill(prompt_tokens) + 1000 * new_tokens / self.tokens_per_second
@@ -79,8 +82,10 @@ class Router:
                 f"{x.backend} {x.expected_ms(len(ids), options.max_new_tokens) / 1000:.2f} s"
                 for x in self.lanes
             )
+            weights = f" ({lane.weights})" if lane.weights else ""
             self.log(
-                f"routed to {lane.backend}: {len(ids)} prompt tokens, {options.max_new_tokens} new (expected {expected})"
+                f"routed to {lane.backend}{weights}: {len(ids)} prompt tokens, {options.max_new_tokens} new "
+                f"(expected {expected})"
             )
         yield from lane.engine.stream(ids, options)
 

@@ -79,3 +79,30 @@ def base_for(
 def backend_name(model) -> str:
     """`llama-cpp` or `transformers`: the backend that runs `model`."""
     return "llama-cpp" if getattr(model, "entmtp_base", None) is not None else "transformers"
+
+
+GGUF_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}  # float GGUF types as dtypes
+
+
+def weights_format(model) -> str | None:
+    """The format of the weights `model` computes with, comparable across backends: a dtype ("float32",
+    "bfloat16") for transformers and for a float GGUF, else the GGUF's own type ("Q4_1"). Two engines decode
+    the same weights when their formats are equal (the embedded model's GGUFs are all written from one file).
+    None: not a model of either backend."""
+    gguf = getattr(model, "weights", None)  # llama_cpp.LlamaCppModel: its file's type
+    if gguf is not None:
+        return GGUF_DTYPES.get(gguf, gguf)
+    dtype = getattr(model, "dtype", None)
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def describe_weights(model) -> str:
+    """The weights in words for the plan, the server's log and the bench: "Q4_1 GGUF (file.gguf) on
+    llama.cpp", "float32 (F32 GGUF file.gguf) on llama.cpp", "bfloat16 on transformers"."""
+    gguf = getattr(model, "weights", None)
+    if gguf is None:
+        return f"{weights_format(model) or 'unknown'} on transformers"
+    name = getattr(getattr(model, "path", None), "name", "?")
+    if gguf in GGUF_DTYPES:
+        return f"{GGUF_DTYPES[gguf]} ({gguf} GGUF {name}) on llama.cpp"
+    return f"{gguf} GGUF ({name}) on llama.cpp"

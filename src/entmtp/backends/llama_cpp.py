@@ -79,6 +79,7 @@ class GGUFInfo:
     embed: np.ndarray
     output: np.ndarray | None
     f32: bool = False  # every tensor F32 (general.file_type 0)
+    weights: str = "unknown"  # the weights' format as llama.cpp names it: Q4_1, F32, BF16... (`gguf_weights`)
 
 
 def read_gguf(path: Path) -> GGUFInfo:
@@ -120,7 +121,7 @@ def read_gguf(path: Path) -> GGUFInfo:
         eos_token_id=field("tokenizer.ggml.eos_token_id"),
     )
     config._name_or_path = str(path)
-    return GGUFInfo(config, embed, output, f32=field("general.file_type") == 0)
+    return GGUFInfo(config, embed, output, f32=field("general.file_type") == 0, weights=_file_type(reader))
 
 
 def _dequantize(tensor) -> np.ndarray:
@@ -130,12 +131,52 @@ def _dequantize(tensor) -> np.ndarray:
     return np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32, order="C")
 
 
-def write_f32_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Path:
-    """Write `src` with every tensor dequantized to F32 (the same metadata, tokenizer and values as the
-    dequantized model transformers loads): the file on which llama.cpp's greedy output is compared with
-    speculative decoding's without quantization in the way. Written to a temporary name, then renamed."""
+FLOAT_GGUF_TYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}  # a dtype's GGUF tensor type
+_FILE_TYPES = {
+    "F32": 0,
+    "F16": 1,
+    "BF16": 32,
+}  # general.file_type (llama.cpp's LLAMA_FTYPE_ALL_F32, _MOSTLY_*)
+
+
+def gguf_weights(path: str | os.PathLike[str]) -> str:
+    """The weights' format of a GGUF file as llama.cpp names it (general.file_type): "Q4_1", "F32", "BF16"...;
+    the most common tensor type where the file does not say."""
     import gguf
 
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as e:  # see read_gguf
+        raise LlamaCppError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from e
+    return _file_type(reader)
+
+
+def _file_type(reader) -> str:
+    import gguf
+
+    f = reader.fields.get("general.file_type")
+    if f is not None:
+        try:
+            return gguf.LlamaFileType(int(f.contents())).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except ValueError:
+            pass
+    types = [t.tensor_type.name for t in reader.tensors if len(t.shape) > 1]
+    return max(set(types), key=types.count) if types else "unknown"
+
+
+def write_float_gguf(
+    src: str | os.PathLike[str], dst: str | os.PathLike[str], dtype: str = "float32"
+) -> Path:
+    """Write `src` with every tensor dequantized and stored as `dtype` (float32 -> F32, bfloat16 -> BF16,
+    float16 -> F16): the same metadata, tokenizer and values as the dequantized model transformers loads in
+    that dtype, so that llama.cpp decodes the weights `--dtype` names. Written to a temporary name, then
+    renamed."""
+    import gguf
+
+    kind = FLOAT_GGUF_TYPES.get(dtype)
+    if kind is None:
+        raise LlamaCppError(f"no float GGUF for dtype {dtype!r}: use one of {', '.join(FLOAT_GGUF_TYPES)}")
+    qtype = gguf.GGMLQuantizationType[kind]
     reader = gguf.GGUFReader(str(src))
     arch = reader.fields["general.architecture"].contents()
     dst = Path(dst)
@@ -145,11 +186,17 @@ def write_f32_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> 
         for key, f in reader.fields.items():
             if key.startswith("GGUF.") or key == "general.architecture":
                 continue
-            value = 0 if key == "general.file_type" else f.contents()  # 0: LLAMA_FTYPE_ALL_F32
+            value = _FILE_TYPES[kind] if key == "general.file_type" else f.contents()
             sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
             writer.add_key_value(key, value, f.types[0], sub_type=sub)
         for t in reader.tensors:
-            writer.add_tensor(t.name, _dequantize(t).reshape([int(d) for d in reversed(t.shape)]))
+            values = _dequantize(t).reshape([int(d) for d in reversed(t.shape)])
+            if len(values.shape) < 2 or kind == "F32":  # norms and biases stay F32, as llama.cpp's converter
+                writer.add_tensor(t.name, values)
+            elif kind == "F16":
+                writer.add_tensor(t.name, values.astype(np.float16))
+            else:
+                writer.add_tensor(t.name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -160,6 +207,12 @@ def write_f32_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> 
         tmp.unlink(missing_ok=True)  # nothing half-written is left behind
         raise
     return dst
+
+
+def write_f32_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Path:
+    """`write_float_gguf` in float32: the file on which llama.cpp's greedy output is compared with
+    speculative decoding's without quantization in the way."""
+    return write_float_gguf(src, dst, "float32")
 
 
 # ---- llama.cpp: one model, one context, a pool of sequence ids --------------------------------------------
@@ -385,6 +438,7 @@ class LlamaCppModel(nn.Module):
         super().__init__()
         config = info.config
         self.path, self.config, self.runtime = path, config, runtime
+        self.weights = info.weights  # the GGUF's format (Q4_1, F32, BF16...): what llama.cpp computes with
         self.generation_config = None
         self.model = nn.Module()  # transformers' layout: model.embed_tokens, model.rotary_emb, lm_head
         self.model.embed_tokens = nn.Embedding.from_pretrained(torch.from_numpy(info.embed), freeze=True)
@@ -685,13 +739,23 @@ class LlamaCppBase:
         return out
 
 
-def embedded_f32_gguf() -> Path:
-    """The embedded model as an F32 GGUF in the user cache (`write_f32_gguf` of its Q4_1 file, written once,
-    ~10 s and 540 MB): llama.cpp on it gives transformers' float32 logits' greedy tokens."""
+def embedded_gguf_in(dtype: str) -> Path:
+    """The embedded model's weights as a `dtype` GGUF (F32, BF16 or F16) in the user cache, written once from its
+    Q4_1 file (`write_float_gguf`: ~10 s, 540 MB in float32): the same weights as the converted model
+    transformers loads in that dtype, so that `--dtype` names the weights on either backend."""
     from ..model import cache_dir, embedded_gguf
 
-    path = cache_dir() / "models" / "smollm2-135m-instruct-f32.gguf"
+    kind = FLOAT_GGUF_TYPES.get(dtype)
+    if kind is None:
+        raise LlamaCppError(f"no float GGUF for dtype {dtype!r}: use one of {', '.join(FLOAT_GGUF_TYPES)}")
+    path = cache_dir() / "models" / f"smollm2-135m-instruct-{kind.lower()}.gguf"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_f32_gguf(embedded_gguf(), path)
+        write_float_gguf(embedded_gguf(), path, dtype)
     return path
+
+
+def embedded_f32_gguf() -> Path:
+    """The embedded model as an F32 GGUF (`embedded_gguf_in("float32")`): llama.cpp on it gives transformers'
+    float32 logits' greedy tokens."""
+    return embedded_gguf_in("float32")

@@ -215,6 +215,7 @@ def markdown(data: dict, labels: dict[str, str], command: str, images=()) -> str
         ]
     if data.get("replays"):
         lines += ["", replay_pricing(data["replays"], command)]
+    lines += weights_lines(meta.get("plans") or {})
     head = ["method", "tokens/s", "speedup", "per-prompt speedup (95% CI)", "tokens/step", "decode tokens/s"]
     head += ["probe ms", "choose ms", "trees", "perplexity" if sampled else "identical"]
     for task, rows in data["summary"].items():
@@ -224,6 +225,17 @@ def markdown(data: dict, labels: dict[str, str], command: str, images=()) -> str
     for caption, file in images:
         lines += ["", f"![{caption}]({file})"]
     return "\n".join(lines) + "\n"
+
+
+def weights_lines(plans: dict[str, str]) -> list[str]:
+    """What weights each built default decoded, and its route, from its plan (`build.Plan.describe`); plans
+    from before the plan named weights say nothing here."""
+    out = []
+    for name, plan in plans.items():
+        said = [line for line in plan.splitlines() if line.startswith(("weights:", "route:"))]
+        if any(line.startswith("weights:") for line in said):
+            out.append(f"- `{name}`: " + "; ".join(said))
+    return ["", "Weights each built default decoded (its plan):", "", *out] if out else []
 
 
 # what a run's replays were priced with before each replay recorded its `charges` (2026-12-03)

@@ -123,6 +123,7 @@ def run_serve(args) -> int:
         raise EntMTPError(
             f"`entmtp serve` needs the server extra ({e.name} is missing): pip install 'entmtp[server]'"
         ) from e
+    from ..backends import describe_weights
     from .thread import TorchThread
 
     batched = args.max_batch > 1
@@ -148,7 +149,12 @@ def run_serve(args) -> int:
         acceptance=args.request_acceptance,
         body_timeout=args.body_timeout,
     )
-    print(f"entmtp: serving {name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    weights = describe_weights(engine.model)  # every request decodes these: a server builds one engine
+    print(
+        f"entmtp: serving {name} ({weights}) on http://{args.host}:{args.port}/v1",
+        file=sys.stderr,
+        flush=True,
+    )
     serve(
         app,
         sock,

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ..accept import GenerationOptions, Sampling, check_gumbel_seed
+from ..backends import describe_weights
 from ..engine import Engine
 from ..errors import EntMTPError
 from ..model import check_request, encode_prompt
@@ -54,7 +55,15 @@ async def models(request: Request):  # no return annotation: FastAPI would take 
 async def health(request: Request):
     state = _state(request)
     waiting, running = state.worker.counts()
-    body = {"status": "ok", "model": state.model_name, "queue": waiting, "running": running}
+    body = {
+        "status": "ok",
+        "model": state.model_name,
+        "weights": describe_weights(
+            getattr(state.engine, "model", None)
+        ),  # what every request decodes (one engine)
+        "queue": waiting,
+        "running": running,
+    }
     if state.draining:  # a load balancer sends no more requests here
         return JSONResponse({**body, "status": "draining"}, status_code=503)
     return body
