@@ -539,3 +539,31 @@ def test_a_router_sends_a_long_prompt_to_transformers_and_a_short_one_to_llama_c
     long = router.generate(long_prompt, max_new_tokens=n)
     assert all(s.tree_nodes == 0 for s in long.steps)
     assert long.token_ids == torch_engine.generate(long_prompt, max_new_tokens=n).token_ids
+
+
+# ---- Predicted Outputs on both backends (prediction.py) ---------------------------------------------------
+
+
+def test_a_prediction_changes_no_greedy_token_on_either_backend(f32, plain, embedded):
+    """On llama.cpp's F32 GGUF and transformers' float32, plain and with the heads' tree: a right, a partly
+    right, a wrong and an empty prediction each give plain greedy decoding's tokens; a right one is accepted
+    in chains."""
+    from entmtp.shipped import resolve_heads
+
+    (model, tok), (hf, hf_tok) = f32, embedded
+    engines = {
+        "llama-cpp plain": Engine(model, tok),
+        "llama-cpp tree_8": Engine(model, tok, heads=resolve_heads("hydra", model), policy=static("tree_8")),
+        "transformers plain": Engine(hf, hf_tok),
+    }
+    for prompt in PROMPTS:
+        out = plain[prompt]
+        text = tok.decode(out, skip_special_tokens=True)
+        edited = text.replace(" ", "  ", 3)  # an edit: a few tokens differ, the rest is the answer
+        for name, engine in engines.items():
+            for pred in (text, edited, "Nothing like the answer at all.", ""):
+                got = engine.generate(prompt, max_new_tokens=N, prediction=pred)
+                assert got.token_ids == out, (name, prompt, pred)
+            right = engine.generate(prompt, max_new_tokens=N, prediction=out)
+            assert right.prediction.accepted == len(out) and right.prediction.rejected == 0
+            assert right.num_steps <= len(out) // 2, (name, right.num_steps)

@@ -84,12 +84,12 @@ def exact_distribution(model, temperature: float) -> torch.Tensor:
 
 
 def draw(
-    engine: Engine, temperature: float, rule: str, batched: bool, seed: int = 0
+    engine: Engine, temperature: float, rule: str, batched: bool, seed: int = 0, **extra
 ) -> tuple[torch.Tensor, list]:
     """(tokens [DRAWS, K]: the first K tokens of DRAWS generations, their results), from the global RNG seeded
     once (unseeded generations draw from it: each its own stream); `batched`: ROWS prompts per `generate_batch`."""
     torch.manual_seed(seed)
-    kw = dict(max_new_tokens=K, temperature=temperature, acceptance=rule)
+    kw = dict(max_new_tokens=K, temperature=temperature, acceptance=rule, **extra)
     if batched:
         results = [r for _ in range(DRAWS // ROWS) for r in generate_batch(engine, [PROMPT] * ROWS, **kw)]
     else:
@@ -142,10 +142,11 @@ def total_variation(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return 0.5 * float((counts / counts.sum() - probs).abs().sum())
 
 
-def check(model, engine, temperature, rule, batched) -> tuple[float, list]:
+def check(model, engine, temperature, rule, batched, **extra) -> tuple[float, list]:
     """The p-value of `engine`'s draws against the exact distribution: the smallest of the projections'
-    chi-square p-values times their number (Bonferroni), and the draws' results."""
-    tokens, results = draw(engine, temperature, rule, batched)
+    chi-square p-values times their number (Bonferroni), and the draws' results (`extra`: generation
+    options, e.g. a prediction)."""
+    tokens, results = draw(engine, temperature, rule, batched, **extra)
     tests = projections(tokens, exact_distribution(model, temperature))
     worst = min(
         (chi_square(c, q) + (name, total_variation(c, q)) for name, c, q in tests), key=lambda t: t[2]
@@ -197,6 +198,22 @@ def test_speculative_sampling_follows_the_exact_distribution(
         f"the premise failed: {accepted} steps accepted a draft, {deep} three"
     )
     assert p > ALPHA, f"{rule} on {tree} at T={temperature} {'batched' if batched else 'alone'}: p={p:.2g}"
+
+
+@pytest.mark.parametrize(
+    "rule, temperature, engine, batched",
+    [("sample", 1.0, "plain", False), ("sample", 0.5, "deep", True), ("gumbel", 1.5, "plain", True)],
+)
+def test_sampling_with_a_prediction_follows_the_exact_distribution(
+    model, engines, rule, temperature, engine, batched
+):
+    """A prediction (prediction.py: its tokens drafted by lookup nodes) changes nothing of what is drawn: the
+    greedy continuation as the prediction, drafted on every step and often accepted, alone and beside the
+    heads' tree, as rows of a batch too."""
+    prediction = engines["plain"].generate(PROMPT, max_new_tokens=K + 4).token_ids
+    p, results = check(model, engines[engine], temperature, rule, batched, prediction=prediction)
+    assert sum(s.lookup_accepted for r in results for s in r.steps) > DRAWS // 20, "the premise failed"
+    assert p > ALPHA, f"{rule} with a prediction on {engine} at T={temperature}: p={p:.2g}"
 
 
 def test_duplicate_siblings_are_drafted(engines, monkeypatch):

@@ -415,6 +415,20 @@ def test_a_client_that_disconnects_stops_its_generation(server, client):
         ({"prompt": "Hi", "echo": True}, 400, "echo"),
         ({"prompt": "Hi", "best_of": 2}, 400, "best_of"),
         ({"prompt": "Hi", "suffix": "end"}, 400, "suffix"),
+        ({"messages": CHAT, "prediction": {"type": "text", "content": "x"}}, 400, "prediction.type"),
+        ({"messages": CHAT, "prediction": {"type": "content", "content": 5}}, 400, "prediction.content"),
+        (
+            {"messages": CHAT, "prediction": {"type": "content", "content": "x", "cache": 1}},
+            400,
+            "prediction.cache",
+        ),
+        ({"messages": CHAT, "prediction": "def f(): pass"}, 400, "prediction"),
+        (
+            {"messages": CHAT, "prediction": {"type": "content", "content": "word " * 9000}},
+            400,
+            "context window",
+        ),
+        ({"prompt": "Hi", "prediction": {"type": "content"}}, 400, "prediction.content"),
     ],
 )
 def test_bad_input_gets_a_4xx_in_openai_error_shape(server, body, status, words):
@@ -426,6 +440,36 @@ def test_bad_input_gets_a_4xx_in_openai_error_shape(server, body, status, words)
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert words in err["message"] and err["type"] and "Traceback" not in r.text
+
+
+def test_a_prediction_changes_no_token_and_usage_counts_its_tokens(client, server, plain):
+    """Predicted Outputs: the reply with a prediction (right, wrong, as text parts, streamed) is plain greedy
+    decoding's; usage reports the prediction's tokens found in the reply and the rest, as OpenAI's
+    completion_tokens_details."""
+    want = plain.generate(CHAT, max_new_tokens=24).text
+    n_right = len(plain.tokenizer.encode(want, add_special_tokens=False))
+    for content in (want, "Lorem ipsum dolor sit amet, consectetur.", [{"type": "text", "text": want}]):
+        resp = client.chat.completions.create(
+            model="m", messages=CHAT, max_tokens=24, temperature=0,
+            prediction={"type": "content", "content": content},
+        )  # fmt: skip
+        details = resp.usage.completion_tokens_details
+        assert resp.choices[0].message.content == want
+        total = details.accepted_prediction_tokens + details.rejected_prediction_tokens
+        text = content if isinstance(content, str) else content[0]["text"]
+        assert total == len(plain.tokenizer.encode(text, add_special_tokens=False))
+        if text == want:
+            assert details.accepted_prediction_tokens == n_right and details.rejected_prediction_tokens == 0
+        else:
+            assert details.accepted_prediction_tokens < total // 2
+    body = {"messages": CHAT, "max_tokens": 24, "temperature": 0, "stream": True}
+    body |= {"stream_options": {"include_usage": True}, "prediction": {"type": "content", "content": want}}
+    with httpx.stream("POST", f"{server}/v1/chat/completions", json=body, timeout=60) as r:
+        chunks = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == want
+    assert chunks[-1]["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] == n_right
+    plain_usage = client.chat.completions.create(model="m", messages=CHAT, max_tokens=4, temperature=0).usage
+    assert plain_usage.completion_tokens_details is None  # no prediction: no details
 
 
 def test_unknown_routes_and_the_client_error_class(server, client):

@@ -93,6 +93,8 @@ class GenerationOptions:
     seed: int | None = setting(None, help="sampling seed (default: none, another draw each run)")
     stop: list[str] | None = setting(None, repeat=True, help="stop string (repeatable)")
     logprobs: int | None = None  # top tokens per emitted token's log-probability record (the server's)
+    # the output the caller expects (a text, or token ids): drafts for a lossless rule (prediction.py)
+    prediction: str | tuple[int, ...] | list[int] | None = None
 
     def __post_init__(self):
         self.sampling  # noqa: B018 (a bad temperature or rule fails here, before anything decodes)

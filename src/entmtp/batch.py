@@ -202,7 +202,12 @@ class Batch:
         when it is in."""
         engine = self.engine
         sampling = Sampling(kwargs.get("temperature", 0.0), kwargs.get("acceptance", "auto"))
-        policy = engine.checked(policy, "a batch row") if policy is not None else engine.policy_for(sampling)
+        predicted = kwargs.get("prediction") is not None
+        policy = (
+            engine.checked(policy, "a batch row")
+            if policy is not None
+            else engine.policy_for(sampling, predicted)
+        )
         max_new = kwargs.get("max_new_tokens", 256)
         ids = engine.encode(prompt, max_new, chat=chat, logprobs=kwargs.get("logprobs"))
         alone = kwargs.get("seed") is not None and sampling.rule not in TREE_INVARIANT

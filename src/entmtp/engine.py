@@ -28,6 +28,7 @@ from .heads import Drafter, LazyProbe, Probe, taken
 from .lookup import Lookup, NgramIndex, draft_lookup, source_depths
 from .model import check_request, context_window, encode_prompt, eos_token_ids
 from .policy import Choice, TreePolicy, require_policy, static
+from .prediction import IGNORED_BY, PREDICTION, prediction_ids, prediction_usage, with_prediction
 from .records import MAX_TOP_LOGPROBS, Result, Step, StepContext, TokenEvent, TokenLogprob
 from .shipped import bind_heads
 from .text import Detokenizer, find_end
@@ -98,7 +99,12 @@ class Engine:
             model, offset, kv, full_hidden=full_hidden, hidden_state_norm=norm
         )  # transformers or llama.cpp
         self.window = context_window(model)
-        self.scratch = max(scratch(p) for p in (policy, *self.policies.values()))
+        every = (policy, *self.policies.values())
+        self._predicted: dict[
+            int, TreePolicy
+        ] = {}  # id(policy) -> it with a prediction's branch (policy_for)
+        # room for a prediction's lookup branch beside the largest tree (prediction.PREDICTION)
+        self.scratch = max(max(scratch(p) for p in every), max_tree(every) + PREDICTION.tokens)
         self.graphs = None
         if graphs and self.base.preallocate and self.base.device.type == "cuda":
             from .graphs import VerifyGraphs
@@ -122,9 +128,17 @@ class Engine:
                 t.check_fits(heads.config.num_heads, require_contiguous=heads.config.kind == "hydra")
         return policy
 
-    def policy_for(self, sampling: Sampling) -> TreePolicy:
-        """The policy a generation under `sampling` runs: its acceptance rule's own, else the engine's."""
-        return self.policies.get(sampling.rule, self.policy)
+    def policy_for(self, sampling: Sampling, predicted: bool = False) -> TreePolicy:
+        """The policy a generation under `sampling` runs: its acceptance rule's own, else the engine's; with
+        `predicted` (the request gave a prediction) that policy with the prediction's lookup branch, except
+        under a rule that ignores predictions (prediction.py)."""
+        policy = self.policies.get(sampling.rule, self.policy)
+        if not predicted or sampling.rule in IGNORED_BY:
+            return policy
+        wrapped = self._predicted.get(id(policy))
+        if wrapped is None:
+            wrapped = self._predicted[id(policy)] = with_prediction(policy, self.costs)
+        return wrapped
 
     # -- public API --------------------------------------------------------------------------------------
 
@@ -195,7 +209,9 @@ class Engine:
         `stream`'s."""
         options = GenerationOptions.of(options, **fields)
         sampling, seed, temperature = options.sampling, options.seed, options.temperature
-        policy = self.policy_for(sampling) if policy is None else policy
+        predicted = prediction_ids(self.tokenizer, options.prediction, self.window, self.base.vocab_size)
+        drafted = predicted if sampling.rule not in IGNORED_BY else []  # what the lookup index copies from
+        policy = self.policy_for(sampling, bool(predicted)) if policy is None else policy
         lookup = policy.lookup
         uses_lookup = lookup is not None or any(t.num_lookup for t in _trees(policy))
         max_ngram = lookup.max_ngram if lookup is not None else Lookup.max_ngram
@@ -213,10 +229,11 @@ class Engine:
             graphs=graphs,
             policy=policy.fresh(),
             drafter=self.heads.drafter(noise, temperature) if self.heads is not None and drafts else None,
-            index=NgramIndex(ids, max_ngram) if uses_lookup else None,
+            index=NgramIndex(ids, max_ngram, prefix=drafted) if uses_lookup else None,
             text=Detokenizer(self.tokenizer, options.stop or [], incremental_text),
             logprobs=options.logprobs,
             noise=noise,
+            prediction=predicted if options.prediction is not None else None,
         )
 
 
@@ -232,6 +249,11 @@ def _check_rules(policies: Mapping) -> Mapping:
 def _trees(policy: TreePolicy) -> list[Tree]:
     """Every tree `policy` may verify, its master included."""
     return [*policy.trees, *([policy.master] if policy.master is not None else [])]
+
+
+def max_tree(policies) -> int:
+    """The most tokens one tree of any of `policies` verifies."""
+    return max(t.size for p in policies for t in _trees(p))
 
 
 def scratch(policy: TreePolicy) -> int:
@@ -282,6 +304,7 @@ class DecodeState:
     root: int = -1  # the base model's next token (the next tree's root), once the prefill ran
     root_logits: torch.Tensor | None = None  # [V] the distribution `root` was drawn from
     steps: int = 0  # steps verified so far
+    prediction: list[int] | None = None  # the request's predicted output's ids (None: none given)
 
     @property
     def reads_hidden(self) -> bool:
@@ -301,6 +324,7 @@ class DecodeState:
             reason,
             self.all_logprobs if self.logprobs is not None else None,
             self.sampling.rule,
+            prediction_usage(self.prediction, self.out) if self.prediction is not None else None,
         )
 
 

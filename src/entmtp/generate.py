@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from .engine_args import add_engine_arguments, add_generation_arguments, engine_from_args, generation_options
@@ -17,6 +18,13 @@ def register(sub) -> None:
     g = sub.add_parser("generate", help="generate text with speculative decoding")
     g.add_argument("prompt", nargs="?", help="the prompt; - or nothing reads it from stdin")
     g.add_argument("--prompt-file", default=None, help="read the prompt from this file")
+    g.add_argument(
+        "--prediction",
+        default=None,
+        metavar="FILE",
+        help="a file holding the output you expect (an edit's file, say): its text is drafted where the "
+        "output follows it, and the output stays what it is without it (OpenAI's Predicted Outputs)",
+    )
     _add_generation_flags(g)
     g.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
@@ -36,6 +44,8 @@ def _add_generation_flags(p: argparse.ArgumentParser) -> None:
 def run_generate(args) -> int:
     prompt = read_prompt(args)  # before loading anything: a bad prompt fails fast
     options = generation_options(args)  # and bad options
+    if args.prediction is not None:
+        options = replace(options, prediction=_read_text(args.prediction, "--prediction"))
     engine = engine_from_args(args)
     if args.system is not None and not getattr(engine.tokenizer, "chat_template", None):
         raise EntMTPError(
@@ -53,10 +63,25 @@ def run_generate(args) -> int:
     print(
         f"\n[{len(result.token_ids)} tokens, {result.num_steps} steps, "
         f"{result.mean_tokens_per_step:.2f} tokens/step, {result.tokens_per_second:.1f} tokens/s, "
-        f"finish: {result.finish_reason}]",
+        f"finish: {result.finish_reason}"
+        + (
+            f", prediction: {result.prediction.accepted} tokens accepted, {result.prediction.rejected} rejected"
+            if result.prediction is not None
+            else ""
+        )
+        + "]",
         file=sys.stderr,
     )
     return 0
+
+
+def _read_text(path: str, flag: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise EntMTPError(
+            f"{flag} {path}: cannot read it ({e.__class__.__name__}): give a UTF-8 text file"
+        ) from e
 
 
 def run_chat_command(args) -> int:

@@ -109,20 +109,31 @@ def lookup_from_args(args: argparse.Namespace) -> Lookup | None:
 
 
 class NgramIndex:
-    """The n-grams of a growing token sequence (n = 1..max_ngram) -> the positions where they end."""
+    """The n-grams of a growing token sequence (n = 1..max_ngram) -> the positions where they end.
 
-    def __init__(self, tokens: Iterable[int] = (), max_ngram: int = 3):
+    `prefix`: tokens indexed ahead of the text but not part of it (a request's predicted output, prediction.py):
+    their n-grams are found like the text's, and no n-gram or continuation crosses from them into the text."""
+
+    def __init__(self, tokens: Iterable[int] = (), max_ngram: int = 3, prefix: Iterable[int] = ()):
         self.max_ngram = max_ngram
         self.tokens: list[int] = []
         self.ends: dict[tuple[int, ...], list[int]] = {}
+        self.start = 0  # where the text begins in `tokens` (after the prefix)
+        self.extend(prefix)
+        self.start = len(self.tokens)
         self.extend(tokens)
+
+    def tail(self, n: int) -> list[int]:
+        """The text's last `n` tokens (fewer where it is shorter: never the prefix's)."""
+        return self.tokens[max(self.start, len(self.tokens) - n) :]
 
     def extend(self, new: Iterable[int]) -> None:
         toks, ends = self.tokens, self.ends
         for t in new:
             toks.append(int(t))
             i = len(toks)
-            for n in range(1, min(self.max_ngram, i) + 1):
+            first = self.start if i > self.start else 0  # an n-gram lies wholly in the prefix or the text
+            for n in range(1, min(self.max_ngram, i - first) + 1):
                 key = tuple(toks[i - n : i])
                 hit = ends.get(key)
                 if hit is None:
@@ -142,7 +153,7 @@ class NgramIndex:
                 continue
             counts: dict[int, int] = {}
             for e in reversed(ends[-MAX_OCCURRENCES:]):  # most recent first: dict order breaks count ties
-                if e + 1 < size:
+                if e + 1 < size and e + 1 != self.start:  # the prefix's last token continues nothing
                     t = self.tokens[e + 1]
                     counts[t] = counts.get(t, 0) + 1
             if not counts:
@@ -162,7 +173,7 @@ def draft_lookup(tree: Tree, tokens: list[int | None], index: NgramIndex) -> lis
     parents, ranks, lookup = tree.parents.tolist(), tree.ranks.tolist(), tree.lookup.tolist()
     widths = _widths(tree)
     n_tail = index.max_ngram
-    context = index.tokens[-n_tail:]  # ends with the root: it is emitted and indexed before the step
+    context = index.tail(n_tail)  # ends with the root: it is emitted and indexed before the step
     branch: list[list[int]] = [[]] + [None] * tree.num_nodes  # type: ignore[list-item]  # tokens below root
     found: dict[int, list[int]] = {}  # parent node -> its ranked lookup candidates
     keep = []

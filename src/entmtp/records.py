@@ -4,6 +4,7 @@ event, a token's log-probabilities, and what a policy sees before a step. Conven
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -63,6 +64,7 @@ class Result:
     logprobs: list[TokenLogprob] | None = None  # per token of `token_ids`, when asked for
     # the rule that accepted its drafts (accept.Sampling.rule): typical is not lossless
     acceptance: str = "greedy"
+    prediction: object | None = None  # prediction.PredictionUsage when the request gave a prediction
 
     @property
     def num_steps(self) -> int:
@@ -92,6 +94,7 @@ class Result:
             "accepted": [s.accepted for s in self.steps],
             "finish_reason": self.finish_reason,
             "acceptance": self.acceptance,
+            "prediction": dataclasses.asdict(self.prediction) if self.prediction is not None else None,
             "seconds": self.seconds,
             "prefill_seconds": self.prefill_seconds,
             "tokens_per_second": self.tokens_per_second,

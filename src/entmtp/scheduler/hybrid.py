@@ -179,7 +179,7 @@ class HybridPolicy(Settings, Stateful):
         index = ctx.lookup
         match = 0
         if index is not None:
-            cands, match = index.candidates(index.tokens[-index.max_ngram :], self.lookup.branches)
+            cands, match = index.candidates(index.tail(index.max_ngram), self.lookup.branches)
             if not cands:
                 match = 0
         m = min(match, MAX_MATCH)
@@ -330,7 +330,7 @@ def copy_chain(index: NgramIndex, length: int) -> list[int]:
     """The lookup chain of up to `length` tokens that `index` offers after its last tokens: each token the top
     continuation of the tokens before it, drafted ones included (what a chain of `length` lookup nodes drafts,
     lookup.draft_lookup)."""
-    tail, chain = index.tokens[-index.max_ngram :], []
+    tail, chain = index.tail(index.max_ngram), []
     while len(chain) < length:
         cands = index.candidates(tail[-index.max_ngram :], 1)[0]
         if not cands:

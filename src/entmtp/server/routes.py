@@ -22,6 +22,7 @@ from ..backends import describe_weights
 from ..engine import Engine
 from ..errors import EntMTPError
 from ..model import check_request, encode_prompt
+from ..prediction import prediction_ids
 from . import responses, schema
 from .responses import Reply, error
 from .state import BODY_TIMEOUT_S, ServerState
@@ -106,6 +107,8 @@ async def _complete(request: Request, chat: bool) -> Response:
         ids, kwargs = await loop.run_in_executor(
             state.tokenizer_lane(_chars(prompt)), prepare, state.engine, req, prompt, chat, state.acceptance
         )
+    except PredictionError as e:
+        return error(400, str(e), "prediction")
     except EntMTPError as e:
         return error(400, str(e), "messages" if chat else "prompt")
     job = Job(ids, kwargs, loop)
@@ -208,6 +211,12 @@ def prepare(
     limit = req.limit if req.limit is not None else min(schema.DEFAULT_MAX_TOKENS, window - len(ids))
     check_request(len(ids), limit, window, name="max_tokens")  # a PromptError: a 400 in _complete
     temperature = req.temperature or 0.0
+    prediction = None
+    if req.prediction is not None:  # encoded and checked here: a bad one is a 400, not a failed stream
+        try:
+            prediction = prediction_ids(engine.tokenizer, req.prediction.text(), window, vocab)
+        except EntMTPError as e:
+            raise PredictionError(str(e)) from e
     options = GenerationOptions(
         max_new_tokens=limit,
         temperature=temperature,
@@ -215,5 +224,10 @@ def prepare(
         seed=req.seed,
         stop=req.stop,
         logprobs=req.top_k,
+        prediction=prediction,
     )
     return ids, dataclasses.asdict(options)
+
+
+class PredictionError(EntMTPError):
+    """A prediction the request cannot use: a 400 naming `prediction`."""

@@ -35,7 +35,6 @@ UNSUPPORTED: dict[str, tuple] = {
     "suffix": (None, ""),
     "audio": (None,),
     "modalities": (None, ["text"]),
-    "prediction": (None,),
     "reasoning_effort": (None,),
     "web_search_options": (None,),
 }
@@ -88,6 +87,22 @@ class Message(BaseModel):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
+class Prediction(BaseModel):
+    """OpenAI's Predicted Outputs: the output the client expects, as drafts (entmtp/prediction.py)."""
+
+    model_config = ConfigDict(extra="forbid")  # a field entmtp does not know is a 400, not a silent no-op
+    type: Literal["content"]
+    content: str | list[ContentPart]
+
+    @field_validator("content")
+    @classmethod
+    def _unicode(cls, v):
+        return _valid_unicode(v) if isinstance(v, str) else v
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
 class _Params(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
@@ -100,6 +115,7 @@ class _Params(BaseModel):
     stream: bool = False
     stream_options: dict | None = None
     n: int | None = Field(None, ge=1, le=1)
+    prediction: Prediction | None = None
 
     @field_validator("temperature")
     @classmethod
@@ -198,7 +214,15 @@ def usage(result) -> dict:
             "tokens_per_second": result.tokens_per_second,
             "acceptance": result.acceptance,  # greedy | sample, gumbel (lossless) | typical (not lossless)
         },
-    }
+    } | _prediction_details(result.prediction)
+
+
+def _prediction_details(used) -> dict:
+    """OpenAI's completion_tokens_details of a request with a prediction (prediction.PredictionUsage)."""
+    if used is None:
+        return {}
+    details = {"accepted_prediction_tokens": used.accepted, "rejected_prediction_tokens": used.rejected}
+    return {"completion_tokens_details": {"reasoning_tokens": 0, **details}}
 
 
 def _envelope(rid: str, model: str, obj: str, choices: list[dict], **extra) -> dict:

@@ -1,0 +1,138 @@
+"""Predicted Outputs (prediction.py): a request's expected output is drafted from, never emitted unverified.
+Greedy output with a prediction (right, wrong, partly right, empty) is the output without one, token for token
+in float32, alone and as batch rows, whatever the policy; the prediction's tokens join the lookup index ahead of
+the text without an n-gram crossing into it; usage counts the prediction's tokens found in the output; a bad
+prediction is named. Sampling with a prediction: tests/test_lossless.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import ByteTokenizer, OracleHeads, tiny_model
+from entmtp.batch import generate_batch
+from entmtp.engine import Engine
+from entmtp.errors import EntMTPError
+from entmtp.lookup import Lookup, NgramIndex
+from entmtp.policy import static
+from entmtp.prediction import PREDICTION, PredictionUsage, prediction_ids, prediction_usage
+from entmtp.scheduler.hybrid import HybridPolicy, hybrid
+
+PROMPTS = ["def add(a, b):\n    return a + b\n# again:\n", "The cat sat on the mat. The cat sat on"]
+N = 40
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return tiny_model("llama", seed=3)
+
+
+@pytest.fixture(scope="module")
+def plain(model):
+    engine = Engine(model, ByteTokenizer())
+    return {p: engine.generate(p, max_new_tokens=N, chat=False).token_ids for p in PROMPTS}
+
+
+def _text(ids) -> str:
+    return ByteTokenizer().decode(ids)
+
+
+def _predictions(out: list[int]) -> dict[str, object]:
+    """Right (the output's ids), wrong, partly right (an edit: a stretch replaced, one inserted), empty, and a
+    text (the random model's bytes decoded: a prediction right only where its bytes are valid UTF-8)."""
+    edited = out[:10] + [ord("x")] * 5 + out[15:25] + [ord("y")] * 3 + out[25:]
+    return {
+        "right": list(out),
+        "wrong": "zzzz qqqq " * 8,
+        "partly right": edited,
+        "empty": "",
+        "text": _text(out),
+    }
+
+
+def _engines(model, reference: dict[str, list[int]]):
+    """Plain, a static heads' tree, and heads with a prompt-lookup hybrid: each policy kind a prediction
+    wraps (a hybrid's inner policy gets the prediction's longer branch)."""
+    heads = OracleHeads(PROMPTS[0].encode() + bytes(reference[PROMPTS[0]]), num_heads=3, wrong_every=3)
+    return {
+        "plain": Engine(model, ByteTokenizer()),
+        "tree": Engine(model, ByteTokenizer(), heads=heads, policy=static("tree_4")),
+        "hybrid": Engine(model, ByteTokenizer(), heads=heads, policy=hybrid(static("chain_2"), Lookup())),
+    }
+
+
+@pytest.mark.parametrize("kind", ["right", "wrong", "partly right", "empty", "text"])
+def test_greedy_output_with_a_prediction_is_the_output_without_one(model, plain, kind):
+    for name, engine in _engines(model, plain).items():
+        for prompt in PROMPTS:
+            pred = _predictions(plain[prompt])[kind]
+            got = engine.generate(prompt, max_new_tokens=N, chat=False, prediction=pred)
+            assert got.token_ids == plain[prompt], f"{name}, {kind} prediction, {prompt!r}"
+            assert got.prediction is not None
+
+
+def test_a_right_prediction_is_drafted_and_accepted_in_long_chains(model, plain):
+    engine = Engine(model, ByteTokenizer())
+    prompt = PROMPTS[1]
+    got = engine.generate(prompt, max_new_tokens=N, chat=False, prediction=plain[prompt])
+    assert got.token_ids == plain[prompt]
+    # chains sized on another CPU's cost curve (no curve given): several tokens a step, not one at a time
+    assert got.num_steps <= N // 4 and max(s.accepted for s in got.steps) >= 4
+    assert got.prediction == PredictionUsage(N, 0)
+
+
+def test_batch_rows_with_and_without_predictions_each_get_their_own_output(model, plain):
+    engine = _engines(model, plain)["tree"]
+    rows = [PROMPTS[0], PROMPTS[1], PROMPTS[0], PROMPTS[1]]
+    preds = [plain[PROMPTS[0]], None, "zzzz " * 6, plain[PROMPTS[1]][:12]]
+    kw = dict(max_new_tokens=N, chat=False)
+    results = [generate_batch(engine, [p], prediction=q, **kw)[0] for p, q in zip(rows, preds, strict=True)]
+    assert [r.token_ids for r in results] == [plain[p] for p in rows]
+    together = generate_batch(engine, rows[:2], **kw)  # one batch: rows without predictions
+    assert [r.token_ids for r in together] == [plain[p] for p in rows[:2]]
+    mixed = [generate_batch(engine, rows, prediction=q, **kw) for q in (preds[0], None)]
+    assert all(r.token_ids == plain[p] for batch in mixed for r, p in zip(batch, rows, strict=True))
+
+
+def test_the_prediction_sits_ahead_of_the_text_and_no_ngram_crosses_into_it():
+    index = NgramIndex([7, 8, 9], max_ngram=3, prefix=[1, 2, 3])
+    assert index.tokens == [1, 2, 3, 7, 8, 9] and index.start == 3
+    assert index.candidates([1, 2], 4) == ([3], 2)  # the prediction continues itself
+    assert index.candidates([2, 3], 4) == ([], 0)  # ... but its last token continues nothing of the text
+    assert (3, 7) not in index.ends and (2, 3, 7) not in index.ends
+    assert index.tail(5) == [7, 8, 9]  # a query's context is the text's
+    index.extend([1, 2])
+    assert index.candidates(index.tail(3), 2) == ([3], 2)  # the text meets the prediction: it copies on
+    assert NgramIndex([1, 2, 3]).start == 0
+
+
+def test_usage_counts_the_predictions_tokens_found_in_the_output_in_order():
+    assert prediction_usage([1, 2, 3, 4, 5], [1, 2, 9, 4, 5, 6]) == PredictionUsage(4, 1)
+    assert prediction_usage([1, 2, 3], [1, 2, 3]) == PredictionUsage(3, 0)
+    assert prediction_usage([5, 6], [1, 2]) == PredictionUsage(0, 2)
+    assert prediction_usage([], [1, 2]) == PredictionUsage(0, 0)
+    assert prediction_usage([3, 1, 2], [1, 2, 3]) == PredictionUsage(2, 1)  # in order: one 3 is out of it
+
+
+def test_a_prediction_policy_wraps_the_inner_policy_with_the_longer_branch(model, plain):
+    heads = OracleHeads(list(range(8)), num_heads=3)
+    engine = Engine(model, ByteTokenizer(), heads=heads, policy=hybrid(static("tree_4"), Lookup(tokens=5)))
+    from entmtp.accept import Sampling
+
+    wrapped = engine.policy_for(Sampling(0.0), predicted=True)
+    assert isinstance(wrapped, HybridPolicy) and not isinstance(wrapped.inner, HybridPolicy)
+    assert wrapped.lookup.tokens == PREDICTION.tokens and wrapped is engine.policy_for(Sampling(0.0), True)
+    assert engine.policy_for(Sampling(0.7, "typical"), predicted=True) is engine.policy  # not lossless: none
+    assert engine.scratch >= max(t.size for t in wrapped.trees) + PREDICTION.tokens
+
+
+def test_a_bad_prediction_is_named():
+    tok = ByteTokenizer()
+    with pytest.raises(EntMTPError, match="more than the model's context window"):
+        prediction_ids(tok, "x" * 600, window=512)
+    with pytest.raises(EntMTPError, match="a prediction is a text"):
+        prediction_ids(tok, [1.5, 2], window=512)
+    with pytest.raises(EntMTPError, match=r"prediction token ids must be in 0\.\.255"):
+        prediction_ids(tok, [1, 300], window=512, vocab_size=256)
+    assert prediction_ids(tok, None, window=512) == [] and prediction_ids(tok, "ab", 512) == [97, 98]
