@@ -99,6 +99,31 @@ def test_a_prompt_file_is_one_task_named_after_it(tmp_path):
     assert plan.tasks == ["mine"] and len(plan.prompts["mine"]) == 3
 
 
+def test_edit_prompts_carry_their_code_as_the_prediction_for_every_method_but_the_baselines(tmp_path):
+    """The `edits` task: a HumanEval solution, an edit request, the code as prediction (OpenAI's Predicted
+    Outputs); a prompt file's `prediction` field likewise. Plain baselines and peers decode without it."""
+    from entmtp.bench.run import predicted
+    from entmtp.prompts import load_prompt_file, load_prompts
+
+    edits = load_prompts("edits", "test", n=5)
+    assert all(p.prediction.startswith("```python\n") and p.prediction[10:-3] in p for p in edits)
+    assert len({p.split(" Reply")[0][:20] for p in edits}) == 5  # five kinds of edit in turn
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text(
+        json.dumps({"prompt": "Fix: x = 1", "prediction": "x = 2"}) + "\n" + json.dumps({"prompt": "Hi"})
+    )
+    with_one, without = load_prompt_file(mine)
+    assert with_one.prediction == "x = 2" and not hasattr(without, "prediction")
+    mine.write_text(json.dumps({"prompt": "Fix", "prediction": 3}))
+    with pytest.raises(EntMTPError, match="'prediction' must be a string"):
+        load_prompt_file(mine)
+    assert (
+        predicted("lookup@llama-cpp", True) and predicted("default", True) and predicted("heads/static", True)
+    )
+    assert not predicted("plain", True) and not predicted("plain@llama-cpp", True)
+    assert not predicted("llama-cpp", False)  # a peer
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

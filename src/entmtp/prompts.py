@@ -16,6 +16,8 @@ from .errors import DataError
 CALIB = 20  # prompts per task reserved for offline calibration
 TASKS = {  # task -> (file, label used in reports)
     "humaneval": ("humaneval.jsonl.gz", "HumanEval"),
+    # an edit of HumanEval's canonical solution, the solution itself as the prediction (PredictedPrompt)
+    "edits": ("humaneval.jsonl.gz", "HumanEval edits (the code as prediction)"),
     "sharegpt": ("sharegpt.jsonl", "ShareGPT"),
     "gsm8k": ("gsm8k_test.jsonl", "GSM8K"),
     "writing": ("writingprompts_200.jsonl", "litbench-style (r/WritingPrompts)"),
@@ -56,6 +58,36 @@ def _records(filename: str) -> list[dict]:
     return [json.loads(line) for line in raw.decode("utf-8").splitlines() if line.strip()]
 
 
+class PredictedPrompt(str):
+    """A prompt that carries the output its user expects (`prediction`: OpenAI's Predicted Outputs,
+    entmtp/prediction.py): the bench's speculative methods decode with it, its plain baselines without."""
+
+    prediction: str
+
+    def __new__(cls, text: str, prediction: str):
+        self = super().__new__(cls, text)
+        self.prediction = prediction
+        return self
+
+
+# what a user asks of code they paste, in turn: each keeps most of the code (the prediction) as it was
+EDITS = (
+    "Rename the function `{name}` to `{name}_v2` and update every use of the name.",
+    "Add type hints to every parameter and variable of the function where they are missing.",
+    "Add a comment above each line of the body that says what the line does.",
+    "Add a check at the start of the function that raises ValueError for invalid input.",
+    "Rewrite the docstring so that it is one short sentence, and keep the code as it is.",
+)
+
+
+def _edit(i: int, rec: dict) -> PredictedPrompt:
+    """HumanEval record `i` as an edit request: its canonical solution, one of EDITS, the code as prediction."""
+    code = rec["prompt"] + rec["canonical_solution"]
+    ask = EDITS[i % len(EDITS)].format(name=rec["entry_point"])
+    text = f"{ask} Reply with the whole edited code in one ```python block.\n\n```python\n{code}```"
+    return PredictedPrompt(text, f"```python\n{code}```")
+
+
 def _prompt(task: str, rec: dict) -> str:
     if task == "humaneval":
         return "Complete the following Python function.\n\n```python\n" + rec["prompt"] + "```"
@@ -76,13 +108,14 @@ def load_prompts(task: str, split: str = "test", n: int | None = None) -> list[s
     records = _records(TASKS[task][0])
     if task in SPECBENCH:
         records = [r for r in records if r["category"] in SPECBENCH[task]]
-    prompts = [_prompt(task, r) for r in records]
+    prompts = [_edit(i, r) if task == "edits" else _prompt(task, r) for i, r in enumerate(records)]
     prompts = {"calib": prompts[:CALIB], "test": prompts[CALIB:], "all": prompts}[split]
     return prompts if n is None else prompts[:n]
 
 
 def load_prompt_file(path) -> list[str]:
-    """Prompts from a JSONL file: each line an object with a `prompt` string or a `turns` list (first turn)."""
+    """Prompts from a JSONL file: each line an object with a `prompt` string or a `turns` list (first turn),
+    and optionally a `prediction` string (the output its user expects: `PredictedPrompt`)."""
     from pathlib import Path
 
     p = Path(path)
@@ -103,7 +136,10 @@ def load_prompt_file(path) -> list[str]:
             text = rec["turns"][0]
         if not isinstance(text, str) or not text.strip():
             raise DataError(f"{p} line {n} has no non-empty 'prompt' string or 'turns' list: add one")
-        out.append(text)
+        prediction = rec.get("prediction")
+        if prediction is not None and not isinstance(prediction, str):
+            raise DataError(f"{p} line {n}: 'prediction' must be a string (the output you expect)")
+        out.append(text if prediction is None else PredictedPrompt(text, prediction))
     if not out:
         raise DataError(f"prompt file {p} holds no prompts")
     return out

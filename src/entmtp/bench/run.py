@@ -57,7 +57,9 @@ def measure(plan: Plan, methods: Methods) -> Measurements:
                 outputs = []
                 for i, prompt in enumerate(plan.prompts[task]):
                     ids = encode_prompt(methods.tokenizer, prompt)
-                    outputs.append((ids, _one_prompt(methods, engines, task, i, ids, measured, progress)))
+                    predicted = getattr(prompt, "prediction", None)  # prompts.PredictedPrompt
+                    plain = _one_prompt(methods, engines, task, i, ids, measured, progress, predicted)
+                    outputs.append((ids, plain))
                 if plan.args.replay and plan.args.temperature == 0:
                     measured.replays[task] = replays(methods, task, outputs)
     except KeyboardInterrupt:
@@ -77,15 +79,25 @@ def warm_up(methods: Methods) -> None:
 
 
 def _one_prompt(
-    methods: Methods, engines: dict, task: str, i: int, ids: list[int], measured: Measurements, progress
+    methods: Methods,
+    engines: dict,
+    task: str,
+    i: int,
+    ids: list[int],
+    measured: Measurements,
+    progress,
+    prediction: str | None = None,
 ) -> list[int]:
-    """Prompt `i` through every method (plain decoding first); returns plain decoding's output."""
+    """Prompt `i` through every method (plain decoding first); returns plain decoding's output. `prediction`:
+    the prompt's expected output, given to every speculative method of ours (`predicted`)."""
     args = methods.plan.args
     sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     plain = None
     for name, engine in engines.items():
         ours = isinstance(engine, (Engine, Router))
         rule = {"acceptance": args.acceptance} if ours else {}  # a peer samples plainly
+        if prediction is not None and predicted(name, ours):
+            rule["prediction"] = prediction
         r = engine.generate(ids, seed=args.seed + i, **sampling, **rule)
         rec = record(i, r)
         if args.temperature > 0:  # how likely the base model finds the sampled continuation
@@ -101,6 +113,13 @@ def _one_prompt(
             measured.mismatches.append({"task": task, "prompt": i, "config": name, "first_difference": first})
         progress.advance(task, name, r)
     return plain
+
+
+def predicted(name: str, ours: bool) -> bool:
+    """Whether method `name` decodes with a prompt's prediction: every method of entmtp's but its plain
+    baselines (`plain`, `plain@...`, the speedups' denominators); peers take none (llama-cpp-python's
+    decoding has no such input)."""
+    return ours and not name.startswith("plain")
 
 
 class _ProgressLine:
