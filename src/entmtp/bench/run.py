@@ -148,7 +148,9 @@ def record(i: int, r) -> dict:
     usage: dict[str, int] = {}
     for s in r.steps:
         usage[s.tree] = usage.get(s.tree, 0) + 1
-    return {
+    used = getattr(r, "prediction", None)  # with a prediction: its tokens found in the output and the rest
+    predicted = {} if used is None else {"prediction": {"accepted": used.accepted, "rejected": used.rejected}}
+    return predicted | {
         "lookup_tokens": sum(s.lookup_accepted for s in r.steps),
         "prompt": i,
         "tokens": len(r.token_ids),
