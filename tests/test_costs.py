@@ -145,6 +145,50 @@ def test_costs_are_measured_once_then_read_from_the_cache(tmp_path, monkeypatch)
     assert len(calls) == 2 and json.loads(files[0].read_text())["format"] == "entmtp-costs"
 
 
+@pytest.mark.parametrize("content", ["null", "[]", '"x"', "3", '{"format": "entmtp-costs"}'])
+def test_a_cache_record_that_is_json_but_not_one_is_named_and_measured_again(
+    tmp_path, monkeypatch, capsys, content
+):
+    """Every cached record kind (curve, surface, prefill, choice cost): valid JSON that is not the record is a
+    CostsError naming the file, and `costs_for` measures the curve again with one line that says so."""
+    from entmtp.costs.cache import load_curve, load_surface
+    from entmtp.costs.choice import load_choice
+    from entmtp.costs.prefill import load_prefill
+
+    path = tmp_path / "record.json"
+    path.write_text(content)
+    for load, what in ((load_curve, "cost curve"), (load_surface, "cost surface")):
+        with pytest.raises(CostsError, match=f"{what} {re.escape(str(path))} is unreadable"):
+            load(path)
+    for load in (load_prefill, load_choice):
+        with pytest.raises(CostsError, match=re.escape(str(path))):
+            load(path)
+    calls = counted_probes(tmp_path, monkeypatch)
+    model = tiny_model()
+    costs_for(model, None)
+    curve = next((tmp_path / "costs").glob("*.json"))
+    curve.write_text(content)
+    capsys.readouterr()
+    costs_for(model, None)
+    assert len(calls) == 2 and f"{curve}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", ["null", "[]", '"x"', '{"key": 3}', "{ truncated"])
+def test_a_choices_file_that_holds_no_choices_is_named_and_written_afresh(
+    tmp_path, monkeypatch, capsys, content
+):
+    """`dtype-choices.json` holding `null`, a list, a string or a non-name: `build` says so in one line,
+    measures again, and writes the file anew (it stopped startup with an AttributeError)."""
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
+    path = build_mod._choices_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    assert build_mod._read_choices() == {}
+    assert str(path) in capsys.readouterr().err
+    build_mod._save_choice("k", "transformers/bfloat16")
+    assert build_mod._read_choices() == {"k": "transformers/bfloat16"}
+
+
 def test_the_probe_measures_every_size_cpu_policies_choose_and_a_new_plan_measures_again(
     tmp_path, monkeypatch
 ):

@@ -389,7 +389,7 @@ def same_tokenizer(a, b) -> bool:
 def _why(spec: EngineSpec, backend: str, candidates: int, cached: str | None, speeds: dict[str, float]):
     """(why this dtype, why this backend) for the plan."""
     if cached is not None:
-        why = f"measured earlier on this machine ({_choices_path()} holds the choice)"
+        why = "measured earlier on this machine (dtype-choices.json in the cost cache holds the choice)"
         return why, why
     if candidates > 1:
         one_backend = len({_split(c)[0] for c in speeds}) == 1  # then the dtypes alone name the candidates
@@ -847,10 +847,20 @@ def _choice_key(spec: EngineSpec, heads_spec: str) -> str:
 
 
 def _read_choices() -> dict:
+    """The cached choices (an empty cache where the file is missing; one line naming a file that cannot be
+    used, which is then written afresh)."""
+    path = _choices_path()
     try:
-        return json.loads(_choices_path().read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        choices = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
         return {}
+    except (OSError, ValueError) as e:  # JSON and Unicode errors are ValueErrors
+        _say(f"{path} is unreadable ({type(e).__name__}): measuring again, and writing it afresh")
+        return {}
+    if not isinstance(choices, dict) or not all(isinstance(v, str) for v in choices.values()):
+        _say(f"{path} holds no choices (not a JSON object of names): measuring again, and writing it afresh")
+        return {}
+    return choices
 
 
 def _cached_choice(key: str | None) -> str | None:

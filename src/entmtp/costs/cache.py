@@ -76,14 +76,24 @@ def probing_disabled() -> bool:
     return os.environ.get("ENTMTP_NO_PROBE", "").strip() not in ("", "0", "false", "no")
 
 
-def load_curve(path: str | os.PathLike[str]) -> CostCurve:
+def read_record(path: str | os.PathLike[str], from_json, what: str):
+    """A cached record (`what`: "cost curve", "prefill cost"...) read with `from_json`; a file that cannot be
+    read, is not JSON, is JSON but not an object (`null`, `[]`), or lacks what the record needs raises
+    CostsError naming the file (`cached` then measures it again)."""
     p = Path(path)
     try:
-        return CostCurve.from_json(json.loads(p.read_text(encoding="utf-8")))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as e:
+        data = json.loads(p.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise TypeError(f"it holds a JSON {type(data).__name__}, not an object")
+        return from_json(data)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # JSON and Unicode: ValueErrors
         raise CostsError(
-            f"cost curve {p} is unreadable ({type(e).__name__}: {e}): delete it to measure again"
+            f"{what} {p} is unreadable ({type(e).__name__}: {e}): delete it to measure again"
         ) from e
+
+
+def load_curve(path: str | os.PathLike[str]) -> CostCurve:
+    return read_record(path, CostCurve.from_json, "cost curve")
 
 
 def save_record(record, path: Path) -> None:
@@ -97,10 +107,7 @@ save_curve = save_surface = save_record  # the names the callers of curves and s
 
 
 def load_surface(path: Path) -> CostSurface:
-    try:
-        return CostSurface.from_json(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
-        raise CostsError(f"cost surface {path} is unreadable ({e})") from e
+    return read_record(path, CostSurface.from_json, "cost surface")
 
 
 def cached(path: Path, key: dict, load):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import statistics
 import time
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ import torch
 from ..accept import Sampling
 from ..machine import digest, record
 from ..tree import Tree
-from .cache import cached, cost_key, costs_dir, save_record
+from .cache import cached, cost_key, costs_dir, read_record, save_record
 from .curves import CostsError
 
 FORMAT, VERSION = "entmtp-choice", 1
@@ -117,10 +116,7 @@ def _choice_path(key: dict):
 
 
 def load_choice(path) -> ChoiceCost:
-    try:
-        return ChoiceCost.from_json(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
-        raise CostsError(f"choice cost {path} is unreadable ({e}): delete it to measure again") from e
+    return read_record(path, ChoiceCost.from_json, "choice cost")
 
 
 @torch.inference_mode()

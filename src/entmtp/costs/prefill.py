@@ -12,7 +12,6 @@ were.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -23,7 +22,7 @@ import numpy as np
 import torch
 
 from ..machine import record
-from .cache import cached, cost_key, cost_path, save_record
+from .cache import cached, cost_key, cost_path, read_record, save_record
 from .curves import CostsError
 
 PREFILL_FORMAT, PREFILL_VERSION = "entmtp-prefill", 1
@@ -92,10 +91,7 @@ class PrefillCost:
 
 
 def load_prefill(path: Path) -> PrefillCost:
-    try:
-        return PrefillCost.from_json(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
-        raise CostsError(f"prefill cost {path} is unreadable ({e}): delete it to measure again") from e
+    return read_record(path, PrefillCost.from_json, "prefill cost")
 
 
 def prefill_key(model, heads) -> dict:
