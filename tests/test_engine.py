@@ -237,6 +237,23 @@ def test_stop_string_ends_text_before_it():
     assert out.text == text[: text.find(stop)]
 
 
+def test_a_stop_string_keeps_the_tokens_that_write_the_text_and_no_more():
+    """Tokens, log-probabilities and their count end with the token that writes the text's last character
+    (it may reach into the stop string): no token of the stop string alone is reported."""
+    model = tiny_model("llama", seed=6)
+    ids = list(b"hello")
+    full = Engine(model, ByteTokenizer()).generate(ids, max_new_tokens=30)
+    clean = [i for i, c in enumerate(full.text) if c != "\ufffd"]
+    assert len(clean) > 12
+    for start in (clean[4], clean[10]):  # a stop a few tokens long (bytes: one token a character)
+        stop = full.text[start : start + 3]
+        out = Engine(model, ByteTokenizer()).generate(ids, max_new_tokens=30, stop=[stop], logprobs=0)
+        assert out.finish_reason == "stop" and out.text == full.text[: full.text.find(stop)]
+        assert len(ByteTokenizer().decode(out.token_ids)) >= len(out.text)  # the text is all written ...
+        assert len(ByteTokenizer().decode(out.token_ids[:-1])) < len(out.text)  # ... the last token needed
+        assert [lp.token_id for lp in out.logprobs] == out.token_ids
+
+
 def test_streamed_text_is_what_decoding_the_whole_output_streams():
     """The detokenizer decodes only the latest tokens: each piece is still the new part of the whole output's
     text, held back while it ends in an incomplete UTF-8 character (random bytes: many of those)."""

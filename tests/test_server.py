@@ -401,6 +401,8 @@ def test_a_client_that_disconnects_stops_its_generation(server, client):
         ({"prompt": []}, 400, "empty"),
         (b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "nested too deeply"),
         (b'{"messages": [{"role": "user", "content": "a\\ud800"}]}', 400, "surrogate"),
+        (json.dumps({"messages": CHAT}).encode("utf-16"), 400, "UTF-16: send JSON as UTF-8"),
+        (json.dumps({"messages": CHAT}).encode("utf-32-le"), 400, "UTF-32-LE: send JSON as UTF-8"),
         (b'{"prompt": "\\udfff b"}', 400, "surrogate"),
         ({"messages": CHAT, "stop": ["\ud800"]}, 400, "surrogate"),
         ({"messages": CHAT, "seed": 2**64}, 400, "seed"),
@@ -475,6 +477,8 @@ def test_a_prediction_changes_no_token_and_usage_counts_its_tokens(client, serve
 def test_unknown_routes_and_the_client_error_class(server, client):
     r = httpx.get(f"{server}/v1/nothing")
     assert r.status_code == 404 and "error" in r.json()
+    for path in ("/docs", "/redoc", "/openapi.json"):  # no schema browser unless --api-docs
+        assert httpx.get(f"{server}{path}").status_code == 404, path
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="m", messages=CHAT, max_tokens=100_000)
 
@@ -519,6 +523,54 @@ def test_a_multi_token_stop_string_streams_what_the_non_streamed_reply_is(client
             c.choices[0].delta.content or "" for c in client.chat.completions.create(**ask, stream=True)
         ]
         assert "".join(pieces) == whole == full.choices[0].message.content.split(stop)[0], stop
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_logprobs_and_usage_end_where_a_stop_string_ends_the_text(server, path):
+    """The issue's cases ("quare_numb" in "def square_number"): a stop string that begins inside a token. The
+    tokens' entries join to the reply's text exactly (the last cut at the stop string), usage counts those
+    tokens, and a stream sends no entry before its text (so never the stop string's)."""
+    chat = path.endswith("chat/completions")
+    ask = {"max_tokens": 40, "temperature": 0}
+    ask |= (
+        {
+            "messages": [
+                {"role": "user", "content": "Write a Python function that returns the square of a number."}
+            ]
+        }
+        if chat
+        else {"prompt": "The capital of France is Paris. The capital of Italy is", "logprobs": 1}
+    )
+    ask |= {"logprobs": True} if chat else {}
+    full = httpx.post(f"{server}{path}", json=ask, timeout=60).json()["choices"][0]
+    full_text = full["message"]["content"] if chat else full["text"]
+    words = [
+        k for k in range(1, len(full_text) - 8) if full_text[k - 1] == " " and full_text[k : k + 4].isalpha()
+    ]
+    assert words, full_text
+    stop = full_text[words[1] + 1 : words[1] + 8]  # from a word's second letter: inside a token
+    body = {**ask, "stop": [stop]}
+
+    def entries(choice) -> list[str]:
+        lp = choice["logprobs"]
+        return [e["token"] for e in lp["content"]] if chat else lp["tokens"]
+
+    whole = httpx.post(f"{server}{path}", json=body, timeout=60).json()
+    choice = whole["choices"][0]
+    text = choice["message"]["content"] if chat else choice["text"]
+    assert choice["finish_reason"] == "stop" and text == full_text[: full_text.find(stop)], stop
+    assert "".join(entries(choice)) == text
+    assert whole["usage"]["completion_tokens"] == len(entries(choice))
+    streamed, joined = "", ""
+    with httpx.stream("POST", f"{server}{path}", json={**body, "stream": True}, timeout=60) as r:
+        for line in r.iter_lines():
+            c = json.loads(line[6:])["choices"] if line.startswith("data: {") else []
+            if not c:
+                continue
+            streamed += (c[0].get("delta", {}).get("content") if chat else c[0].get("text")) or ""
+            joined += "".join(entries(c[0])) if c[0].get("logprobs") else ""
+            assert len(joined.encode()) <= len(streamed.encode()), "a token's entry came before its text"
+    assert streamed == joined == text
 
 
 def test_a_non_streamed_client_that_disconnects_frees_the_worker(server):
@@ -678,6 +730,17 @@ def test_a_negative_seed_under_gumbel_is_a_400_before_any_stream(plain):
         assert "seed >= 0" in r.json()["error"]["message"]
         greedy = app.post("/v1/chat/completions", json={**body, "temperature": 0, "stream": False})
         assert greedy.status_code == 200  # no noise at T = 0: any seed is fine
+
+
+def test_the_schema_browser_is_served_only_when_asked(plain):
+    from fastapi.testclient import TestClient
+
+    from entmtp.server.app import create_app
+
+    with TestClient(create_app(plain, "m", api_docs=True)) as app:
+        assert app.get("/docs").status_code == 200 and "/v1/chat/completions" in app.get("/openapi.json").text
+    with TestClient(create_app(plain, "m")) as app:
+        assert app.get("/docs").status_code == 404 and app.get("/openapi.json").status_code == 404
 
 
 def test_a_second_server_on_a_busy_port_fails_before_loading_the_model(server):

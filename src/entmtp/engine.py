@@ -495,10 +495,17 @@ def _emit(
     new = new[:cut]
     if reason is None and len(state.out) + cut == state.max_new_tokens:
         reason = "length"
-    state.out += new
     logprobs = None
     if state.logprobs is not None:
         logprobs = token_logprobs(logits[:cut], new, state.logprobs)
+    if reason == "stop":  # the tokens that write the text before the stop string, and no more
+        keep = state.text.tokens_before_stop(state.out + new)
+        if keep < len(state.out):  # earlier steps' tokens wholly inside the stop string: withdrawn
+            del state.out[keep:], state.all_logprobs[keep:]
+        new = new[: max(0, keep - len(state.out))]
+        logprobs = logprobs[: len(new)] if logprobs is not None else None
+    state.out += new
+    if logprobs is not None:
         state.all_logprobs += logprobs
     step = None if verified is None else step_record(*verified, new)
     text = state.text.push(new, final=reason is not None)

@@ -95,6 +95,21 @@ class Detokenizer:
                 return k
         return 0
 
+    def tokens_before_stop(self, ids: list[int]) -> int:
+        """How many of the output `ids` (all of it, the stop string's completing token included) begin before
+        the stop string: the tokens that write the text, the last of which may reach into the stop string.
+        Reports of the output (its tokens, their log-probabilities, usage) count these and no more."""
+        if self.stopped_at is None:
+            return len(ids)
+        lo, hi = 0, len(ids)  # the fewest tokens whose text reaches the stop string (a text's length grows
+        while lo < hi:  # with its tokens: a binary search, a few decodes at any output length)
+            mid = (lo + hi) // 2
+            if len(self._text(ids[:mid])) >= self.stopped_at:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
     def final_text(self) -> str:
         """The whole completion's text: up to the stop string, without a trailing incomplete character."""
         text = self._text(self.ids)

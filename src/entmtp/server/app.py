@@ -52,20 +52,23 @@ def create_app(
     thread: TorchThread | None = None,
     acceptance: str = "auto",
     body_timeout: float = BODY_TIMEOUT_S,
+    api_docs: bool = False,
 ) -> FastAPI:
     """The app serving `engine` as `model_name`: up to `max_batch` requests generate together (one continuous
     batch, weighing trees by the cost surface `costs` when given; 1: one at a time, CUDA graphs allowed) and
     up to `max_queue` more wait. Give the `thread` that built the engine (thread.py: on a CPU, torch runs
     ~1.7x slower on a second thread); without one, generation runs on a new thread. `acceptance`: the rule of
     requests at temperature > 0 (auto: lossless sampling; sample; typical: not lossless). `body_timeout`: seconds
-    a request's body may take to arrive once its headers did (then a 408)."""
+    a request's body may take to arrive once its headers did (then a 408). `api_docs`: also serve FastAPI's
+    /docs, /redoc and /openapi.json (off: a production server shows no schema browser)."""
     if max_batch < 1:
         raise EntMTPError(f"max_batch must be >= 1 (1: one request at a time), got {max_batch}")
     if acceptance not in SAMPLED_CHOICES:
         raise EntMTPError(
             f"acceptance {acceptance!r} for requests at T > 0: use one of {', '.join(SAMPLED_CHOICES)}"
         )
-    app = FastAPI(title="entmtp", version="1", lifespan=_lifespan)
+    docs = {} if api_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="entmtp", version="1", lifespan=_lifespan, **docs)
     state = app.state.server = ServerState.start(
         engine, model_name, max_queue, max_body_bytes, max_batch, costs, thread, acceptance, body_timeout
     )

@@ -60,6 +60,11 @@ def add_http_arguments(sv: argparse.ArgumentParser) -> None:
         "after its headers (default 30)",
     )
     sv.add_argument("--no-access-log", action="store_true", help="no log line per request on stderr")
+    sv.add_argument(
+        "--api-docs",
+        action="store_true",
+        help="also serve FastAPI's /docs, /redoc and /openapi.json (default: not served)",
+    )
 
 
 def add_batch_arguments(sv: argparse.ArgumentParser) -> None:
@@ -148,6 +153,7 @@ def run_serve(args) -> int:
         thread=thread,
         acceptance=args.request_acceptance,
         body_timeout=args.body_timeout,
+        api_docs=args.api_docs,
     )
     weights = describe_weights(engine.model)  # every request decodes these: a server builds one engine
     print(

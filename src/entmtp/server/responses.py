@@ -132,12 +132,35 @@ async def _next_or_ping(job: Job):
 
 class _Chunks:
     """One stream's chunks, event by event: its text piece and the logprobs of its tokens, then, with the
-    last event, the rest of the text, the finish reason and (when asked) the usage."""
+    last event, the rest of the text, the finish reason and (when asked) the usage. A token's logprobs go
+    out with the text it writes: held back while the text is (it could begin a stop string), and cut where
+    a stop string cuts the text (the engine's result has the tokens that write the reply, and no more)."""
 
     def __init__(self, reply: Reply, token_text: schema.TokenText, include_usage: bool):
         self.reply, self.token_text, self.include_usage = reply, token_text, include_usage
         self.sent = 0  # characters streamed
+        self.sent_bytes = 0  # ... as UTF-8 bytes
         self.offset = 0  # characters of the tokens streamed (completions' text_offset)
+        self.pending: list = []  # logprob items whose text is not streamed yet
+        self.items = 0  # logprob items streamed
+        self.item_bytes = 0  # ... and the bytes of their tokens
+
+    def _ready(self, event) -> list | None:
+        """The logprob items to stream with `event` (None: logprobs were not asked for)."""
+        result = event.result
+        if result is not None:  # the last event: the result's items not streamed yet, all of them
+            return None if result.logprobs is None else result.logprobs[self.items :]
+        if event.logprobs is None:
+            return None
+        self.pending += event.logprobs
+        ready = []
+        while self.pending:
+            size = len(self.token_text(self.pending[0].token_id)[1])
+            if self.item_bytes + size > self.sent_bytes:
+                break
+            ready.append(self.pending.pop(0))
+            self.item_bytes += size
+        return ready
 
     def of(self, event) -> Iterator[dict]:
         r, result = self.reply, event.result
@@ -145,7 +168,15 @@ class _Chunks:
         if result is not None:  # the rest of the whole text (what the detokenizer held)
             text = result.text[self.sent :]
         self.sent += len(text)
-        lp = schema.logprobs(r.chat, event.logprobs, self.token_text, self.offset)
+        self.sent_bytes += len(text.encode("utf-8"))
+        items = self._ready(event)
+        budget = None
+        if result is not None:
+            budget = schema.stop_budget(result, result.text)
+            budget = None if budget is None else budget - self.item_bytes
+        lp = schema.logprobs(r.chat, items, self.token_text, self.offset, budget) if items else None
+        if items:
+            self.items += len(items)
         if lp is not None and not r.chat:
             self.offset += sum(len(t) for t in lp["tokens"])
         if text or lp:

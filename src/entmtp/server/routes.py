@@ -141,6 +141,9 @@ async def read_request(
     body = await _read_body(request, max_body_bytes, body_timeout)
     if isinstance(body, Response):
         return None, body
+    encoding = json.detect_encoding(body) if body else "utf-8"
+    if encoding not in ("utf-8", "utf-8-sig"):
+        return None, error(400, f"the request body is {encoding.upper()}: send JSON as UTF-8 (RFC 8259)")
     try:
         data = json.loads(body)
     except RecursionError:

@@ -266,21 +266,28 @@ class TokenText:
         return self._cache[token_id]
 
 
-def logprobs(chat: bool, items, token_text: TokenText, offset: int = 0) -> dict | None:
+def logprobs(
+    chat: bool, items, token_text: TokenText, offset: int = 0, byte_budget: int | None = None
+) -> dict | None:
     """OpenAI's `logprobs` of a choice for `items` (TokenLogprob ...): chat's {"content": [...]} or
-    completions' {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; `offset`: characters before."""
+    completions' {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; `offset`: characters before.
+    `byte_budget`: the bytes of text these tokens write (a reply cut by a stop string): the token that
+    reaches into the stop string is cut where the text ends, as OpenAI reports it."""
     if items is None:
         return None
+    pieces = [token_text(item.token_id) for item in items]  # (text, bytes) per token
+    if byte_budget is not None:
+        pieces = _clipped(pieces, byte_budget)
+        items = items[: len(pieces)]
     if chat:
         content = []
-        for item in items:
-            text, raw = token_text(item.token_id)
+        for item, (text, raw) in zip(items, pieces, strict=True):
             top = [
                 {"token": token_text(t)[0], "logprob": lp, "bytes": token_text(t)[1]} for t, lp in item.top
             ]
             content.append({"token": text, "logprob": item.logprob, "bytes": raw, "top_logprobs": top})
         return {"content": content, "refusal": None}
-    texts = [token_text(item.token_id)[0] for item in items]
+    texts = [text for text, _ in pieces]
     offsets = []
     for text in texts:
         offsets.append(offset)
@@ -293,10 +300,35 @@ def logprobs(chat: bool, items, token_text: TokenText, offset: int = 0) -> dict 
     }
 
 
+def _clipped(pieces: list[tuple[str, list[int]]], budget: int) -> list[tuple[str, list[int]]]:
+    """The (text, bytes) pieces of tokens cut to `budget` bytes in all: the last one kept ends there."""
+    out = []
+    for text, raw in pieces:
+        if budget <= 0:
+            break
+        if len(raw) > budget:
+            raw = raw[:budget]
+            text = bytes(raw).decode("utf-8", errors="replace")
+        out.append((text, raw))
+        budget -= len(raw)
+    return out
+
+
+def stop_budget(result, text: str) -> int | None:
+    """The bytes of `text` (a reply's, or what is left of it to stream) when a stop string cut the reply,
+    else None: then its tokens' entries are reported as they are (an EOS token has no text in the reply)."""
+    return len(text.encode("utf-8")) if result.finish_reason == "stop" else None
+
+
 def response(rid: str, model: str, chat: bool, result, token_text: TokenText | None = None) -> dict:
     """A whole (non-streamed) chat.completion or text_completion."""
     content = {"message": {"role": "assistant", "content": result.text}} if chat else {"text": result.text}
-    lp = logprobs(chat, getattr(result, "logprobs", None), token_text) if token_text else None
+    items = getattr(result, "logprobs", None)
+    lp = (
+        logprobs(chat, items, token_text, byte_budget=stop_budget(result, result.text))
+        if token_text
+        else None
+    )
     choice = {"index": 0, **content, "logprobs": lp, "finish_reason": finish_reason(result.finish_reason)}
     obj = "chat.completion" if chat else "text_completion"
     return _envelope(rid, model, obj, [choice], usage=usage(result))
