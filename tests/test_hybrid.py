@@ -293,3 +293,39 @@ def test_free_verification_copies_the_whole_branch():
     policy = HybridPolicy(StaticPolicy(load_tree("tree_8")), Lookup(tokens=6, node_cost=0.0))
     tree = policy.choose(_ctx(NgramIndex([1, 2, 3, 1, 2], max_ngram=2))).tree
     assert tree.num_lookup == 6 and tree.heads_tree.num_nodes == 8
+
+
+# ---- what a step costs to choose (issue #62: counted, not timed) ------------------------------------------
+
+# a llama.cpp-like curve on the 2-core EPYC: one drafted node costs 1.84x a plain step, so a lookup chain at
+# the prior rates never pays and every step is plain
+DEAR = LatencyModel([0, 1, 2, 4, 8, 16, 32], [9.0, 16.6, 20.1, 29.6, 45.0, 75.6, 133.1])
+
+
+def test_a_plain_step_reads_one_token_of_the_offered_chain_not_the_whole_chain():
+    """Per step: one index query for the match, and of the chain the match offers only what the step drafted
+    plus the one token judged past it. Reading the whole `Lookup.tokens` chain every step cost the default on
+    llama.cpp a share of every step where it took plain steps; with that put back this counts 11 queries."""
+    index = NgramIndex([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3], max_ngram=3)
+    queries = []
+    real = index.candidates
+    index.candidates = lambda *a, **k: queries.append(a) or real(*a, **k)
+    policy = HybridPolicy(StaticPolicy(Tree.root_only()), Lookup(tokens=10), DEAR)
+    prior = policy.copy[3].values()
+    choice = policy.choose(_ctx(index))
+    assert choice.tree.num_nodes == 0 and choice.menu is None  # a plain step; no menu outside a batch
+    policy.observe(Step("root", 0, 0, 1, [4], sources={}))
+    assert len(queries) == 2
+    assert policy.copy[3].values()[0] > prior[0]  # ... and the first token was judged, right
+    batched = StepContext(0, len(index.tokens), 100, None, lookup=index, latency=DEAR)
+    assert policy.choose(batched).menu is not None  # a batch's joint choice reads the menu
+
+
+def test_the_chain_a_choice_read_is_read_again_after_the_index_grew():
+    """`observe` reads the chain the index offered when the step chose, although the step's tokens have been
+    indexed since: the same tokens, however the new ones change the counts."""
+    index = NgramIndex([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3], max_ngram=3)
+    before, size = copy_chain(index, 8), len(index.tokens)
+    index.extend([9, 9, 1, 2, 3, 9, 9, 2, 3, 9])  # "2 3" now continues with 9 more often than with 4
+    assert copy_chain(index, 8) != before
+    assert copy_chain(index, 8, size) == before == [4, 5, 6, 7, 8, 9, 1, 2]

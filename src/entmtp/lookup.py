@@ -15,6 +15,7 @@ often each continuation occurred, then by recency; shorter matches add candidate
 from __future__ import annotations
 
 import argparse
+import bisect
 import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -123,9 +124,11 @@ class NgramIndex:
         self.start = len(self.tokens)
         self.extend(tokens)
 
-    def tail(self, n: int) -> list[int]:
-        """The text's last `n` tokens (fewer where it is shorter: never the prefix's)."""
-        return self.tokens[max(self.start, len(self.tokens) - n) :]
+    def tail(self, n: int, size: int | None = None) -> list[int]:
+        """The text's last `n` tokens (fewer where it is shorter: never the prefix's); `size`: of its first
+        `size` tokens (the index as it was then)."""
+        size = len(self.tokens) if size is None else size
+        return self.tokens[max(self.start, size - n) : size]
 
     def extend(self, new: Iterable[int]) -> None:
         toks, ends = self.tokens, self.ends
@@ -141,16 +144,20 @@ class NgramIndex:
                 else:
                     hit.append(i - 1)
 
-    def candidates(self, tail: Sequence[int], k: int) -> tuple[list[int], int]:
+    def candidates(self, tail: Sequence[int], k: int, size: int | None = None) -> tuple[list[int], int]:
         """Up to k distinct next tokens after ``tail`` (the last tokens before the node, most recent last),
-        best first, and the length of the longest suffix of ``tail`` that occurred with a continuation."""
+        best first, and the length of the longest suffix of ``tail`` that occurred with a continuation.
+        `size`: as the index answered when it held its first `size` tokens (what a step's choice read)."""
         out: list[int] = []
         match = 0
-        size = len(self.tokens)
+        now = size is None or size == len(self.tokens)
+        size = len(self.tokens) if size is None else size
         for n in range(min(self.max_ngram, len(tail)), 0, -1):
             ends = self.ends.get(tuple(tail[len(tail) - n :]))
             if not ends:
                 continue
+            if not now:  # the positions it held then: those ending at or before `size - 1`
+                ends = ends[: bisect.bisect_right(ends, size - 1)]
             counts: dict[int, int] = {}
             for e in reversed(ends[-MAX_OCCURRENCES:]):  # most recent first: dict order breaks count ties
                 if e + 1 < size and e + 1 != self.start:  # the prefix's last token continues nothing

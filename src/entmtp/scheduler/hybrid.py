@@ -173,7 +173,7 @@ class HybridPolicy(Settings, Stateful):
         self._chosen: tuple[int, int] = (0, 0)  # (match bucket, heads depth) of the running step
         self._unmatched: float | None = None  # the running step without a match: its cost (0: not probed)
         self._unverified: tuple[Tree, object] | None = None  # (inner tree, probe) when the heads were dropped
-        self._chain: list[int] = []  # the lookup chain the running step's match offered (copy_chain)
+        self._offer: tuple | None = None  # (index, its size) whose match offered the running step a chain
 
     def choose(self, ctx: StepContext) -> Choice:
         index = ctx.lookup
@@ -183,7 +183,8 @@ class HybridPolicy(Settings, Stateful):
             if not cands:
                 match = 0
         m = min(match, MAX_MATCH)
-        self._chain = copy_chain(index, self.lookup.tokens) if m and self.counterfactual else []
+        # the chain the match offers: `observe` reads as much of it as it judges (the index as it is now)
+        self._offer = (index, len(index.tokens)) if m and self.counterfactual else None
         costs = self._cost(ctx)
         length = self.lookup.tokens if m else 0
         est = Estimates(self.heads.values(), self.copy[m].values(), length)
@@ -206,7 +207,9 @@ class HybridPolicy(Settings, Stateful):
         options = self._options(tree, est, length)
         value = [e / self._option_cost(tree, keep, n, costs) for keep, _, n, e in options]
         keep, length, _, _ = options[value.index(max(value))]
-        return Choice(self._take(step, (keep, length)), signals, self._menu(step, options))
+        # a menu only for a batched step's joint choice (ctx.latency: the whole step's), where it is read
+        menu = self._menu(step, options) if ctx.latency is not None else None
+        return Choice(self._take(step, (keep, length)), signals, menu)
 
     def _heads_lose(self, est: Estimates, length: int, costs: list[float]) -> bool:
         """Whether, at the heads' current rates, the best option without them beats every option with them.
@@ -291,8 +294,10 @@ class HybridPolicy(Settings, Stateful):
         decay = 1.0 - 1.0 / WINDOW
         m, heads_depth = self._chosen
         right, known = (step.sources["lookup"], step.lookup_nodes) if step.sources else (0, 0)
-        if right == known and self._chain:  # the drafted chain (if any) right to its end: judge one more
-            more, seen = chain_depth(self._chain, step.token_ids, known, 1)
+        if right == known and self._offer is not None:  # the drafted chain right to its end: judge one more
+            index, size = self._offer  # the chain it offered then, as far as the judgement reads
+            chain = copy_chain(index, min(self.lookup.tokens, known + 1), size)
+            more, seen = chain_depth(chain, step.token_ids, known, 1)
             right, known = right + more, known + seen
         if known:
             # right tokens before the first wrong one (or the end): q_d is tried where d <= the depth judged and
@@ -326,13 +331,13 @@ def _chain(depth: int) -> Tree:
     return Tree(f"chain{depth}", tuple((0,) * d for d in range(1, depth + 1)))
 
 
-def copy_chain(index: NgramIndex, length: int) -> list[int]:
+def copy_chain(index: NgramIndex, length: int, size: int | None = None) -> list[int]:
     """The lookup chain of up to `length` tokens that `index` offers after its last tokens: each token the top
     continuation of the tokens before it, drafted ones included (what a chain of `length` lookup nodes drafts,
-    lookup.draft_lookup)."""
-    tail, chain = index.tail(index.max_ngram), []
+    lookup.draft_lookup). `size`: the chain the index offered when it held its first `size` tokens."""
+    tail, chain = index.tail(index.max_ngram, size), []
     while len(chain) < length:
-        cands = index.candidates(tail[-index.max_ngram :], 1)[0]
+        cands = index.candidates(tail[-index.max_ngram :], 1, size)[0]
         if not cands:
             break
         chain.append(cands[0])
