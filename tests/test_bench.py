@@ -99,6 +99,32 @@ def test_a_prompt_file_is_one_task_named_after_it(tmp_path):
     assert plan.tasks == ["mine"] and len(plan.prompts["mine"]) == 3
 
 
+def test_each_default_is_set_against_the_fastest_plain_decoding_of_its_own_backend():
+    """The report's never-slower line (issue #62): a default's tokens/s over the faster plain dtype on
+    transformers, or over entmtp's plain steps on llama.cpp, by the backend its plan names."""
+    from entmtp.bench.report import never_slower_lines
+    from entmtp.bench.summary import default_over_plain
+
+    rows = {
+        "plain": 30.0, "plain@float32": 20.0, "plain@llama-cpp": 100.0, "default": 99.0,
+        "default@transformers": 45.0, "default@llama-cpp": 101.0,
+    }  # fmt: skip
+    summary = {"gsm8k": {k: {"tokens_per_second": v} for k, v in rows.items()}}
+    plans = {
+        "default": "backend: llama-cpp (measured)\nweights: Q4_1",
+        "default@transformers": "backend: transformers (as asked)",
+        "default@llama-cpp": "backend: llama-cpp (as asked)",
+    }
+    ratios = default_over_plain(summary, plans)["gsm8k"]
+    assert ratios == pytest.approx({"default": 0.99, "default@transformers": 1.5, "default@llama-cpp": 1.01})
+    said = never_slower_lines(summary, plans)
+    assert (
+        said[-1]
+        == "Never slower than its backend's plain decoding on every row (>= 1.00x): no: `default` on gsm8k."
+    )
+    assert "| gsm8k | 0.99x | 1.01x | 1.50x |" in said
+
+
 def test_edit_prompts_carry_their_code_as_the_prediction_for_every_method_but_the_baselines(tmp_path):
     """The `edits` task: a HumanEval solution, an edit request, the code as prediction (OpenAI's Predicted
     Outputs); a prompt file's `prediction` field likewise. Plain baselines and peers decode without it."""

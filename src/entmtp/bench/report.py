@@ -21,6 +21,7 @@ from ..prompts import TASKS
 from .engines import Methods
 from .plots import speedup_plot, step_log_plot
 from .run import Measurements
+from .summary import default_over_plain
 
 
 def task_label(task: str) -> str:
@@ -216,6 +217,7 @@ def markdown(data: dict, labels: dict[str, str], command: str, images=()) -> str
     if data.get("replays"):
         lines += ["", replay_pricing(data["replays"], command)]
     lines += weights_lines(meta.get("plans") or {})
+    lines += never_slower_lines(data["summary"], meta.get("plans") or {})
     head = ["method", "tokens/s", "speedup", "per-prompt speedup (95% CI)", "tokens/step", "decode tokens/s"]
     head += ["probe ms", "choose ms", "trees", "perplexity" if sampled else "identical"]
     for task, rows in data["summary"].items():
@@ -225,6 +227,22 @@ def markdown(data: dict, labels: dict[str, str], command: str, images=()) -> str
     for caption, file in images:
         lines += ["", f"![{caption}]({file})"]
     return "\n".join(lines) + "\n"
+
+
+def never_slower_lines(summary: dict, plans: dict[str, str]) -> list[str]:
+    """A table of each built default over the same backend's fastest plain decoding per task, and whether it
+    is >= 1.00x on every row (the README's promise: never slower than plain)."""
+    ratios = default_over_plain(summary, plans)
+    names = sorted({n for row in ratios.values() for n in row})
+    if not names:
+        return []
+    lines = ["", "Each built default over the fastest plain decoding of the backend it runs on:", ""]
+    lines += ["| task | " + " | ".join(f"`{n}`" for n in names) + " |", "|" + "---|" * (len(names) + 1)]
+    for task, row in ratios.items():
+        lines.append(f"| {task} | " + " | ".join(f"{row[n]:.2f}x" if n in row else "" for n in names) + " |")
+    below = sorted({(n, t) for t, row in ratios.items() for n, r in row.items() if r < 1.0})
+    said = "yes" if not below else "no: " + ", ".join(f"`{n}` on {t}" for n, t in below)
+    return [*lines, "", f"Never slower than its backend's plain decoding on every row (>= 1.00x): {said}."]
 
 
 def weights_lines(plans: dict[str, str]) -> list[str]:

@@ -34,6 +34,25 @@ def summarise_tasks(runs: dict, mismatches: list[dict], *, seed: int, greedy: bo
     return summary
 
 
+# each built default against the plain decodings of the backend it runs on (issue #62): "never slower" is
+# checked against the faster of them (transformers: either CPU dtype; llama.cpp: entmtp's own plain steps)
+PLAIN_OF = {"transformers": ("plain", "plain@float32", "plain@bfloat16"), "llama-cpp": ("plain@llama-cpp",)}
+
+
+def default_over_plain(summary: dict, plans: dict[str, str]) -> dict[str, dict[str, float]]:
+    """task -> built default (`default`, `default@transformers`, `default@llama-cpp`) -> its tokens/s over the
+    fastest plain decoding of the backend it runs on (its plan's `backend:` line; a routed default's first
+    lane), where the run has both."""
+    out: dict[str, dict[str, float]] = {}
+    for task, rows in summary.items():
+        for name, plan in plans.items():
+            backend = next((x.split()[1] for x in plan.splitlines() if x.startswith("backend: ")), None)
+            plain = [rows[p]["tokens_per_second"] for p in PLAIN_OF.get(backend, ()) if p in rows]
+            if name in rows and plain:
+                out.setdefault(task, {})[name] = rows[name]["tokens_per_second"] / max(plain)
+    return out
+
+
 def summarise(records: list[dict]) -> dict:
     """One method's records on one task (see run.record): pooled rates, per-step costs, the trees' usage and,
     for sampled runs, the continuations' perplexity. A peer records no steps: its tokens/step is NaN and its
