@@ -122,8 +122,17 @@ def _base_model(args) -> tuple:
         gen = torch.Generator().manual_seed(0)
         prompt = torch.randint(0, model.config.vocab_size, (args.past,), generator=gen).tolist()
         return model, tokenizer, prompt, args.heads or "none"
-    spec = EngineSpec(model=args.model, backend=args.backend, dtype=args.dtype, device=args.device,
-                      threads=args.threads, pack=not args.no_pack, heads="none", probe=False)  # fmt: skip
+    spec = EngineSpec(
+        model=args.model,
+        backend=args.backend,
+        dtype=args.dtype,
+        device=args.device,
+        threads=args.threads,
+        pack=not args.no_pack,
+        heads="none",
+        probe=False,
+        gguf_as_given=args.backend == "llama-cpp",
+    )  # fmt: skip (the file timed as it is)
     loaded = load(spec)  # the model as `generate` loads it on this backend (its heads are bound below)
     return loaded.model, loaded.tokenizer, PROMPT, args.heads or default_heads()
 
@@ -205,8 +214,8 @@ def _console(stderr: bool = False) -> Console:
 NAMED_BACKEND = dict(
     default="transformers",
     choices=[b for b in BACKENDS if b != "auto"],  # a named one: this command times one backend's step
-    help="what runs the base model: transformers (default) or llama-cpp (a GGUF file: --model FILE.gguf, or "
-    "the embedded model's)",
+    help="what runs the base model: transformers (default) or llama-cpp (a GGUF file as it is: --model "
+    "FILE.gguf, or the embedded model's; --dtype is then the heads' dtype)",
 )
 
 
