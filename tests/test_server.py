@@ -34,8 +34,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_server(tmp_path, *extra: str, port: int | None = None):
-    """(process, url, stderr file) of `entmtp serve` on the embedded model, once /health answers."""
+def _start_server(tmp_path, *extra: str, port: int | None = None, seen: list | None = None):
+    """(process, url, stderr file) of `entmtp serve` on the embedded model, once /health answers 200; `seen`
+    collects the (status, body) of the /health answers before it."""
     port = port or _free_port()
     cmd = [sys.executable, "-m", "entmtp.cli", "serve", "--port", str(port), "--dtype", "float32"]
     cmd += ["--heads", "hydra", "--tree", "tree_4", "--lookup", "--max-body", str(MAX_BODY), *extra]
@@ -48,10 +49,14 @@ def _start_server(tmp_path, *extra: str, port: int | None = None):
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {log.read_text()}")
         try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+            r = httpx.get(f"{url}/health", timeout=1)
+            if r.status_code == 200:
                 return proc, url, log
+            if seen is not None:
+                seen.append((r.status_code, r.json(), r.headers.get("retry-after")))
+            time.sleep(0.1)
         except httpx.HTTPError:
-            time.sleep(0.5)
+            time.sleep(0.1 if seen is not None else 0.5)
     proc.kill()
     raise RuntimeError("server did not start in 180 s")
 
@@ -158,6 +163,21 @@ def test_models_and_health(client, served):
     health = httpx.get(f"{server}/health").json()
     assert health["status"] == "ok" and health["weights"] == "float32 on transformers"  # --dtype float32
     assert "serving smollm2-135m-instruct (float32 on transformers) on http" in log.read_text()
+
+
+def test_health_says_loading_with_a_503_until_the_model_is_ready(tmp_path):
+    """The port is bound before the model loads; polls made meanwhile are answered at once, 503 "loading" in
+    OpenAI's error shape with Retry-After (they waited in the backlog and were all answered when serving
+    started), then 200 once serving starts."""
+    seen: list = []
+    proc, url, _ = _start_server(tmp_path, "--max-batch", "1", seen=seen)
+    try:
+        assert seen, "no /health answer came before the model was ready"
+        assert {s for s, _, _ in seen} == {503} and {r for _, _, r in seen} == {"1"}
+        assert all(b["status"] == "loading" and b["error"]["code"] == "loading" for _, b, _ in seen)
+        assert httpx.get(f"{url}/health").json()["status"] == "ok"
+    finally:
+        _stop(proc)
 
 
 def test_a_llama_cpp_server_with_dtype_float32_decodes_float32_weights_for_short_and_long_prompts(

@@ -120,7 +120,7 @@ def run_serve(args) -> int:
 
         return serve_ray(args, engine_spec(args))
     try:
-        from .run import bind, serve  # light: the port is bound before the model loads
+        from .run import Loading, bind, serve  # light: the port is bound before the model loads
 
         sock = bind(args.host, args.port)  # a busy port fails at once, not after the model loads
         from .app import create_app
@@ -129,35 +129,12 @@ def run_serve(args) -> int:
             f"`entmtp serve` needs the server extra ({e.name} is missing): pip install 'entmtp[server]'"
         ) from e
     from ..backends import describe_weights
-    from .thread import TorchThread
 
-    batched = args.max_batch > 1
-    thread = TorchThread()  # every torch call of the server on one thread (thread.py says why)
-    # a batch steps eagerly (batch.py); batching steps one engine, so no routing by prompt length (routing.py)
-    engine = thread.call(engine_from_args, args, route=False, graphs=not args.no_graphs and not batched)
-    name = args.model_name or args.model or "smollm2-135m-instruct"
-    if batched and not args.no_graphs and engine.base.device.type == "cuda":
-        print(
-            f"entmtp: --max-batch {args.max_batch}: batched steps run without CUDA graphs, so a request "
-            "alone decodes slower than with them; --max-batch 1 serves one request at a time with graphs",
-            file=sys.stderr,
-        )
-    costs = thread.call(batch_costs, engine, args.max_batch, not args.no_probe)
-    app = create_app(
-        engine,
-        name,
-        max_queue=args.max_queue,
-        max_body_bytes=args.max_body,
-        max_batch=args.max_batch,
-        costs=costs,
-        thread=thread,
-        acceptance=args.request_acceptance,
-        body_timeout=args.body_timeout,
-        api_docs=args.api_docs,
-    )
+    with Loading(sock):  # until the app is ready, every request gets a 503 "loading" at once
+        engine, app = _ready_app(args, create_app)
     weights = describe_weights(engine.model)  # every request decodes these: a server builds one engine
     print(
-        f"entmtp: serving {name} ({weights}) on http://{args.host}:{args.port}/v1",
+        f"entmtp: serving {model_name(args)} ({weights}) on http://{args.host}:{args.port}/v1",
         file=sys.stderr,
         flush=True,
     )
@@ -170,6 +147,42 @@ def run_serve(args) -> int:
         verbose=args.verbose,
     )
     return 0
+
+
+def model_name(args) -> str:
+    """The model id clients see."""
+    return args.model_name or args.model or "smollm2-135m-instruct"
+
+
+def _ready_app(args, create_app):
+    """(engine, app) of `entmtp serve`'s flags: the engine built on the server's torch thread, its batch costs,
+    the app."""
+    from .thread import TorchThread
+
+    batched = args.max_batch > 1
+    thread = TorchThread()  # every torch call of the server on one thread (thread.py says why)
+    # a batch steps eagerly (batch.py); batching steps one engine, so no routing by prompt length (routing.py)
+    engine = thread.call(engine_from_args, args, route=False, graphs=not args.no_graphs and not batched)
+    if batched and not args.no_graphs and engine.base.device.type == "cuda":
+        print(
+            f"entmtp: --max-batch {args.max_batch}: batched steps run without CUDA graphs, so a request "
+            "alone decodes slower than with them; --max-batch 1 serves one request at a time with graphs",
+            file=sys.stderr,
+        )
+    costs = thread.call(batch_costs, engine, args.max_batch, not args.no_probe)
+    app = create_app(
+        engine,
+        model_name(args),
+        max_queue=args.max_queue,
+        max_body_bytes=args.max_body,
+        max_batch=args.max_batch,
+        costs=costs,
+        thread=thread,
+        acceptance=args.request_acceptance,
+        body_timeout=args.body_timeout,
+        api_docs=args.api_docs,
+    )
+    return engine, app
 
 
 def batch_costs(engine, max_batch: int, probe: bool = True):

@@ -7,9 +7,11 @@ open at once and quits (the cut streams end as above; a third signal stops waiti
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import sys
+import threading
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -31,6 +33,59 @@ def bind(host: str, port: int) -> socket.socket:
             f"cannot listen on {host}:{port}: {e.strerror or e}; is another server running there? "
             "choose another --port (or stop that server)"
         ) from None
+
+
+_LOADING_BODY = json.dumps(
+    {
+        "status": "loading",
+        "error": {
+            "message": "the model is loading: retry shortly",
+            "type": "server_error",
+            "code": "loading",
+        },
+    }
+).encode()
+LOADING = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+    b"Connection: close\r\nContent-Length: " + str(len(_LOADING_BODY)).encode() + b"\r\n\r\n" + _LOADING_BODY
+)
+
+
+class Loading:
+    """While the model loads on a bound port (`bind` comes first), every request is answered at once with a
+    503 `{"status": "loading", ...}` (OpenAI's error shape, Retry-After: 1): a load balancer's /health polls
+    learn the server is not ready instead of waiting in the listen backlog, to be answered all at once when
+    serving starts. A context manager: the socket is handed back, blocking, when it exits."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.stop = sock, threading.Event()
+        self.thread = threading.Thread(target=self._answer, name="entmtp-loading", daemon=True)
+
+    def __enter__(self) -> Loading:
+        self.sock.settimeout(0.1)  # the loop looks at `stop` this often
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.sock.settimeout(None)
+
+    def _answer(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.settimeout(1.0)
+                    conn.recv(65536)  # the request's head, whatever it asks
+                    conn.sendall(LOADING)
+                except OSError:
+                    pass  # a client that left: nothing to answer
 
 
 def _protocol(header_timeout: float) -> type[H11Protocol]:
