@@ -49,6 +49,12 @@ def test_each_replica_reserves_its_threads_and_takes_its_batch_and_queue():
     assert config.front_options()["graceful_shutdown_timeout_s"] > opts["graceful_shutdown_timeout_s"]
 
 
+@pytest.mark.parametrize("flag", ["--batch-invariant", "--api-docs"])
+def test_server_flags_the_replicas_do_not_take_are_refused_with_ray(flag):
+    with pytest.raises(EntMTPError, match=f"{flag} apply to `entmtp serve` without --ray only"):
+        _config(flag)
+
+
 def test_a_gpu_replica_reserves_a_gpu():
     opts = _config("--device", "cuda").engine_options()
     assert opts["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 1}

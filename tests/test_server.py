@@ -34,11 +34,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_server(tmp_path, *extra: str, port: int | None = None, seen: list | None = None):
+def _start_server(
+    tmp_path, *extra: str, port: int | None = None, seen: list | None = None, dtype: str | None = "float32"
+):
     """(process, url, stderr file) of `entmtp serve` on the embedded model, once /health answers 200; `seen`
     collects the (status, body) of the /health answers before it."""
     port = port or _free_port()
-    cmd = [sys.executable, "-m", "entmtp.cli", "serve", "--port", str(port), "--dtype", "float32"]
+    cmd = [sys.executable, "-m", "entmtp.cli", "serve", "--port", str(port)]
+    cmd += ["--dtype", dtype] if dtype else []  # None: the GGUF as given on llama.cpp
     cmd += ["--heads", "hydra", "--tree", "tree_4", "--lookup", "--max-body", str(MAX_BODY), *extra]
     env = dict(os.environ, ENTMTP_TEST_THREADS="2")
     log = tmp_path / f"serve-{port}.log"  # a file, not a pipe: the access log must never block the server
@@ -163,6 +166,45 @@ def test_models_and_health(client, served):
     health = httpx.get(f"{server}/health").json()
     assert health["status"] == "ok" and health["weights"] == "float32 on transformers"  # --dtype float32
     assert "serving smollm2-135m-instruct (float32 on transformers) on http" in log.read_text()
+
+
+INVARIANCE_PROMPTS = [  # the issue's probe: 8 prompts, each alone, then all at once
+    "Describe a cat to someone who has never seen one.",
+    "Explain why the sky is blue.",
+    "Write a haiku about the sea.",
+    "What is the capital of France? Answer in one sentence.",
+    "List three uses of a paperclip.",
+    "Summarize the plot of Romeo and Juliet.",
+    "Give me a recipe for pancakes.",
+    "How do vaccines work?",
+]
+
+
+def _alone_then_together(url: str) -> tuple[list[str], list[str]]:
+    """The 8 prompts' greedy replies, each sent alone, then all 8 at once."""
+    import concurrent.futures
+
+    def ask(prompt: str) -> str:
+        body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 40, "temperature": 0}
+        reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300).json()
+        return reply["choices"][0]["message"]["content"]
+
+    alone = [ask(p) for p in INVARIANCE_PROMPTS]
+    with concurrent.futures.ThreadPoolExecutor(len(INVARIANCE_PROMPTS)) as pool:
+        return alone, list(pool.map(ask, INVARIANCE_PROMPTS))
+
+
+def test_a_batch_invariant_llama_cpp_server_gives_each_greedy_reply_what_it_gives_alone(tmp_path):
+    """`serve --backend llama-cpp --batch-invariant` on the Q4_1 GGUF: each of 8 greedy replies sent all at
+    once is the reply it gets alone. Without the flag the same check failed here (2026-12-06, the AVX-512
+    EPYC): batch-mates' KV cells move a row's logits on llama.cpp."""
+    flags = ("--backend", "llama-cpp", "--batch-invariant", "--max-batch", "8")
+    proc, url, _ = _start_server(tmp_path, *flags, dtype=None)
+    try:
+        alone, together = _alone_then_together(url)
+        assert together == alone
+    finally:
+        _stop(proc)
 
 
 def test_health_says_loading_with_a_503_until_the_model_is_ready(tmp_path):

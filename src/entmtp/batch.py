@@ -59,6 +59,10 @@ class BatchOptions:
     max_batch: int | None = None  # rows at once in `stream_batch` (None: every prompt)
     costs: CostSurface | None = None  # the cost surface greedy rows weigh their trees by (surface.py)
     gate: bool = True  # whether steps speculate at all is measured (`Gate`); False: as the policies choose
+    # every row verified alone, in a cache of its own (on llama.cpp a context of its own), so a row's tokens
+    # never depend on its batch-mates, at about the throughput of one generation at a time (rows still take
+    # turns step by step); False: only the rows whose seed must repeat (`Batch`)
+    invariant: bool = False
 
     def __post_init__(self):
         if self.max_batch is not None and self.max_batch < 1:
@@ -210,7 +214,9 @@ class Batch:
         )
         max_new = kwargs.get("max_new_tokens", 256)
         ids = engine.encode(prompt, max_new, chat=chat, logprobs=kwargs.get("logprobs"))
-        alone = kwargs.get("seed") is not None and sampling.rule not in TREE_INVARIANT
+        alone = self.options.invariant or (
+            kwargs.get("seed") is not None and sampling.rule not in TREE_INVARIANT
+        )
         room = scratch(policy)
         tokens = min(engine.window, len(ids) + max_new)
         need = min(engine.window, tokens + max(room, engine.scratch)) if alone else len(ids)

@@ -53,6 +53,7 @@ def create_app(
     acceptance: str = "auto",
     body_timeout: float = BODY_TIMEOUT_S,
     api_docs: bool = False,
+    batch_invariant: bool = False,
 ) -> FastAPI:
     """The app serving `engine` as `model_name`: up to `max_batch` requests generate together (one continuous
     batch, weighing trees by the cost surface `costs` when given; 1: one at a time, CUDA graphs allowed) and
@@ -60,7 +61,8 @@ def create_app(
     ~1.7x slower on a second thread); without one, generation runs on a new thread. `acceptance`: the rule of
     requests at temperature > 0 (auto: lossless sampling; sample; typical: not lossless). `body_timeout`: seconds
     a request's body may take to arrive once its headers did (then a 408). `api_docs`: also serve FastAPI's
-    /docs, /redoc and /openapi.json (off: a production server shows no schema browser)."""
+    /docs, /redoc and /openapi.json (off: a production server shows no schema browser). `batch_invariant`: every
+    request decodes in a cache of its own, so its reply never depends on what else runs (batch.BatchOptions)."""
     if max_batch < 1:
         raise EntMTPError(f"max_batch must be >= 1 (1: one request at a time), got {max_batch}")
     if acceptance not in SAMPLED_CHOICES:
@@ -70,8 +72,9 @@ def create_app(
     docs = {} if api_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="entmtp", version="1", lifespan=_lifespan, **docs)
     state = app.state.server = ServerState.start(
-        engine, model_name, max_queue, max_body_bytes, max_batch, costs, thread, acceptance, body_timeout
-    )
+        engine, model_name, max_queue, max_body_bytes, max_batch, costs, thread, acceptance, body_timeout,
+        batch_invariant,
+    )  # fmt: skip
     app.add_exception_handler(StarletteHTTPException, routes.http_error)
     app.add_exception_handler(Exception, routes.internal_error)
     app.add_api_route("/v1/chat/completions", routes.chat_completions, methods=["POST"])

@@ -34,13 +34,15 @@ def start_worker(
     on_finish=None,
     on_step=None,
     thread: TorchThread | None = None,
+    invariant: bool = False,
 ) -> Worker:
     """The generation thread: a `BatchWorker` of `max_batch` rows, or one job at a time when `max_batch` is 1
     or the engine cannot step a batch (CUDA graphs, no preallocated cache: one log line says which). With
-    `thread` (the one that built the engine: thread.py says why), the batch is built and the loop runs there."""
+    `thread` (the one that built the engine: thread.py says why), the batch is built and the loop runs there.
+    `invariant`: every row in a cache of its own (BatchOptions.invariant)."""
     if max_batch > 1:
         try:
-            options = BatchOptions(max_batch=max_batch, costs=costs)
+            options = BatchOptions(max_batch=max_batch, costs=costs, invariant=invariant)
             batch = thread.call(Batch, engine, options) if thread else Batch(engine, options)
         except EntMTPError as e:
             log.warning("serving one request at a time, not %d together: %s", max_batch, e)

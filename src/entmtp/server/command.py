@@ -81,6 +81,15 @@ def add_batch_arguments(sv: argparse.ArgumentParser) -> None:
     sv.add_argument(
         "--max-queue", type=int, default=8, help="requests that may wait past --max-batch; more get 503"
     )
+    sv.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="every request decodes in a cache of its own (on llama.cpp a context of its own), so a greedy "
+        "reply never depends on what else the server runs, at about one request at a time's throughput "
+        "(requests still take turns step by step). Default off: on llama.cpp a batch-mate's KV cells move "
+        "a row's logits, and a greedy reply can change with what runs beside it (transformers in float32: "
+        "none seen); seeded sampled requests get their own cache either way",
+    )
 
 
 def add_request_arguments(sv: argparse.ArgumentParser) -> None:
@@ -181,6 +190,7 @@ def _ready_app(args, create_app):
         acceptance=args.request_acceptance,
         body_timeout=args.body_timeout,
         api_docs=args.api_docs,
+        batch_invariant=args.batch_invariant,
     )
     return engine, app
 

@@ -197,8 +197,13 @@ def deploy_yaml(config: RayServeConfig, host: str, port: int, command: str) -> s
 
 
 def check_ray_arguments(args: argparse.Namespace) -> None:
-    """The Ray Serve arguments given without --ray are an EntMTPError naming them."""
+    """The Ray Serve arguments given without --ray, and the server flags Ray Serve's replicas do not take
+    given with it, are an EntMTPError naming them."""
     if args.ray:
+        local = [f for f in ("batch_invariant", "api_docs") if getattr(args, f, False)]
+        if local:
+            flags = ", ".join("--" + name.replace("_", "-") for name in local)
+            raise EntMTPError(f"{flags} apply to `entmtp serve` without --ray only: drop them or --ray")
         return
     given = [name for name, default in _RAY_DEFAULTS.items() if getattr(args, name) != default]
     if given:

@@ -57,6 +57,7 @@ class ServerState:
         thread: TorchThread | None = None,
         acceptance: str = "auto",
         body_timeout: float = BODY_TIMEOUT_S,
+        invariant: bool = False,
     ) -> ServerState:
         """A state with its generation loop started (`max_batch` rows at once, batching.py) on `thread`, the
         one that built the engine (thread.py says why), or on a new thread."""
@@ -69,6 +70,7 @@ class ServerState:
             on_finish=metrics.finished,
             on_step=metrics.stepped,
             thread=thread,
+            invariant=invariant,
         )
         token_text = schema.TokenText(engine.tokenizer)
         return cls(
