@@ -176,3 +176,56 @@ def test_no_probe_without_a_cached_curve_says_the_lookup_branch_is_sized_on_anot
     assert calls == [] and built.plan.costs is None
     said = built.plan.describe()
     assert "CPU_COST" in said and "not on this one" in said
+
+
+# ---- a model of the user's own: the shipped heads only where they fit (issue #69) ---------------------------
+
+
+def test_your_own_model_decodes_without_the_shipped_heads_and_says_why(tmp_path, capsys):
+    """`entmtp generate --model DIR` with no --heads: a model of another width gets no heads (prompt lookup and
+    plain steps, as any model), one line says why and how to train some; it used to fail binding SmolLM2's."""
+    from entmtp.cli import main
+
+    save_tiny_model(tmp_path / "mine")
+    assert main(["generate", "Hi there", "--model", str(tmp_path / "mine"), "--max-new-tokens", "4"]) == 0
+    err = capsys.readouterr().err
+    assert f"no heads for {tmp_path / 'mine'}: the shipped hydra heads were trained for the embedded" in err
+    assert f"entmtp train-heads --model {tmp_path / 'mine'} --out DIR" in err
+    built = build(EngineSpec(model=str(tmp_path / "mine"), lookup=Lookup()), log=lambda m: None)
+    assert built.plan.policy == "lookup" and built.plan.heads == "none" and built.engine.heads is None
+
+
+@pytest.mark.slow
+def test_the_shipped_heads_fit_the_embedded_model_from_any_file_and_no_other_gguf(tmp_path, capsys):
+    """The embedded model matches the shipped heads by its token embeddings' hash in any dtype and from its
+    GGUF given as a path; another GGUF (here its embeddings changed) decodes without them."""
+    pytest.importorskip("llama_cpp")
+    import gguf
+    import numpy as np
+
+    from entmtp.backends.llama_cpp import _dequantize
+    from entmtp.model import embedded_gguf, load_model
+    from entmtp.shipped import fits_shipped
+
+    assert fits_shipped(load_model(dtype="float32")[0]) and fits_shipped(load_model(dtype="bfloat16")[0])
+    as_path = build(
+        EngineSpec(model=str(embedded_gguf()), backend="llama-cpp", tree="tree_4"), log=lambda m: None
+    )
+    assert as_path.plan.heads.startswith("hydra") and as_path.engine.heads is not None
+    reader = gguf.GGUFReader(str(embedded_gguf()))  # another model: the embedding rows scaled
+    writer = gguf.GGUFWriter(str(tmp_path / "other.gguf"), reader.fields["general.architecture"].contents())
+    for key, f in reader.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            value = 0 if key == "general.file_type" else f.contents()
+            sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(key, value, f.types[0], sub_type=sub)
+    for t in reader.tensors:
+        values = _dequantize(t).reshape([int(d) for d in reversed(t.shape)])
+        writer.add_tensor(t.name, values * np.float32(1.5) if t.name == "token_embd.weight" else values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    other = build(EngineSpec(model=str(tmp_path / "other.gguf"), backend="llama-cpp"), log=lambda m: None)
+    assert other.plan.heads == "none" and other.engine.heads is None
+    assert "no heads for" in capsys.readouterr().err

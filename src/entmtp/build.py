@@ -501,9 +501,10 @@ def load(
 
 def _ready(spec: EngineSpec, model, tokenizer, probe: bool, budget_s: float | None, max_batch: int | None):
     """`Loaded` for a loaded model: the heads ready first (shipped.bind_heads), then the probes time them."""
-    from .shipped import resolve_heads
+    from .shipped import default_heads_for, resolve_heads
 
-    heads_spec = _heads_spec(spec)
+    # unnamed heads: the shipped ones where they fit this model, else none (one line says so)
+    heads_spec = spec.heads if spec.heads is not None else default_heads_for(model, spec.model, _say)
     # bound, packed, int8 for drafting where asked: heads made for another model fail here
     heads = resolve_heads(heads_spec, model, int8=spec.draft_int8)
     kwargs = {} if budget_s is None else {"budget_s": budget_s}

@@ -8,6 +8,9 @@ from pathlib import Path
 from .errors import EntMTPError
 
 HEAD_KINDS = ("medusa", "hydra")
+# the embedded SmolLM2-135M-Instruct's token embeddings, as machine.model_fingerprint hashes them (rounded to
+# bf16: the same in every dtype, on either backend, from any of its files): the model the shipped heads fit
+EMBEDDED_SHAPE, EMBEDDED_EMBEDDING_SHA256 = (576, 49152), "7f1fa1ad1582c174"
 
 
 def shipped_heads_dir(kind: str) -> Path:
@@ -55,6 +58,32 @@ def bind_heads(heads, model, *, int8: bool = False):
     if any(isinstance(m, PackedLinear) for m in model.modules()):
         pack_linears(heads)  # the heads follow the model; layers packed already stay as they are
     return heads
+
+
+def fits_shipped(model) -> bool:
+    """Whether the shipped heads were trained for `model`: the embedded model, by its shape and its token
+    embeddings' hash, whatever its path, dtype or backend."""
+    from .machine import model_fingerprint
+
+    config = model.config
+    if (config.hidden_size, config.vocab_size) != EMBEDDED_SHAPE:
+        return False
+    return model_fingerprint(model)["embedding_sha256"] == EMBEDDED_EMBEDDING_SHA256
+
+
+def default_heads_for(model, name: str | None, say) -> str:
+    """The heads a model gets when none are named: the shipped ones where they were trained for it, else none
+    (plain steps, prompt-lookup drafts and routing as for any model), with one line to `say` that says so and
+    how to train heads for it. `name`: the model as the user gave it."""
+    kind = default_heads()
+    if kind == "none" or fits_shipped(model):
+        return kind
+    say(
+        f"no heads for {name}: the shipped {kind} heads were trained for the embedded SmolLM2-135M-Instruct, "
+        f"so it decodes without heads (prompt-lookup drafts still on); train heads for it with `entmtp "
+        f"train-heads --model {name} --out DIR` and pass --heads DIR"
+    )
+    return "none"
 
 
 def default_heads() -> str:

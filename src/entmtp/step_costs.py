@@ -27,7 +27,7 @@ from .model import DTYPES
 from .packing import pack_linears
 from .policy import static
 from .random_model import memory_bandwidth, random_model, weight_bytes
-from .shipped import bind_heads, default_heads, resolve_heads
+from .shipped import bind_heads, default_heads_for, resolve_heads
 from .tree import load_tree
 
 PHASES = ("draft", "verify", "accept", "commit")
@@ -134,7 +134,10 @@ def _base_model(args) -> tuple:
         gguf_as_given=args.backend == "llama-cpp",
     )  # fmt: skip (the file timed as it is)
     loaded = load(spec)  # the model as `generate` loads it on this backend (its heads are bound below)
-    return loaded.model, loaded.tokenizer, PROMPT, args.heads or default_heads()
+    heads = args.heads or default_heads_for(
+        loaded.model, args.model, lambda m: print(f"entmtp: {m}", file=sys.stderr)
+    )
+    return loaded.model, loaded.tokenizer, PROMPT, heads
 
 
 def _heads(spec: str, model, int8: bool) -> tuple:
