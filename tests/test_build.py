@@ -193,6 +193,13 @@ def test_your_own_model_decodes_without_the_shipped_heads_and_says_why(tmp_path,
     assert f"entmtp train-heads --model {tmp_path / 'mine'} --out DIR" in err
     built = build(EngineSpec(model=str(tmp_path / "mine"), lookup=Lookup()), log=lambda m: None)
     assert built.plan.policy == "lookup" and built.plan.heads == "none" and built.engine.heads is None
+    from entmtp.errors import HeadsError
+    from entmtp.shipped import resolve_heads
+
+    with pytest.raises(
+        HeadsError, match=r"trained for smollm2-135m-instruct: train heads .*\(--heads none\)"
+    ):
+        resolve_heads("hydra", built.engine.model)  # named, they still fail, and the error names the ways out
 
 
 @pytest.mark.slow

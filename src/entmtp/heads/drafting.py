@@ -188,9 +188,10 @@ class Heads(nn.Module):
                 f"bind the heads to a causal LM (AutoModelForCausalLM)"
             )
         name = getattr(model.config, "_name_or_path", "") or type(model).__name__
-        fix = "train heads for this model or pick the right base model"
+        fix = "train heads for this model (`entmtp train-heads`), pick the right base model, or decode without heads"
         if cfg.base_model:
-            fix += f" (these were trained for {cfg.base_model})"
+            fix = f"these were trained for {cfg.base_model}: {fix}"
+        fix += " (--heads none)"
         model_hidden, model_vocab = embed.weight.shape[1], lm_head.weight.shape[0]
         if model_hidden != cfg.hidden_size:
             raise HeadsError(
