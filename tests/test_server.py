@@ -138,7 +138,9 @@ def test_chat_streamed_equals_non_streamed_equals_plain_greedy(client, plain):
     assert resp.choices[0].finish_reason in ("stop", "length") and resp.object == "chat.completion"
     assert usage.completion_tokens == resp.usage.completion_tokens > 0
     extras = resp.model_dump()["usage"]["entmtp"]
-    assert extras["steps"] >= 1 and extras["tokens_per_step"] >= 1.0
+    # tokens/step: the steps' tokens (the prefill's first token in none) over the steps
+    assert extras["steps"] >= 1
+    assert extras["tokens_per_step"] == pytest.approx((usage.completion_tokens - 1) / extras["steps"])
 
 
 def test_completions_and_stop_strings(client, plain):
