@@ -73,9 +73,9 @@ class ContentPart(BaseModel):
     _unicode = field_validator("text")(_valid_unicode)
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "developer", "user", "assistant"]
+class _Content(BaseModel):
+    """A `content` of text or text parts (OpenAI's two spellings), valid Unicode, read as one text."""
+
     content: str | list[ContentPart]
 
     @field_validator("content")
@@ -87,20 +87,16 @@ class Message(BaseModel):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
-class Prediction(BaseModel):
+class Message(_Content):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant"]
+
+
+class Prediction(_Content):
     """OpenAI's Predicted Outputs: the output the client expects, as drafts (entmtp/prediction.py)."""
 
     model_config = ConfigDict(extra="forbid")  # a field entmtp does not know is a 400, not a silent no-op
     type: Literal["content"]
-    content: str | list[ContentPart]
-
-    @field_validator("content")
-    @classmethod
-    def _unicode(cls, v):
-        return _valid_unicode(v) if isinstance(v, str) else v
-
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
 class _Params(BaseModel):
