@@ -50,8 +50,8 @@ from ..tree import Tree, subtree_index, union_tree
 from .signals import DEFAULT_WINDOW, SIGNALS, SignalTracker, root_stats
 
 POLICIES = ("static", "binary", "ladder", "cost", "dynamic")
-PROBE_SIGNALS = ("path", "chain")
-MAX_SUBTREES = 4096  # distinct subtrees the dynamic policy keeps built (each holds its masks and plans)  # signals that need the heads' probabilities before the choice
+PROBE_SIGNALS = ("path", "chain")  # signals that need the heads' probabilities before the choice
+MAX_SUBTREES = 4096  # distinct subtrees the dynamic policy keeps built (each holds its masks and plans)
 
 
 @dataclass(frozen=True)
