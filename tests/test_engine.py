@@ -238,8 +238,9 @@ def test_stop_string_ends_text_before_it():
 
 
 def test_a_stop_string_keeps_the_tokens_that_write_the_text_and_no_more():
-    """Tokens, log-probabilities and their count end with the token that writes the text's last character
-    (it may reach into the stop string): no token of the stop string alone is reported."""
+    """The step that completes a stop string keeps only its tokens that begin before it (the last may reach
+    into it); tokens, log-probabilities and their count follow. Earlier steps' tokens were streamed already
+    and stay, so a stream's tokens add up to the result's."""
     model = tiny_model("llama", seed=6)
     ids = list(b"hello")
     full = Engine(model, ByteTokenizer()).generate(ids, max_new_tokens=30)
@@ -249,8 +250,11 @@ def test_a_stop_string_keeps_the_tokens_that_write_the_text_and_no_more():
         stop = full.text[start : start + 3]
         out = Engine(model, ByteTokenizer()).generate(ids, max_new_tokens=30, stop=[stop], logprobs=0)
         assert out.finish_reason == "stop" and out.text == full.text[: full.text.find(stop)]
-        assert len(ByteTokenizer().decode(out.token_ids)) >= len(out.text)  # the text is all written ...
-        assert len(ByteTokenizer().decode(out.token_ids[:-1])) < len(out.text)  # ... the last token needed
+        decode = ByteTokenizer().decode
+        assert len(decode(out.token_ids)) >= len(out.text)  # the text is all written
+        last = out.steps[-1].token_ids  # the completing step's kept tokens: each begins before the stop
+        before = out.token_ids[: len(out.token_ids) - len(last)]
+        assert all(len(decode(before + last[:j])) < len(out.text) for j in range(len(last)))
         assert [lp.token_id for lp in out.logprobs] == out.token_ids
 
 

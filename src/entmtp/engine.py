@@ -498,12 +498,11 @@ def _emit(
     logprobs = None
     if state.logprobs is not None:
         logprobs = token_logprobs(logits[:cut], new, state.logprobs)
-    if reason == "stop":  # the tokens that write the text before the stop string, and no more
-        keep = state.text.tokens_before_stop(state.out + new)
-        if keep < len(state.out):  # earlier steps' tokens wholly inside the stop string: withdrawn
-            del state.out[keep:], state.all_logprobs[keep:]
-        new = new[: max(0, keep - len(state.out))]
-        logprobs = logprobs[: len(new)] if logprobs is not None else None
+    if reason == "stop":  # of this step's tokens, those that write text before the stop string
+        # (earlier steps' tokens were streamed already: they stay, so a stream's tokens add up to the result's)
+        keep = max(0, state.text.tokens_before_stop(state.out + new) - len(state.out))
+        new = new[:keep]
+        logprobs = logprobs[:keep] if logprobs is not None else None
     state.out += new
     if logprobs is not None:
         state.all_logprobs += logprobs

@@ -98,7 +98,7 @@ class Detokenizer:
     def tokens_before_stop(self, ids: list[int]) -> int:
         """How many of the output `ids` (all of it, the stop string's completing token included) begin before
         the stop string: the tokens that write the text, the last of which may reach into the stop string.
-        Reports of the output (its tokens, their log-probabilities, usage) count these and no more."""
+        The engine keeps no token of the step that completed the stop string past these."""
         if self.stopped_at is None:
             return len(ids)
         lo, hi = 0, len(ids)  # the fewest tokens whose text reaches the stop string (a text's length grows
