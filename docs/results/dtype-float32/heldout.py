@@ -19,4 +19,4 @@ for heads, tree in (("none", None), ("hydra", "mc_sim_7b_63"), ("medusa", "mc_si
     outs[heads, tree] = [b.engine.generate(p, max_new_tokens=40).token_ids for p in P]
 ref = outs["none", None]
 for k, v in outs.items():
-    print(k, [a == b for a, b in zip(v, ref)])
+    print(k, [a == b for a, b in zip(v, ref, strict=True)])
