@@ -206,7 +206,7 @@ class Batch:
         when it is in."""
         engine = self.engine
         sampling = Sampling(kwargs.get("temperature", 0.0), kwargs.get("acceptance", "auto"))
-        predicted = kwargs.get("prediction") is not None
+        predicted = bool(kwargs.get("prediction"))  # as Engine.new_state decides: an empty one drafts nothing
         policy = (
             engine.checked(policy, "a batch row")
             if policy is not None

@@ -249,9 +249,10 @@ def build(
     probe = spec.probe and not probing_disabled()
     candidates = _candidates(spec, probe)
     choice_key = _choice_key(spec, _heads_spec(spec)) if len(candidates) > 1 and probe else None
-    cached = _cached_choice(choice_key)
+    choices = _read_choices() if choice_key is not None else {}  # read once: a bad file is named once
+    cached = choices.get(choice_key)
     cached = cached if cached in candidates else None
-    second = _cached_choice(_route_key(choice_key)) if cached is not None else None
+    second = choices.get(_route_key(choice_key)) if cached is not None else None
     if cached is not None and second is not None:  # the route's other candidate too ("": none), to route
         candidates = [cached] + ([second] if route and second in candidates and second != cached else [])
     options: dict[str, _Option] = {}
@@ -275,8 +276,7 @@ def build(
     if not route and (other or second):
         route_note = f"off: every request on {backend} (asked for one engine: a server batches on one)"
     if choice_key is not None and (cached is None or second is None):
-        _save_choice(choice_key, chosen)
-        _save_choice(_route_key(choice_key), other or "")
+        _save_choices({choice_key: chosen, _route_key(choice_key): other or ""})
     plan = Plan(
         dtype, reason, composed.name, composed.reason, loaded.costs, speeds, composed.others,
         composed.lookup_rules, backend, backend_reason, route_note,
@@ -723,10 +723,11 @@ def gguf_for(model: str | None, dtype: str | None) -> str:
 
     if is_embedded(model):
         return str(embedded_gguf() if dtype is None else embedded_gguf_in(dtype))
-    if dtype is not None and gguf_weights(model) != FLOAT_GGUF_TYPES.get(dtype):
+    held = gguf_weights(model) if dtype is not None else None  # the file's type, read once
+    if dtype is not None and held != FLOAT_GGUF_TYPES.get(dtype):
         raise EntMTPError(
-            f"{model} holds {gguf_weights(model)} weights and --dtype {dtype} names {dtype} weights: drop "
-            f"--dtype (llama.cpp runs the file as it is), or give a GGUF of {dtype} weights"
+            f"{model} holds {held} weights and --dtype {dtype} names {dtype} weights: drop --dtype (llama.cpp "
+            f"runs the file as it is), or give a GGUF of {dtype} weights"
         )
     return model
 
@@ -847,32 +848,31 @@ def _choice_key(spec: EngineSpec, heads_spec: str) -> str:
     )
 
 
-def _read_choices() -> dict:
-    """The cached choices (an empty cache where the file is missing; one line naming a file that cannot be
-    used, which is then written afresh)."""
+def _read_choices(say=_say) -> dict:
+    """The cached choices (an empty cache where the file is missing; one line to `say` naming a file that
+    cannot be used, which is then written afresh)."""
     path = _choices_path()
     try:
         choices = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as e:  # JSON and Unicode errors are ValueErrors
-        _say(f"{path} is unreadable ({type(e).__name__}): measuring again, and writing it afresh")
+        say(f"{path} is unreadable ({type(e).__name__}): measuring again, and writing it afresh")
         return {}
     if not isinstance(choices, dict) or not all(isinstance(v, str) for v in choices.values()):
-        _say(f"{path} holds no choices (not a JSON object of names): measuring again, and writing it afresh")
+        say(f"{path} holds no choices (not a JSON object of names): measuring again, and writing it afresh")
         return {}
     return choices
 
 
-def _cached_choice(key: str | None) -> str | None:
-    return None if key is None else _read_choices().get(key)
+def _save_choice(key: str, dtype: str) -> None:
+    _save_choices({key: dtype})
 
 
-def _save_choice(key: str | None, dtype: str) -> None:
-    if key is None:
-        return
-    choices = _read_choices()
-    choices[key] = dtype
+def _save_choices(new: dict[str, str]) -> None:
+    """`new` choices into the cache file, beside those another process may have written since it was read
+    (read again, silently: a file that could not be used was named when it was read first)."""
+    choices = _read_choices(say=lambda m: None) | new
     path = _choices_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(choices, indent=1) + "\n")
