@@ -88,6 +88,14 @@ def test_bad_entmtp_gguf_path_is_named(monkeypatch, tmp_path):
         embedded_gguf()
 
 
+def test_a_prediction_file_that_cannot_be_read_is_named_before_loading_anything(tmp_path, capsys):
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    for name, why in (("missing.txt", "FileNotFoundError"), ("latin1.txt", "UnicodeDecodeError")):
+        assert main(["generate", "Hi", "--prediction", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert f"--prediction {tmp_path / name}: cannot read it ({why}): give a UTF-8 text file" in err
+
+
 def test_calibrate_argument_errors_come_before_loading_anything(capsys):
     assert main(["calibrate", "--latency-only"]) == 2
     assert "--latency-only updates an existing profile: pass it with --profile" in capsys.readouterr().err
