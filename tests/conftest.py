@@ -36,6 +36,11 @@ class ByteTokenizer:
     def decode(self, ids, skip_special_tokens=True):
         return bytes(i % 256 for i in ids).decode("utf-8", errors="replace")
 
+    @property
+    def byte_tokens(self) -> list[bytes]:
+        """Each id's bytes: what a grammar's matcher reads of a tokenizer (constraints.grammar_tokenizer)."""
+        return [bytes([i]) for i in range(256)]
+
 
 def tiny_model(arch: str = "llama", seed: int = 0, vocab: int = VOCAB, **overrides):
     """A frozen random base model: Llama or Qwen2, 2 layers, hidden 64. `overrides` change its config

@@ -27,6 +27,7 @@ Four rules:
 
 from __future__ import annotations
 
+import argparse
 import functools
 from dataclasses import dataclass, replace
 
@@ -95,9 +96,45 @@ class GenerationOptions:
     logprobs: int | None = None  # top tokens per emitted token's log-probability record (the server's)
     # the output the caller expects (a text, or token ids): drafts for a lossless rule (prediction.py)
     prediction: str | tuple[int, ...] | list[int] | None = None
+    # a grammar the output follows: an OpenAI response_format object or a constraints.Constraint (kept as the
+    # latter); `entmtp generate` takes it as --json-schema, --json-object, --regex or --grammar (generate.py)
+    response_format: object = None
+    logit_bias: dict | None = setting(
+        None, repeat=True, type=lambda v: _bias_item(v), metavar="ID=BIAS",
+        help="add BIAS (-100..100) to token ID's logit (repeatable)",
+    )  # fmt: skip
+    presence_penalty: float = setting(0.0, help="minus this (-2..2) for every token generated already")
+    frequency_penalty: float = setting(0.0, help="minus this (-2..2) times how often a token was generated")
+    repetition_penalty: float = setting(
+        1.0,
+        help="divide (multiply, if negative) the logits of tokens seen in prompt or output by this (1 = none)",
+    )
 
     def __post_init__(self):
         self.sampling  # noqa: B018 (a bad temperature or rule fails here, before anything decodes)
+        if isinstance(self.logit_bias, list | tuple):  # the flag's (id, bias) pairs
+            object.__setattr__(self, "logit_bias", dict(self.logit_bias))
+        self.penalties  # noqa: B018 (a bad penalty or bias too)
+        from .constraints import Constraint
+
+        object.__setattr__(self, "response_format", Constraint.of(self.response_format))  # frozen: set once
+
+    @property
+    def penalties(self):
+        """The sampling controls (penalties.Penalties), checked (token ids against a vocabulary: `penalties_for`)."""
+        return self.penalties_for(None)
+
+    def penalties_for(self, vocab_size: int | None):
+        """The sampling controls, `logit_bias`'s ids checked against a `vocab_size` vocabulary."""
+        from .penalties import Penalties
+
+        return Penalties.of(
+            self.logit_bias,
+            self.presence_penalty,
+            self.frequency_penalty,
+            self.repetition_penalty,
+            vocab_size,
+        )
 
     @property
     def sampling(self) -> Sampling:
@@ -107,6 +144,17 @@ class GenerationOptions:
     def of(cls, options: GenerationOptions | None = None, **fields) -> GenerationOptions:
         """`options` (default: the defaults) with `fields` replaced: what `Engine.stream`'s keywords mean."""
         return replace(options if options is not None else cls(), **fields)
+
+
+def _bias_item(value: str) -> tuple[int, float]:
+    """`--logit-bias ID=BIAS` as (id, bias)."""
+    token, sep, bias = value.partition("=")
+    try:
+        return int(token), float(bias)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"give --logit-bias as ID=BIAS (like 1234=-100), got {value!r}"
+        ) from None
 
 
 def check_gumbel_seed(seed: int | None) -> None:

@@ -41,7 +41,18 @@ import torch
 
 from .accept import TREE_INVARIANT, Sampling
 from .costs import CostSurface
-from .engine import Clock, DecodeState, Engine, Pending, choose, conclude, draft, prefill_chunk, scratch
+from .engine import (
+    Clock,
+    DecodeState,
+    Engine,
+    Pending,
+    choose,
+    conclude,
+    draft,
+    forced_step,
+    prefill_chunk,
+    scratch,
+)  # fmt: skip
 from .errors import EntMTPError
 from .heads import Drafter, Probe
 from .policy import Choice, Menu, TreePolicy, joint_budget
@@ -357,6 +368,8 @@ class Batch:
         sampled otherwise chooses on its own text alone, so its seeded output is what it is alone."""
         engine, state, gated = self.engine, row.state, _gated(row)
         clock, times = Clock(engine.base.device), {}
+        if (forced := forced_step(engine, state, clock, times)) is not None:  # a grammar's: no choice
+            return RowStep(forced, chosen=False)
         if gated and not speculate:
             times["probe"] = clock.lap()
             times["choose"] = clock.lap()

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from .accept import ACCEPTANCE, GenerationOptions, GumbelNoise, Sampling, accept
@@ -30,6 +31,7 @@ from .model import check_request, context_window, encode_prompt, eos_token_ids
 from .policy import Choice, TreePolicy, require_policy, static
 from .prediction import IGNORED_BY, PREDICTION, prediction_ids, prediction_usage, with_prediction
 from .records import MAX_TOP_LOGPROBS, Result, Step, StepContext, TokenEvent, TokenLogprob
+from .shaping import Shaping, forced_chain
 from .shipped import bind_heads
 from .text import Detokenizer, find_end
 from .tree import Tree, prune
@@ -220,6 +222,10 @@ class Engine:
         if sampling.rule == "gumbel":  # without a seed, one from the global RNG (a seeded torch repeats it)
             seed = int(torch.randint(0, 2**62, ())) if seed is None else seed
             noise = GumbelNoise(seed, self.base.vocab_size, self.base.device)
+        shaping = Shaping.of(
+            options.response_format, options.penalties_for(self.base.vocab_size), tokenizer=self.tokenizer,
+            vocab_size=self.base.vocab_size, eos_ids=self.eos_ids, prompt=ids,
+        )  # fmt: skip
         return DecodeState(
             prompt=ids,
             max_new_tokens=options.max_new_tokens,
@@ -234,6 +240,7 @@ class Engine:
             logprobs=options.logprobs,
             noise=noise,
             prediction=predicted if options.prediction is not None else None,
+            shaping=shaping,
         )
 
 
@@ -305,6 +312,7 @@ class DecodeState:
     root_logits: torch.Tensor | None = None  # [V] the distribution `root` was drawn from
     steps: int = 0  # steps verified so far
     prediction: list[int] | None = None  # the request's predicted output's ids (None: none given)
+    shaping: Shaping | None = None  # its grammar and sampling controls (shaping.py; None: the model's own)
 
     @property
     def reads_hidden(self) -> bool:
@@ -342,7 +350,8 @@ def decode(engine: Engine, state: DecodeState) -> Iterator[TokenEvent]:
             fwd = engine.base.forward(step.tokens, step.tree, state.cache, hidden=state.reads_hidden)
         step.times["verify"] = step.clock.lap()
         event = conclude(engine, state, step, fwd)  # (4) accept, (5) commit, (6) finish the step
-        state.policy.observe(event.step)  # ... and the policy observes it
+        if step.chosen:  # ... and the policy observes the step it chose (not a grammar's forced chain)
+            state.policy.observe(event.step)
         yield event
 
 
@@ -373,11 +382,13 @@ def prefill_chunk(engine: Engine, state: DecodeState) -> TokenEvent | None:
         return None
     # the first token: the acceptance rule on the root-only tree draws it from the last prompt position
     noise = state.noise.at([len(state.prompt)]) if state.noise is not None else None  # the first token's
-    root = accept(Tree.root_only(), chunk[-1:], fwd.logits[-1:], state.sampling, state.generator, noise)
-    root = root.bonus
+    logits = fwd.logits[-1:]  # [1, V]
+    if state.shaping is not None:  # the grammar's and the controls' distribution (shaping.py)
+        logits = state.shaping.logits(logits, Tree.root_only(), chunk[-1:], state.shaping.root_masks())
+    root = accept(Tree.root_only(), chunk[-1:], logits, state.sampling, state.generator, noise).bonus
     if state.index is not None:
         state.index.extend([root])
-    state.root, state.root_logits = root, fwd.logits[-1].clone()  # [V] the root's distribution (a signal)
+    state.root, state.root_logits = root, logits[-1].clone()  # [V] the root's distribution (a signal)
     return _emit(engine, state, None, [root], fwd.logits[-1:])
 
 
@@ -390,13 +401,53 @@ class Pending:
     signals: dict[str, float]
     times: dict[str, float]
     clock: Clock
+    masks: np.ndarray | None = None  # [N+1, V/32] each node's allowed tokens under a grammar (shaping.py)
+    forced: bool = False  # the tree is the grammar's forced chain (`forced_step`), not the policy's choice
+
+    @property
+    def chosen(self) -> bool:
+        """Whether the policy chose this step's tree (and so observes the step)."""
+        return not self.forced
 
 
 def prepare(engine: Engine, state: DecodeState) -> Pending:
-    """Phases (1) and (2) of a step."""
+    """Phases (1) and (2) of a step: the grammar's forced chain where it pays, else the policy's tree."""
     clock, times = Clock(engine.base.device), {}
+    if (forced := forced_step(engine, state, clock, times)) is not None:
+        return forced
     choice, probe = choose(engine, state, clock, times)
     return draft(engine, state, choice, probe, clock, times)
+
+
+def forced_step(engine: Engine, state: DecodeState, clock: Clock, times: dict[str, float]) -> Pending | None:
+    """Phases (1) and (2) when a grammar forces the next tokens (a JSON key, a closing brace): a chain of them,
+    as long as pays best on this machine's cost curve (shaping.Shaping.forced), drafted with no head and no
+    choice of the policy (which neither chooses nor observes the step). None: nothing forced, or no chain
+    beats a plain step."""
+    if state.shaping is None or state.shaping.matcher is None:
+        return None
+    room = (
+        min(engine.window, state.cache.capacity, state.cache.length + engine.scratch) - state.cache.length - 1
+    )
+    remaining = state.max_new_tokens - len(state.out)
+    curve = engine.costs.relative if engine.costs is not None else _default_relative
+    forced = state.shaping.forced(curve, min(room, remaining))
+    times["probe"] = times["choose"] = 0.0
+    if not forced:
+        return None
+    tree = forced_chain(len(forced))
+    tokens = torch.tensor([state.root, *forced], device=engine.base.device)  # [k+1]
+    tree, tokens, masks = state.shaping.draft(tree, tokens)
+    times["choose"] = clock.lap()
+    times["draft"] = 0.0
+    return Pending(tree, tokens, {"forced": float(len(forced))}, times, clock, masks, forced=True)
+
+
+def _default_relative(nodes):
+    """Step cost in plain steps by drafted nodes where no curve was measured (costs.CPU_COST, another machine's)."""
+    from .costs.curves import CPU_COST
+
+    return CPU_COST(nodes) / CPU_COST(0)
 
 
 def choose(
@@ -445,8 +496,11 @@ def draft(
     tree = choice.tree if state.cache.length + choice.tree.size <= limit else Tree.root_only()
     root_t = torch.tensor([state.root], device=engine.base.device)
     tree, tokens = draft_tree(state.drafter, tree, root_t, probe, state.index)  # tokens [N+1]
+    masks = None
+    if state.shaping is not None:  # drafts the grammar forbids pruned; each node's mask (shaping.py)
+        tree, tokens, masks = state.shaping.draft(tree, tokens)
     times["draft"] = times.get("draft", 0.0) + clock.lap()
-    return Pending(tree, tokens, choice.signals, times, clock)
+    return Pending(tree, tokens, choice.signals, times, clock, masks)
 
 
 def conclude(engine: Engine, state: DecodeState, step: Pending, fwd) -> TokenEvent:
@@ -458,7 +512,10 @@ def conclude(engine: Engine, state: DecodeState, step: Pending, fwd) -> TokenEve
     if state.noise is not None:  # a depth-d node's next token sits at the root's position + d + 1
         start = state.cache.length + 1
         noise = state.noise.at(range(start, start + tree.depth + 1))
-    acc = accept(tree, tokens, fwd.logits, state.sampling, state.generator, noise)
+    logits = fwd.logits  # [N+1, V]
+    if state.shaping is not None:  # the grammar's and the controls' distribution at each node (shaping.py)
+        logits = state.shaping.logits(logits, tree, tokens, step.masks)
+    acc = accept(tree, tokens, logits, state.sampling, state.generator, noise)
     times["accept"] = clock.lap()
     # (5) commit: keep the accepted path in the KV cache and feed its hidden states to the heads
     engine.base.commit(state.cache, acc.path)
@@ -470,16 +527,16 @@ def conclude(engine: Engine, state: DecodeState, step: Pending, fwd) -> TokenEve
         state.index.extend(new)
     times["commit"] = clock.lap()
     # (6) finish the step (cut at max tokens, EOS or a stop string)
-    root_logits = fwd.logits[acc.path[-1]]  # [V]
+    root_logits = logits[acc.path[-1]]  # [V]
     # a graph's output is reused by its next replay: keep a copy (an eager forward's logits are the step's own,
     # and a clone of 49k floats is one of the costliest things in a llama.cpp plain step, ~0.1 ms or more)
     state.root, state.root_logits = (
         acc.bonus,
-        root_logits.clone() if state.graphs is not None else root_logits,
+        root_logits.clone() if state.graphs is not None and logits is fwd.logits else root_logits,
     )
     times["total"] = clock.total()
     rows = fwd.logits[acc.path] if state.logprobs is not None else None  # [len(new), V] when asked for
-    event = _emit(engine, state, (tree, tokens, acc, times, step.signals), new, rows)
+    event = _emit(engine, state, (tree, tokens, acc, times, step.signals, step.forced), new, rows)
     state.steps += 1
     return event
 
@@ -491,8 +548,12 @@ def _emit(
     for) cut where the generation ends, with its text, log-probabilities and (`verified`: the step's tree,
     tokens, acceptance, times, signals) its Step."""
     new = new[: state.max_new_tokens - len(state.out)]
+    if state.shaping is not None:  # up to the token that completes the grammar (shaping.py)
+        new = new[: state.shaping.consume(new, engine.eos_ids)]
     cut, reason = find_end(new, engine.eos_ids, state.text)
     new = new[:cut]
+    if reason is None and state.shaping is not None and state.shaping.stopped:
+        reason = "stop"  # the grammar is complete: only the end of the sequence could follow
     if reason is None and len(state.out) + cut == state.max_new_tokens:
         reason = "length"
     logprobs = None
@@ -512,10 +573,22 @@ def _emit(
 
 
 def step_record(
-    tree: Tree, tokens: torch.Tensor, acc, times: dict[str, float], signals, emitted: list[int]
+    tree: Tree, tokens: torch.Tensor, acc, times: dict[str, float], signals, forced: bool, emitted: list[int]
 ) -> Step:
-    """The record of a verified step whose emitted tokens (after the cut) are `emitted`."""
+    """The record of a verified step whose emitted tokens (after the cut) are `emitted`; `forced`: its tree was
+    a grammar's forced chain."""
     kept = acc.path[1 : 1 + len(emitted)]  # accepted drafts that were emitted
+    if forced:
+        return Step(
+            tree.name,
+            tree.num_nodes,
+            len(kept),
+            len(emitted),
+            emitted,
+            times,
+            dict(signals),
+            forced=len(kept),
+        )
     lookup_path = tree.lookup[kept].tolist() if tree.num_lookup else []
     return Step(
         tree=tree.name,

@@ -35,6 +35,7 @@ class Step:
     lookup_accepted: int = 0  # of the accepted drafts, how many came from prompt lookup
     sources: dict[str, int] = field(default_factory=dict)  # hybrid trees: lookup.source_depths of the step
     lookup_path: list[bool] = field(default_factory=list)  # hybrid trees: per accepted draft, a lookup copy?
+    forced: int = 0  # accepted drafts of a grammar's forced chain (engine.forced_step)
 
 
 MAX_TOP_LOGPROBS = 20  # most top tokens a TokenLogprob may carry (OpenAI's limit on top_logprobs)

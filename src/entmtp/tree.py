@@ -467,6 +467,17 @@ def prune(tree: Tree, keep: tuple[int, ...]) -> Tree:
     return _sharing_heads(Tree(tree.name, tuple(tree.paths[i - 1] for i in keep)), tree)
 
 
+@functools.lru_cache(maxsize=1024)
+def subtree(tree: Tree, keep: tuple[int, ...]) -> Tree:
+    """The subtree of any nodes ``keep`` (ascending node ids, root excluded, every ancestor kept), under the same
+    name: what a step verifies once a grammar pruned the drafts it forbids (shaping.py). Cached per (tree, keep)."""
+    if len(keep) == tree.num_nodes:
+        return tree
+    if not keep:
+        return Tree.root_only()
+    return _sharing_heads(Tree(tree.name, tuple(tree.paths[i - 1] for i in keep)), tree)
+
+
 def _sharing_heads(tree: Tree, source: Tree) -> Tree:
     """``tree`` with ``source``'s heads_tree object when both hold the same head nodes, so that what the heads
     build once per tree (drafting plans) is reused across the hybrid and pruned trees of one heads tree."""

@@ -280,7 +280,7 @@ def _hybrid_step(
     target = torch.tensor([truth[d] if d < len(truth) else -2 for d in pruned.depths.tolist()])  # [N+1]
     acc = accept_targets(pruned, tokens, target)  # target: the token that must follow each node
     emitted = truth[: min(len(acc.path), n_max)]
-    return pruned, step_record(pruned, tokens, acc, {}, signals, emitted)
+    return pruned, step_record(pruned, tokens, acc, {}, signals, False, emitted)
 
 
 def oracle(bank: Sequence[Tree], traces: Sequence[Trace], ms_of: Callable[[Tree], float]) -> Replay:
