@@ -6,7 +6,6 @@ reference that batched answers must equal."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -23,53 +22,12 @@ pytest.importorskip("fastapi")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from entmtp.engine import Engine  # noqa: E402
+from servers import MAX_BODY  # noqa: E402
+from servers import free_port as _free_port  # noqa: E402
+from servers import start_server as _start_server  # noqa: E402
+from servers import stop as _stop  # noqa: E402
 
 pytestmark = pytest.mark.slow
-MAX_BODY = 2_000_000  # room for a 10k-message chat
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_server(
-    tmp_path, *extra: str, port: int | None = None, seen: list | None = None, dtype: str | None = "float32"
-):
-    """(process, url, stderr file) of `entmtp serve` on the embedded model, once /health answers 200; `seen`
-    collects the (status, body) of the /health answers before it."""
-    port = port or _free_port()
-    cmd = [sys.executable, "-m", "entmtp.cli", "serve", "--port", str(port)]
-    cmd += ["--dtype", dtype] if dtype else []  # None: the GGUF as given on llama.cpp
-    cmd += ["--heads", "hydra", "--tree", "tree_4", "--lookup", "--max-body", str(MAX_BODY), *extra]
-    env = dict(os.environ, ENTMTP_TEST_THREADS="2")
-    log = tmp_path / f"serve-{port}.log"  # a file, not a pipe: the access log must never block the server
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("w"), text=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {log.read_text()}")
-        try:
-            r = httpx.get(f"{url}/health", timeout=1)
-            if r.status_code == 200:
-                return proc, url, log
-            if seen is not None:
-                seen.append((r.status_code, r.json(), r.headers.get("retry-after")))
-            time.sleep(0.1)
-        except httpx.HTTPError:
-            time.sleep(0.1 if seen is not None else 0.5)
-    proc.kill()
-    raise RuntimeError("server did not start in 180 s")
-
-
-def _stop(proc) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 BATCH = 4  # the module's server steps up to 4 requests together (--max-batch); 2 more may wait
@@ -108,6 +66,7 @@ def plain(embedded):
 
 
 CHAT = [{"role": "user", "content": "Name three colors, one per line."}]
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 # asks for a long reply: sampled at T=0.9 it runs to max_tokens, past the timeouts the tests below rely on,
 # whatever the seed's text (a short prompt's reply can end at EOS within them)
 STORY = [
@@ -472,12 +431,39 @@ def test_a_client_that_disconnects_stops_its_generation(server, client):
         ({"messages": CHAT, "seed": 2**64}, 400, "seed"),
         ({"messages": CHAT, "seed": -(2**63) - 1, "stream": True}, 400, "seed"),
         (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 400, "finite"),
-        ({"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+        ({"messages": CHAT, "tools": [{"type": "function", "function": {"name": "a b"}}]}, 400, "tools"),
+        ({"messages": CHAT, "tools": [{"type": "fn"}]}, 400, "tools"),
         ({"messages": CHAT, "tool_choice": "required"}, 400, "tool_choice"),
-        ({"messages": CHAT, "response_format": {"type": "json_object"}}, 400, "response_format"),
-        ({"messages": CHAT, "presence_penalty": 0.5}, 400, "presence_penalty"),
-        ({"messages": CHAT, "frequency_penalty": 1}, 400, "frequency_penalty"),
-        ({"messages": CHAT, "logit_bias": {"50": 100}}, 400, "logit_bias"),
+        (
+            {
+                "messages": CHAT,
+                "tools": TOOLS,
+                "tool_choice": {"type": "function", "function": {"name": "g"}},
+            },
+            400,
+            "tool_choice",
+        ),
+        ({"messages": CHAT, "tools": TOOLS, "response_format": {"type": "json_object"}}, 400, "not both"),
+        ({"messages": CHAT, "response_format": {"type": "xml"}}, 400, "response_format"),
+        (
+            {
+                "messages": CHAT,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"schema": {"type": "array", "uniqueItems": True}},
+                },
+            },
+            400,
+            "uniqueItems",
+        ),
+        ({"prompt": "Hi", "response_format": {"type": "regex", "regex": "("}}, 400, "regular expression"),
+        ({"messages": CHAT, "presence_penalty": 2.5}, 400, "presence_penalty"),
+        ({"messages": CHAT, "frequency_penalty": -3}, 400, "frequency_penalty"),
+        ({"messages": CHAT, "repetition_penalty": 0}, 400, "repetition_penalty"),
+        ({"messages": CHAT, "logit_bias": {"50": 101}}, 400, "logit_bias"),
+        ({"messages": CHAT, "logit_bias": {"99999": 1}}, 400, "0..49151"),
+        ({"messages": CHAT, "logit_bias": {"fifty": 1}}, 400, "logit_bias"),
+        ({"messages": [{"role": "assistant"}]}, 400, "content"),
         ({"prompt": "Hi", "echo": True}, 400, "echo"),
         ({"prompt": "Hi", "best_of": 2}, 400, "best_of"),
         ({"prompt": "Hi", "suffix": "end"}, 400, "suffix"),

@@ -221,7 +221,7 @@ class Matcher:
         self.constraint, self.vocab = constraint, tokenizer.vocab_size
         self.eos = sorted(eos_ids)
         self.words = (self.vocab + 31) // 32
-        self._m = llg.LLMatcher(tokenizer, constraint.grammar)
+        self._m = llg.LLMatcher(tokenizer, constraint.grammar, log_level=0)  # its errors: ours (`_error`)
         self._row = np.empty(self.words, dtype=np.int32)  # a scratch mask
 
     def _fill(self, out: np.ndarray) -> None:

@@ -9,6 +9,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from .constraints import Constraint
 from .engine_args import add_engine_arguments, add_generation_arguments, engine_from_args, generation_options
 from .errors import EntMTPError
 
@@ -39,11 +40,38 @@ def _add_generation_flags(p: argparse.ArgumentParser) -> None:
     add_engine_arguments(p)
     p.add_argument("--system", default=None, help="a system message (uses the chat template)")
     add_generation_arguments(p)
+    form = p.add_mutually_exclusive_group()  # structured outputs (constraints.py): the output follows ...
+    form.add_argument("--json-schema", metavar="FILE", help="... the JSON Schema in FILE (JSON text)")
+    form.add_argument("--json-object", action="store_true", help="... JSON: an object (OpenAI's JSON mode)")
+    form.add_argument("--regex", metavar="PATTERN", help="... the regular expression PATTERN")
+    form.add_argument("--grammar", metavar="FILE", help="... the Lark grammar in FILE (its `start` rule)")
+
+
+def _options(args):
+    """The generation's options from the flags, the response format's file read and its grammar checked
+    before anything loads."""
+    options = generation_options(args)
+    if args.json_schema is not None:
+        text = _read_text(args.json_schema, "--json-schema")
+        try:
+            schema = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise EntMTPError(
+                f"--json-schema {args.json_schema}: not JSON ({e}): give a JSON Schema file"
+            ) from None
+        return replace(options, response_format=Constraint.json_schema(schema, Path(args.json_schema).stem))
+    if args.json_object:
+        return replace(options, response_format=Constraint.json_object())
+    if args.regex is not None:
+        return replace(options, response_format=Constraint.regex(args.regex))
+    if args.grammar is not None:
+        return replace(options, response_format=Constraint.lark(_read_text(args.grammar, "--grammar")))
+    return options
 
 
 def run_generate(args) -> int:
     prompt = read_prompt(args)  # before loading anything: a bad prompt fails fast
-    options = generation_options(args)  # and bad options
+    options = _options(args)  # and bad options
     if args.prediction is not None:
         options = replace(options, prediction=_read_text(args.prediction, "--prediction"))
     engine = engine_from_args(args)
@@ -87,7 +115,7 @@ def _read_text(path: str, flag: str) -> str:
 def run_chat_command(args) -> int:
     from .chat import run_chat
 
-    options = generation_options(args)
+    options = _options(args)
     engine = engine_from_args(args)
     interactive = sys.stdin.isatty()
     return run_chat(

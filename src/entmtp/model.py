@@ -236,9 +236,12 @@ def check_request(prompt_len: int, max_new_tokens: int, window: int, *, name: st
         )
 
 
-def encode_prompt(tokenizer, prompt: str | list[dict], *, chat: bool = True) -> list[int]:
+def encode_prompt(
+    tokenizer, prompt: str | list[dict], *, chat: bool = True, template: dict | None = None
+) -> list[int]:
     """Token ids of a prompt. A string is wrapped as one user message in the chat template when the
-    tokenizer has one (and `chat` is True); a list of {"role", "content"} messages always uses it. Control
+    tokenizer has one (and `chat` is True); a list of {"role", "content"} messages always uses it (`template`:
+    more of apply_chat_template's keywords, such as `tools`). Control
     tokens written in a message's text are encoded as that text (`_as_text`): only the template makes turns.
     A plain string with `chat=False` is the whole prompt, its control tokens kept (its writer writes it all)."""
     if isinstance(prompt, str):
@@ -253,7 +256,7 @@ def encode_prompt(tokenizer, prompt: str | list[dict], *, chat: bool = True) -> 
     if not getattr(tokenizer, "chat_template", None):
         raise PromptError("this tokenizer has no chat template: pass the prompt as a plain string")
     ids = tokenizer.apply_chat_template(
-        prompt, add_generation_prompt=True, tokenize=True, **_as_text(tokenizer, prompt)
+        prompt, add_generation_prompt=True, tokenize=True, **_as_text(tokenizer, prompt), **(template or {})
     )
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
         ids = ids["input_ids"]

@@ -14,6 +14,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..errors import EntMTPError
+from ..tools import OPEN, Tools
 from . import schema
 from .worker import Cut, Job
 
@@ -52,11 +53,13 @@ def busy(max_queue: int, wait: int) -> JSONResponse:
 
 @dataclass(frozen=True)
 class Reply:
-    """Who answers: the response id, the model reported, and whether it is a chat completion."""
+    """Who answers: the response id, the model reported, whether it is a chat completion, and the request's
+    functions (tools.Tools: a reply that calls them answers with tool_calls)."""
 
     id: str
     model: str
     chat: bool
+    tools: Tools | None = None
 
 
 def streamed(job: Job, reply: Reply, token_text: schema.TokenText, include_usage: bool) -> StreamingResponse:
@@ -83,7 +86,7 @@ async def whole(request: Request, job: Job, reply: Reply, token_text: schema.Tok
         job.cancel.set()  # no-op when it finished; stops it when this coroutine is cancelled
     if result is None:  # the client left and the generation stopped: nobody reads this
         return Response(status_code=499)
-    return JSONResponse(schema.response(reply.id, reply.model, reply.chat, result, token_text))
+    return JSONResponse(schema.response(reply.id, reply.model, reply.chat, result, token_text, reply.tools))
 
 
 async def _watch_disconnect(request: Request, job: Job) -> None:
@@ -144,6 +147,8 @@ class _Chunks:
         self.pending: list = []  # logprob items whose text is not streamed yet
         self.items = 0  # logprob items streamed
         self.item_bytes = 0  # ... and the bytes of their tokens
+        self.held = ""  # text held back as a possible tool call (`_held`)
+        self.text_streams = False  # the reply is a text answer: no more holding
 
     def _ready(self, event) -> list | None:
         """The logprob items to stream with `event` (None: logprobs were not asked for)."""
@@ -162,11 +167,38 @@ class _Chunks:
             self.item_bytes += size
         return ready
 
+    def _held(self, event) -> bool:
+        """Whether `event`'s text is held back as a possible tool call: a reply that may call the request's
+        functions streams no text while its text so far could begin `<tool_call>` (under tool_choice
+        "required" or a named function: never), and answers with the calls at its end."""
+        tools = self.reply.tools
+        if tools is None or self.text_streams:
+            return False
+        self.held += event.text if event.result is None else event.result.text[len(self.held) :]
+        if tools.choice == "auto" and not (OPEN.startswith(self.held) or self.held.startswith(OPEN)):
+            self.text_streams = True  # a text answer: what was held goes out now
+            return False
+        return True
+
     def of(self, event) -> Iterator[dict]:
         r, result = self.reply, event.result
+        if self._held(event):
+            if result is not None:
+                calls = r.tools.parse(result.text)
+                if calls:
+                    yield schema.chunk(r.id, r.model, r.chat, None, None, calls=calls)
+                else:  # cut short by the token limit: the text as it is
+                    yield schema.chunk(r.id, r.model, r.chat, result.text, None)
+                reason = schema.finish_reason(result.finish_reason, calls)
+                yield schema.chunk(r.id, r.model, r.chat, None, reason)
+                if self.include_usage:
+                    yield schema.usage_chunk(r.id, r.model, r.chat, result)
+            return
         text = event.text
         if result is not None:  # the rest of the whole text (what the detokenizer held)
             text = result.text[self.sent :]
+        elif self.held:  # a text answer's start, held while it could have been a call
+            text, self.held = self.held, ""
         self.sent += len(text)
         self.sent_bytes += len(text.encode("utf-8"))
         items = self._ready(event)

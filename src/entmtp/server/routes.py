@@ -22,7 +22,9 @@ from ..backends import describe_weights
 from ..engine import Engine
 from ..errors import EntMTPError
 from ..model import check_request, encode_prompt
+from ..constraints import Constraint, grammar_tokenizer
 from ..prediction import prediction_ids
+from ..tools import Tools, history
 from . import responses, schema
 from .responses import Reply, error
 from .state import BODY_TIMEOUT_S, ServerState
@@ -101,14 +103,14 @@ async def _complete(request: Request, chat: bool) -> Response:
     bad = _bad_seed(req, state.acceptance)
     if bad is not None:  # before the stream starts: a 400, never a 200 then an error event
         return bad
-    prompt = [{"role": m.role, "content": m.text()} for m in req.messages] if chat else req.prompt
+    prompt = history([m.rendered() for m in req.messages]) if chat else req.prompt
     loop = asyncio.get_running_loop()
     try:  # a 10k-message chat template takes most of a second: not on the event loop
-        ids, kwargs = await loop.run_in_executor(
+        ids, kwargs, tools = await loop.run_in_executor(
             state.tokenizer_lane(_chars(prompt)), prepare, state.engine, req, prompt, chat, state.acceptance
         )
-    except PredictionError as e:
-        return error(400, str(e), "prediction")
+    except FieldError as e:
+        return error(400, str(e), e.field)
     except EntMTPError as e:
         return error(400, str(e), "messages" if chat else "prompt")
     job = Job(ids, kwargs, loop)
@@ -117,7 +119,7 @@ async def _complete(request: Request, chat: bool) -> Response:
     except QueueFull:
         return responses.busy(state.worker.max_queue, state.worker.retry_after())
     # the model that answers is reported, whatever the request named (one model per server)
-    reply = Reply(schema.new_id("chatcmpl" if chat else "cmpl"), state.model_name, chat)
+    reply = Reply(schema.new_id("chatcmpl" if chat else "cmpl"), state.model_name, chat, tools)
     if req.stream:
         return responses.streamed(job, reply, state.token_text, req.include_usage)
     return await responses.whole(request, job, reply, state.token_text)
@@ -201,12 +203,17 @@ def _chars(prompt) -> int:
 
 def prepare(
     engine: Engine, req: schema._Params, prompt, chat: bool, acceptance: str = "auto"
-) -> tuple[list[int], dict]:
-    """(prompt ids, Engine.stream kwargs: the request's `GenerationOptions`) or raise EntMTPError naming the
-    problem. `acceptance`: the server's rule for requests at temperature > 0."""
+) -> tuple[list[int], dict, Tools | None]:
+    """(prompt ids, Engine.stream kwargs: the request's `GenerationOptions`, its functions) or raise
+    EntMTPError naming the problem (FieldError: a field's). `acceptance`: the server's rule for requests at
+    temperature > 0."""
+    tools = _tools(req) if chat else None
     ids = list(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], int) else None
     if ids is None:
-        ids = encode_prompt(engine.tokenizer, prompt, chat=chat)
+        template = {}
+        if tools is not None:  # the functions shown to the model (tools.py)
+            prompt, template = tools.messages(prompt, engine.tokenizer)
+        ids = encode_prompt(engine.tokenizer, prompt, chat=chat, template=template)
     vocab = engine.model.config.vocab_size
     if any(not 0 <= t < vocab for t in ids):
         raise EntMTPError(f"prompt token ids must be in 0..{vocab - 1}")
@@ -219,18 +226,55 @@ def prepare(
         try:
             prediction = prediction_ids(engine.tokenizer, req.prediction.text(), window, vocab)
         except EntMTPError as e:
-            raise PredictionError(str(e)) from e
-    options = GenerationOptions(
-        max_new_tokens=limit,
-        temperature=temperature,
-        acceptance=acceptance if temperature > 0 else "auto",  # the server's rule is for T > 0
-        seed=req.seed,
-        stop=req.stop,
-        logprobs=req.top_k,
-        prediction=prediction,
-    )
-    return ids, dataclasses.asdict(options)
+            raise FieldError(str(e), "prediction") from e
+    try:
+        constraint = Constraint.of(req.response_format)
+    except EntMTPError as e:
+        raise FieldError(str(e), "response_format") from e
+    if tools is not None:
+        if constraint is not None:
+            raise FieldError(
+                'send response_format or tools (with a tool_choice other than "none"), not both', "response_format"
+            )
+        constraint = tools.constraint()
+    try:
+        options = GenerationOptions(
+            max_new_tokens=limit,
+            temperature=temperature,
+            acceptance=acceptance if temperature > 0 else "auto",  # the server's rule is for T > 0
+            seed=req.seed,
+            stop=req.stop,
+            logprobs=req.top_k,
+            prediction=prediction,
+            response_format=constraint,
+            logit_bias=req.logit_bias,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=req.repetition_penalty if req.repetition_penalty is not None else 1.0,
+        )
+        options.penalties_for(vocab)
+    except EntMTPError as e:  # the message starts with the field's name (penalties.py)
+        field = str(e).split(" ", 1)[0]
+        raise FieldError(str(e), field if field in _CONTROLS else None) from e
+    if constraint is not None:  # its tokenizer built once here, off the worker's thread (~0.3 s the first time)
+        grammar_tokenizer(engine.tokenizer, engine.base.vocab_size, sorted(engine.eos_ids))
+    # the options' own fields (not dataclasses.asdict: the constraint stays one object)
+    return ids, {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}, tools
 
 
-class PredictionError(EntMTPError):
-    """A prediction the request cannot use: a 400 naming `prediction`."""
+_CONTROLS = ("logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty")
+
+
+def _tools(req) -> Tools | None:
+    try:
+        return Tools.of(req.tools, req.tool_choice, req.parallel_tool_calls)
+    except EntMTPError as e:
+        raise FieldError(str(e), "tool_choice" if "tool_choice" in str(e) else "tools") from e
+
+
+class FieldError(EntMTPError):
+    """A request field the request cannot use: a 400 naming `field`."""
+
+    def __init__(self, message: str, field: str | None):
+        super().__init__(message)
+        self.field = field

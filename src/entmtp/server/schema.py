@@ -21,15 +21,8 @@ MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs, as OpenAI's
 # OpenAI request fields entmtp does not implement, with the values that ask for nothing (clients such as
 # LangChain send some of these by default): any other value is a 400 naming the field, never a silent no-op.
 UNSUPPORTED: dict[str, tuple] = {
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),  # "auto" with no tools chooses none
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
-    "repetition_penalty": (None, 1, 1.0),
-    "logit_bias": (None, {}),
     "echo": (None, False),
     "best_of": (None, 1),
     "suffix": (None, ""),
@@ -87,9 +80,41 @@ class _Content(BaseModel):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCallIn(BaseModel):
+    """An earlier assistant turn's call (its text is written back into the prompt: tools.history)."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(_Content):
     model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _has_content(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("a message needs content (an assistant's may have tool_calls instead)")
+        return self
+
+    def text(self) -> str:
+        return "" if self.content is None else super().text()
+
+    def rendered(self) -> dict:
+        """What the chat template reads (tools.history writes calls and their results as text)."""
+        calls = [c.function.model_dump() for c in self.tool_calls or []]
+        return {"role": self.role, "content": self.text(), "tool_calls": [{"function": c} for c in calls]}
 
 
 class Prediction(_Content):
@@ -112,6 +137,12 @@ class _Params(BaseModel):
     stream_options: dict | None = None
     n: int | None = Field(None, ge=1, le=1)
     prediction: Prediction | None = None
+    # checked where they are used (a 400 naming the field): constraints.py, penalties.py
+    response_format: dict | None = None
+    logit_bias: dict | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
 
     @field_validator("temperature")
     @classmethod
@@ -147,6 +178,9 @@ class ChatRequest(_Params):
     messages: list[Message] = Field(min_length=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list | None = None  # checked by tools.Tools.of (a 400 naming tools or tool_choice)
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self):
@@ -194,7 +228,9 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def finish_reason(reason: str) -> str:
+def finish_reason(reason: str, calls=None) -> str:
+    if calls:
+        return "tool_calls"
     return "length" if reason == "length" else "stop"  # eos and stop strings both end as "stop"
 
 
@@ -316,16 +352,24 @@ def stop_budget(result, text: str) -> int | None:
     return len(text.encode("utf-8")) if result.finish_reason == "stop" else None
 
 
-def response(rid: str, model: str, chat: bool, result, token_text: TokenText | None = None) -> dict:
-    """A whole (non-streamed) chat.completion or text_completion."""
-    content = {"message": {"role": "assistant", "content": result.text}} if chat else {"text": result.text}
+def response(
+    rid: str, model: str, chat: bool, result, token_text: TokenText | None = None, tools=None
+) -> dict:
+    """A whole (non-streamed) chat.completion or text_completion; `tools` (tools.Tools): its calls parsed."""
+    calls = tools.parse(result.text) if tools is not None else None
+    if calls:
+        message = {"role": "assistant", "content": None, "tool_calls": [c.to_openai() for c in calls]}
+        content = {"message": message}
+    else:
+        content = {"message": {"role": "assistant", "content": result.text}} if chat else {"text": result.text}
     items = getattr(result, "logprobs", None)
     lp = (
         logprobs(chat, items, token_text, byte_budget=stop_budget(result, result.text))
-        if token_text
+        if token_text and not calls
         else None
     )
-    choice = {"index": 0, **content, "logprobs": lp, "finish_reason": finish_reason(result.finish_reason)}
+    reason = finish_reason(result.finish_reason, calls)
+    choice = {"index": 0, **content, "logprobs": lp, "finish_reason": reason}
     obj = "chat.completion" if chat else "text_completion"
     return _envelope(rid, model, obj, [choice], usage=usage(result))
 
@@ -338,10 +382,14 @@ def chunk(
     finish: str | None,
     first: bool = False,
     lp: dict | None = None,
+    calls=None,
 ) -> dict:
-    """One streamed chunk: a delta of text (chat) or a text piece (completions), with its tokens' `lp`."""
+    """One streamed chunk: a delta of text (chat) or a text piece (completions), with its tokens' `lp`; `calls`
+    (tools.ToolCall ...): a chat delta of tool calls."""
     if chat:
         delta: dict = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
+        if calls:
+            delta = {"tool_calls": [c.to_openai(i) for i, c in enumerate(calls)]}
         choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
     else:
         choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
