@@ -77,12 +77,12 @@ class Shaping:
     ) -> torch.Tensor:
         """[N+1, V] float32, a new tensor: `logits` (of `tree`'s nodes, tokens [N+1]) penalised on each node's
         path, then masked by `masks`."""
-        out = logits.to(torch.float32, copy=True)
+        out = logits
         if self.counts is not None:
-            out = self.counts.apply(out, node_paths(tree, tokens.tolist()))
+            out = self.counts.apply(logits.to(torch.float32, copy=True), node_paths(tree, tokens.tolist()))
         if masks is not None:
-            out = apply_masks(out, masks)
-        return out
+            out = apply_masks(out, masks)  # a new tensor
+        return out if out is not logits else logits.to(torch.float32, copy=True)
 
     def consume(self, tokens: Sequence[int], eos_ids) -> int:
         """The emitted tokens, up to an end-of-sequence token or the one that completes the grammar: how many of
