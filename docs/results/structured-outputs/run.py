@@ -12,9 +12,10 @@ entmtp's (tools.py), and the peer's grammar is the same call wrapped in <tool_ca
 
 Engines, one thread count (2) for all, interleaved per prompt and round:
   llama-cpp-python   Llama.generate with LlamaGrammar (its JSON Schema converter; its own JSON spacing)
-  plain              entmtp on llama.cpp, no drafts, under the grammar (constraints.py)
-  default            entmtp's default on llama.cpp (heads, lookup, the cost curve) under the grammar
-  default-no-forced  the same without the grammar's forced-token drafts (engine.forced_step)
+  default            entmtp's default on llama.cpp (`EngineSpec(backend="llama-cpp")`: heads, lookup and trees
+                     as this machine's cost curve chooses) under the grammar (constraints.py)
+  lookup             prompt lookup drafts (`heads="none"`: the lookup hybrid) under the grammar
+  *-no-forced        the same without the grammar's forced-token drafts (engine.forced_step)
 
 Per engine: every output parsed and validated (jsonschema), seconds per request (prefill included: a request's
 whole time), tokens/s (its own tokens; the peer's JSON has spaces, ours none), steps, forced tokens accepted,
@@ -35,6 +36,7 @@ import torch
 from entmtp import shaping
 from entmtp.bench.peers import LlamaCppPlain
 from entmtp.build import build_engine
+from entmtp.engine import Engine
 from entmtp.engine_args import EngineSpec
 from entmtp.machine import cpu_info, versions
 from entmtp.model import encode_prompt
@@ -154,11 +156,13 @@ def report(runs: dict, plain_ms: dict) -> tuple[dict, dict]:
     """The table (printed) and its figures per workload and engine; the plain step's ms per workload."""
     summary = {}
     print(
-        "| workload | engine | valid | s per request | tokens/s | tokens | steps | forced tokens | grammar ms / token (share of a plain step) | time vs llama-cpp-python |"
+        "| workload | engine | valid | s per request | tokens/s | tokens | steps | forced tokens | grammar ms / token (share of a plain step) | time vs llama-cpp-python | tokens/s vs llama-cpp-python |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, by_engine in runs.items():
-        base = sum(r["seconds"] for r in by_engine["llama-cpp-python"])
+        peer = by_engine["llama-cpp-python"]
+        base = sum(r["seconds"] for r in peer)
+        base_rate = sum(r["tokens"] for r in peer) / base
         for label, rows in by_engine.items():
             seconds, tokens = sum(r["seconds"] for r in rows), sum(r["tokens"] for r in rows)
             shaping_ms = 1e3 * sum(r["shaping_s"] for r in rows) / max(1, tokens)
@@ -167,12 +171,13 @@ def report(runs: dict, plain_ms: dict) -> tuple[dict, dict]:
                 tokens_per_second=tokens / seconds, tokens=tokens, steps=sum(r["steps"] for r in rows),
                 forced=sum(r["forced"] for r in rows), shaping_ms_per_token=shaping_ms,
                 shaping_share=shaping_ms / plain_ms[name], speedup=base / seconds,
+                rate_ratio=tokens / seconds / base_rate,
             )  # fmt: skip
             summary.setdefault(name, {})[label] = s
             print(
                 f"| {name} | {label} | {s['valid']} | {s['seconds_per_request']:.2f} | {s['tokens_per_second']:.1f} | "
                 f"{tokens} | {s['steps']} | {s['forced']} | {shaping_ms:.3f} ({100 * s['shaping_share']:.2f}%) | "
-                f"{s['speedup']:.2f}x |"
+                f"{s['speedup']:.2f}x | {s['rate_ratio']:.2f}x |"
             )
     return summary, plain_ms
 
@@ -186,7 +191,10 @@ def main() -> None:
     torch.set_num_threads(2)
     timer = Timed()
     default = build_engine(EngineSpec(backend="llama-cpp"))
-    plain = build_engine(EngineSpec(backend="llama-cpp", heads="none", lookup=False))
+    lookup = build_engine(EngineSpec(backend="llama-cpp", heads="none"))
+    plain = Engine(
+        default.model, default.tokenizer
+    )  # plain steps, unconstrained: what a mask's time is a share of
     peer = LlamaCppPlain(n_threads=2)
     forced = shaping.Shaping.forced
     loads = workloads(args.prompts, default.tokenizer)
@@ -221,9 +229,10 @@ def main() -> None:
 
     engines = {
         "llama-cpp-python": peer_run,
-        "plain": lambda rq: entmtp_run(plain, rq),
         "default": lambda rq: entmtp_run(default, rq),
         "default-no-forced": lambda rq: entmtp_run(default, rq, with_forced=False),
+        "lookup": lambda rq: entmtp_run(lookup, rq),
+        "lookup-no-forced": lambda rq: entmtp_run(lookup, rq, with_forced=False),
     }
     for name, requests in loads.items():
         for rq in requests:
