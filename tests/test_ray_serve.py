@@ -19,6 +19,7 @@ import yaml
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 httpx = pytest.importorskip("httpx")
+RECOVERY_BOUND_S = 15  # after a replica is killed, the live one must serve again within this (generous)
 openai = pytest.importorskip("openai")
 from starlette.testclient import TestClient  # noqa: E402
 
@@ -158,12 +159,15 @@ def test_streams_whose_clients_leave_free_their_rows_on_every_replica(cluster):
         with httpx.stream("POST", f"{cluster}/v1/completions", json=body, timeout=60) as r:
             next(line for line in r.iter_lines() if line.startswith("data: "))
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:  # /health answers from either replica: both must be idle
-        polls = [httpx.get(f"{cluster}/health", timeout=30).json() for _ in range(8)]
-        if all(p["running"] == 0 and p["queue"] == 0 for p in polls):
+    idle: dict[str, bool] = {}  # replica -> idle at its latest answer
+    while time.monotonic() < deadline:  # /health answers from either replica: both must answer, idle
+        for p in (httpx.get(f"{cluster}/health", timeout=30).json() for _ in range(8)):
+            idle[p["replica"]] = p["running"] == 0 and p["queue"] == 0
+        if len(idle) == 2 and all(idle.values()):
             break
         time.sleep(0.5)
-    assert all(p["running"] == 0 for p in polls), polls  # 400 tokens each would take far longer
+    assert len(idle) == 2, f"only replicas {sorted(idle)} answered /health"
+    assert all(idle.values()), idle  # 400 tokens each would take far longer
 
 
 def test_print_config_passes_rays_own_schema(capsys):
@@ -262,7 +266,9 @@ def test_a_replica_killed_under_load_ends_its_requests_cleanly_and_the_cluster_s
     assert kinds.count("error") + kinds.count("status") >= 1, outcomes  # the killed replica held some
     assert "done" in kinds, outcomes  # the live one's
     recovered_s, refused = served_again.result(timeout=60)
-    assert recovered_s < 15, f"served again only {recovered_s:.1f} s after the kill: {refused}"
+    # generous, named as such: served again within ~1-3 s here; a router that kept sending to the dead
+    # replica would never serve again
+    assert recovered_s < RECOVERY_BOUND_S, f"served again only {recovered_s:.1f} s after the kill: {refused}"
     # and Ray starts a replica in the dead one's place
     deadline = time.monotonic() + 30
     while not (_engine_replicas() - before) and time.monotonic() < deadline:

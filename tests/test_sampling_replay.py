@@ -127,7 +127,8 @@ def test_replayed_and_real_accepted_lengths_agree_in_distribution(peaked):
     # the heads or not, so seed sets of 40 differ by ~0.06 in the mean (150 each: 1.49, 1.44, 1.51)
     assert _distance(h_rep, h_real) < 0.1, (h_rep, h_real)
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    assert abs(mean(replayed) - mean(real)) < 0.25
+    # the means differ by 0.13 here; a 40-seed mean spreads by ~0.06 between seed sets: 0.13 + 2 x 0.06 = 0.25
+    assert abs(mean(replayed) - mean(real)) < 0.13 + 2 * 0.06
     assert _distance(h_greedy, h_real) > 0.3, (h_greedy, h_real)
 
 

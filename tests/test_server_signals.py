@@ -66,7 +66,9 @@ def test_a_second_signal_skips_the_drain_and_quits_at_once(first, second):
         t0 = time.time()
         proc.send_signal(second)
         assert proc.wait(timeout=10) == 0  # before: the 60 s drain ran on (a second SIGTERM was ignored)
-        assert time.time() - t0 < 5
+        assert (
+            time.time() - t0 < 5
+        )  # generous: it quits at once (~0.2 s); before the fix the 60 s drain ran on
         assert proc.stdout.read().split() == ["cut", "exited"]
     finally:
         proc.kill()

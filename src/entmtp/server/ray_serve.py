@@ -97,6 +97,7 @@ class EngineReplica:
             body_timeout=config.body_timeout,
         )
         self.state = self.app.state.server
+        self.state.replica = require_ray()[1].get_replica_context().replica_id.unique_id
         self.stop = threading.Event()
         Mirror(self.state.metrics.registry, _ray_gauge).start(self.stop)
 

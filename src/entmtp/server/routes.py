@@ -67,6 +67,8 @@ async def health(request: Request):
         "queue": waiting,
         "running": running,
     }
+    if state.replica is not None:  # which of a Ray deployment's replicas answered
+        body["replica"] = state.replica
     if state.draining:  # a load balancer sends no more requests here
         return JSONResponse({**body, "status": "draining"}, status_code=503)
     return body

@@ -44,6 +44,7 @@ class ServerState:
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="entmtp-tokenize-long")
     )
     draining: bool = False  # set by `drain`: new requests get 503, /health answers "draining"
+    replica: str | None = None  # under Ray Serve: this replica's id, which /health reports (ray_serve.py)
 
     @classmethod
     def start(
