@@ -11,7 +11,7 @@ Every random choice comes from random.Random(f"{SEED}:{name}"), so a rerun write
 Provenance, licenses and the rule that the benchmark sets are never used: docs/training-data.md (data/train/ is gitignored:
 fetched data stays out of commits).
 
-    python scripts/build_training_prompts.py [--mirror /work/.mirror] [--out data/train]
+    python scripts/build_training_prompts.py --mirror DIR [--out data/train]   # DIR: the fetched repositories' snapshots
 """
 
 from __future__ import annotations
@@ -530,7 +530,9 @@ def build_peps(src: Sources, k: int = 500) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--mirror", type=Path, default=Path("/work/.mirror"))
+    ap.add_argument(
+        "--mirror", type=Path, required=True, help="the folder of the source repositories' git snapshots"
+    )
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "train")
     args = ap.parse_args()
     src = Sources(args.mirror)

@@ -1,4 +1,5 @@
-"""Atomic file writes: a temp file beside the target, then one rename, so no reader ever sees half a file."""
+"""Atomic file writes (a temp file beside the target, then one rename, so no reader ever sees half a file), and
+paths as records name them (`portable`: never one machine's absolute path)."""
 
 from __future__ import annotations
 
@@ -32,3 +33,21 @@ def save_tensors_atomic(
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def portable(path) -> str:
+    """`path` as a record, a report or a shipped file names it, the same on every machine: inside the installed
+    package `entmtp/...`, inside the working directory relative to it, under the home directory `~/...`, else
+    its last component alone (a temporary or another machine's directory says nothing to a reader)."""
+    p = Path(path).expanduser()
+    if not p.is_absolute():
+        return str(path)
+    p = Path(os.path.normpath(p))
+    package = Path(__file__).resolve().parent
+    for root, prefix in ((package, "entmtp"), (Path.cwd().resolve(), ""), (Path.home().resolve(), "~")):
+        try:
+            rest = p.relative_to(root)
+        except ValueError:
+            continue
+        return str(Path(prefix) / rest) if prefix else str(rest)
+    return p.name

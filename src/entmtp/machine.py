@@ -147,12 +147,18 @@ def describe(hw: dict) -> str:
     return f"{hw['name']} ({hw['cpu_count']} cores; {flags})"
 
 
+def model_name(name: str) -> str:
+    """A model's name as records keep it: a hub id as given, a local directory or file by its own name (not
+    the converting machine's path: the embedded model is `smollm2-135m-instruct` wherever its cache is)."""
+    return Path(name).resolve().name if os.path.isabs(name) or os.path.exists(name) else name
+
+
 def model_fingerprint(model) -> dict:
     cfg = model.config
     emb = model.get_input_embeddings().weight
     digest = hashlib.sha256(emb[:64].detach().to(torch.bfloat16).float().cpu().numpy().tobytes()).hexdigest()
     return {
-        "name": getattr(cfg, "_name_or_path", "") or type(model).__name__,
+        "name": model_name(getattr(cfg, "_name_or_path", "") or type(model).__name__),
         "hidden_size": int(cfg.hidden_size),
         "vocab_size": int(emb.shape[0]),
         "num_hidden_layers": int(getattr(cfg, "num_hidden_layers", 0)),

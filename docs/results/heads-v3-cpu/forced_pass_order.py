@@ -3,7 +3,7 @@
 it with nothing else running.
 
     PYTHONPATH=src .venv/bin/python docs/results/heads-v3-cpu/forced_pass_order.py --threads 2 \\
-        --shard /work/heads-v3/distill/val-00000.safetensors --out docs/results/heads-v3-cpu/forced-pass-order-avx2.json
+        --shard heads-v3/distill/val-00000.safetensors --out docs/results/heads-v3-cpu/forced-pass-order-avx2.json
 
 The sequences are a shard's own (its stored tokens, prompt and answer), so the lengths are the data job's. The
 padding is counted over the whole shard; the timing takes its first --sequences sequences, in batches of 8 as the

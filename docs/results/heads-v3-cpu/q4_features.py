@@ -7,8 +7,8 @@ llama.cpp's argmax, the bf16 side against the stored top-1. Sequences: the first
 split (the base model's own answers to held-out training prompts, greedy and sampled). Top-1 is over each heads'
 draft vocabulary, as they draft; ``chain`` at depth k: heads 1..k all right (a chain of k drafts accepted).
 
-    PYTHONPATH=src .venv/bin/python docs/results/heads-v3-cpu/q4_features.py /work/heads-v3/distill \\
-        --heads hydra,medusa,/work/heads-v3/runs/hydra --sequences 60 --out docs/results/heads-v3-cpu/q4.json
+    PYTHONPATH=src .venv/bin/python docs/results/heads-v3-cpu/q4_features.py heads-v3/distill \\
+        --heads hydra,medusa,heads-v3/runs/hydra --sequences 60 --out docs/results/heads-v3-cpu/q4.json
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 # vocabulary on this CPU, train_speed.txt), with checkpoints and a log; the same command with --resume continues
 # an interrupted run. Run it on a quiet machine: it uses both cores.
 # Usage: docs/results/heads-v3-cpu/train_runs.sh [hydra|hydra-pp|medusa|eval-KIND ...]   (default: all three)
-#   settings by environment: D (the job's directory, /work/heads-v3), DISTILL (the data: directories, comma-
+#   settings by environment: D (the job's directory, heads-v3), DISTILL (the data: directories, comma-
 #   separated; default $D/distill, the instruction prompts' data, and $D/gsm8k/distill when it exists), PYTHON,
 #   EPOCHS (2), STEPS (optimiser steps: overrides EPOCHS), V (draft vocabulary size, 8192), RESUME (set: --resume),
 #   THREADS (2), LR (3e-4), PRECISION (auto: bfloat16 where the CPU has bf16 dot products, else float32), TAG (a
@@ -13,7 +13,7 @@
 #   "--own-lm-head"; see "Capacity" in the README)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-D=${D:-/work/heads-v3}
+D=${D:-heads-v3}
 PYTHON=${PYTHON:-.venv/bin/python}
 EPOCHS=${EPOCHS:-2}
 V=${V:-8192}

@@ -3,7 +3,7 @@ forward and backward, the loss, AdamW), on real distillation data (the val split
 kind of heads, the loss's vocabulary (full 49,152 tokens, or the shipped heads' ~8k draft vocabulary) and
 precision. No base-model forward: the features are the stored ones. Time it on a quiet machine.
 
-    PYTHONPATH=src python docs/results/heads-v3-cpu/train_speed.py /work/heads-v3/distill --threads 2 \
+    PYTHONPATH=src python docs/results/heads-v3-cpu/train_speed.py heads-v3/distill --threads 2 \
         --out docs/results/heads-v3-cpu/train_speed.json
 """
 

@@ -2,10 +2,10 @@
 bench's llama.cpp peer (its Llama.generate loop, same settings): thread CPU outside llama_decode per token and
 in total, ONE llama.cpp thread (the decode runs on the calling thread), interleaved in one process, same prompt
 ids, same tokens (asserted). Under load, indicative only. argv: rounds, tokens.
-Old code: git archive 801078a src/entmtp | tar -x -C /tmp/llstep/old; mv /tmp/llstep/old/src/entmtp
-/tmp/llstep/old/entmtp_old. Run: PYTHONPATH=src python docs/results/llama-cpp/peer_overhead_ab.py 2 64"""
+Old code: git archive 801078a src/entmtp | tar -x -C llstep/old; mv llstep/old/src/entmtp
+llstep/old/entmtp_old. Run: PYTHONPATH=src python docs/results/llama-cpp/peer_overhead_ab.py 2 64"""
 import sys, time
-sys.path.insert(0, "/tmp/llstep/old")
+sys.path.insert(0, "llstep/old")
 import numpy as np, torch
 torch.set_num_threads(1)
 import llama_cpp, llama_cpp._internals as _int

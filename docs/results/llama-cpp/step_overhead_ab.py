@@ -5,7 +5,7 @@ Runtime.decode of one token. Prompt: 100 token ids."""
 
 import sys, time
 
-sys.path.insert(0, "/tmp/llstep_old")  # git archive 659a974 src/entmtp | tar -x; mv src/entmtp entmtp_old
+sys.path.insert(0, "llstep_old")  # git archive 659a974 src/entmtp | tar -x; mv src/entmtp entmtp_old
 import numpy as np, torch
 
 torch.set_num_threads(2)

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from .. import metrics
 from ..errors import EntMTPError
-from ..files import write_text_atomic
+from ..files import portable, write_text_atomic
 from ..machine import describe, describe_record, hardware, record, versions
 from ..prompts import TASKS
 from .engines import Methods
@@ -48,7 +48,7 @@ def meta(methods: Methods, interrupted: bool) -> dict:
         "split": args.split,
         "temperature": args.temperature,
         "acceptance": args.acceptance,
-        "profiles": {f"{k}/{t}": str(p.path) for (k, t), p in methods.profiles.items()},
+        "profiles": {f"{k}/{t}": portable(p.path) for (k, t), p in methods.profiles.items()},
         "step_costs": {
             k: c.to_json() if c is not None else "profile latencies" for k, c in methods.costs.items()
         },
@@ -82,7 +82,7 @@ def write(out: Path, methods: Methods, measured: Measurements, summary: dict) ->
         plot_profile(
             profile, out / name, profile.mode_for(methods.plan.args.temperature, methods.plan.args.acceptance)
         )
-        images.append((f"acceptance and throughput frontiers of {path}", name))
+        images.append((f"acceptance and throughput frontiers of {portable(path)}", name))
     if log := measured.step_log:
         step_log_plot(log, out / "steps.png")
         images.append((f"one generation, step by step: {log['config']} on {log['task']}", "steps.png"))

@@ -19,10 +19,10 @@ from starlette.requests import ClientDisconnect
 
 from ..accept import GenerationOptions, Sampling, check_gumbel_seed
 from ..backends import describe_weights
+from ..constraints import Constraint, grammar_tokenizer
 from ..engine import Engine
 from ..errors import EntMTPError
 from ..model import check_request, encode_prompt
-from ..constraints import Constraint, grammar_tokenizer
 from ..prediction import prediction_ids
 from ..tools import Tools, history
 from . import responses, schema

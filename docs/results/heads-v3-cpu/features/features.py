@@ -7,9 +7,9 @@ by thousandths. They all changed what the heads do with the final hidden state. 
 they read. It is a probe, outside the library: nothing here ships, and it times nothing.
 
     # 1. the hidden states of the chosen layers at every stored position (resumable; both cores, ~45 min here)
-    python docs/results/heads-v3-cpu/features/features.py extract --distill D1,D2 --out /work/heads-v3/features
+    python docs/results/heads-v3-cpu/features/features.py extract --distill D1,D2 --out heads-v3/features
     # 2. one Hydra head per arm (--head k, default 1), same data, steps and seed; then the table
-    python docs/results/heads-v3-cpu/features/features.py train --distill D1,D2 --features /work/heads-v3/features \
+    python docs/results/heads-v3-cpu/features/features.py train --distill D1,D2 --features heads-v3/features \
         --results docs/results/heads-v3-cpu/features
 
 `extract` runs the teacher-forced pass again over the sequences of the distillation shards (float32) and

@@ -9,10 +9,10 @@ position. The probe's ``extract`` already computed it (float32, through the fina
 sequences, so this script writes it into copies of the shards, and its manifest says so (offset, norm):
 
     python docs/results/heads-v3-cpu/layer27/convert.py write --layer 27 \
-        --distill /work/heads-v3/distill,/work/heads-v3/gsm8k/distill --features /work/heads-v3/features \
-        --out /work/heads-v3/l27/distill,/work/heads-v3/l27/gsm8k/distill
+        --distill heads-v3/distill,heads-v3/gsm8k/distill --features heads-v3/features \
+        --out heads-v3/l27/distill,heads-v3/l27/gsm8k/distill
     # that the copies hold what the library's own teacher-forced pass stores (base_targets, float32)
-    python docs/results/heads-v3-cpu/layer27/convert.py check --distill /work/heads-v3/l27/distill
+    python docs/results/heads-v3-cpu/layer27/convert.py check --distill heads-v3/l27/distill
 
 Every tensor but ``hidden`` is the original shard's. Writing layer 30 the same way gives the control arm data
 that differs from layer 27's in the layer alone.

@@ -1,7 +1,7 @@
 """Tokens per step of two sets of heads on the same generations, by trace replay instead of decoding.
 
     PYTHONPATH=src .venv/bin/python docs/results/heads-v3-cpu/layer27/replay.py \
-        /work/heads-v3/runs/hydra-scratch-l27 --against /work/heads-v3/runs/hydra-scratch-l30 \
+        heads-v3/runs/hydra-scratch-l27 --against heads-v3/runs/hydra-scratch-l30 \
         [--tasks humaneval,sharegpt,gsm8k,writing] [--num-prompts 20] [--max-new-tokens 96] \
         [--trees mc_sim_7b_63,tree_8] [--sampling sample] [--threads 2] [--out DIR]
 

@@ -5,13 +5,13 @@
 # train with the same seed, steps, batches, lr schedule and draft vocabulary, one after the other with both
 # cores. Each keeps checkpoints: after an interruption, RESUME=1 and the same settings continue.
 # Usage: docs/results/heads-v3-cpu/layer27/run.sh [l27 l30 eval]   (default: all three, in that order)
-#   settings by environment: D (/work/heads-v3: the job's directory, with l27/ and l30/ from convert.py),
+#   settings by environment: D (heads-v3: the job's directory, with l27/ and l30/ from convert.py),
 #   PYTHON, STEPS (380: 1.5 passes over the 199,826 training positions at ~787 a step), THREADS (2),
 #   PRECISION (auto), RESUME, DTYPE (eval-heads' base model: auto), TREES (mc_sim_7b_63,tree_8), SAMPLING (sample: eval-heads' T=0.7 rules besides greedy; empty:
 #   greedy only), PROMPTS (10 a task)
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
-D=${D:-/work/heads-v3}
+D=${D:-heads-v3}
 PYTHON=${PYTHON:-.venv/bin/python}
 here=docs/results/heads-v3-cpu/layer27
 train() {  # arm: l27 | l30

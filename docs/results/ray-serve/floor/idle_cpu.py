@@ -12,13 +12,13 @@ env.update(dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a))
 args = [a for a in sys.argv[1:] if "=" not in a]
 ray = [] if "--no-ray" in args else ["--ray", "--replicas", "1"]  # --no-ray: `entmtp serve` itself
 args = [a for a in args if a != "--no-ray"]
-log = open("/tmp/idle_serve.log", "w")
+log = open("idle_serve.log", "w")
 p = subprocess.Popen([sys.executable, "-m", "entmtp.cli", "serve", *ray,
                       "--threads", "2", "--backend", "transformers", "--dtype", "float32", "--max-batch", "8",
                       "--port", "8941", *args], env=env, stdout=log, stderr=subprocess.STDOUT)
 for _ in range(300):
     time.sleep(1)
-    if "serving" in open("/tmp/idle_serve.log").read():
+    if "serving" in open("idle_serve.log").read():
         break
 time.sleep(15)
 def snap():

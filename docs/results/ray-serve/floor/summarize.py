@@ -1,7 +1,7 @@
 """ab.txt: python docs/results/ray-serve/floor/summarize.py docs/results/ray-serve/floor  (tokens/s mean and median per
 configuration; each run: tokens/s, p50 latency s, p50 time to first token s, errors)."""
 import json, glob, re, sys, statistics as st
-d = sys.argv[1] if len(sys.argv) > 1 else "/work/helpers/s5/ab"
+d = sys.argv[1] if len(sys.argv) > 1 else "helpers/s5/ab"
 rows = {}
 for f in sorted(glob.glob(f"{d}/*.json")):
     name = re.sub(r"-\d+$", "", f.split("/")[-1][:-5])
