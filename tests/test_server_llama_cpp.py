@@ -255,3 +255,24 @@ def _token_id(client, lp) -> int:
 def test_a_bad_structured_field_is_a_400_naming_it(server, body, param):
     r = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+# ---- `auto`: the backend chosen by measurement ------------------------------------------------------------
+
+
+def test_serve_with_auto_chooses_a_backend_by_measurement_and_answers_as_plain_float32(tmp_path, embedded):
+    """`entmtp serve --backend auto --dtype float32` measures both backends (this machine's costs, not the
+    profiles'), serves on the one it chose (its log and /health say which), and replies with plain float32
+    greedy decoding's tokens whichever it is (transformers float32 and llama.cpp's F32 GGUF decode the same)."""
+    proc, url, log = start_server(tmp_path, "--backend", "auto", "--max-batch", "2", probe=True)
+    try:
+        weights = httpx.get(f"{url}/health", timeout=30).json()["weights"]
+        assert "float32" in weights or "F32" in weights, weights
+        model, tok = embedded
+        want = Engine(model, tok).generate(CHAT, max_new_tokens=24).text
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        assert _chat(client, CHAT, max_tokens=24, temperature=0).choices[0].message.content == want
+    finally:
+        stop(proc)
+    said = log.read_text()
+    assert "llama.cpp" in said or "transformers" in said, said[-2000:]
