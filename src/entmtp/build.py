@@ -109,7 +109,10 @@ class EngineSpec:
         "token for token",
     )
     device: str = setting("cpu", help="cpu or cuda[:N] (default cpu)")
-    threads: int | None = setting(None, help="torch CPU threads (default: torch's choice)")
+    threads: int | None = setting(
+        None,
+        help="CPU threads of torch and of llama.cpp (default: torch's choice; under serve --ray: 1 a replica)",
+    )
     heads: str | None = setting(
         None, help=f"{' | '.join(HEAD_KINDS)} | none | PATH (default: shipped heads, if any)"
     )

@@ -20,6 +20,7 @@ Settings are declared once, as dataclass fields whose metadata makes their flags
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import sys
 
@@ -77,7 +78,40 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for register in _SUBCOMMANDS:
         register(sub)
+    for command in sub.choices.values():  # every option's help says its default
+        command.formatter_class = _with_defaults(command.formatter_class)
+        for action in command._actions:
+            if action.help is None and action.option_strings:  # argparse prints no line for it otherwise
+                action.help = ""
     return parser
+
+
+def _with_defaults(formatter: type) -> type:
+    """`formatter` whose help lines end with the option's default, unless the help already shows it or
+    there is none to show (a switch, no default)."""
+
+    class DefaultsShown(formatter):
+        def _format_action(self, action):
+            if action.help == "" and _shows(action):  # a line for an option whose only help is its default
+                action = copy.copy(action)
+                action.help = "default: %(default)s"
+            return super()._format_action(action)
+
+        def _get_help_string(self, action):
+            text = action.help or ""
+            if "default" in text.lower() or not _shows(action):  # shown already ("default: all of them")
+                return text
+            return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+    return DefaultsShown
+
+
+def _shows(action: argparse.Action) -> bool:
+    """Whether an option has a default to show: a value (not a switch's False, not None)."""
+    if not action.option_strings or action.default in (None, False, argparse.SUPPRESS):
+        return False
+    switches = argparse._StoreTrueAction | argparse._StoreFalseAction | argparse._VersionAction
+    return not isinstance(action, switches)
 
 
 def _quiet_libraries() -> None:

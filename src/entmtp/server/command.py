@@ -35,7 +35,7 @@ def add_serve_arguments(sv: argparse.ArgumentParser) -> None:
 def add_http_arguments(sv: argparse.ArgumentParser) -> None:
     """Where the server listens, what it accepts and how long it waits."""
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
-    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--port", type=int, default=8000, help="the port to listen on")
     sv.add_argument(
         "--model-name", default=None, help="the model id clients see (default: the --model value)"
     )

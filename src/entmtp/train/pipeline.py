@@ -144,7 +144,7 @@ class EvalSettings:
         choices=METHODS,
         help="how tokens/step is measured: decode (every prompt with every heads and tree; also tokens/s) or "
         "replay (one plain generation a prompt, the heads teacher-forced over it: the same tokens/step, "
-        "much faster on a CPU; greedy and --sampling sample only, no tokens/s)",
+        "much faster on a CPU; greedy and sample acceptance only, no tokens/s)",
     )
 
     def __post_init__(self) -> None:
