@@ -192,6 +192,17 @@ def test_forced_tokens_are_drafted_as_chains_and_change_no_token(model, monkeypa
     assert len(got.steps) < len(without.steps) - 5
 
 
+def test_a_masked_distribution_gives_the_policies_finite_signals():
+    """The root's distribution under a grammar has -inf logits: its entropy is that of the allowed tokens, not
+    NaN (0 log 0), so a policy reading it keeps choosing trees."""
+    from entmtp.scheduler.signals import root_stats
+
+    logits = torch.tensor([[2.0, 1.0, float("-inf"), float("-inf")]])
+    entropy, top = root_stats(logits)[0].tolist()
+    p = torch.softmax(torch.tensor([2.0, 1.0]), dim=0)
+    assert entropy == pytest.approx(float(-(p * p.log()).sum())) and top == pytest.approx(float(p[0]))
+
+
 def test_a_grammar_with_one_answer_is_written_in_one_step(model):
     got = engine(model).generate(
         PROMPT, max_new_tokens=N, response_format={"type": "regex", "regex": "abcdefgh"}

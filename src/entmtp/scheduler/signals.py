@@ -26,9 +26,9 @@ DEFAULT_WINDOW = 8  # EMA window W in steps; the paper studied 4..64
 
 def root_stats(root_logits: torch.Tensor) -> torch.Tensor:
     """[..., V] base logits at the root -> [..., 2] (entropy in nats, top-1 probability), on their device."""
-    logp = torch.log_softmax(root_logits.float(), dim=-1)  # [..., V]
-    p = logp.exp()
-    return torch.stack([-(p * logp).sum(-1), p.max(-1).values], dim=-1)
+    p = torch.softmax(root_logits.float(), dim=-1)  # [..., V]
+    # entr(p) = -p log p, 0 at p = 0: a grammar's mask (-inf logits) leaves tokens of probability 0
+    return torch.stack([torch.special.entr(p).sum(-1), p.max(-1).values], dim=-1)
 
 
 def chain_values(p0: torch.Tensor, probe_logprobs: torch.Tensor | None) -> torch.Tensor:
