@@ -30,10 +30,13 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 SYSTEM = (
     "You can call functions. Each is given as JSON: its name, what it does, and the JSON Schema of its "
-    "arguments.\n{functions}\n\nTo call a function, answer with <tool_call>{{\"name\": <the function's name>, "
-    "\"arguments\": <its arguments as a JSON object>}}</tool_call> and nothing else.{rule}"
+    'arguments.\n{functions}\n\nTo call a function, answer with <tool_call>{{"name": <the function\'s name>, '
+    '"arguments": <its arguments as a JSON object>}}</tool_call> and nothing else.{rule}'
 )
-RULES = {"auto": " If no function helps, answer the user in plain text.", "required": " You must call a function."}
+RULES = {
+    "auto": " If no function helps, answer the user in plain text.",
+    "required": " You must call a function.",
+}
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,11 @@ class Function:
     def spec(self) -> dict:
         return {
             "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": json.loads(self.parameters)},
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": json.loads(self.parameters),
+            },
         }
 
 
@@ -56,7 +63,11 @@ class ToolCall:
     arguments: str  # JSON text, as OpenAI sends it
 
     def to_openai(self, index: int | None = None) -> dict:
-        call = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        call = {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
         return call if index is None else {"index": index, **call}
 
 
@@ -78,7 +89,7 @@ class Tools:
         if not tools:
             return None
         if not isinstance(tools, Sequence) or isinstance(tools, str):
-            raise ConstraintError("tools must be a list of {\"type\": \"function\", \"function\": {...}}")
+            raise ConstraintError('tools must be a list of {"type": "function", "function": {...}}')
         functions = tuple(_function(t, i) for i, t in enumerate(tools))
         names = [f.name for f in functions]
         if len(set(names)) < len(names):
@@ -89,7 +100,11 @@ class Tools:
     @property
     def called(self) -> tuple[Function, ...]:
         """The functions the output may call."""
-        return self.functions if self.choice in ("auto", "required") else tuple(f for f in self.functions if f.name == self.choice)
+        return (
+            self.functions
+            if self.choice in ("auto", "required")
+            else tuple(f for f in self.functions if f.name == self.choice)
+        )
 
     def constraint(self) -> Constraint:
         """The grammar of the output (the module docstring)."""
@@ -98,7 +113,9 @@ class Tools:
         calls_rule = "call" if not self.parallel else 'call ("\\n" call)*'
         grammar = f"start: {calls_rule}\ncall: {call}\n"
         if self.choice == "auto":  # text that is not a call, or calls
-            grammar = f"start: {calls_rule} | TEXT\ncall: {call}\nTEXT: /(?s:.+)/ & ~/(?s:{re.escape(OPEN)}.*)/\n"
+            grammar = (
+                f"start: {calls_rule} | TEXT\ncall: {call}\nTEXT: /(?s:.+)/ & ~/(?s:{re.escape(OPEN)}.*)/\n"
+            )
         return Constraint.lark(grammar)
 
     def messages(self, messages: list[dict], tokenizer) -> tuple[list[dict], dict]:
@@ -127,7 +144,9 @@ class Tools:
                 call = json.loads(part[len(OPEN) : -len(CLOSE)])
             except json.JSONDecodeError:
                 return None
-            calls.append(ToolCall(f"call_{uuid.uuid4().hex[:24]}", call["name"], json.dumps(call["arguments"])))
+            calls.append(
+                ToolCall(f"call_{uuid.uuid4().hex[:24]}", call["name"], json.dumps(call["arguments"]))
+            )
         return calls
 
 
@@ -144,7 +163,9 @@ def history(messages: list[Mapping]) -> list[dict]:
     for m in messages:
         content = m.get("content") or ""
         if m["role"] == "assistant" and m.get("tool_calls"):
-            calls = "\n".join(call_text(c["function"]["name"], c["function"]["arguments"]) for c in m["tool_calls"])
+            calls = "\n".join(
+                call_text(c["function"]["name"], c["function"]["arguments"]) for c in m["tool_calls"]
+            )
             content = f"{content}\n{calls}" if content else calls
         out.append({"role": m["role"], "content": content})
     return out
@@ -152,8 +173,14 @@ def history(messages: list[Mapping]) -> list[dict]:
 
 def _function(tool, i: int) -> Function:
     where = f"tools[{i}]"
-    if not isinstance(tool, Mapping) or tool.get("type") != "function" or not isinstance(tool.get("function"), Mapping):
-        raise ConstraintError(f'{where} must be {{"type": "function", "function": {{"name": ..., "parameters": {{...}}}}}}')
+    if (
+        not isinstance(tool, Mapping)
+        or tool.get("type") != "function"
+        or not isinstance(tool.get("function"), Mapping)
+    ):
+        raise ConstraintError(
+            f'{where} must be {{"type": "function", "function": {{"name": ..., "parameters": {{...}}}}}}'
+        )
     f = tool["function"]
     name = f.get("name")
     if not isinstance(name, str) or not NAME.match(name):
@@ -174,8 +201,12 @@ def _choice(tool_choice, names: list[str]) -> str:
         name = tool_choice["function"].get("name")
         if name in names:
             return name
-        raise ConstraintError(f"tool_choice names {name!r}, which is not among the tools ({', '.join(names)})")
-    raise ConstraintError('tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}')
+        raise ConstraintError(
+            f"tool_choice names {name!r}, which is not among the tools ({', '.join(names)})"
+        )
+    raise ConstraintError(
+        'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
+    )
 
 
 def _call_schema(f: Function) -> dict:

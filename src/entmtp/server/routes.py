@@ -236,7 +236,8 @@ def prepare(
     if tools is not None:
         if constraint is not None:
             raise FieldError(
-                'send response_format or tools (with a tool_choice other than "none"), not both', "response_format"
+                'send response_format or tools (with a tool_choice other than "none"), not both',
+                "response_format",
             )
         constraint = tools.constraint()
     try:
@@ -258,7 +259,9 @@ def prepare(
     except EntMTPError as e:  # the message starts with the field's name (penalties.py)
         field = str(e).split(" ", 1)[0]
         raise FieldError(str(e), field if field in _CONTROLS else None) from e
-    if constraint is not None:  # its tokenizer built once here, off the worker's thread (~0.3 s the first time)
+    if (
+        constraint is not None
+    ):  # its tokenizer built once here, off the worker's thread (~0.3 s the first time)
         grammar_tokenizer(engine.tokenizer, engine.base.vocab_size, sorted(engine.eos_ids))
     # the options' own fields (not dataclasses.asdict: the constraint stays one object)
     return ids, {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}, tools

@@ -361,7 +361,9 @@ def response(
         message = {"role": "assistant", "content": None, "tool_calls": [c.to_openai() for c in calls]}
         content = {"message": message}
     else:
-        content = {"message": {"role": "assistant", "content": result.text}} if chat else {"text": result.text}
+        content = (
+            {"message": {"role": "assistant", "content": result.text}} if chat else {"text": result.text}
+        )
     items = getattr(result, "logprobs", None)
     lp = (
         logprobs(chat, items, token_text, byte_budget=stop_budget(result, result.text))
