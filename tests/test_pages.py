@@ -128,6 +128,7 @@ TABLES = [
 # the tables that quote rather than derive, by their first line's start, with what they quote
 QUOTED = {
     ("README.md", "| guide |"): "the guides' index",
+    ("README.md", "| word |"): "the glossary",
     ("docs/results.md", "| folder"): "the results folders' index",
     (
         "docs/results.md",
