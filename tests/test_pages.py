@@ -129,6 +129,7 @@ TABLES = [
 QUOTED = {
     ("README.md", "| guide |"): "the guides' index",
     ("README.md", "| word |"): "the glossary",
+    ("README.md", "| your situation |"): "figures of the runs the front page and docs/results.md name",
     ("docs/results.md", "| folder"): "the results folders' index",
     (
         "docs/results.md",
