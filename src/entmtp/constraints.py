@@ -39,14 +39,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .errors import EntMTPError
+from .errors import EntMTPError, FieldError
 
 # what `response_format` may say (OpenAI's three, and entmtp's two grammar extensions, as vLLM and SGLang take)
 FORMATS = ("text", "json_object", "json_schema", "regex", "grammar")
 JSON_OPTIONS = {"whitespace_flexible": False}  # compact JSON (the module docstring)
 
 
-class ConstraintError(EntMTPError):
+class ConstraintError(FieldError):
     """A response format, schema or grammar that cannot be used (the message names it and the fix)."""
 
 

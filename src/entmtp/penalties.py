@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import EntMTPError
+from .errors import FieldError
 
 PENALTY_RANGE = 2.0  # OpenAI's presence and frequency penalties lie in [-2, 2]
 BIAS_RANGE = 100.0  # and logit_bias values in [-100, 100]
@@ -55,18 +55,22 @@ class Penalties:
         token ids (ints, or their decimal strings as JSON sends them) to biases."""
         for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
             if not _number(value) or not -PENALTY_RANGE <= value <= PENALTY_RANGE:
-                raise EntMTPError(f"{name} must be a number from -2 to 2, got {value!r}")
+                raise FieldError(f"{name} must be a number from -2 to 2, got {value!r}", name)
         if not _number(repetition) or not 0 < repetition <= 1e3:
-            raise EntMTPError(f"repetition_penalty must be a number > 0 (1 = none), got {repetition!r}")
+            raise FieldError(
+                f"repetition_penalty must be a number > 0 (1 = none), got {repetition!r}",
+                "repetition_penalty",
+            )
         bias: dict[int, float] = {}
         for key, value in (logit_bias or {}).items():
             token = _token_id(key)
             if token is None or (vocab_size is not None and not 0 <= token < vocab_size):
                 top = f"0..{vocab_size - 1}" if vocab_size is not None else "the vocabulary's ids"
-                raise EntMTPError(f"logit_bias keys are token ids in {top}, got {key!r}")
+                raise FieldError(f"logit_bias keys are token ids in {top}, got {key!r}", "logit_bias")
             if not _number(value) or not -BIAS_RANGE <= value <= BIAS_RANGE:
-                raise EntMTPError(
-                    f"logit_bias values must be numbers from -100 to 100, got {value!r} for {key!r}"
+                raise FieldError(
+                    f"logit_bias values must be numbers from -100 to 100, got {value!r} for {key!r}",
+                    "logit_bias",
                 )
             bias[token] = float(value)
         return cls(tuple(sorted(bias.items())), float(presence), float(frequency), float(repetition))

@@ -21,7 +21,7 @@ from ..accept import GenerationOptions, Sampling, check_gumbel_seed
 from ..backends import describe_weights
 from ..constraints import Constraint, grammar_tokenizer
 from ..engine import Engine
-from ..errors import EntMTPError
+from ..errors import EntMTPError, FieldError
 from ..model import check_request, encode_prompt
 from ..prediction import prediction_ids
 from ..tools import Tools, history
@@ -256,9 +256,10 @@ def prepare(
             repetition_penalty=req.repetition_penalty if req.repetition_penalty is not None else 1.0,
         )
         options.penalties_for(vocab)
-    except EntMTPError as e:  # the message starts with the field's name (penalties.py)
-        field = str(e).split(" ", 1)[0]
-        raise FieldError(str(e), field if field in _CONTROLS else None) from e
+    except FieldError:
+        raise  # a control's, its field named (penalties.py)
+    except EntMTPError as e:
+        raise FieldError(str(e), None) from e
     if (
         constraint is not None
     ):  # its tokenizer built once here, off the worker's thread (~0.3 s the first time)
@@ -267,19 +268,8 @@ def prepare(
     return ids, {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}, tools
 
 
-_CONTROLS = ("logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty")
-
-
 def _tools(req) -> Tools | None:
     try:
         return Tools.of(req.tools, req.tool_choice, req.parallel_tool_calls)
-    except EntMTPError as e:
-        raise FieldError(str(e), "tool_choice" if "tool_choice" in str(e) else "tools") from e
-
-
-class FieldError(EntMTPError):
-    """A request field the request cannot use: a 400 naming `field`."""
-
-    def __init__(self, message: str, field: str | None):
-        super().__init__(message)
-        self.field = field
+    except FieldError as e:  # tool_choice's are named as such; a function's schema is the tools'
+        raise FieldError(str(e), e.field or "tools") from e
