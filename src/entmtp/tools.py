@@ -85,7 +85,9 @@ class Tools:
         if tool_choice is not None and tools is None:
             if tool_choice in ("none", "auto"):
                 return None
-            raise ConstraintError("tool_choice names a call but no tools were given: send tools too")
+            raise ConstraintError(
+                "tool_choice names a call but no tools were given: send tools too", "tool_choice"
+            )
         if not tools:
             return None
         if not isinstance(tools, Sequence) or isinstance(tools, str):
@@ -106,9 +108,13 @@ class Tools:
             else tuple(f for f in self.functions if f.name == self.choice)
         )
 
+    def call_schema(self) -> dict:
+        """The JSON Schema of one call: the name of a function the output may call and its arguments."""
+        return {"anyOf": [_call_schema(f) for f in self.called]}
+
     def constraint(self) -> Constraint:
         """The grammar of the output (the module docstring)."""
-        calls = {"anyOf": [_call_schema(f) for f in self.called], "x-guidance": JSON_OPTIONS}
+        calls = {**self.call_schema(), "x-guidance": JSON_OPTIONS}
         call = f'"{OPEN}" %json {json.dumps(calls)} "{CLOSE}"'
         calls_rule = "call" if not self.parallel else 'call ("\\n" call)*'
         grammar = f"start: {calls_rule}\ncall: {call}\n"
@@ -202,10 +208,11 @@ def _choice(tool_choice, names: list[str]) -> str:
         if name in names:
             return name
         raise ConstraintError(
-            f"tool_choice names {name!r}, which is not among the tools ({', '.join(names)})"
+            f"tool_choice names {name!r}, which is not among the tools ({', '.join(names)})", "tool_choice"
         )
     raise ConstraintError(
-        'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
+        'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+        "tool_choice",
     )
 
 

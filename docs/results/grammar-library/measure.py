@@ -11,6 +11,8 @@ import importlib.metadata
 import json
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import llguidance
@@ -71,120 +73,129 @@ def timed(fn, repeats: int = 3) -> float:
     return best
 
 
+@dataclass(frozen=True)
+class Library:
+    """What the measurements call of one library: a fresh matcher (`branches`: one that may roll back 8
+    tokens), a mask into its buffer, a token consumed (True: allowed), a roll back, the forced continuation."""
+
+    version: str
+    tokenizer_s: float  # building its view of the tokenizer
+    compile_ms: float  # a matcher from the schema, as a request would make it
+    new: Callable[[bool], object]
+    fill: Callable[[object], None]
+    consume: Callable[[object, int], bool]
+    rollback: Callable[[object, int], None]
+    forced: Callable[[object], object]
+
+
+def llguidance_library(hf, vocab: int, schema: str) -> Library:
+    t0 = time.perf_counter()
+    lltok = llguidance.hf.from_tokenizer(hf, n_vocab=vocab)
+    tokenizer_s = time.perf_counter() - t0
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
+    mask = llguidance.torch.allocate_token_bitmask(1, lltok.vocab_size)
+    return Library(
+        importlib.metadata.version("llguidance"), tokenizer_s,
+        timed(lambda: llguidance.LLMatcher(lltok, grammar)) * 1e3,
+        new=lambda branches: llguidance.LLMatcher(lltok, grammar),
+        fill=lambda m: llguidance.torch.fill_next_token_bitmask(m, mask, 0),
+        consume=lambda m, t: m.consume_token(t),
+        rollback=lambda m, n: m.rollback(n),
+        forced=lambda m: m.compute_ff_tokens(),
+    )  # fmt: skip
+
+
+def xgrammar_library(hf, vocab: int, schema: str) -> Library:
+    t0 = time.perf_counter()
+    info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab)
+    compiler = xgr.GrammarCompiler(info, max_threads=1)
+    tokenizer_s = time.perf_counter() - t0
+    compile_ = lambda c: c.compile_json_schema(schema, any_whitespace=False, separators=(",", ":"))  # noqa: E731
+    compiled = compile_(compiler)
+    bitmask = xgr.allocate_token_bitmask(1, info.vocab_size)
+    return Library(
+        importlib.metadata.version("xgrammar"), tokenizer_s,
+        timed(lambda: compile_(xgr.GrammarCompiler(info, max_threads=1))) * 1e3,
+        new=lambda branches: xgr.GrammarMatcher(compiled, max_rollback_tokens=16) if branches else xgr.GrammarMatcher(compiled),
+        fill=lambda m: m.fill_next_token_bitmask(bitmask),
+        consume=lambda m, t: m.accept_token(t),
+        rollback=lambda m, n: m.rollback(n),
+        forced=lambda m: m.find_jump_forward_string(),  # a string: its tokens are a second step
+    )  # fmt: skip
+
+
+def measure(lib: Library, doc: list[int]) -> dict:
+    """The library's row: mask time per token along `doc`, an 8-token branch's masks and roll back, the forced
+    continuation inside the first key."""
+
+    def walk():
+        m, times = lib.new(False), []
+        for t in doc:
+            s = time.perf_counter()
+            lib.fill(m)
+            times.append(time.perf_counter() - s)
+            assert lib.consume(m, t)
+        return times
+
+    def branches():  # 8 drafted tokens per step as a chain: consume, mask each, roll back (a tree's branch)
+        m, times = lib.new(True), []
+        for i in range(0, len(doc) - 9):
+            s = time.perf_counter()
+            for t in doc[i : i + 8]:
+                lib.fill(m)
+                lib.consume(m, t)
+            lib.rollback(m, 8)
+            times.append(time.perf_counter() - s)
+            lib.consume(m, doc[i])
+        return times
+
+    walk()  # warm: llguidance builds its lexer states lazily
+    token_times, chain_times = walk(), branches()
+    fresh = lib.new(False)
+    for t in doc[:3]:  # inside the first key: its rest is forced
+        lib.consume(fresh, t)
+    return dict(
+        version=lib.version, tokenizer_s=lib.tokenizer_s, compile_ms=lib.compile_ms,
+        mask_us_median=statistics.median(token_times) * 1e6, mask_us_mean=statistics.mean(token_times) * 1e6,
+        mask_us_max=max(token_times) * 1e6, chain8_us_median=statistics.median(chain_times) * 1e6,
+        forced_tokens_us=timed(lambda: lib.forced(fresh), 5) * 1e6,
+    )  # fmt: skip
+
+
+def coverage_of(hf, vocab: int) -> dict:
+    """Per keyword family, whether each library enforces it: llguidance names a keyword it does not implement
+    (a warning or an error), xgrammar refuses it or compiles it."""
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab), max_threads=1)
+    out = {}
+    for name, s in KEYWORDS.items():
+        is_error, warnings = llguidance.LLMatcher.validate_grammar_with_warnings(
+            llguidance.LLMatcher.grammar_from_json_schema(json.dumps(s))
+        )
+        try:
+            compiler.compile_json_schema(json.dumps(s))
+            xg = True
+        except Exception:  # noqa: BLE001 (a keyword it refuses)
+            xg = False
+        out[name] = {"llguidance": not is_error and not warnings, "xgrammar": xg}
+    return out
+
+
 def main() -> None:
     torch.set_num_threads(1)
     hf = AutoTokenizer.from_pretrained(embedded_model_dir())
     vocab = len(hf)
     doc = hf.encode(json.dumps(DOC, separators=(",", ":")), add_special_tokens=False)
     schema = json.dumps(SCHEMA)
-    rows, coverage = {}, {}
-
-    # llguidance
-    t0 = time.perf_counter()
-    lltok = llguidance.hf.from_tokenizer(hf, n_vocab=vocab)
-    ll_tok_s = time.perf_counter() - t0
-    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
-    ll_compile = timed(lambda: llguidance.LLMatcher(lltok, grammar))
-    mask = llguidance.torch.allocate_token_bitmask(1, lltok.vocab_size)
-
-    def ll_walk():
-        m = llguidance.LLMatcher(lltok, grammar)
-        times = []
-        for t in doc:
-            s = time.perf_counter()
-            llguidance.torch.fill_next_token_bitmask(m, mask, 0)
-            times.append(time.perf_counter() - s)
-            assert m.consume_token(t), m.get_error()
-        return times
-
-    ll_walk()  # warm: llguidance builds its lexer states lazily
-    ll_times = ll_walk()
-
-    def ll_tree():  # 8 drafted tokens per step as a chain: consume, mask each, roll back (a tree's branch)
-        m = llguidance.LLMatcher(lltok, grammar)
-        times = []
-        for i in range(0, len(doc) - 9):
-            s = time.perf_counter()
-            for t in doc[i : i + 8]:
-                llguidance.torch.fill_next_token_bitmask(m, mask, 0)
-                m.consume_token(t)
-            m.rollback(8)
-            times.append(time.perf_counter() - s)
-            m.consume_token(doc[i])
-        return times
-
-    ll_tree_times = ll_tree()
-    fresh = llguidance.LLMatcher(lltok, grammar)
-    fresh.consume_tokens(doc[:3])  # inside the first key: its rest is forced
-    ll_ff = timed(fresh.compute_ff_tokens, 5)
-    rows["llguidance"] = dict(
-        version=importlib.metadata.version("llguidance"),
-        tokenizer_s=ll_tok_s, compile_ms=ll_compile * 1e3,
-        mask_us_median=statistics.median(ll_times) * 1e6, mask_us_mean=statistics.mean(ll_times) * 1e6,
-        mask_us_max=max(ll_times) * 1e6, chain8_us_median=statistics.median(ll_tree_times) * 1e6,
-        forced_tokens_us=ll_ff * 1e6,
-    )  # fmt: skip
-    for name, s in KEYWORDS.items():
-        is_error, warnings = llguidance.LLMatcher.validate_grammar_with_warnings(
-            llguidance.LLMatcher.grammar_from_json_schema(json.dumps(s))
-        )  # a keyword it does not implement is a warning, and would go unenforced
-        coverage.setdefault(name, {})["llguidance"] = not is_error and not warnings
-
-    # xgrammar
-    t0 = time.perf_counter()
-    info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab)
-    compiler = xgr.GrammarCompiler(info, max_threads=1)
-    xg_tok_s = time.perf_counter() - t0
-    xg_compile = timed(lambda: xgr.GrammarCompiler(info, max_threads=1).compile_json_schema(schema, any_whitespace=False, separators=(",", ":")))
-    compiled = compiler.compile_json_schema(schema, any_whitespace=False, separators=(",", ":"))
-    bitmask = xgr.allocate_token_bitmask(1, info.vocab_size)
-
-    def xg_walk():
-        m = xgr.GrammarMatcher(compiled)
-        times = []
-        for t in doc:
-            s = time.perf_counter()
-            m.fill_next_token_bitmask(bitmask)
-            times.append(time.perf_counter() - s)
-            assert m.accept_token(t)
-        return times
-
-    xg_walk()
-    xg_times = xg_walk()
-
-    def xg_tree():
-        m = xgr.GrammarMatcher(compiled, max_rollback_tokens=16)
-        times = []
-        for i in range(0, len(doc) - 9):
-            s = time.perf_counter()
-            for t in doc[i : i + 8]:
-                m.fill_next_token_bitmask(bitmask)
-                m.accept_token(t)
-            m.rollback(8)
-            times.append(time.perf_counter() - s)
-            m.accept_token(doc[i])
-        return times
-
-    xg_tree_times = xg_tree()
-    fresh = xgr.GrammarMatcher(compiled)
-    for t in doc[:3]:
-        fresh.accept_token(t)
-    xg_ff = timed(fresh.find_jump_forward_string, 5)  # a string: its tokens are a second step
-    rows["xgrammar"] = dict(
-        version=importlib.metadata.version("xgrammar"), tokenizer_s=xg_tok_s, compile_ms=xg_compile * 1e3,
-        mask_us_median=statistics.median(xg_times) * 1e6, mask_us_mean=statistics.mean(xg_times) * 1e6,
-        mask_us_max=max(xg_times) * 1e6, chain8_us_median=statistics.median(xg_tree_times) * 1e6,
-        forced_tokens_us=xg_ff * 1e6,
-    )  # fmt: skip
-    for name, s in KEYWORDS.items():
-        try:
-            compiler.compile_json_schema(json.dumps(s))
-            coverage[name]["xgrammar"] = True
-        except Exception:  # noqa: BLE001 (a keyword it refuses)
-            coverage[name]["xgrammar"] = False
+    rows = {
+        "llguidance": measure(llguidance_library(hf, vocab, schema), doc),
+        "xgrammar": measure(xgrammar_library(hf, vocab, schema), doc),
+    }
+    coverage = coverage_of(hf, vocab)
 
     print(f"{len(doc)} tokens of an 8-field JSON document, SmolLM2 tokenizer ({vocab} tokens), 1 thread")
-    print("| library | version | compile ms | mask us (median / mean / max) | 8-token branch, masks + roll back, us | forced tokens us |")
+    print(
+        "| library | version | compile ms | mask us (median / mean / max) | 8-token branch, masks + roll back, us | forced tokens us |"
+    )
     print("|---|---|---|---|---|---|")
     for lib, r in rows.items():
         print(

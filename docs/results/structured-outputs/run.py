@@ -115,10 +115,7 @@ def peer_grammar(request: dict):
 
     if "schema" in request:
         return LlamaGrammar.from_json_schema(json.dumps(request["schema"]), verbose=False)
-    calls = {"anyOf": [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
-        "arguments": t["function"]["parameters"]}, "required": ["name", "arguments"], "additionalProperties": False}
-        for t in TOOLS]}  # fmt: skip
-    gbnf = json_schema_to_gbnf(json.dumps(calls)).replace("root ::=", "call ::=", 1)
+    gbnf = json_schema_to_gbnf(json.dumps(request["tools"].call_schema())).replace("root ::=", "call ::=", 1)
     return LlamaGrammar.from_string(f'root ::= "<tool_call>" call "</tool_call>"\n{gbnf}', verbose=False)
 
 
