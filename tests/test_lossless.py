@@ -88,8 +88,14 @@ def engines(model):
     """Per tree, an engine whose heads draft the base model's greedy continuation at rank 0 (by position, so
     likely drafts, often what the lookup proposes beside them) and wrong tokens at the other ranks; "hybrid" has
     random Hydra heads (the real drafting code)."""
+    return engines_for(model)
+
+
+def engines_for(model, **shaping) -> dict:
+    """`engines`' engines over `model`, the oracle drafting the greedy continuation under `shaping` (generation
+    options: a grammar, controls)."""
     plain = Engine(model, ByteTokenizer())
-    greedy = plain.generate(PROMPT, max_new_tokens=K + 4).token_ids
+    greedy = plain.generate(PROMPT, max_new_tokens=K + 4, **shaping).token_ids
     oracle = OracleHeads(PROMPT + greedy, num_heads=3, rank_mod=1)
     out = {"plain": plain}
     for name, tree in TREES.items():
@@ -265,16 +271,7 @@ def shaped_engines():
     torch.set_num_threads(1)
     m = tiny_model("llama", seed=5, vocab=V, eos_token_id=0)
     m.lm_head.weight.mul_(10.0)
-    plain = Engine(m, ByteTokenizer())
-    greedy = plain.generate(PROMPT, max_new_tokens=K + 4, **SHAPED["both"]).token_ids
-    oracle = OracleHeads(PROMPT + greedy, num_heads=3, rank_mod=1)
-    out = {"plain": plain, "model": m}
-    for name, tree in TREES.items():
-        heads = oracle
-        if name == "hybrid":
-            heads = random_heads(HeadsConfig.for_model(m, "hydra", num_heads=3), seed=0)
-        out[name] = Engine(m, ByteTokenizer(), heads=heads, policy=static(tree))
-    yield out
+    yield {**engines_for(m, **SHAPED["both"]), "model": m}
     torch.set_num_threads(threads)
 
 
