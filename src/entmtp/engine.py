@@ -23,7 +23,7 @@ import torch
 
 from .accept import ACCEPTANCE, GenerationOptions, GumbelNoise, Sampling, accept
 from .backends import base_for
-from .costs import CostCurve, LatencyModel
+from .costs import CostCurve, LatencyModel, relative_cost
 from .errors import EntMTPError
 from .heads import Drafter, LazyProbe, Probe, taken
 from .lookup import Lookup, NgramIndex, draft_lookup, source_depths
@@ -91,6 +91,8 @@ class Engine:
             r: self.checked(p, f"Engine's policies[{r!r}]") for r, p in _check_rules(policies or {}).items()
         }
         self.costs = costs  # the machine's cost curve the policy was built on (costs.py), if any
+        # a step's cost in plain steps by drafted nodes, on that curve (else another machine's): forced chains'
+        self.relative_cost = relative_cost(costs.latency() if costs is not None else None)
         self.observers = tuple(observers)  # told every finished generation's steps
         offset = heads.config.hidden_state_offset if heads is not None else 0
         norm = heads.config.hidden_state_norm if offset else True
@@ -430,8 +432,7 @@ def forced_step(engine: Engine, state: DecodeState, clock: Clock, times: dict[st
         min(engine.window, state.cache.capacity, state.cache.length + engine.scratch) - state.cache.length - 1
     )
     remaining = state.max_new_tokens - len(state.out)
-    curve = engine.costs.relative if engine.costs is not None else _default_relative
-    forced = state.shaping.forced(curve, min(room, remaining))
+    forced = state.shaping.forced(engine.relative_cost, min(room, remaining))
     times["probe"] = times["choose"] = 0.0
     if not forced:
         return None
@@ -441,13 +442,6 @@ def forced_step(engine: Engine, state: DecodeState, clock: Clock, times: dict[st
     times["choose"] = clock.lap()
     times["draft"] = 0.0
     return Pending(tree, tokens, {"forced": float(len(forced))}, times, clock, masks, forced=True)
-
-
-def _default_relative(nodes):
-    """Step cost in plain steps by drafted nodes where no curve was measured (costs.CPU_COST, another machine's)."""
-    from .costs.curves import CPU_COST
-
-    return CPU_COST(nodes) / CPU_COST(0)
 
 
 def choose(

@@ -44,6 +44,7 @@ from .curves import (
     CostSurface,
     LatencyModel,
     priced_ms,
+    relative_cost,
 )
 from .measured import BATCHES, SIZES, cached_curve, costs_for, measure, measure_surface, surface_for
 from .prefill import PrefillCost, measure_prefill, prefill_for
@@ -79,6 +80,7 @@ __all__ = [
     "measure_surface",
     "prefill_for",
     "priced_ms",
+    "relative_cost",
     "probing_disabled",
     "save_curve",
     "save_surface",

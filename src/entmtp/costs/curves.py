@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -74,6 +74,14 @@ CPU_COST = LatencyModel(
 # packed) against 36-38 ms plain steps on the 2-core Intel Xeon (AVX-512, AMX) the first shipped profiles were
 # measured on (2026-11-30, commit b45ba0d). Another machine's: a measured curve's share replaces it.
 HEADS_DRAFT_COST = 0.11
+
+
+def relative_cost(latency: LatencyModel | None) -> Callable[[np.ndarray], np.ndarray]:
+    """A step's cost in plain steps by drafted nodes: on `latency` (this machine's curve, a profile's stored
+    latencies), else on `CPU_COST` (another machine's)."""
+    curve = latency if latency is not None else CPU_COST
+    plain = float(curve(0))
+    return lambda nodes: curve(nodes) / plain
 
 
 def priced_ms(seconds: dict[str, float]) -> float:

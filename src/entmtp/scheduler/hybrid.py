@@ -59,7 +59,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..costs.curves import CPU_COST, HEADS_DRAFT_COST, CostCurve, LatencyModel
+from ..costs.curves import HEADS_DRAFT_COST, CostCurve, LatencyModel, relative_cost
 from ..heads import taken
 from ..lookup import Lookup, NgramIndex
 from ..policy import Choice, Menu, Settings, Stateful, TreePolicy, require_policy, static
@@ -158,8 +158,7 @@ class HybridPolicy(Settings, Stateful):
         if lookup.node_cost is not None:
             cost, self.draft_cost = 1.0 + lookup.node_cost * n, 0.0
         else:
-            curve = latency or CPU_COST
-            cost = curve(n) / float(curve(0))
+            cost = relative_cost(latency)(n)
             self.draft_cost = HEADS_DRAFT_COST if draft_cost is None else draft_cost
         self.cost: list[float] = cost.tolist()  # [n] a step's cost in plain steps by drafted nodes
         self.reset()
