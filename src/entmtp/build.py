@@ -51,7 +51,7 @@ import torch
 
 from . import metrics
 from .accept import ACCEPTANCE, Sampling
-from .backends import BACKENDS, describe_weights, weights_format
+from .backends import BACKENDS, describe_kernels, describe_weights, weights_format
 from .costs import (
     CostCorrector,
     CostCurve,
@@ -159,6 +159,10 @@ class EngineSpec:
         "engine, routed only between backends that decode the same weights)",
     )
     gguf_as_given: bool = False  # llama.cpp runs the GGUF file as it is (`build` sets it for --dtype auto)
+    gguf_format: str = (
+        ""  # llama.cpp runs the embedded model written in this format (Q8_0, F16, BF16: `build`
+    )
+    # measures them under --dtype auto where AMX's kernels run; "" the file as given, or --dtype's)
     kv: str = setting(
         "auto",
         choices=("auto", "dynamic"),
@@ -188,11 +192,13 @@ class Plan:
     weights: str = ""  # the weights the engine decodes, in words (backends.describe_weights)
     heads: str = ""  # the heads and the dtype they compute in ("none": plain or lookup decoding)
     threads: int = 0
+    kernels: str = ""  # on llama.cpp: its build and whether its AMX kernels run (backends.describe_kernels)
 
     def describe(self) -> str:
         lines = [
             f"backend: {self.backend} ({self.backend_reason})",
             f"weights: {self.weights or self.dtype} ({self.dtype_reason})",
+            *([f"llama.cpp: {self.kernels}"] if self.kernels else []),
             f"heads: {self.heads or 'none'}",
             f"threads: {self.threads}",
             f"policy: {self.policy} ({self.policy_reason})",
@@ -285,6 +291,7 @@ def build(
         composed.lookup_rules, backend, backend_reason, route_note,
         "" if probe else _unprobed_costs(loaded.costs, composed, spec.lookup),
         _weights_words(loaded), _heads_words(loaded, composed), spec.threads or torch.get_num_threads(),
+        describe_kernels(loaded.model),
     )  # fmt: skip
     return Built(router or engine, plan, loaded, composed)
 
@@ -307,7 +314,11 @@ def _heads_words(loaded: Loaded, composed: Composed) -> str:
         return "none"
     dtype = loaded.spec.dtype
     if loaded.spec.backend == "llama-cpp":  # the heads' dtype differs from the weights' there
-        why = "as asked" if not loaded.spec.gguf_as_given else _heads_dtype_reason()
+        why = (
+            "as asked"
+            if not (loaded.spec.gguf_as_given or loaded.spec.gguf_format)
+            else _heads_dtype_reason()
+        )
         return f"{loaded.heads_spec}, computing in {dtype} ({why})"
     return f"{loaded.heads_spec}, computing in {dtype}"
 
@@ -542,14 +553,16 @@ def _concrete(spec: EngineSpec) -> EngineSpec:
 
 
 def _at(spec: EngineSpec, cand: str) -> EngineSpec:
-    """`spec` with the candidate "backend/dtype"'s backend and dtype."""
+    """`spec` with the candidate "backend/dtype[:format]"'s backend, dtype and GGUF format."""
     backend, dtype = _split(cand)
     as_given = spec.gguf_as_given or (backend == "llama-cpp" and spec.dtype == "auto")
-    return replace(spec, backend=backend, dtype=dtype, gguf_as_given=as_given)
+    fmt = cand.partition(":")[2]
+    return replace(spec, backend=backend, dtype=dtype, gguf_as_given=as_given and not fmt, gguf_format=fmt)
 
 
 def _base_key(spec: EngineSpec) -> tuple:
-    return (spec.model, spec.backend, spec.dtype, spec.device, spec.pack, spec.threads, spec.gguf_as_given)
+    return (spec.model, spec.backend, spec.dtype, spec.device, spec.pack, spec.threads, spec.gguf_as_given,
+            spec.gguf_format)  # fmt: skip
 
 
 # ---- compose: one policy per acceptance rule -------------------------------------------------------------
@@ -709,7 +722,10 @@ def load_base(spec: EngineSpec, backend: str, dtype: str):
         from .model import embedded_model_dir
 
         embedded = is_embedded(spec.model)
-        path = gguf_for(spec.model, None if spec.gguf_as_given else dtype)
+        if spec.gguf_format:
+            path = _embedded_in_format(spec.gguf_format)
+        else:
+            path = gguf_for(spec.model, None if spec.gguf_as_given else dtype)
         tokenizer_dir = str(embedded_model_dir()) if embedded else None
         return load_gguf(path, dtype=DTYPES[dtype], threads=spec.threads, tokenizer_dir=tokenizer_dir)
     from .model import load_model
@@ -735,10 +751,41 @@ def gguf_for(model: str | None, dtype: str | None) -> str:
     return model
 
 
+def _embedded_in_format(fmt: str) -> str:
+    """The embedded model's GGUF written in `fmt` (written once, checked by loading its header); a file that
+    cannot be written or read: one line, and the shipped Q4_1 file."""
+    from .backends.llama_cpp import embedded_gguf_as, read_gguf
+    from .model import embedded_gguf
+
+    try:
+        path = embedded_gguf_as(fmt)
+        read_gguf(path)
+        return str(path)
+    except (OSError, EntMTPError, ValueError) as e:
+        _say(
+            f"the embedded model's {fmt} GGUF could not be written or read ({e}): llama.cpp decodes the shipped "
+            f"Q4_1 file instead (delete the file named there to have it written again)"
+        )
+        return str(embedded_gguf())
+
+
 def _split(cand: str) -> tuple[str, str]:
-    """A candidate "backend/dtype" as (backend, dtype)."""
+    """A candidate "backend/dtype[:format]" as (backend, dtype)."""
     backend, _, dtype = cand.partition("/")
-    return backend, dtype
+    return backend, dtype.partition(":")[0]
+
+
+def _gguf_formats(spec: EngineSpec) -> tuple[str, ...]:
+    """The other formats llama.cpp's candidates decode the embedded model in under --dtype auto: on a CPU whose
+    AMX kernels run (a float or 8-bit format's batch curve is flatter there, so trees may pay), each of
+    WRITTEN_FORMATS, measured like a dtype; elsewhere none (the Q4_1 file as given)."""
+    from .backends.amx import extra_bufts_safe, has_amx
+    from .backends.llama_cpp import WRITTEN_FORMATS
+    from .model import embedded_gguf
+
+    if spec.dtype != "auto" or not is_embedded(spec.model) or not has_amx():
+        return ()
+    return WRITTEN_FORMATS if extra_bufts_safe(embedded_gguf()) else ()
 
 
 def _backends(spec: EngineSpec) -> list[str]:
@@ -789,6 +836,8 @@ def _candidates(spec: EngineSpec, probe: bool) -> list[str]:
         if backend == "llama-cpp":
             heads_dtype = spec.dtype if spec.dtype != "auto" else auto_dtype("cpu")
             out.append(f"llama-cpp/{heads_dtype}")
+            if probe:
+                out += [f"llama-cpp/{heads_dtype}:{fmt}" for fmt in _gguf_formats(spec)]
         else:
             out += [f"transformers/{d}" for d in _dtype_candidates(spec, probe)]
     return out

@@ -81,6 +81,24 @@ def backend_name(model) -> str:
     return "llama-cpp" if getattr(model, "entmtp_base", None) is not None else "transformers"
 
 
+def describe_kernels(model) -> str:
+    """For a model on llama.cpp, the build and its CPU kernels in words (the plan, the bench): "llama-cpp-python
+    0.3.36 (entmtp's build: AMX patch 1a2b3c4d); AMX kernels in use"; "" on transformers."""
+    runtime = getattr(model, "runtime", None)
+    if getattr(model, "entmtp_base", None) is None or runtime is None:
+        return ""
+    from .amx import has_amx
+    from .llama_build import describe_build
+
+    if not has_amx():
+        kernels = "no AMX on this CPU"
+    elif runtime.extra_bufts:
+        kernels = "AMX kernels in use"
+    else:
+        kernels = "AMX kernels off (repacked weights off)"
+    return f"{describe_build()}; {kernels}"
+
+
 GGUF_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}  # float GGUF types as dtypes
 
 

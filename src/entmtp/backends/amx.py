@@ -12,7 +12,9 @@ given machine cannot be read off the flags.
 So on a CPU with an `amx*` flag, a child process loads the model with the repacked weights and decodes one,
 two and 64 tokens (the canary). If it exits cleanly the AMX kernels are used; if it dies (or hangs) they stay
 off, and one line says why. The verdict is cached per CPU, llama-cpp-python version and model file, so the
-canary runs once. On CPUs without AMX the repacked weights are used, as llama.cpp does by default.
+canary runs once. The build is part of the key (`llama_build.build_tag`: entmtp's patched build, which `make setup`
+installs and which fixes the fault, or pip's own), so a changed build is tried again and a verdict of another build
+is never reused. On CPUs without AMX the repacked weights are used, as llama.cpp does by default.
 `ENTMTP_LLAMA_EXTRA_BUFTS=1` or `0` decides instead of all this.
 """
 
@@ -76,22 +78,31 @@ def extra_bufts_safe(path: str | os.PathLike[str] | None = None, *, say=None, ca
         return False
     works, why = canary_verdict(Path(path), canary)
     if not works:
+        from .llama_build import build_tag, describe_build
+
+        fix = (
+            "`python -m entmtp.backends.llama_build` (make setup) installs the build with entmtp's patch for it"
+            if build_tag() == "stock"
+            else "ENTMTP_LLAMA_EXTRA_BUFTS=1 forces them"
+        )
         (say or _say)(
-            f"llama.cpp's AMX kernels crashed a test decode on this CPU ({why}): its repacked weights stay "
-            "off (a known llama.cpp fault, PR #26954; ENTMTP_LLAMA_EXTRA_BUFTS=1 forces them)"
+            f"llama.cpp's AMX kernels crashed a test decode on this CPU ({why}, {describe_build()}): its "
+            f"repacked weights stay off (a known llama.cpp fault, PR #26954; {fix})"
         )
     return works
 
 
 def canary_verdict(path: Path, canary: str = CANARY) -> tuple[bool, str]:
     """(whether the repacked weights ran `path` in a child process, how it ended), cached."""
+    from .llama_build import build_tag
+
     cache = _verdicts_path()
     key = _key(path)
     verdicts = _read(cache)
     if key in verdicts:
         return verdicts[key]["works"], verdicts[key]["how"]
     works, how = run_canary(path, canary)
-    verdicts[key] = {"works": works, "how": how, "file": str(path)}
+    verdicts[key] = {"works": works, "how": how, "file": str(path), "build": build_tag()}
     from ..files import write_text_atomic
 
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -120,6 +131,7 @@ def run_canary(path: Path, canary: str = CANARY) -> tuple[bool, str]:
 
 def _key(path: Path) -> str:
     from ..machine import cpu_info, digest
+    from .llama_build import build_tag
 
     try:
         import llama_cpp
@@ -129,8 +141,8 @@ def _key(path: Path) -> str:
         version = None
     stat = path.stat()
     return digest(
-        {"cpu": cpu_info(), "llama_cpp": version, "file": str(path.resolve()), "size": stat.st_size,
-         "mtime": int(stat.st_mtime)}
+        {"cpu": cpu_info(), "llama_cpp": version, "build": build_tag(), "file": str(path.resolve()),
+         "size": stat.st_size, "mtime": int(stat.st_mtime)}
     )  # fmt: skip
 
 

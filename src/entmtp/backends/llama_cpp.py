@@ -34,7 +34,8 @@ from ..tree import Tree
 from .amx import extra_bufts_safe  # on a CPU with AMX: the canary's verdict (amx.py)
 
 LLAMA_CPP_HINT = (
-    "pip install llama-cpp-python (builds llama.cpp from source, a few minutes; `make setup` installs it)"
+    "python -m entmtp.backends.llama_build (llama-cpp-python 0.3.36 with entmtp's AMX patch, built for this CPU, "
+    "a few minutes once; `make setup` runs it; a plain `pip install llama-cpp-python` works too)"
 )
 MAX_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ: sequence ids per context (home rows + borrowed leaf ids)
 N_BATCH = 512  # tokens per llama_decode call: a longer prefill runs in chunks of this many
@@ -135,8 +136,10 @@ FLOAT_GGUF_TYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}  # a
 _FILE_TYPES = {
     "F32": 0,
     "F16": 1,
+    "Q8_0": 7,
     "BF16": 32,
 }  # general.file_type (llama.cpp's LLAMA_FTYPE_ALL_F32, _MOSTLY_*)
+WRITTEN_FORMATS = ("Q8_0", "F16", "BF16")  # what the embedded model's Q4_1 file may also be decoded as (AMX)
 
 
 def gguf_weights(path: str | os.PathLike[str]) -> str:
@@ -169,13 +172,20 @@ def write_float_gguf(
 ) -> Path:
     """Write `src` with every tensor dequantized and stored as `dtype` (float32 -> F32, bfloat16 -> BF16,
     float16 -> F16): the same metadata, tokenizer and values as the dequantized model transformers loads in
-    that dtype, so that llama.cpp decodes the weights `--dtype` names. Written to a temporary name, then
-    renamed."""
-    import gguf
-
+    that dtype, so that llama.cpp decodes the weights `--dtype` names (`write_gguf`)."""
     kind = FLOAT_GGUF_TYPES.get(dtype)
     if kind is None:
         raise LlamaCppError(f"no float GGUF for dtype {dtype!r}: use one of {', '.join(FLOAT_GGUF_TYPES)}")
+    return write_gguf(src, dst, kind)
+
+
+def write_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], kind: str) -> Path:
+    """Write `src` with every matrix dequantized and stored as `kind` (F32, F16, BF16 or Q8_0; norms and
+    biases in F32). Written to a temporary name, then renamed."""
+    import gguf
+
+    if kind not in _FILE_TYPES:
+        raise LlamaCppError(f"cannot write a {kind} GGUF: use one of {', '.join(_FILE_TYPES)}")
     qtype = gguf.GGMLQuantizationType[kind]
     reader = gguf.GGUFReader(str(src))
     arch = reader.fields["general.architecture"].contents()
@@ -236,13 +246,14 @@ class Runtime:
         self.path, self.threads, self.kv_type = path, threads, kv_type
         self.parent = parent  # a private context's: the runtime whose model it shares (kept alive)
         if parent is not None:
-            self.model = parent.model
+            self.model, self.extra_bufts = parent.model, parent.extra_bufts
         else:
             _quiet(lib)
             lib.llama_backend_init()
             mp = lib.llama_model_default_params()
             mp.n_gpu_layers = 0
             mp.use_extra_bufts = extra_bufts_safe(path) if extra_bufts is None else extra_bufts
+            self.extra_bufts = bool(mp.use_extra_bufts)  # weights repacked for the CPU's kernels (AMX's too)
             self.model = lib.llama_model_load_from_file(str(path).encode(), mp)
             if not self.model:
                 raise LlamaCppError(
@@ -743,15 +754,21 @@ def embedded_gguf_in(dtype: str) -> Path:
     """The embedded model's weights as a `dtype` GGUF (F32, BF16 or F16) in the user cache, written once from its
     Q4_1 file (`write_float_gguf`: ~10 s, 540 MB in float32): the same weights as the converted model
     transformers loads in that dtype, so that `--dtype` names the weights on either backend."""
-    from ..model import cache_dir, embedded_gguf
-
     kind = FLOAT_GGUF_TYPES.get(dtype)
     if kind is None:
         raise LlamaCppError(f"no float GGUF for dtype {dtype!r}: use one of {', '.join(FLOAT_GGUF_TYPES)}")
+    return embedded_gguf_as(kind)
+
+
+def embedded_gguf_as(kind: str) -> Path:
+    """The embedded model's weights as a GGUF of `kind` (F32, F16, BF16, Q8_0) in the user cache, written once
+    from its Q4_1 file (`write_gguf`)."""
+    from ..model import cache_dir, embedded_gguf
+
     path = cache_dir() / "models" / f"smollm2-135m-instruct-{kind.lower()}.gguf"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_float_gguf(embedded_gguf(), path, dtype)
+        write_gguf(embedded_gguf(), path, kind)
     return path
 
 

@@ -98,8 +98,9 @@ def _add_methods_arguments(b: argparse.ArgumentParser) -> None:
         "--peers",
         default=None,
         help="peer decoders on the same prompt ids (comma list): hf-generate (transformers' generate), "
-        "hf-prompt-lookup (its prompt lookup decoding, 10 tokens), llama-cpp (plain decoding of the GGUF; "
-        "needs `pip install llama-cpp-python`); default: the first two (--quick: hf-prompt-lookup)",
+        "hf-prompt-lookup (its prompt lookup decoding, 10 tokens), llama-cpp (plain decoding of the GGUF as "
+        "pip's llama-cpp-python runs it; needs llama-cpp-python), llama-cpp-amx (the patched build's, on a CPU "
+        "with AMX; added beside llama-cpp there); default: the first two (--quick: hf-prompt-lookup)",
     )
     b.add_argument(
         "--lookup-only",

@@ -22,7 +22,11 @@ from ..errors import EntMTPError
 from ..model import check_request, context_window, embedded_gguf, eos_token_ids
 from ..records import Result
 
-PEERS = ("hf-generate", "hf-prompt-lookup", "llama-cpp")  # the bench's names for them
+PEERS = ("hf-generate", "hf-prompt-lookup", "llama-cpp", "llama-cpp-amx")  # the bench's names for them
+LLAMA_PEERS = (
+    "llama-cpp",
+    "llama-cpp-amx",
+)  # llama-cpp-python's plain decoding: they decode their own weights
 
 # Generation settings that change the output but whose only "off" value is None: transformers fills None from
 # the model's own generation_config, so an explicit GenerationConfig cannot switch them off.
@@ -72,10 +76,26 @@ def build_peers(names: list[str], model, tokenizer, embedded: bool = True) -> di
             print(f"entmtp: skipping peer {name}: it decodes the embedded model's GGUF, not --model")
         else:
             try:
-                out[name] = LlamaCppPlain(n_threads=torch.get_num_threads())
+                out[name] = LlamaCppPlain(
+                    n_threads=torch.get_num_threads(), as_patched=name == "llama-cpp-amx"
+                )
             except PeerUnavailable as e:
                 print(f"entmtp: skipping peer {name}: {e}")
+    if "llama-cpp" in out and "llama-cpp-amx" not in names and _amx_differs():
+        try:  # the strongest baseline of a run on an AMX CPU: the patched build's own plain decoding
+            out["llama-cpp-amx"] = LlamaCppPlain(n_threads=torch.get_num_threads(), as_patched=True)
+        except PeerUnavailable as e:
+            print(f"entmtp: skipping peer llama-cpp-amx: {e}")
     return out
+
+
+def _amx_differs() -> bool:
+    """Whether pip's llama-cpp-python and entmtp's patched build decode differently here: on a CPU with AMX
+    when the patched build is installed (elsewhere the patch compiles nothing)."""
+    from ..backends.amx import has_amx
+    from ..backends.llama_build import build_tag
+
+    return has_amx() and build_tag() != "stock"
 
 
 @dataclass(frozen=True, eq=False)
@@ -212,13 +232,10 @@ def llama_cpp_available() -> bool:
 
 
 @contextlib.contextmanager
-def _extra_bufts(llama_cpp, path: Path):
-    """llama-cpp-python's `Llama` with llama.cpp's extra buffer types off where they crash (a CPU with AMX whose
-    canary decode of `path` died: backends.amx, which says so in one line); `Llama` takes no such option, so
-    its default parameters are wrapped while it loads."""
-    from ..backends.amx import extra_bufts_safe
-
-    if extra_bufts_safe(path):
+def _extra_bufts(llama_cpp, on: bool):
+    """llama-cpp-python's `Llama` with llama.cpp's extra buffer types (repacked weights) on or off; `Llama`
+    takes no such option, so its default parameters are wrapped while it loads."""
+    if on:
         yield
         return
     low = llama_cpp.llama_cpp  # the module `Llama` reads its defaults from
@@ -238,20 +255,52 @@ def _extra_bufts(llama_cpp, path: Path):
 
 class LlamaCppPlain:
     """Plain decoding of a GGUF file (default: the embedded model's) through llama-cpp-python: greedy at
-    temperature 0, else plain temperature sampling (no top-k / top-p / min-p / repetition penalty)."""
+    temperature 0, else plain temperature sampling (no top-k / top-p / min-p / repetition penalty).
 
-    name = "llama-cpp"
+    Two peers. `llama-cpp` is llama-cpp-python as `pip install` gets it: on a CPU with AMX, llama.cpp's repacked
+    weights off, since pip's 0.3.36 build crashes with them there (backends/amx.py; where the stock build would
+    not crash, this peer understates it, and `llama-cpp-amx` is the row to compare with). `llama-cpp-amx`
+    (`as_patched`): entmtp's patched build with the repacked weights on wherever its canary passes, the
+    strongest plain decoding on such a CPU; it exists only where the two differ (a CPU with AMX, the patched
+    build installed). `settings` says which build and weights each decoded."""
 
-    def __init__(self, gguf_path: str | Path | None = None, n_threads: int | None = None, n_ctx: int = 0):
+    def __init__(
+        self,
+        gguf_path: str | Path | None = None,
+        n_threads: int | None = None,
+        n_ctx: int = 0,
+        *,
+        as_patched: bool = False,
+    ):
+        from ..backends.amx import extra_bufts_safe, has_amx
+        from ..backends.llama_build import build_tag, describe_build
+
         llama_cpp = _import_llama_cpp()
         path = Path(gguf_path) if gguf_path is not None else embedded_gguf()
         if not path.is_file():
             raise EntMTPError(f"GGUF file {path} does not exist: pass the path of a .gguf model file")
-        self.path = path
+        self.path, self.name = path, "llama-cpp-amx" if as_patched else "llama-cpp"
+        patched = build_tag() != "stock"
+        if as_patched and not (patched and has_amx()):
+            why = (
+                "no AMX on this CPU, where the patch compiles nothing"
+                if patched
+                else "pip's build is installed"
+            )
+            raise PeerUnavailable(f"llama-cpp-amx decodes as llama-cpp here ({why})")
+        if has_amx() and patched and not as_patched:
+            repacked, how = (
+                False,
+                "repacked weights off, as pip's build runs them on an AMX CPU (it crashes with them)",
+            )
+        else:
+            repacked = extra_bufts_safe(path)
+            how = "repacked weights " + ("on" if repacked else "off (the AMX canary crashed)")
+        self.settings = f"{describe_build()}; {how}"
         # the backend's settings (backends/llama_cpp.py), so that this is its plain decoding without entmtp's
         # loop: its attention kernels (same rounding, same greedy tokens) and one thread count for prefill and
         # decode (`Llama` would prefill on every core); n_ctx 0: the model's context window, as the backend's
-        with _extra_bufts(llama_cpp, path):
+        with _extra_bufts(llama_cpp, repacked):
             self.llm = llama_cpp.Llama(
                 model_path=str(path),
                 n_ctx=n_ctx,

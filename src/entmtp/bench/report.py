@@ -19,6 +19,7 @@ from ..files import portable, write_text_atomic
 from ..machine import describe, describe_record, hardware, record, versions
 from ..prompts import TASKS
 from .engines import Methods
+from .peers import LLAMA_PEERS
 from .plots import speedup_plot, step_log_plot
 from .run import Measurements
 from .summary import default_over_plain
@@ -53,6 +54,7 @@ def meta(methods: Methods, interrupted: bool) -> dict:
             k: c.to_json() if c is not None else "profile latencies" for k, c in methods.costs.items()
         },
         "plans": methods.plans,
+        "peers": {name: p.settings for name, p in methods.static.items() if hasattr(p, "settings")},
         "torch": torch.__version__,
         "prompts_file": args.prompts,
         "quick": args.quick,
@@ -125,7 +127,7 @@ def print_tables(summary: dict, replays: dict, args) -> None:
             console.print(_replay_table(task, kind, rep))
 
 
-NOT_COMPARED = ("plain", "llama-cpp")  # plain decoding is the reference; llama.cpp decodes its own weights
+NOT_COMPARED = ("plain", *LLAMA_PEERS)  # plain decoding is the reference; llama.cpp decodes its own weights
 
 
 def compared_runs(runs: dict) -> int:
@@ -217,6 +219,9 @@ def markdown(data: dict, labels: dict[str, str], command: str, images=()) -> str
     if data.get("replays"):
         lines += ["", replay_pricing(data["replays"], command)]
     lines += weights_lines(meta.get("plans") or {})
+    if meta.get("peers"):
+        lines += ["", "Peers' builds and settings:", ""]
+        lines += [f"- `{name}`: {settings}" for name, settings in meta["peers"].items()]
     lines += never_slower_lines(data["summary"], meta.get("plans") or {})
     head = ["method", "tokens/s", "speedup", "per-prompt speedup (95% CI)", "tokens/step", "decode tokens/s"]
     head += ["probe ms", "choose ms", "trees", "perplexity" if sampled else "identical"]
@@ -250,7 +255,7 @@ def weights_lines(plans: dict[str, str]) -> list[str]:
     from before the plan named weights say nothing here."""
     out = []
     for name, plan in plans.items():
-        said = [line for line in plan.splitlines() if line.startswith(("weights:", "route:"))]
+        said = [line for line in plan.splitlines() if line.startswith(("weights:", "llama.cpp:", "route:"))]
         if any(line.startswith("weights:") for line in said):
             out.append(f"- `{name}`: " + "; ".join(said))
     return ["", "Weights each built default decoded (its plan):", "", *out] if out else []

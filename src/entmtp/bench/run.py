@@ -13,6 +13,7 @@ from .. import metrics
 from ..engine import Engine
 from ..routing import Router
 from .engines import Methods
+from .peers import LLAMA_PEERS
 from .plan import Plan
 
 
@@ -108,7 +109,7 @@ def _one_prompt(
         # greedy outputs should equal plain decoding's (llama-cpp decodes its own weights)
         if plain is None:
             plain = r.token_ids
-        elif args.temperature == 0 and name != "llama-cpp" and r.token_ids != plain:
+        elif args.temperature == 0 and name not in LLAMA_PEERS and r.token_ids != plain:
             first = first_difference(r.token_ids, plain)
             measured.mismatches.append({"task": task, "prompt": i, "config": name, "first_difference": first})
         progress.advance(task, name, r)

@@ -10,6 +10,7 @@ import statistics
 import numpy as np
 
 from .. import metrics
+from .peers import LLAMA_PEERS
 
 BOOTSTRAP = 2000  # resamples of the prompts for the 95% interval
 
@@ -25,7 +26,7 @@ def summarise_tasks(runs: dict, mismatches: list[dict], *, seed: int, greedy: bo
         for name, row in rows.items():
             row["speedup"] = metrics.speedup(row["tokens_per_second"], base)
             row.update(speedup_interval(methods[name], methods["plain"], seed=seed))
-            if greedy and name not in ("plain", "llama-cpp"):  # llama-cpp decodes its own weights
+            if greedy and name not in ("plain", *LLAMA_PEERS):  # llama.cpp decodes its own weights
                 diffs = [
                     m["first_difference"] for m in mismatches if m["task"] == task and m["config"] == name
                 ]

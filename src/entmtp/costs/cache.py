@@ -14,7 +14,7 @@ import torch
 
 from .. import __version__
 from ..accept import Sampling
-from ..backends import backend_name
+from ..backends import backend_name, weights_format
 from ..files import write_text_atomic
 from ..machine import digest, hardware, heads_checksum, model_fingerprint
 from ..packing import PackedLinear
@@ -50,7 +50,14 @@ def cost_key(model, heads, graphs: bool = False, sampling: Sampling | None = Non
         **{k: list(v) for k, v in plan.items()},
     }
     if backend_name(model) != "transformers":  # llama.cpp: its own kernels, its own curve
+        from ..backends.llama_build import build_tag
+
         key["backend"] = backend_name(model)
+        key["weights"] = weights_format(model)  # Q4_1, Q8_0, float16...: each format its own curve
+        key["build"] = build_tag()  # entmtp's patched llama-cpp-python or pip's
+        key["repacked"] = bool(
+            getattr(getattr(model, "runtime", None), "extra_bufts", False)
+        )  # AMX's kernels
     return key
 
 

@@ -1,0 +1,197 @@
+"""The llama.cpp build entmtp runs (backends/llama_build.py): llama-cpp-python 0.3.36's sdist, checked by hash,
+with entmtp's AMX patch applied and recorded in the installed package; the wheel kept per sources, CMake
+arguments and CPU; the AMX canary's verdict keyed by the build; the bench's peers saying which build each ran."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from entmtp.backends import llama_build
+from entmtp.backends.llama_build import (
+    PATCH,
+    SDIST_SHA256,
+    VERSION,
+    BuildError,
+    apply_patch,
+    build_record,
+    build_wheel,
+    check_sdist,
+    patch_sha256,
+    wheel_key,
+)
+
+MMQ = "vendor/llama.cpp/ggml/src/ggml-cpu/amx/mmq.cpp"
+AMX_XEON = {"name": "Xeon", "flags": ["avx512f", "amx_bf16", "amx_int8", "amx_tile"]}
+PASS = "print('ok')"  # a canary whose child exits cleanly
+CRASH = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"  # one that dies like the AMX fault
+
+
+def unpacked_mmq(into: Path) -> Path:
+    """The pinned sdist's mmq.cpp alone, at its path under `into` (the patch's -p1 root)."""
+    sdist = llama_build.fetch_sdist()  # kept by make setup; else downloaded and checked
+    with tarfile.open(sdist) as tar:
+        member = tar.getmember(f"llama_cpp_python-{VERSION}/{MMQ}")
+        data = tar.extractfile(member).read()
+    (into / MMQ).parent.mkdir(parents=True)
+    (into / MMQ).write_bytes(data)
+    return into / MMQ
+
+
+@pytest.mark.slow
+def test_the_patch_applies_to_the_pinned_sdist_and_changes_only_the_tile_configuration(tmp_path):
+    original = unpacked_mmq(tmp_path).read_text()
+    apply_patch(tmp_path)
+    patched = (tmp_path / MMQ).read_text()
+    removed = [line for line in original.splitlines() if line not in patched.splitlines()]
+    assert removed == ["    alignas(64) tile_config_t tc = {};"]  # the stack copy, and nothing else
+    body = patched[patched.index("inline void ggml_tile_config_init") :].split("\n}\n")[0]
+    assert "alignas(64) static thread_local tile_config_t tc;" in body
+    assert "syscall(SYS_arch_prctl, 0x1023, 18);" in body  # ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    assert body.index('asm volatile("" ::: "memory");') < body.index("_tile_loadconfig(&tc);")
+    with pytest.raises(BuildError, match=f"does not apply to llama-cpp-python {VERSION}'s source"):
+        apply_patch(tmp_path)  # already applied: all or nothing, and it says so
+    assert (tmp_path / MMQ).read_text() == patched
+
+
+def test_a_source_that_is_not_the_release_is_refused_before_anything_is_changed(tmp_path):
+    source = tmp_path / MMQ
+    source.parent.mkdir(parents=True)
+    text = "inline void ggml_tile_config_init(void) {\n    alignas(64) tile_config_t tc = {};\n}\n"
+    source.write_text(text)
+    with pytest.raises(BuildError, match="the sdist is not 0.3.36 as released"):
+        apply_patch(tmp_path)
+    assert source.read_text() == text
+
+
+def test_an_sdist_of_another_hash_is_refused_with_the_fix(tmp_path):
+    fake = tmp_path / llama_build.SDIST
+    fake.write_bytes(b"not the release")
+    with pytest.raises(BuildError, match=f"not llama-cpp-python {VERSION}'s {SDIST_SHA256}: delete it"):
+        check_sdist(fake)
+
+
+def test_the_installed_llama_cpp_python_is_the_patched_build_and_records_it():
+    """`make setup` installs the patched build, and the package says so (read without loading llama.cpp)."""
+    pytest.importorskip("llama_cpp", reason="the llama-cpp extra is not installed (make setup installs it)")
+    record = build_record()
+    assert record is not None, "llama-cpp-python without entmtp's build record: run make setup"
+    assert record == {
+        "version": VERSION,
+        "sdist_sha256": SDIST_SHA256,
+        "patch": PATCH.name,
+        "patch_sha256": patch_sha256(),
+    }
+    assert llama_build.build_tag() == f"entmtp-amx-{patch_sha256()[:12]}"
+    assert "entmtp's build: AMX patch" in llama_build.describe_build()
+
+
+def test_the_wheel_is_kept_per_sources_cmake_arguments_and_cpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
+    key = wheel_key()
+    assert wheel_key("-DLLAVA_BUILD=OFF -DGGML_AVX512=OFF") != key
+    cpu = llama_build.cpu_signature()
+    monkeypatch.setattr(llama_build, "cpu_signature", lambda: {**cpu, "flags": cpu["flags"] + " amx_tile"})
+    assert wheel_key() != key  # a native build is for this CPU only
+    monkeypatch.undo()
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
+    other = tmp_path / "other.patch"
+    other.write_text(PATCH.read_text() + "\n")
+    monkeypatch.setattr(llama_build, "PATCH", other)
+    assert wheel_key() != key
+    monkeypatch.setattr(llama_build, "PATCH", PATCH)
+    # a kept wheel is installed as it is: nothing is downloaded or built
+    kept = (
+        tmp_path
+        / "llama-cpp-python"
+        / f"wheel-{key}"
+        / f"llama_cpp_python-{VERSION}-py3-none-linux_x86_64.whl"
+    )
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b"wheel")
+
+    def no_download():
+        raise AssertionError("downloaded although a wheel is kept")
+
+    monkeypatch.setattr(llama_build, "fetch_sdist", no_download)
+    said = []
+    assert build_wheel(say=said.append) == kept
+    assert "built before for this CPU" in said[0]
+
+
+def test_a_failed_build_leaves_nothing_in_the_cache(monkeypatch, tmp_path):
+    """An sdist whose source the patch does not fit: a BuildError, and no wheel folder or scratch left."""
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
+    sdist = tmp_path / "fake.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        data = b"inline void ggml_tile_config_init(void) {}\n"
+        info = tarfile.TarInfo(f"llama_cpp_python-{VERSION}/{MMQ}")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    monkeypatch.setattr(llama_build, "fetch_sdist", lambda: sdist)
+    with pytest.raises(BuildError, match="does not apply"):
+        build_wheel(say=lambda _: None)
+    assert list((tmp_path / "llama-cpp-python").iterdir()) == []
+
+
+def test_the_canary_verdict_of_another_build_is_never_reused(monkeypatch, tmp_path):
+    """On an AMX CPU the verdict is cached per build: pip's build crashed, the patched build is tried afresh
+    (and passes), and going back to pip's build finds its own verdict without running a canary."""
+    from entmtp import machine
+    from entmtp.backends import amx
+    from entmtp.model import embedded_gguf
+
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
+    monkeypatch.delenv("ENTMTP_LLAMA_EXTRA_BUFTS", raising=False)
+    monkeypatch.setattr(machine, "cpu_info", lambda: AMX_XEON)
+    path = embedded_gguf()
+    runs, real = [], amx.run_canary
+    monkeypatch.setattr(amx, "run_canary", lambda p, c: runs.append(c) or real(p, c))
+    tag = {"now": "stock"}
+    monkeypatch.setattr(llama_build, "build_tag", lambda: tag["now"])
+    said = []
+    assert not amx.extra_bufts_safe(path, say=said.append, canary=CRASH)
+    assert "make setup" in said[0]  # pip's build: the fix is entmtp's build
+    tag["now"] = "entmtp-amx-0123456789ab"
+    assert amx.extra_bufts_safe(path, say=said.append, canary=PASS)  # tried again for the new build
+    tag["now"] = "stock"
+    assert not amx.extra_bufts_safe(path, say=said.append, canary=PASS)  # its own verdict, cached
+    verdicts = json.loads((tmp_path / "llama-amx.json").read_text())
+    assert sorted(v["build"] for v in verdicts.values()) == ["entmtp-amx-0123456789ab", "stock"]
+    assert runs == [CRASH, PASS]  # the third verdict was read, not measured
+
+
+@pytest.mark.slow
+def test_on_an_amx_cpu_the_bench_runs_pips_plain_decoding_and_the_patched_builds_beside_it(
+    monkeypatch, tmp_path, capsys
+):
+    """`llama-cpp` is llama-cpp-python as pip's build runs on an AMX CPU (repacked weights off: it crashes with
+    them); the patched build's own plain decoding joins it as `llama-cpp-amx`, the run's strongest baseline;
+    each says which build and settings it ran."""
+    pytest.importorskip("llama_cpp", reason="the llama-cpp extra is not installed (make setup installs it)")
+    from entmtp import machine
+    from entmtp.bench.peers import build_peers
+
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
+    monkeypatch.delenv("ENTMTP_LLAMA_EXTRA_BUFTS", raising=False)
+    monkeypatch.setattr(llama_build, "build_tag", lambda: "entmtp-amx-0123456789ab")
+    monkeypatch.setattr(machine, "cpu_info", lambda: AMX_XEON)
+    peers = build_peers(["llama-cpp"], None, None)
+    assert list(peers) == ["llama-cpp", "llama-cpp-amx"]
+    assert not peers["llama-cpp"].llm.model_params.use_extra_bufts
+    assert "repacked weights off, as pip's build runs them" in peers["llama-cpp"].settings
+    assert peers["llama-cpp-amx"].llm.model_params.use_extra_bufts  # its canary passed
+    assert peers["llama-cpp-amx"].settings.endswith("repacked weights on")
+    assert [p.name for p in peers.values()] == ["llama-cpp", "llama-cpp-amx"]
+
+    # without AMX the patched build is pip's build: one row, and the other is skipped with the reason
+    monkeypatch.setattr(machine, "cpu_info", lambda: {"name": "EPYC", "flags": ["avx2", "avx512f"]})
+    peers = build_peers(["llama-cpp", "llama-cpp-amx"], None, None)
+    assert list(peers) == ["llama-cpp"] and peers["llama-cpp"].llm.model_params.use_extra_bufts
+    assert "skipping peer llama-cpp-amx: llama-cpp-amx decodes as llama-cpp here (no AMX on this CPU" in (
+        capsys.readouterr().out
+    )
