@@ -328,6 +328,21 @@ def test_sampling_with_a_prediction_follows_the_exact_distribution(
     assert p > ALPHA, f"{rule} with a prediction on {engine} at T={temperature}: p={p:.2g}"
 
 
+@pytest.mark.parametrize("rule, temperature, batched", [("sample", 1.0, False), ("gumbel", 0.7, True)])
+def test_sampling_with_a_warm_suffix_cache_follows_the_exact_distribution(model, rule, temperature, batched):
+    """Suffix drafts (suffix.py: earlier generations' outputs, drafted by lookup nodes) change nothing of what
+    is drawn: every draw's output joins the cache the next draws copy from, alone and as rows of a batch."""
+    pytest.importorskip(
+        "arctic_inference", reason="suffix drafts need arctic-inference (make setup installs it)"
+    )
+    from entmtp.suffix import SuffixCache
+
+    engine = Engine(model, ByteTokenizer(), suffix=SuffixCache())
+    p, results = check(model, engine, temperature, rule, batched)
+    assert sum(s.lookup_accepted for r in results for s in r.steps) > DRAWS // 20, "the premise failed"
+    assert p > ALPHA, f"{rule} with a suffix cache at T={temperature}: p={p:.2g}"
+
+
 def test_duplicate_siblings_are_drafted(engines, monkeypatch):
     """The premise of the "duplicates" tree: its head and lookup chains draft the same token side by side."""
     seen = []

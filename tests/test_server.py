@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -209,6 +210,28 @@ def test_a_llama_cpp_server_with_dtype_float32_decodes_float32_weights_for_short
             assert (
                 reply["choices"][0]["message"]["content"] == plain.generate(messages, max_new_tokens=16).text
             )
+    finally:
+        _stop(proc)
+
+
+def test_a_server_with_a_suffix_cache_answers_what_it_answers_without(tmp_path, plain):
+    """`--suffix-cache`: each reply drafts from the earlier ones (the same request again, and two at once as
+    batch rows), and every reply is plain greedy decoding's."""
+    pytest.importorskip(
+        "arctic_inference", reason="suffix drafts need arctic-inference (make setup installs it)"
+    )
+    proc, url, _ = _start_server(tmp_path, "--suffix-cache", "8", "--max-batch", "2")
+    try:
+        body = {"messages": CHAT, "max_tokens": 24, "temperature": 0}
+        want = plain.generate(CHAT, max_new_tokens=24).text
+        for _ in range(2):
+            reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).json()
+            assert reply["choices"][0]["message"]["content"] == want
+        with ThreadPoolExecutor(2) as pool:
+            replies = list(
+                pool.map(lambda _: httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120), range(2))
+            )
+        assert [r.json()["choices"][0]["message"]["content"] for r in replies] == [want, want]
     finally:
         _stop(proc)
 

@@ -217,7 +217,8 @@ class Batch:
         when it is in."""
         engine = self.engine
         sampling = Sampling(kwargs.get("temperature", 0.0), kwargs.get("acceptance", "auto"))
-        predicted = bool(kwargs.get("prediction"))  # as Engine.new_state decides: an empty one drafts nothing
+        # as Engine.new_state decides: an empty prediction drafts nothing; a suffix cache drafts for every row
+        predicted = bool(kwargs.get("prediction")) or engine.suffix is not None
         policy = (
             engine.checked(policy, "a batch row")
             if policy is not None

@@ -151,6 +151,13 @@ class EngineSpec:
         help="on a CPU in bfloat16, draft from the heads' own bf16 weights instead of int8 copies of them "
         "(int8: the same outputs, about half the bytes a draft reads; heads/int8.py)",
     )
+    suffix_cache: int = setting(
+        0,
+        flag="--suffix-cache",
+        metavar="MB",
+        help="draft from what earlier requests wrote (suffix.py, arctic-inference's suffix tree), in a cache of "
+        "at most MB megabytes; lossless like every draft (default: 0, off)",
+    )
     mixed_weights: bool = setting(
         False,
         help="with --dtype auto: route each request by its prompt length between backends even where they "
@@ -432,6 +439,12 @@ def check_spec(spec: EngineSpec) -> None:
         raise EntMTPError(f"unknown policy {spec.policy!r}: use one of {', '.join(POLICIES)}")
     if spec.backend not in BACKENDS:
         raise EntMTPError(f"unknown backend {spec.backend!r}: use one of {', '.join(BACKENDS)}")
+    if spec.suffix_cache < 0:
+        raise EntMTPError(f"--suffix-cache is megabytes (0: off), got {spec.suffix_cache}")
+    if spec.suffix_cache:
+        from .suffix import arctic
+
+        arctic()  # not installed: one line that says how
     if spec.backend == "llama-cpp":
         from .backends.llama_cpp import import_llama_cpp
 
@@ -627,7 +640,16 @@ def assemble(loaded: Loaded, composed: Composed, spec: EngineSpec = EngineSpec()
         graphs=spec.graphs,
         costs=loaded.costs,
         observers=composed.observers,
+        suffix=_suffix_cache(spec),
     )
+
+
+def _suffix_cache(spec: EngineSpec):
+    if not spec.suffix_cache:
+        return None
+    from .suffix import SuffixCache
+
+    return SuffixCache(max_bytes=spec.suffix_cache * 2**20)
 
 
 def _as_policy(inner: str | TreePolicy | None) -> TreePolicy:

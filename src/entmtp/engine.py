@@ -33,6 +33,7 @@ from .prediction import IGNORED_BY, PREDICTION, prediction_ids, prediction_usage
 from .records import MAX_TOP_LOGPROBS, Result, Step, StepContext, TokenEvent, TokenLogprob
 from .shaping import Shaping, forced_chain
 from .shipped import bind_heads
+from .suffix import SuffixCache
 from .text import Detokenizer, find_end
 from .tree import Tree, prune
 
@@ -82,8 +83,12 @@ class Engine:
         graphs: bool = True,
         costs: CostCurve | None = None,
         observers: Sequence[GenerationObserver] = (),
+        suffix: SuffixCache | None = None,
     ):
         self.model, self.tokenizer = model, tokenizer
+        self.suffix = (
+            suffix  # earlier outputs as drafts (suffix.py): every generation's lookup branch copies them
+        )
         self.heads = bind_heads(heads, model) if heads is not None else None  # a no-op for `build`'s heads
         policy = self.checked(policy if policy is not None else static(Tree.root_only()))
         self.policy = policy  # each generation runs its own `policy.fresh()`
@@ -134,8 +139,8 @@ class Engine:
 
     def policy_for(self, sampling: Sampling, predicted: bool = False) -> TreePolicy:
         """The policy a generation under `sampling` runs: its acceptance rule's own, else the engine's; with
-        `predicted` (the request gave a prediction) that policy with the prediction's lookup branch, except
-        under a rule that ignores predictions (prediction.py)."""
+        `predicted` (the request gave a prediction, or the engine drafts from its suffix cache) that policy with
+        the prediction's lookup branch, except under a rule that ignores predictions (prediction.py)."""
         policy = self.policies.get(sampling.rule, self.policy)
         if not predicted or sampling.rule in IGNORED_BY:
             return policy
@@ -215,9 +220,11 @@ class Engine:
         sampling, seed, temperature = options.sampling, options.seed, options.temperature
         predicted = prediction_ids(self.tokenizer, options.prediction, self.window, self.base.vocab_size)
         drafted = predicted if sampling.rule not in IGNORED_BY else []  # what the lookup index copies from
-        policy = self.policy_for(sampling, bool(predicted)) if policy is None else policy
+        crossed = self.suffix is not None and sampling.rule not in IGNORED_BY  # earlier outputs as drafts
+        policy = self.policy_for(sampling, bool(predicted) or crossed) if policy is None else policy
         lookup = policy.lookup
         uses_lookup = lookup is not None or any(t.num_lookup for t in _trees(policy))
+        session = self.suffix.begin(ids) if crossed and uses_lookup else None
         max_ngram = lookup.max_ngram if lookup is not None else Lookup.max_ngram
         drafts = any(t.heads_tree.num_nodes for t in _trees(policy))  # plain or lookup-only: no heads' state
         noise = None
@@ -237,7 +244,7 @@ class Engine:
             graphs=graphs,
             policy=policy.fresh(),
             drafter=self.heads.drafter(noise, temperature) if self.heads is not None and drafts else None,
-            index=NgramIndex(ids, max_ngram, prefix=drafted) if uses_lookup else None,
+            index=NgramIndex(ids, max_ngram, prefix=drafted, cross=session) if uses_lookup else None,
             text=Detokenizer(self.tokenizer, options.stop or [], incremental_text),
             logprobs=options.logprobs,
             noise=noise,
@@ -324,6 +331,8 @@ class DecodeState:
         return self.drafter is not None and getattr(self.drafter, "reads_hidden", True)
 
     def result(self, steps: list[Step], seconds: float, prefill_seconds: float, reason: str) -> Result:
+        if self.index is not None and self.index.cross is not None:
+            self.index.cross.end()  # the output stays in the suffix cache for later requests
         return Result(
             self.text.final_text(),
             self.out,

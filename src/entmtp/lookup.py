@@ -25,6 +25,7 @@ from .settings import add_arguments, from_args, setting
 from .tree import Tree
 
 MAX_OCCURRENCES = 64  # most recent occurrences of an n-gram read per query (bounds a query on long contexts)
+MAX_CROSS_TOKENS = 32  # longest chain a `cross` source is asked for per step (a prediction's branch length)
 
 
 @dataclass(frozen=True)
@@ -113,16 +114,24 @@ class NgramIndex:
     """The n-grams of a growing token sequence (n = 1..max_ngram) -> the positions where they end.
 
     `prefix`: tokens indexed ahead of the text but not part of it (a request's predicted output, prediction.py):
-    their n-grams are found like the text's, and no n-gram or continuation crosses from them into the text."""
+    their n-grams are found like the text's, and no n-gram or continuation crosses from them into the text.
+    `cross`: a source of continuations from outside the text (suffix.Session: earlier requests' outputs), asked
+    once per step; its token ranks first where it continues a longer context than the text's own n-gram match
+    (the text's candidates follow it); it is told every token the text grows by."""
 
-    def __init__(self, tokens: Iterable[int] = (), max_ngram: int = 3, prefix: Iterable[int] = ()):
+    def __init__(
+        self, tokens: Iterable[int] = (), max_ngram: int = 3, prefix: Iterable[int] = (), cross=None
+    ):
         self.max_ngram = max_ngram
         self.tokens: list[int] = []
         self.ends: dict[tuple[int, ...], list[int]] = {}
         self.start = 0  # where the text begins in `tokens` (after the prefix)
+        self.cross = None
+        self._crossed: dict[int, dict[tuple[int, ...], int]] = {}  # size -> the cross chain's next tokens
         self.extend(prefix)
         self.start = len(self.tokens)
         self.extend(tokens)
+        self.cross = cross  # told of the tokens from here on (it holds the prompt already)
 
     def tail(self, n: int, size: int | None = None) -> list[int]:
         """The text's last `n` tokens (fewer where it is shorter: never the prefix's); `size`: of its first
@@ -132,6 +141,9 @@ class NgramIndex:
 
     def extend(self, new: Iterable[int]) -> None:
         toks, ends = self.tokens, self.ends
+        if self.cross is not None:
+            new = list(new)
+            self.cross.extend(new)
         for t in new:
             toks.append(int(t))
             i = len(toks)
@@ -171,7 +183,29 @@ class NgramIndex:
                     out.append(t)
             if len(out) >= k:
                 break
+        if self.cross is not None:
+            crossed = self._cross_candidate(tail, size)
+            if crossed is not None and crossed[1] > match:  # a longer context than the text's own n-grams
+                t = crossed[0]
+                return [t, *(c for c in out if c != t)][:k], min(crossed[1], self.max_ngram)
         return out[:k], match
+
+    def _cross_candidate(self, tail: Sequence[int], size: int) -> tuple[int, int] | None:
+        """(the `cross` source's next token after `tail`, the length of the context it continues), where `tail`
+        ends the text as it was at `size` tokens followed by a stretch of the chain the source offered there
+        (asked once per size): the chain's j-th token continues a context of its match + j tokens."""
+        chain = self._crossed.get(size)
+        if chain is None:
+            text = self.tokens[self.start : size]
+            draft = self.cross.draft(text, MAX_CROSS_TOKENS)
+            chain, seq = {}, text[-self.max_ngram :]
+            for j, t in enumerate(draft.tokens):
+                chain.setdefault(tuple(seq[-self.max_ngram :]), (t, draft.match + j))
+                seq = seq + [t]
+            self._crossed[size] = chain
+            for old in [n for n in self._crossed if n < size - 8]:  # the sizes a step may still ask about
+                del self._crossed[old]
+        return chain.get(tuple(tail[-self.max_ngram :]))
 
 
 def draft_lookup(tree: Tree, tokens: list[int | None], index: NgramIndex) -> list[int]:

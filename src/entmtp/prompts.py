@@ -18,6 +18,8 @@ TASKS = {  # task -> (file, label used in reports)
     "humaneval": ("humaneval.jsonl.gz", "HumanEval"),
     # an edit of HumanEval's canonical solution, the solution itself as the prediction (PredictedPrompt)
     "edits": ("humaneval.jsonl.gz", "HumanEval edits (the code as prediction)"),
+    # one extraction schema over many inputs (GSM8K problems): repeated structure across requests (suffix.py)
+    "extraction": ("gsm8k_test.jsonl", "GSM8K extraction (one JSON schema over many inputs)"),
     "sharegpt": ("sharegpt.jsonl", "ShareGPT"),
     "gsm8k": ("gsm8k_test.jsonl", "GSM8K"),
     "writing": ("writingprompts_200.jsonl", "litbench-style (r/WritingPrompts)"),
@@ -88,7 +90,17 @@ def _edit(i: int, rec: dict) -> PredictedPrompt:
     return PredictedPrompt(text, f"```python\n{code}```")
 
 
+# the repeated-structure workload: the same instruction and schema over every input, as an extraction job sends
+EXTRACTION = (
+    "Extract the facts of this math problem as JSON with exactly these keys: "
+    '{{"quantities": [{{"name": string, "value": number, "unit": string}}], "question": string}}. '
+    "Reply with the JSON only.\n\nProblem: {question}"
+)
+
+
 def _prompt(task: str, rec: dict) -> str:
+    if task == "extraction":
+        return EXTRACTION.format(question=rec["question"])
     if task == "humaneval":
         return "Complete the following Python function.\n\n```python\n" + rec["prompt"] + "```"
     if task == "gsm8k":

@@ -1,0 +1,136 @@
+"""Suffix drafts across requests (issue #61 item 3) on a repeated-structure workload: the `extraction` task (one
+JSON-extraction instruction and schema over GSM8K test problems), sent one request after another to one engine,
+as an extraction job does; then the same requests again (retries).
+
+Per backend (transformers bf16, llama.cpp on the shipped Q4_1 file), three engines over one model: plain steps;
+prompt lookup (the n-gram hybrid, nothing across requests); and prompt lookup with a suffix cache (suffix.py), a
+fresh cache at the start of the run. Each request runs on the three in turn (the order rotating), so drift hits
+all alike, and llama-cpp-python's own plain decoding of the Q4_1 file runs beside them (the strongest plain
+baseline of the run). Greedy; every entmtp output is checked equal to its backend's plain output.
+
+    python docs/results/suffix-drafts/measure.py --out docs/results/suffix-drafts/extraction.json
+
+It times: run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import track
+from rich.table import Table
+
+from entmtp.bench.peers import LlamaCppPlain
+from entmtp.build import EngineSpec, load_base
+from entmtp.costs import costs_for
+from entmtp.engine import Engine
+from entmtp.lookup import Lookup
+from entmtp.machine import record
+from entmtp.policy import static
+from entmtp.prompts import load_prompts
+from entmtp.scheduler.hybrid import hybrid
+from entmtp.suffix import SuffixCache
+from entmtp.tree import Tree
+
+BACKENDS = {"transformers": "bfloat16", "llama-cpp": "bfloat16"}  # llama.cpp: the Q4_1 file, heads' side bf16
+
+
+def engines(backend: str, dtype: str, threads: int) -> dict[str, Engine]:
+    model, tok = load_base(EngineSpec(backend=backend, dtype=dtype, threads=threads, gguf_as_given=True), backend, dtype)
+    costs = costs_for(model)  # this machine's curve (cached): what the hybrid sizes its chains on
+    root = static(Tree.root_only())
+    return {
+        "plain": Engine(model, tok, policy=root, costs=costs),
+        "lookup": Engine(model, tok, policy=hybrid(None, Lookup(), costs), costs=costs),
+        "lookup+suffix": Engine(model, tok, policy=hybrid(None, Lookup(), costs), costs=costs, suffix=SuffixCache()),
+    }
+
+
+def query_cost(engine: Engine, prompts: list[str], n: int = 2000) -> float:
+    """Median microseconds of one `Session.draft` (a step asks once) over the engine's cache as the run left it,
+    the contexts the prompts' texts at every length."""
+    session = engine.suffix.begin([])
+    contexts = [ids[:k] for ids in (engine.encode(p, 1) for p in prompts) for k in range(8, len(ids), 8)]
+    times = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        session.draft(contexts[i % len(contexts)], 32)
+        times.append(time.perf_counter() - t0)
+    session.end()
+    return 1e6 * sorted(times)[len(times) // 2]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--num-prompts", type=int, default=12)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="docs/results/suffix-drafts/extraction.json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    prompts = load_prompts("extraction", "test", args.num_prompts)
+    runs: dict = {}
+    peer = LlamaCppPlain(n_threads=args.threads)
+    built = {b: engines(b, d, args.threads) for b, d in BACKENDS.items()}
+    methods = [(b, name) for b in built for name in built[b]] + [("peer", "llama-cpp-python")]
+    for rnd, label in enumerate(("first pass", "retries")):
+        for i, prompt in enumerate(track(prompts, description=label)):
+            order = methods[i % len(methods) :] + methods[: i % len(methods)]
+            outs = {}
+            for backend, name in order:
+                if backend == "peer":
+                    ids = built["llama-cpp"]["plain"].encode(prompt, args.max_new_tokens)
+                    t0 = time.perf_counter()
+                    r = peer.generate(ids, max_new_tokens=args.max_new_tokens)
+                else:
+                    t0 = time.perf_counter()
+                    r = built[backend][name].generate(prompt, max_new_tokens=args.max_new_tokens)
+                seconds = time.perf_counter() - t0
+                outs[backend, name] = r.token_ids
+                rec = runs.setdefault(label, {}).setdefault(f"{backend}/{name}", [])
+                steps = len(r.steps) or len(r.token_ids)
+                copied = sum(s.lookup_accepted for s in r.steps)
+                rec.append({"prompt": i, "tokens": len(r.token_ids), "seconds": seconds, "steps": steps,
+                            "copied": copied})  # fmt: skip
+            for backend in built:
+                for name in ("lookup", "lookup+suffix"):
+                    runs[label][f"{backend}/{name}"][-1]["identical"] = outs[backend, name] == outs[backend, "plain"]
+    table = Table(title=f"extraction, {len(prompts)} requests x 2 passes, {args.max_new_tokens} new tokens, greedy")
+    for col in ("pass", "method", "tokens/s", "vs same backend plain", "vs llama-cpp-python", "tokens/step",
+                "copied", "identical"):  # fmt: skip
+        table.add_column(col, justify="right")
+    summary: dict = {}
+    for label, rows in runs.items():
+        speed = {m: sum(r["tokens"] for r in rs) / sum(r["seconds"] for r in rs) for m, rs in rows.items()}
+        for m, rs in rows.items():
+            backend = m.split("/")[0]
+            base = speed.get(f"{backend}/plain", speed[m])
+            tokens = sum(r["tokens"] for r in rs)
+            row = summary.setdefault(label, {})[m] = {
+                "tokens_per_second": speed[m],
+                "over_plain": speed[m] / base,
+                "over_llama_cpp_python": speed[m] / speed["peer/llama-cpp-python"],
+                "tokens_per_step": tokens / sum(r["steps"] for r in rs),
+                "copied_share": sum(r["copied"] for r in rs) / tokens,
+                "identical": sum(r.get("identical", True) for r in rs),
+            }
+            table.add_row(label, m, f"{row['tokens_per_second']:.1f}", f"{row['over_plain']:.2f}x",
+                          f"{row['over_llama_cpp_python']:.2f}x", f"{row['tokens_per_step']:.2f}",
+                          f"{row['copied_share']:.0%}", f"{row['identical']}/{len(rs)}")  # fmt: skip
+    Console(width=150).print(table)
+    query_us = query_cost(built["transformers"]["lookup+suffix"], prompts)
+    print(f"a suffix-cache query (the step's one): median {query_us:.1f} us over the run's cache")
+    meta = {"query_us": query_us, "num_prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "threads": args.threads,
+            "machine": record("cpu"), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
+    Path(args.out).write_text(json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
