@@ -67,3 +67,35 @@ def test_a_dead_link_and_a_dead_anchor_are_found(tmp_path):
         "scripts/a_b.py",
         "docs/results/x-y/c.sh",
     ]
+
+
+# ---- the source's own references: a docstring or comment that names a .py file names one that exists ---------
+
+SRC = ROOT / "src" / "entmtp"
+UPSTREAM = {"medusa/model/medusa_model.py"}  # another project's file, named as the origin of a formula
+PY_NAME = re.compile(r"([\w/]+\.py)\b")
+
+
+def dead_file_names(root: Path = SRC) -> list[str]:
+    """`file:line: name` for each `.py` name in `root`'s sources that is no file of the repository (by its
+    path under src/entmtp, or by its own name anywhere: tests/, scripts/, docs/results/)."""
+    known = {p.name for p in ROOT.rglob("*.py") if ".venv" not in p.parts}
+    known |= {str(p.relative_to(SRC)) for p in SRC.rglob("*.py")}
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            for name in PY_NAME.findall(line):
+                if name not in known and name.rsplit("/", 1)[-1] not in known and name not in UPSTREAM:
+                    out.append(f"{path.relative_to(root)}:{n}: {name}")
+    return out
+
+
+def test_every_py_file_the_source_names_exists():
+    assert dead_file_names() == []
+
+
+def test_a_name_of_a_file_that_was_moved_is_found(tmp_path):
+    (tmp_path / "m.py").write_text(
+        '"""Costs come from the probe (surface.py) and the cache (costs/cache.py)."""\n'
+    )
+    assert [d.rsplit(": ", 1)[1] for d in dead_file_names(tmp_path)] == ["surface.py"]

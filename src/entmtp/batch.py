@@ -6,7 +6,7 @@ steps, one chunk (engine.PREFILL_CHUNK tokens) per step between the other rows' 
 never stalls them for its whole prefill (the server's way). `step` runs one step of every decoding row:
 
   (1)(2) each row chooses and drafts its tree (engine.choose, engine.draft); with a cost surface (`costs`,
-         surface.py) a greedy (or gumbel) row's policy weighs its trees by the ms of the WHOLE step at this
+         costs/curves.py) a greedy (or gumbel) row's policy weighs its trees by the ms of the WHOLE step at this
          batch size, so trees shrink when the batch is busy and grow when it is idle (the joint choice,
          policy.joint_budget); and a measured `Gate` decides whether the step speculates at all (plain steps
          skip each row's probe and drafting, and its policy is neither asked nor told). Neither changes such a
@@ -68,7 +68,7 @@ class BatchOptions:
     itself and takes `costs` and `gate` from here)."""
 
     max_batch: int | None = None  # rows at once in `stream_batch` (None: every prompt)
-    costs: CostSurface | None = None  # the cost surface greedy rows weigh their trees by (surface.py)
+    costs: CostSurface | None = None  # the cost surface greedy rows weigh their trees by (costs/curves.py)
     gate: bool = True  # whether steps speculate at all is measured (`Gate`); False: as the policies choose
     # every row verified alone, in a cache of its own (on llama.cpp a context of its own), so a row's tokens
     # never depend on its batch-mates, at about the throughput of one generation at a time (rows still take

@@ -2,7 +2,7 @@
 
 Every face (the CLI's generate / chat / serve, the bench, library users) goes through here: model and dtype,
 heads, a static tree or a scheduling policy from a profile, prompt lookup, and this machine's cost curve
-(costs.py). Every name is checked before a model loads. Building is two steps, so that a bench can load once
+(costs/). Every name is checked before a model loads. Building is two steps, so that a bench can load once
 and compose each of its methods exactly as `generate` does:
 
   load     `load(spec) -> Loaded`: the model and tokenizer, the heads bound, moved and packed for it (once,

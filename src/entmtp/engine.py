@@ -1,6 +1,6 @@
 """The decode loop: prefill, then per step choose a tree, draft, verify, accept, commit, record.
 
-Everything else plugs into `decode`: heads draft (heads.py), prompt lookup drafts (lookup.py), trees are
+Everything else plugs into `decode`: heads draft (heads/drafting.py), prompt lookup drafts (lookup.py), trees are
 data (tree.py), acceptance rules (accept.py), the KV cache and the verification forward (cache.py), the tree
 policy (policy.py; lookup branches: scheduler/hybrid.py). With no heads and no lookup the same loop is plain
 decoding: the root-only tree, one token per step. A step's phases are `prepare` (1-2: `choose`, `draft`),
@@ -62,7 +62,7 @@ class Engine:
 
     `kv="auto"` keeps keys and values in a preallocated cache where the model allows it (cache.py);
     `kv="dynamic"` uses transformers' DynamicCache. On CUDA, `graphs=True` replays one captured graph per
-    tree size for verification (graphs.py). `costs`: this machine's cost curve (costs.py) that the policy was
+    tree size for verification (graphs.py). `costs`: this machine's cost curve (costs/curves.py) that the policy was
     built on. `observers` are told each finished generation's steps (`build.compose` attaches the curve's
     corrector, costs.CostCorrector: measured steps that disagree with the curve correct the cached one for
     later engines). The heads are
@@ -95,7 +95,7 @@ class Engine:
         self.policies = {
             r: self.checked(p, f"Engine's policies[{r!r}]") for r, p in _check_rules(policies or {}).items()
         }
-        self.costs = costs  # the machine's cost curve the policy was built on (costs.py), if any
+        self.costs = costs  # the machine's cost curve the policy was built on (costs/curves.py), if any
         # a step's cost in plain steps by drafted nodes, on that curve (else another machine's): forced chains'
         self.relative_cost = relative_cost(costs.latency() if costs is not None else None)
         self.observers = tuple(observers)  # told every finished generation's steps
@@ -464,7 +464,7 @@ def choose(
 ) -> tuple[Choice, Probe | None]:
     """Phase (1): the policy's choice and the heads' probe it read (None: it read none), its seconds in `times`.
     `probe`: the probe of the policy's master computed already (a batch probes its rows together); `latency`:
-    ms of this step by drafted nodes, when not the policy's own curve (a batched step's, surface.py)."""
+    ms of this step by drafted nodes, when not the policy's own curve (a batched step's, costs/curves.py)."""
     # the policy reads the base distribution at the root and, when it has a master tree, the heads' probe of
     # it (what all its subtrees draft first; computed when first read, so a choice made without the heads
     # costs none of their work)

@@ -44,7 +44,7 @@ def joint_budget(menus: Sequence[Menu | None], sizes: Sequence[int], latency: La
     menu). `sizes`: each row's chosen tree's drafted nodes.
 
     One forward verifies every row's tree padded to the largest (cache.BaseModel.forward_batch), so a step costs
-    `latency(n)` ms for the largest tree's n drafted nodes (surface.py, at this batch size), whatever the other
+    `latency(n)` ms for the largest tree's n drafted nodes (costs/curves.py, at this batch size), whatever the other
     rows verify. Each row's policy offers a `Menu`: its expected tokens for every budget of at most n nodes. The
     budget that maximizes the batch's expected tokens per ms of the whole step is
 

@@ -122,7 +122,7 @@ def load(plan: Plan) -> Methods:
         graphs=not args.no_graphs, probe=not args.no_probe, temperature=args.temperature,
         acceptance=args.acceptance,
     )  # fmt: skip
-    # this machine's step costs (costs.py; measured once, cached): what policies and lookup branches are sized
+    # this machine's step costs (costs/; measured once, cached): what policies and lookup branches are sized
     # by; with --no-probe or ENTMTP_NO_PROBE=1 nothing is measured: the curve cached here before, else the
     # profiles' stored latencies and, for the lookup-only rule, CPU_COST (another machine's; build.Plan says so)
     loader = Loader()

@@ -326,7 +326,7 @@ def replay_batch(
     choice: ChoiceCost | None = None,
 ) -> Replay:
     """Continuous batching replayed: up to `batch` traces step together (one joins as soon as one ends), each
-    under its own `policy.fresh()`, and each step is charged once, the surface's ms (surface.py) for its rows
+    under its own `policy.fresh()`, and each step is charged once, the surface's ms (costs/curves.py) for its rows
     and its largest tree, plus `choice` (the policy's measured choice, costs/choice.py) once per row: the rows
     choose one after another (None: not charged, and `charges` says so). `aware`: every row chooses on the
     whole step's latency at this batch size and the rows' trees are set within the joint budget

@@ -20,7 +20,7 @@ The acceptance rule decides how node rates combine into a tree's expected accept
                   that a passing chain of k more nodes hangs below v, and the expectation is sum_k R_k(root)
 
 In a batched step (batch.py) `cost` and `dynamic` weigh trees by `StepContext.latency`, the ms of the whole
-step at that batch size (surface.py), instead of the single-row latency they were built with.
+step at that batch size (costs/curves.py), instead of the single-row latency they were built with.
 
 `cost` and `dynamic` also recalibrate online (`OnlineCalibration`): their acceptance model was fitted on the
 calibration prompts, and heads are often more (or less) often right on the text at hand. Every step shows

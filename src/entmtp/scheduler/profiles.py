@@ -6,7 +6,7 @@ portable across machines. The machine part is not: `latency` (ms per step of eac
 machine that calibrated) and, in each section, `measured_on` (what those latencies decided there: throughput
 frontier, EntMTP*, tuned thresholds, replays, the recommended policy). `policy(name, latency=curve)` and
 `best_tree(latency=...)` re-derive EntMTP* and build the cost-aware policies on another machine's curve
-(costs.py) in microseconds (scheduler/factory.py). Tuned binary/ladder thresholds stay those of the
+(costs/curves.py) in microseconds (scheduler/factory.py). Tuned binary/ladder thresholds stay those of the
 calibration machine.
 
 `entmtp calibrate` (entmtp.calibration) builds a `Profile`; everything else reads its attributes. Each part is
