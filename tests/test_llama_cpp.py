@@ -404,6 +404,7 @@ def test_auto_keeps_the_backend_with_the_most_expected_tokens_per_second(monkeyp
         )
 
     monkeypatch.setattr(build_mod, "_load", fake_load)
+    monkeypatch.setattr(build_mod, "_best_cases", lambda *a: {})  # every candidate measured
     monkeypatch.setattr(build_mod, "_candidates", lambda spec, probe: list(speeds))
     monkeypatch.setattr(build_mod, "_room_for_another", lambda model, cand: True)
     monkeypatch.setattr(build_mod, "Engine", lambda *a, **k: "engine")

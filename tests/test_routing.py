@@ -130,6 +130,7 @@ def fake_build(monkeypatch, tmp_path):
 
     prefill = {90.0: LLAMA_PREFILL, 40.0: TORCH_PREFILL, 30.0: TORCH_PREFILL, 50.0: LLAMA_PREFILL}
     monkeypatch.setattr(build_mod, "_load", fake_load)
+    monkeypatch.setattr(build_mod, "_best_cases", lambda *a: {})  # every candidate measured
     monkeypatch.setattr(build_mod, "_candidates", lambda spec, probe: list(SPEEDS))
     monkeypatch.setattr(build_mod, "_room_for_another", lambda model, cand: True)
     monkeypatch.setattr(build_mod, "assemble", lambda loaded, composed, spec: _FakeEngine(loaded.tokenizer))
@@ -224,3 +225,32 @@ def test_prefill_costs_are_measured_at_each_length_once_and_cached_beside_the_cu
     files = list((tmp_path / "costs").glob("*.json"))
     assert len(files) == 1 and load_prefill(files[0]) == first and first.key["prefill"] == [1]
     assert prefill_for(model, None, progress=False) == first  # read, not measured again
+
+
+def test_auto_measures_only_the_candidates_that_can_still_win(fake_build, monkeypatch):
+    """Before any curve, each candidate's best case (its plain step timed, every tree priced as one plain step:
+    `_best_cases`); the most promising is measured first, and a candidate whose best case is below the
+    measured leader is not measured at all (one line says why). The fake best cases: llama.cpp at most 150
+    (measured 90), float32 at most 95 (measured 30), bf16 at most 60."""
+    loaded, _ = fake_build
+    bounds = {
+        "transformers/bfloat16": (30.0, 60.0),
+        "transformers/float32": (35.0, 95.0),
+        "llama-cpp/bfloat16": (8.0, 150.0),
+    }
+    monkeypatch.setattr(build_mod, "_best_cases", lambda *a: bounds)
+    said: list[str] = []
+    built = build_mod.build(build_mod.EngineSpec(), log=said.append, route=False)
+    assert loaded == ["llama-cpp/bfloat16", "transformers/float32"]  # bf16 could not reach 90
+    assert built.plan.backend == "llama-cpp"
+    assert "not measuring transformers/bfloat16: at most 60.0 tokens/s here" in "\n".join(said)
+    assert "below llama-cpp/bfloat16's 90.0" in "\n".join(said)
+    assert "measuring llama-cpp/bfloat16's step costs (1 of 3" in said[0]
+
+
+def test_the_best_case_is_skipped_where_a_route_needs_both_backends_or_there_is_one_candidate():
+    spec = build_mod.EngineSpec(dtype="float32")
+    assert build_mod._best_cases(None, spec, ["llama-cpp/float32", "transformers/float32"], True) == {}
+    mixed = build_mod.EngineSpec(mixed_weights=True)
+    assert build_mod._best_cases(None, mixed, ["llama-cpp/bfloat16", "transformers/bfloat16"], True) == {}
+    assert build_mod._best_cases(None, build_mod.EngineSpec(), ["transformers/bfloat16"], True) == {}

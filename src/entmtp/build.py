@@ -81,6 +81,7 @@ from .tree import Tree
 DTYPE_CHOICES = ("auto", *DTYPES)
 CPU_CANDIDATES = ("bfloat16", "float32")  # what `auto` compares on a CPU (fp16 matmuls are slow there)
 AUTO_BUDGET_S = 12.0  # per dtype candidate when `auto` measures two (one probe: costs.BUDGET_S)
+QUICK_PROBE_S = 1.0  # a candidate's plain step, timed before any curve: its best case (`_best_cases`)
 
 
 @dataclass(frozen=True)
@@ -272,12 +273,27 @@ def build(
     if cached is not None and second is not None:  # the route's other candidate too ("": none), to route
         candidates = [cached] + ([second] if route and second in candidates and second != cached else [])
     options: dict[str, _Option] = {}
-    for cand in candidates:
+    bounds = _best_cases(loader, spec, candidates, route) if probe and cached is None else {}
+    if bounds:  # the most promising first, so that the others can stop at their bound
+        candidates = sorted(candidates, key=lambda c: -bounds[c][1] if c in bounds else float("-inf"))
+    for n, cand in enumerate(candidates, 1):
         first = next(iter(options.values()), None)
         if first and not loader.has(_at(spec, cand)) and not _room_for_another(first.loaded.model, cand):
             log(f"not comparing {cand}: a second copy of the model would not fit in free memory")
             break
+        leader = max(options, key=lambda c: options[c].composed.expected, default=None)
+        if cand in bounds and leader is not None and bounds[cand][1] < options[leader].composed.expected:
+            log(
+                f"not measuring {cand}: at most {bounds[cand][1]:.1f} tokens/s here (its plain step "
+                f"{bounds[cand][0]:.1f} ms, every tree priced as one), below {leader}'s "
+                f"{options[leader].composed.expected:.1f}"
+            )
+            continue
         budget = AUTO_BUDGET_S if len(candidates) > 1 else None
+        if cand in bounds:
+            log(
+                f"measuring {cand}'s step costs ({n} of {len(candidates)}, at most {AUTO_BUDGET_S:.0f} s, once)"
+            )
         options[cand] = _load(loader, spec, cand, budget, max_batch, log)
     speeds = {c: option.composed.expected for c, option in options.items()}
     chosen = cached if cached in speeds else max(speeds, key=speeds.get)
@@ -673,6 +689,32 @@ class _Option:
 
     loaded: Loaded
     composed: Composed
+
+
+def _best_cases(loader: Loader, spec: EngineSpec, candidates: list[str], route: bool) -> dict:
+    """candidate -> (its plain step's ms, the most expected tokens/s it could reach) for each candidate whose
+    curve is not cached, before any curve is measured: the plain step timed briefly (QUICK_PROBE_S) and every
+    tree priced as if verifying it cost one plain step, which no tree beats. None where nothing may be skipped:
+    one candidate, or a route that needs the other backend measured (named dtype, --mixed-weights)."""
+    if len(candidates) < 2 or (route and (spec.mixed_weights or spec.dtype != "auto")):
+        return {}
+    from .costs import measured
+
+    out, first = {}, None
+    for cand in candidates:
+        at = _at(spec, cand)
+        if first is not None and not loader.has(at) and not _room_for_another(first.model, cand):
+            break
+        bare = loader.load(replace(at, probe=False))  # the model (shared with the measured load), no curve
+        first = first or bare
+        if bare.costs is not None:
+            continue  # its curve is cached: measuring it costs nothing
+        plain = measured.measure(bare.model, bare.heads, sizes=(0,), contexts=(128,), budget_s=QUICK_PROBE_S,
+                                 progress=False).plain_ms  # fmt: skip
+        flat = CostCurve((0, 64), (plain, plain), (0.0, 0.0), source="best case")
+        best = compose(replace(bare, costs=flat), spec, log=lambda _: None).expected
+        out[cand] = (plain, best)
+    return out
 
 
 def _load(loader: Loader, spec: EngineSpec, cand: str, budget, max_batch, log) -> _Option:
