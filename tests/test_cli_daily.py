@@ -220,6 +220,11 @@ def test_doctor_reports_the_installation(capsys):
     assert r["machine"] == describe_record(record()) and r["machine"].startswith(cpu_info()["name"])
     assert set(r["versions"]) == {"entmtp", "torch", "transformers", "llama-cpp-python"}
     assert r["shipped_profiles_machines"]["hydra/mixed"].startswith("machine unknown")  # made before records
+    from entmtp.backends.llama_build import describe_build
+
+    assert r["llama_cpp_build"] == describe_build() and r["suffix_drafts"].startswith(
+        ("available", "not installed")
+    )
     code, out, _ = _run(capsys, ["doctor"])
     assert "model_cache:" in out and "extras:" in out
 

@@ -35,8 +35,11 @@ def _version(dist: str) -> str | None:
 
 def report() -> dict:
     """Everything `entmtp doctor` prints, as one JSON-able dict."""
+    from .backends.llama_build import describe_build
     from .model import embedded_gguf
     from .scheduler.profiles import shipped_profiles_dir
+    from .suffix import HINT as SUFFIX_HINT
+    from .suffix import available as suffix_available
 
     try:
         gguf = str(embedded_gguf())
@@ -54,6 +57,10 @@ def report() -> dict:
         "device": torch.cuda.get_device_name(0) if cuda else "cpu (no CUDA device)",
         "machine": describe_record(record("cuda" if cuda else "cpu")),  # what measured files record
         "versions": {k: v or "not installed" for k, v in versions().items()},
+        "llama_cpp_build": describe_build(),  # entmtp's AMX-patched build or pip's (backends/llama_build.py)
+        "suffix_drafts": "available (arctic-inference)"
+        if suffix_available()
+        else f"not installed ({SUFFIX_HINT})",
         "cpu": cpu["name"],
         "cpu_flags": ", ".join(cpu["flags"]) or "none of " + ", ".join(CPU_FLAGS),
         "cpu_threads": torch.get_num_threads(),
