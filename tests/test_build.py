@@ -109,7 +109,7 @@ def test_a_tree_name_becomes_a_policy_in_one_place():
     tree = load_tree("tree_4")
     assert static("tree_4") == static(tree) == StaticPolicy(tree)
     assert compose(_loaded(), EngineSpec(tree="tree_4")).policy == static(tree)
-    assert compose(_loaded(None), EngineSpec()).policy == static(Tree.root_only())
+    assert compose(_loaded(None), EngineSpec(lookup=None)).policy == static(Tree.root_only())
     inner = static("tree_4")
     assert hybrid(inner, Lookup()).inner is inner and hybrid(static(tree), Lookup()) == hybrid(
         inner, Lookup()

@@ -60,10 +60,11 @@ def test_every_engine_spec_field_is_a_flag_of_generate_chat_and_serve():
     settings = {f.name for f, _ in settings_of(EngineSpec)}
     generation = {f.name for f in dataclasses.fields(GenerationOptions)}
     # the fields that are not EngineSpec's own flags: the generation's two (GenerationOptions' flags), and
-    # `gguf_as_given`, which `build` sets for auto's llama.cpp candidate (a named --dtype names the weights)
+    # `gguf_as_given` and `gguf_format`, which `build` sets for auto's llama.cpp candidates (a named --dtype
+    # names the weights)
     others = {f.name for f in dataclasses.fields(EngineSpec)} - settings
-    assert others == {"temperature", "acceptance", "gguf_as_given"}
-    assert others - {"gguf_as_given"} <= generation
+    assert others == {"temperature", "acceptance", "gguf_as_given", "gguf_format"}
+    assert others - {"gguf_as_given", "gguf_format"} <= generation
     lookup_dests = {dest_of(f, s) for f, s in settings_of(Lookup)} | {"lookup"}
     parsers = _subparsers(build_parser())
     for name in ("generate", "chat", "serve"):
@@ -132,11 +133,18 @@ def test_engine_spec_round_trips_through_generate_flags(tmp_path):
 
 
 def test_no_flags_name_what_entmtp_generate_does_by_default():
+    """EngineSpec()'s defaults are `entmtp generate`'s, lookup drafts' rule included."""
     args = build_parser().parse_args(["generate", "hi"])
-    assert engine_spec(args) == EngineSpec(lookup=Lookup())  # lookup drafts go with the scheduled default
+    assert engine_spec(args) == EngineSpec() == EngineSpec(lookup=Lookup())  # beside the scheduled default
+    for flags, spec in (
+        (["--heads", "none"], EngineSpec(heads="none")),
+        (["--tree", "tree_8"], EngineSpec(tree="tree_8")),
+    ):
+        assert engine_spec(build_parser().parse_args(["generate", "hi", *flags])) == spec
+        assert spec.lookup is None  # plain decoding, a named tree: none, on either side
     assert generation_options(args) == GenerationOptions()
     serve = build_parser().parse_args(["serve", "--acceptance", "typical"])
-    assert engine_spec(serve) == EngineSpec(lookup=Lookup())  # the requests' rule picks no engine section
+    assert engine_spec(serve) == EngineSpec()  # the requests' rule picks no engine section
     assert serve.request_acceptance == "typical"
 
 

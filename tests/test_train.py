@@ -976,12 +976,12 @@ def test_cli_arguments():
     got = train_settings_from_args(args)
     assert got["gen_settings"].seed == got["train_settings"].seed == 3  # one seed for data and training
     assert not got["heads_settings"].share_lm_head and got["eval_settings"].tasks == ("gsm8k",)
-    # no default training data in the library: the CLI names it, relative to the working directory
+    # no default training data in the library: the CLI names it
     assert args.data_dir is None
     from entmtp.cli import build_parser
 
     cli_args = build_parser().parse_args(["train-heads", "--kind", "medusa", "--out", "o"])
-    assert cli_args.data_dir.split(",")[0] == "../shared/data"
+    assert cli_args.data_dir.split(",")[0] == "shipped"  # the prompts in the package: no folder outside it
     # both commands' base model follows the hardware by default: no emulated bf16 on a CPU without it
     assert cli_args.dtype == build_parser().parse_args(["eval-heads", "hydra"]).dtype == "auto"
 
@@ -1294,3 +1294,28 @@ def test_the_layer_flags_set_the_data_settings():
     )
     gen = train_settings_from_args(args)["gen_settings"]
     assert (gen.hidden_state_offset, gen.hidden_state_norm) == (3, False)
+
+
+@pytest.mark.slow
+def test_the_documented_quick_start_trains_on_a_fresh_clone(tmp_path, monkeypatch, capsys):
+    """`entmtp train-heads --kind hydra --out runs/hydra` (docs/training-heads.md) as written, run from a folder
+    with nothing beside it (no ../shared/data, no data/): the shipped prompts are its data. Here on a tiny
+    model, for a few prompts and steps."""
+    from conftest import save_tiny_model
+    from entmtp.cli import main
+    from entmtp.train.prompt_sources import load_training_prompts, shipped_dir
+
+    save_tiny_model(tmp_path / "model")
+    work = tmp_path / "clone"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    args = ["train-heads", "--kind", "hydra", "--out", "runs/hydra", "--model", str(tmp_path / "model")]
+    args += ["--stages", "gen,train", "--num-prompts", "6", "--max-new-tokens", "8", "--steps", "3"]
+    args += ["--dtype", "float32", "--no-progress"]
+    assert main(args) == 0
+    assert (work / "runs" / "hydra" / "config.json").is_file()
+    manifest = json.loads(next((work / "runs" / "hydra").rglob("manifest.json")).read_text())
+    assert manifest, "no data manifest: the generation stage made nothing"
+    prompts, sources = load_training_prompts("shipped", with_sources=True)
+    assert len(prompts) == 24735 and "train.jsonl" in sources  # GSM8K's training split, not its test
+    assert (shipped_dir() / "PROVENANCE.md").is_file()

@@ -132,7 +132,9 @@ class EngineSpec:
         help=f"scheduler profile: {' | '.join(PROFILE_TASKS)} (shipped) or a JSON file from `entmtp calibrate` "
         "(default: mixed)",
     )
-    lookup: Lookup | None = setting(None, add=add_lookup_arguments, read=lookup_from_args)  # lookup.py
+    # lookup.py; "auto" (the default, as `entmtp generate`'s): lookup drafts with the scheduled default (heads
+    # and no tree), none for --heads none or a named tree; None: none; a Lookup: these
+    lookup: Lookup | None | str = setting("auto", add=add_lookup_arguments, read=lookup_from_args)
     temperature: float = 0.0  # with `acceptance`, picks the profile's section (Profile.mode_for)
     acceptance: str = "auto"  # auto | greedy | sample | typical | gumbel (accept.Sampling)
     probe: bool = setting(
@@ -177,6 +179,13 @@ class EngineSpec:
         help="the KV cache: auto (default: preallocated where the model allows it) or dynamic "
         "(transformers' DynamicCache)",
     )
+
+    def __post_init__(self):
+        if isinstance(self.lookup, str):  # "auto": `entmtp generate`'s rule (lookup.lookup_from_args)
+            if self.lookup != "auto":
+                raise EntMTPError(f"lookup must be a Lookup, None or 'auto', got {self.lookup!r}")
+            on = self.heads != "none" and self.tree is None
+            object.__setattr__(self, "lookup", Lookup() if on else None)
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,7 @@ def load(plan: Plan) -> Methods:
     spec = EngineSpec(
         model=args.model, dtype=args.dtype, device=args.device, threads=args.threads, pack=not args.no_pack,
         graphs=not args.no_graphs, probe=not args.no_probe, temperature=args.temperature,
-        acceptance=args.acceptance,
+        acceptance=args.acceptance, lookup=None,  # each method says its own lookup drafts
     )  # fmt: skip
     # this machine's step costs (costs/; measured once, cached): what policies and lookup branches are sized
     # by; with --no-probe or ENTMTP_NO_PROBE=1 nothing is measured: the curve cached here before, else the

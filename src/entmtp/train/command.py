@@ -25,6 +25,7 @@ from ..settings import add_arguments, from_args
 from ..shipped import HEAD_KINDS, heads_path, shipped_heads_dir
 from .evaluate import EVAL_TASKS, evaluate_heads, plot_learning_curve, write_report
 from .pipeline import EvalSettings, HeadsSettings, train_heads
+from .prompt_sources import default_data_dirs
 from .shards import GenSettings
 from .trainer import LOG, TrainSettings
 
@@ -53,11 +54,9 @@ def register(sub) -> None:
     """`train-heads` and `eval-heads` on the subcommand parsers `sub`."""
     tr = sub.add_parser("train-heads", help="train Medusa or Hydra heads by self-distillation")
     add_train_arguments(tr)
-    # --data-dir's default, relative to the working directory (a source checkout's root): the shared data
-    # directory beside the checkout, plus the project's own prompts once scripts/build_training_prompts.py
-    # has built data/train/. The library assumes no folder of its own.
-    train_data = ["../shared/data"] + (["data"] if Path("data/train").is_dir() else [])
-    tr.set_defaults(func=run_train, data_dir=",".join(train_data))
+    # --data-dir's default: the training prompts shipped in the package (assets/training), plus the project's
+    # own prompts where scripts/build_training_prompts.py has built data/train/ in the working directory
+    tr.set_defaults(func=run_train, data_dir=",".join(default_data_dirs()))
     ev = sub.add_parser(
         "eval-heads",
         help="evaluate heads per task and dev category against the shipped ones (accuracy, tokens per step, tokens/s)",
@@ -110,7 +109,8 @@ def _prompt_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--data-dir",
         default=None,
-        help="training prompt directories (holding train/ and gsm8k/), comma-separated (default %(default)s)",
+        help="training prompt directories (holding train/ and gsm8k/), comma-separated; `shipped` = the 24,735 "
+        "prompts shipped with entmtp (assets/training, never the benchmark sets) (default %(default)s)",
     )
     p.add_argument("--prompts", default=None, help="JSONL/JSON prompt file instead of --data-dir")
     p.add_argument(

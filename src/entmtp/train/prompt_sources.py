@@ -4,14 +4,18 @@ Sources are data directories (``train/*.json``, ``train/*.jsonl``, ``gsm8k/train
 directory, the project's own ``data/``) or one user prompt file (JSONL or a JSON list). A record is a chat
 (``messages`` ending with a user turn) or one string (instruction(+input), question, prompt or text).
 `load_training_prompts` reads them all, deduplicated in file order; `shards` turns them into data.
-The library has no default directory: the caller (``entmtp train-heads --data-dir``) names it.
+`entmtp train-heads` reads the prompts shipped in the package by default (`shipped_dir`: every prompt of the
+shared data's training sources, derived by `write_shipped`, with their provenance beside them), plus the
+project's own ``data/`` where a checkout has built it.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from collections.abc import Iterator
+from importlib import resources
 from pathlib import Path
 
 from ..errors import DataError
@@ -67,7 +71,8 @@ def read_records(path: Path) -> Iterator[dict]:
             raise DataError(f"prompt file {path} is not a JSON list of records: give a list of objects")
         yield from (r if isinstance(r, dict) else {"prompt": r} for r in data)
         return
-    with path.open(encoding="utf-8", errors="replace") as f:
+    opened = gzip.open(path, "rt", encoding="utf-8", errors="replace") if path.suffix == ".gz" else None
+    with opened or path.open(encoding="utf-8", errors="replace") as f:
         for line in f:
             if not line.strip():
                 continue
@@ -95,14 +100,16 @@ def read_prompt_file(path: str | os.PathLike[str]) -> list[str | list[dict]]:
 
 def training_prompt_sources(data_dir: str | os.PathLike[str]) -> list[Path]:
     """The training prompt files under ``data_dir``: train/*.json (GPTeacher), train/*.jsonl (alpaca-libre, the
-    project's context-copy and chat prompts), gsm8k/train.jsonl. Never the benchmark prompt sets."""
+    project's context-copy and chat prompts), train/*.jsonl.gz (the shipped prompts), gsm8k/train.jsonl. Never
+    the benchmark prompt sets."""
     d = Path(data_dir)
     if not d.is_dir():
         raise DataError(
             f"training data directory {d} does not exist: pass --data-dir (holding train/ and gsm8k/) "
             f"or --prompts FILE"
         )
-    files = sorted((d / "train").glob("*.json")) + sorted((d / "train").glob("*.jsonl"))
+    files = [*sorted((d / "train").glob("*.json")), *sorted((d / "train").glob("*.jsonl")),
+             *sorted((d / "train").glob("*.jsonl.gz"))]  # fmt: skip
     if (d / "gsm8k" / "train.jsonl").is_file():
         files.append(d / "gsm8k" / "train.jsonl")
     if not files:
@@ -134,10 +141,8 @@ def load_training_prompts(
 
 
 def _data_dirs(data_dir: str | os.PathLike[str] | list | None) -> list[Path]:
-    if isinstance(data_dir, (list, tuple)):
-        dirs = [Path(x) for x in data_dir]
-    else:
-        dirs = [Path(x) for x in str(data_dir or "").split(",") if x]
+    names = list(data_dir) if isinstance(data_dir, (list, tuple)) else str(data_dir or "").split(",")
+    dirs = [shipped_dir() if str(x) == "shipped" else Path(x) for x in names if x]  # "shipped": the package's
     if not dirs:
         raise DataError(
             "no training prompt source given: pass a data directory (--data-dir, holding train/ and gsm8k/) "
@@ -154,5 +159,38 @@ def _directory_prompts(directory: Path) -> list[tuple[str | list[dict], str]]:
         records = read_records(path)
         if path.name.startswith("alpaca_libre"):
             records = (r for r in records if r.get("status") == "ok")
-        pairs += [(t, path.name) for t in map(_prompt, records) if t]
+        for rec in records:  # the shipped file names each prompt's own source file
+            if t := _prompt(rec):
+                pairs.append((t, rec.get("source") if isinstance(rec.get("source"), str) else path.name))
     return pairs
+
+
+SHIPPED = "prompts.jsonl.gz"  # under shipped_dir()/train
+
+
+def shipped_dir() -> Path:
+    """The training prompts shipped in the package, as a data directory (train/prompts.jsonl.gz)."""
+    return Path(str(resources.files("entmtp") / "assets" / "training"))
+
+
+def default_data_dirs(cwd: Path | None = None) -> list[str]:
+    """`entmtp train-heads`' prompt sources when none is named: "shipped" (the prompts in the package), and the
+    project's own ``data/`` (context-copy tasks, multi-turn chat) where a checkout has built ``data/train/``."""
+    cwd = Path.cwd() if cwd is None else cwd
+    return ["shipped"] + (["data"] if (cwd / "data" / "train").is_dir() else [])
+
+
+def write_shipped(data_dir: str | os.PathLike[str], out: Path | None = None) -> Path:
+    """Write every training prompt of ``data_dir`` (the shared data's train/ and gsm8k/train.jsonl), deduplicated
+    in file order, as the shipped file: one JSON object a line, {"prompt"} or {"messages"}, and its "source" file
+    (gzip level 9, no timestamp, so that the same data gives the same bytes)."""
+    prompts, sources = load_training_prompts(data_dir, with_sources=True)
+    out = out or shipped_dir() / "train" / SHIPPED
+    lines = [
+        json.dumps({"messages": t} if isinstance(t, list) else {"prompt": t}, ensure_ascii=False)[:-1]
+        + f', "source": {json.dumps(src)}}}'
+        for t, src in zip(prompts, sources, strict=True)
+    ]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode("utf-8"), 9, mtime=0))
+    return out
