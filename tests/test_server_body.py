@@ -1,4 +1,4 @@
-"""How the server takes a request in, without a model: its body (server/routes.py `_read_body`): a body sent
+"""How the server takes a request in, without a model: its body (server/routes.py `read_body`): a body sent
 in tiny parts is joined in linear time, a body that stops arriving gets a 408, a client that leaves gets its
 one access-log line (499) and no traceback, a body over the limit gets a 413; and its prompt's tokenizer lane
 (server/state.py): a short prompt is never queued behind long ones."""
@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("fastapi")
 from starlette.requests import Request  # noqa: E402
 
-from entmtp.server.routes import _chars, _read_body  # noqa: E402
+from entmtp.server.routes import _chars, read_body  # noqa: E402
 from entmtp.server.state import LONG_PROMPT_CHARS, ServerState  # noqa: E402
 
 GENEROUS_S = 20.0  # a bound far past what is asserted to happen at once: it fails a hang, not a busy machine
@@ -44,7 +44,7 @@ def _request(parts: list[bytes], then: str = "end", declared: int | None = None)
 
 
 def _read(request: Request, max_body: int = 1 << 20, timeout: float = 5.0):
-    return asyncio.run(_read_body(request, max_body, timeout))
+    return asyncio.run(read_body(request, max_body, timeout))
 
 
 def test_a_body_sent_one_byte_at_a_time_is_read_in_linear_time():

@@ -342,7 +342,7 @@ def _typical_threshold(probs: torch.Tensor, eps: float, alpha: float) -> torch.T
     return torch.minimum(torch.full_like(entropy, eps), alpha * torch.exp(-entropy))
 
 
-def _typical_ok(probs: torch.Tensor, eps: float, alpha: float) -> torch.Tensor:
+def typical_ok(probs: torch.Tensor, eps: float, alpha: float) -> torch.Tensor:
     """[.., V] bool: tokens passing p(x) > min(eps, alpha * exp(-H(p)))."""
     return probs > _typical_threshold(probs, eps, alpha)
 
@@ -368,7 +368,7 @@ def accept_typical(
     best = int(lengths.argmax())
     path = rows[best, : int(lengths[best])].tolist()
     last = probs[path[-1]]
-    last = last * _typical_ok(last, eps, alpha)
+    last = last * typical_ok(last, eps, alpha)
     if last.sum() <= 0:  # nothing passes (cannot happen: the argmax always passes); fall back to argmax
         return Accepted(path, int(probs[path[-1]].argmax()))
     return Accepted(path, _draw(last, generator))

@@ -34,11 +34,11 @@ class PackedLinear(nn.Linear):
     def repack(self) -> None:
         w = self.weight.detach()
         self._packed = packed_weight(w)
-        self._packed_of = (w.data_ptr(), _version(w))
+        self._packed_of = (w.data_ptr(), tensor_version(w))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w, packed = self.weight, self._packed
-        if packed is not None and (w.data_ptr(), _version(w)) != self._packed_of:
+        if packed is not None and (w.data_ptr(), tensor_version(w)) != self._packed_of:
             packed = None  # written since it was packed (or replaced): the dense weight is the truth
         return linear(x, w, self.bias, packed)
 
@@ -67,7 +67,7 @@ def linear(
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def _version(w: torch.Tensor) -> int:
+def tensor_version(w: torch.Tensor) -> int:
     """The weight's in-place write counter (inference tensors, which have none, cannot be written outside
     inference mode anyway)."""
     return -1 if w.is_inference() else w._version

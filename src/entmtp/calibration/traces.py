@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from rich.progress import Progress
 from safetensors.torch import load_file
 
-from ..accept import GumbelNoise, Sampling, _typical_ok
+from ..accept import GumbelNoise, Sampling, typical_ok
 from ..cache import BaseModel
 from ..errors import EntMTPError
 from ..files import save_tensors_atomic
@@ -216,7 +216,7 @@ def union_passes(
         for i, r in enumerate(rows):
             logits = fwd.logits[extra + i * size : extra + (i + 1) * size]  # [size, V]
             probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
-            passing = _typical_ok(probs, sampling.typical_eps, sampling.typical_alpha)  # [size, V]
+            passing = typical_ok(probs, sampling.typical_eps, sampling.typical_alpha)  # [size, V]
             out[r] = passing[parents, drafts[r]].cpu()
     return out
 

@@ -127,10 +127,10 @@ def measure_choice(
     (None: `STEPS`) steps' `seconds["choose"]` after `WARMUP` untimed ones."""
     steps = STEPS if steps is None else steps
     from .. import engine as engine_mod  # the engine imports this package
-    from .probe import _NoText
+    from .probe import NoText
 
     t0 = time.perf_counter()
-    engine = engine_mod.Engine(model, _NoText(), heads, policy, graphs=False)
+    engine = engine_mod.Engine(model, NoText(), heads, policy, graphs=False)
     engine.eos_ids = set()  # random context: the generation must not end at the model's end-of-text token
     context = min(CONTEXT, engine.window // 4)
     room = engine.window - context - engine.scratch

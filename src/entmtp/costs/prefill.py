@@ -125,10 +125,10 @@ def measure_prefill(
     predicted from the last one measured, would overrun `budget_s` is skipped."""
     from ..engine import Engine  # here: the engine imports this package
     from ..policy import static
-    from .probe import _NoText
+    from .probe import NoText
 
     t0 = time.perf_counter()
-    engine = Engine(model, _NoText(), heads, static("tree_8") if heads is not None else None, graphs=False)
+    engine = Engine(model, NoText(), heads, static("tree_8") if heads is not None else None, graphs=False)
     engine.eos_ids = set()
     gen = torch.Generator().manual_seed(0)
     fits = sorted({min(n, engine.window - 2) for n in lengths})

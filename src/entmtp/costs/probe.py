@@ -55,7 +55,7 @@ def now(dev: torch.device) -> float:
     return time.perf_counter()
 
 
-class _NoText:
+class NoText:
     """The probe's tokenizer: random tokens have no text to decode, and no end-of-text token of its own."""
 
     eos_token_id = None
@@ -95,7 +95,7 @@ class Probe:
 
         self.loop = engine_mod  # the engine's decode, prefill, prepare and conclude (looked up at each call)
         # no policy of its own (plain decoding): each state is given its synthetic tree's static policy
-        self.engine = engine = engine_mod.Engine(model, _NoText(), heads, graphs=False)
+        self.engine = engine = engine_mod.Engine(model, NoText(), heads, graphs=False)
         engine.eos_ids = set()  # the model's end-of-text tokens too: a probe's generation ends when it stops
         self.graphs = None
         if graphs and engine.base.preallocate:  # as the engine verifies on CUDA (quiet: no capture lines)

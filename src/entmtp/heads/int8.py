@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..packing import PackedLinear, _version
+from ..packing import PackedLinear, tensor_version
 
 QMAX = 127  # symmetric: -127..127 (no -128, so the scale maps both signs alike)
 
@@ -79,14 +79,14 @@ class Int8Linear(nn.Linear):
     def requantize(self) -> None:
         w = self.weight.detach()
         self._q, self._scales = int8_weight(w)
-        self._quantized_of = (w.data_ptr(), _version(w))
+        self._quantized_of = (w.data_ptr(), tensor_version(w))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         if (
             applies(x)
             and not (torch.is_grad_enabled() and w.requires_grad)
-            and (w.data_ptr(), _version(w)) == self._quantized_of  # unchanged since it was quantized
+            and (w.data_ptr(), tensor_version(w)) == self._quantized_of  # unchanged since it was quantized
         ):
             return int8_linear(x, self._q, self._scales, self.bias)
         return F.linear(x, w, self.bias)

@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request
 
 from .ray_config import RayServeConfig
 from .relay import Stopping, relay, request_data, unbatched
-from .routes import _read_body
+from .routes import read_body
 
 log = logging.getLogger("entmtp.server")
 
@@ -66,7 +66,7 @@ def front_app(engine, max_body: int, body_timeout: float, stopping: Stopping) ->
 
     @app.api_route("/{path:path}", methods=METHODS)
     async def forward(request: Request, path: str):
-        body = await _read_body(request, max_body, body_timeout)
+        body = await read_body(request, max_body, body_timeout)
         if not isinstance(body, bytes):  # a 413, 408 or 499: answered here, as `entmtp serve` does
             return body
         # Ray's proxy put one in: the client's, or its own (and adds it to the response)

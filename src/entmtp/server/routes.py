@@ -142,7 +142,7 @@ async def read_request(
     request: Request, model: type[schema._Params], max_body_bytes: int, body_timeout: float = BODY_TIMEOUT_S
 ):
     """(validated request, None) or (None, error response): every client-caused failure is a 4xx here."""
-    body = await _read_body(request, max_body_bytes, body_timeout)
+    body = await read_body(request, max_body_bytes, body_timeout)
     if isinstance(body, Response):
         return None, body
     encoding = json.detect_encoding(body) if body else "utf-8"
@@ -166,7 +166,7 @@ async def read_request(
         return None, error(400, message, param)
 
 
-async def _read_body(request: Request, max_body_bytes: int, timeout: float) -> bytes | Response:
+async def read_body(request: Request, max_body_bytes: int, timeout: float) -> bytes | Response:
     """The body; a 413 as soon as it is known to be over `max_body_bytes` (declared or as read); a 408 when it
     has not all come within `timeout` s (a client that declares more than it sends held the connection
     forever); a 499, logged as the request's one line, when the client leaves before sending it all."""

@@ -2,7 +2,7 @@
 load), connections that do not send their request headers in time are closed, and SIGTERM / SIGINT drain:
 the listening socket closes, open generations may finish for `drain_timeout` seconds, and what is still open
 then is cut (streams end with an error event and [DONE]); a second signal, SIGTERM or SIGINT, cuts what is
-open at once and quits (the cut streams end as above; a third signal stops waiting for them too). The body's own timeout (a 408) is the routes' (routes.py `_read_body`)."""
+open at once and quits (the cut streams end as above; a third signal stops waiting for them too). The body's own timeout (a 408) is the routes' (routes.py `read_body`)."""
 
 from __future__ import annotations
 
