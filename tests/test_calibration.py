@@ -202,7 +202,9 @@ def test_a_built_engine_gives_each_acceptance_rule_its_sections_policy(
     out, _, _ = sampled_profile
     monkeypatch.setattr(entmtp.model, "load_model", lambda *a, **k: (model, ByteTokenizer()))
     monkeypatch.setattr(entmtp.shipped, "resolve_heads", lambda *a, **k: heads["hydra"])
-    spec = EngineSpec(model="tiny", heads="tiny-hydra", profile=str(out), dtype="float32", probe=False, lookup=None)
+    spec = EngineSpec(
+        model="tiny", heads="tiny-hydra", profile=str(out), dtype="float32", probe=False, lookup=None
+    )
     built = build(spec, log=lambda m: None)
     loaded = load_profile(out)
     assert set(built.plan.other_rules) == {"sample", "typical", "gumbel"}

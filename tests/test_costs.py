@@ -411,10 +411,15 @@ def test_generate_measures_the_machine_once_and_says_what_it_chose(tmp_path, mon
     said = re.search(r"weights: (\w+) on transformers \(most expected tokens/s here: ([^)]*)\)", err)
     assert said, "the auto choice did not say what it measured"
     chosen = said[1]
-    speeds = {d: float(v) for d, v in re.findall(r"(\w+) ([\d.]+)", said[2])}
-    skipped = dict(re.findall(r"not measuring transformers/(\w+): at most ([\d.]+) tokens/s", err))
+    measured, _, unmeasured = said[2].partition("; not measured, at most: ")
+    speeds = {d: float(v) for d, v in re.findall(r"(\w+) ([\d.]+)", measured)}
+    skipped = {d: float(v) for d, v in re.findall(r"(\w+) ([\d.]+)", unmeasured)}
     assert set(speeds) | set(skipped) == {"bfloat16", "float32"} and speeds[chosen] == max(speeds.values())
-    assert all(float(bound) < speeds[chosen] for bound in skipped.values())  # it could not have won
+    assert all(bound < speeds[chosen] for bound in skipped.values())  # it could not have won
+    assert skipped == {
+        d: float(v)
+        for d, v in re.findall(r"not measuring transformers/(\w+): at most ([\d.]+) tokens/s", err)
+    }
 
 
 def _small(measure):

@@ -246,6 +246,7 @@ def test_auto_measures_only_the_candidates_that_can_still_win(fake_build, monkey
     assert "not measuring transformers/bfloat16: at most 60.0 tokens/s here" in "\n".join(said)
     assert "below llama-cpp/bfloat16's 90.0" in "\n".join(said)
     assert "measuring llama-cpp/bfloat16's step costs (1 of 3" in said[0]
+    assert built.plan.backend_reason.endswith("; not measured, at most: transformers/bfloat16 60.0")
 
 
 def test_the_best_case_is_skipped_where_a_route_needs_both_backends_or_there_is_one_candidate():

@@ -307,7 +307,8 @@ def build(
     speeds = {c: option.composed.expected for c, option in options.items()}
     chosen = cached if cached in speeds else max(speeds, key=speeds.get)
     backend, dtype = _split(chosen)
-    reason, backend_reason = _why(spec, backend, len(candidates), cached, speeds)
+    unmeasured = {c: bound for c, (_, bound) in bounds.items() if c not in speeds}
+    reason, backend_reason = _why(spec, backend, candidates, cached, speeds, unmeasured)
     loaded, composed = options[chosen].loaded, options[chosen].composed
     engine = assemble(loaded, composed, spec)
     other = _other_backend(options, chosen, spec.mixed_weights)
@@ -432,16 +433,23 @@ def same_tokenizer(a, b) -> bool:
         return False
 
 
-def _why(spec: EngineSpec, backend: str, candidates: int, cached: str | None, speeds: dict[str, float]):
-    """(why this dtype, why this backend) for the plan."""
+def _why(spec: EngineSpec, backend: str, candidates: list[str], cached: str | None, speeds: dict[str, float],
+         unmeasured: dict[str, float] | None = None):  # fmt: skip
+    """(why this dtype, why this backend) for the plan; `unmeasured`: candidates not measured, by the most
+    expected tokens/s they could have reached (`_best_cases`)."""
     if cached is not None:
         why = "measured earlier on this machine (dtype-choices.json in the cost cache holds the choice)"
         return why, why
-    if candidates > 1:
-        one_backend = len({_split(c)[0] for c in speeds}) == 1  # then the dtypes alone name the candidates
-        why = "most expected tokens/s here: " + ", ".join(
-            f"{_split(c)[1] if one_backend else c} {s:.1f}" for c, s in speeds.items()
-        )
+    if len(candidates) > 1:
+        one_backend = (
+            len({_split(c)[0] for c in candidates}) == 1
+        )  # then the dtypes alone name the candidates
+        name = (lambda c: _split(c)[1]) if one_backend else (lambda c: c)
+        why = "most expected tokens/s here: " + ", ".join(f"{name(c)} {s:.1f}" for c, s in speeds.items())
+        if unmeasured:
+            why += "; not measured, at most: " + ", ".join(
+                f"{name(c)} {b:.1f}" for c, b in unmeasured.items()
+            )
         return why, why
     reason = "CUDA" if spec.device.startswith("cuda") else "as asked" if spec.dtype != "auto" else None
     reason = reason or (
