@@ -26,8 +26,8 @@ demo: setup
 	$(BIN)/entmtp generate "$(PROMPT)" --max-new-tokens 160
 
 lint: setup
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests scripts
+	$(BIN)/ruff format --check src tests scripts
 
 test: lint
 	$(BIN)/pytest
