@@ -153,3 +153,16 @@ def test_without_arctic_inference_suffix_drafts_say_how_to_install(monkeypatch):
         SuffixCache()
     with pytest.raises(SuffixError, match="max_bytes >= 1"):
         suffix.SuffixCache(max_bytes=0)
+
+
+def test_a_bad_suffix_cache_size_or_a_missing_library_is_named_before_a_model_loads(monkeypatch):
+    from entmtp.build import EngineSpec, check_spec
+    from entmtp.errors import EntMTPError
+
+    with pytest.raises(EntMTPError, match=r"--suffix-cache is megabytes \(0: off\), got -1"):
+        check_spec(EngineSpec(suffix_cache=-1))
+    check_spec(EngineSpec(suffix_cache=8))
+    monkeypatch.setitem(sys.modules, "arctic_inference.suffix_decoding", None)
+    with pytest.raises(SuffixError, match="suffix drafts need arctic-inference"):
+        check_spec(EngineSpec(suffix_cache=8))
+    check_spec(EngineSpec())  # off: nothing asked of the library
