@@ -392,10 +392,10 @@ def test_a_long_prompt_prefills_in_chunks_between_the_other_rows_steps():
     assert tokens == engine.generate(prompt, max_new_tokens=10).token_ids
 
 
-def test_a_short_prompt_does_not_wait_for_a_long_prompts_whole_prefill():
-    """Prompts going in take turns, a chunk each per step: a one-chunk prompt started after a 5-chunk one
-    has its first token at the second step, not after the long prompt's five; both then decode what they
-    decode alone."""
+def test_a_short_prompt_goes_in_ahead_of_the_rest_of_a_long_one():
+    """The chunk that goes in is the next one of the prompt with the fewest tokens left: a one-chunk prompt
+    started after a 5-chunk one has its first token at the first step, and one started when the long prompt
+    is half in at the next step; both then decode what they decode alone."""
     from entmtp.engine import PREFILL_CHUNK
 
     model = tiny_model("llama", seed=4, max_position_embeddings=2048)
@@ -405,15 +405,96 @@ def test_a_short_prompt_does_not_wait_for_a_long_prompts_whole_prefill():
     long = batch.start(prompt, max_new_tokens=6)
     short = batch.start(PROMPTS[0], max_new_tokens=6)
     first_token_step, tokens = {}, {long.id: [], short.id: []}
-    step = 0
+    step, late = 0, None
     while len(batch):
         step += 1
+        if step == 3:
+            late = batch.start(PROMPTS[3], max_new_tokens=6)
+            tokens[late.id] = []
         for r, e in batch.step():
             first_token_step.setdefault(r.id, step)
             tokens[r.id] += e.token_ids
-    assert first_token_step[short.id] == 2 and first_token_step[long.id] == 6
+    assert first_token_step[short.id] == 1 and first_token_step[late.id] == 3
+    assert first_token_step[long.id] == 7  # its five chunks, two steps later than alone
     assert tokens[long.id] == engine.generate(prompt, max_new_tokens=6).token_ids
     assert tokens[short.id] == engine.generate(PROMPTS[0], max_new_tokens=6).token_ids
+    assert tokens[late.id] == engine.generate(PROMPTS[3], max_new_tokens=6).token_ids
+
+
+def test_a_long_prompt_passed_over_by_a_stream_of_short_ones_still_goes_in():
+    """Shorter prompts go first, but a prompt passed over MAX_PASSES steps in a row gets the next chunk: one
+    new short prompt every step never starves a long one."""
+    from entmtp.batch import MAX_PASSES
+    from entmtp.engine import PREFILL_CHUNK
+
+    engine = Engine(tiny_model("llama", seed=4, max_position_embeddings=2048), ByteTokenizer())
+    batch = Batch(engine)
+    long = batch.start([(5 * i) % 250 + 3 for i in range(PREFILL_CHUNK + 7)], max_new_tokens=2)
+    chunks_in = []
+    for _ in range(3 * (MAX_PASSES + 1)):
+        batch.start(PROMPTS[2], max_new_tokens=1)  # a new short prompt before every step
+        before = long.state.cache.length
+        batch.step()
+        chunks_in.append(long.state.cache.length > before)
+    assert sum(chunks_in) >= 2 and all(sum(chunks_in[i : i + MAX_PASSES + 1]) for i in range(0, 18, 9))
+
+
+def _interrupt_after(layer: int, model, interrupt):
+    """Raise `interrupt` once `layer` of `model`'s decoder has run: the forward in flight stops part way."""
+    return model.get_decoder().layers[layer].register_forward_hook(lambda *_: interrupt.set())
+
+
+def _during_prefill(batch, hook):
+    """`batch.step` with `hook()` (a torch hook handle) installed only around its prefill chunk."""
+    prefill = batch._prefill
+
+    def hooked(row, interrupt=None):
+        handle = hook()
+        try:
+            return prefill(row, interrupt)
+        finally:
+            handle.remove()
+
+    def step(interrupt=None):
+        batch._prefill = hooked
+        try:
+            return Batch.step(batch, interrupt)
+        finally:
+            del batch._prefill
+
+    return step
+
+
+def test_an_interrupted_chunk_stops_part_way_and_runs_again_whole():
+    """An interrupt raised while a prompt's chunk is in its forward (here: after the decoder's first layer)
+    stops that chunk: no event, the prompt's length in the cache unmoved, the other rows' steps done. The
+    same chunk is never stopped twice (it runs whole at the next step even with the interrupt still raised),
+    and the interrupted prompt, and its batch-mate, decode exactly what they decode alone."""
+    from entmtp.engine import PREFILL_CHUNK
+    from entmtp.interrupt import Interrupt
+
+    model = tiny_model("llama", seed=4, max_position_embeddings=2048)
+    engine = Engine(model, ByteTokenizer())
+    batch = Batch(engine)
+    running, first = batch.add(PROMPTS[1], max_new_tokens=30)
+    prompt = [(5 * i) % 250 + 3 for i in range(2 * PREFILL_CHUNK + 7)]
+    long = batch.start(prompt, max_new_tokens=8)
+    tokens, interrupt = {running.id: first.token_ids, long.id: []}, Interrupt()
+    batch.step = _during_prefill(batch, lambda: _interrupt_after(0, model, interrupt))
+    out = dict((r.id, e) for r, e in batch.step(interrupt))  # the running row's step, then the chunk
+    del batch.step
+    assert batch.preemptions == 1 and long.state.cache.length == 0 and list(out) == [running.id]
+    tokens[running.id] += out[running.id].token_ids
+    assert interrupt.is_set()
+    for r, e in batch.step(interrupt):  # the same chunk, whole, though the interrupt is still raised
+        tokens[r.id] += e.token_ids
+    assert batch.preemptions == 1 and long.state.cache.length == PREFILL_CHUNK
+    interrupt.clear()
+    while len(batch):
+        for r, e in batch.step(interrupt):
+            tokens[r.id] += e.token_ids
+    assert tokens[long.id] == engine.generate(prompt, max_new_tokens=8).token_ids
+    assert tokens[running.id] == engine.generate(PROMPTS[1], max_new_tokens=30).token_ids
 
 
 def test_a_seeded_sampled_row_repeats_bit_for_bit_in_busy_batches(engine):

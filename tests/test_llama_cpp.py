@@ -186,6 +186,50 @@ def test_logits_are_the_same_bits_with_hidden_states_on_or_off(f32):
         rt.give_seq(seq)
 
 
+def test_an_interrupt_stops_a_prefill_between_graph_nodes_and_leaves_no_cells(f32):
+    """An interrupt raised from another thread while a 1,200-token prefill runs stops llama.cpp part way
+    (its abort callback reads the flag): `Preempted`, well before the prefill's own time, and the sequence
+    holds no cell of it (not even those of the llama_decode calls that finished). Run again, whole, the
+    prefill's logits are bit for bit those of a prefill never interrupted, and with the interrupt down the
+    callback changes no bit either; after the call the context has no callback (a raised flag stops
+    nothing)."""
+    import threading
+    import time
+
+    from entmtp.interrupt import Interrupt, Preempted
+
+    model, _ = f32
+    base = model.entmtp_base()
+    ids = torch.tensor([(7 * i) % 3000 + 100 for i in range(1200)])
+
+    def prefill(interrupt=None):
+        """(logits or None when stopped, seconds, the cache: a context of its own, so that no earlier cell
+        moves its numbers)."""
+        cache = base.new_cache(1300, private=True)
+        t0 = time.perf_counter()
+        try:
+            fwd = base.forward(ids, None, cache, logits_to_keep=1, hidden=False, interrupt=interrupt)
+            base.commit(cache, list(range(len(ids))))
+            return fwd.logits, time.perf_counter() - t0, cache
+        except Preempted:
+            return None, time.perf_counter() - t0, cache
+
+    want, whole_s, _ = prefill()
+    down, _, _ = prefill(Interrupt())
+    assert torch.equal(down, want)
+    interrupt = Interrupt()
+    timer = threading.Timer(whole_s / 4, interrupt.set)
+    timer.start()
+    stopped, stopped_s, cache = prefill(interrupt)
+    timer.join()
+    rt = cache.runtime
+    assert stopped is None and stopped_s < 0.75 * whole_s
+    assert rt.lib.llama_memory_seq_pos_max(rt.mem, cache.seq) == -1 and cache.length == 0
+    cache.release()
+    again, _, _ = prefill()  # the flag is still raised: no callback reads it now
+    assert torch.equal(again, want)
+
+
 def test_seeded_gumbel_sampling_writes_plain_samplings_tokens(f32):
     from entmtp.shipped import resolve_heads
 

@@ -190,10 +190,10 @@ def test_a_failed_step_ends_every_row_and_the_next_jobs_run_on_a_fresh_batch(eng
     batch = Batch(engine)
     step = batch.step
 
-    def fails_with_two_rows():  # once both jobs are rows
+    def fails_with_two_rows(interrupt=None):  # once both jobs are rows
         if len(batch) == 2:
             raise RuntimeError("device lost")
-        return step()
+        return step(interrupt)
 
     batch.step = fails_with_two_rows
     heard = _Finished()
@@ -389,6 +389,71 @@ def test_a_cut_reaches_a_running_job_at_once_while_the_thread_is_inside_a_long_s
     engine.release.set()
     worker.close()
     assert worker.join(10) and worker.running == 0 and worker.idle
+
+
+def test_a_job_submitted_during_a_long_prompts_chunk_has_its_first_token_before_that_chunk_is_in():
+    """A short job submitted while a chunk of a long prompt is in its forward (here: from inside the
+    forward, after the decoder's first layer) raises the worker's interrupt: the chunk stops part way, the
+    short prompt goes in at the next step, and its first token comes while the long prompt has no token in
+    the cache yet. Both then get what they get alone. With every row taken, a submit raises nothing (the job
+    could not start sooner)."""
+    from entmtp.engine import PREFILL_CHUNK
+
+    model = tiny_model("llama", seed=4, max_position_embeddings=2048)
+    engine = Engine(model, ByteTokenizer())
+    worker = _worker(engine, 2, _Finished())
+    long_prompt = [(5 * i) % 250 + 3 for i in range(4 * PREFILL_CHUNK + 7)]
+    long_in_at_short: list[int] = []  # the long prompt's tokens in the cache when the short job's token came
+    emit = worker._emit
+
+    def heard(job, item):
+        if job.prompt == PROMPTS[0] and not long_in_at_short:
+            long_in_at_short.extend(r.row.state.cache.length for r in worker._rows.values() if r.job is long)
+        emit(job, item)
+
+    worker._emit = heard
+
+    async def main():
+        nonlocal long
+        loop = asyncio.get_running_loop()
+        long, short = (
+            Job(long_prompt, dict(max_new_tokens=5), loop),
+            Job(PROMPTS[0], dict(max_new_tokens=5), loop),
+        )
+
+        def arrive(*_):  # the short job's client, arriving while the long prompt's first chunk runs
+            handle.remove()
+            worker.submit(short)
+
+        handle = model.get_decoder().layers[0].register_forward_hook(arrive)
+        worker.submit(long)
+        return await asyncio.gather(_read(long), _read(short))
+
+    long = None
+    long_events, short_events = asyncio.run(main())
+    assert long_events[-1] is None and short_events[-1] is None
+    assert worker.batch.preemptions == 1 and long_in_at_short == [0]
+    assert _tokens(long_events) == engine.generate(long_prompt, max_new_tokens=5).token_ids
+    assert _tokens(short_events) == engine.generate(PROMPTS[0], max_new_tokens=5).token_ids
+    _close(worker)
+
+
+def test_a_submit_raises_the_interrupt_only_while_a_row_is_free(engine):
+    worker = _worker(engine, 1, _Finished())
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        running = Job(PROMPTS[0], dict(max_new_tokens=400), loop)
+        worker.submit(running)
+        await running.next()
+        worker.interrupt.clear()
+        worker.submit(Job(PROMPTS[1], dict(max_new_tokens=2), loop))  # its one row is taken
+        raised = worker.interrupt.is_set()
+        worker.cut_all("test over")
+        return raised
+
+    assert asyncio.run(main()) is False
+    _close(worker)
 
 
 def test_running_jobs_decode_while_a_long_prompt_prefills_in_chunks():

@@ -3,7 +3,8 @@
 A `Batch` over an engine holds rows, each one generation's `DecodeState` over its own row of a `BatchKV`
 (cache.py). `add` prefills a new row at once and returns its first event; `start` leaves its prompt to the
 steps, one chunk (engine.PREFILL_CHUNK tokens) per step between the other rows' steps, so a long prompt
-never stalls them for its whole prefill (the server's way). `step` runs one step of every decoding row:
+never stalls them for its whole prefill (the server's way); the prompt with the fewest tokens left goes first,
+and a chunk in flight can be stopped for a newcomer (`step`'s interrupt, interrupt.py). `step` runs one step of every decoding row:
 
   (1)(2) each row chooses and drafts its tree (engine.choose, engine.draft); with a cost surface (`costs`,
          costs/curves.py) a greedy (or gumbel) row's policy weighs its trees by the ms of the WHOLE step at this
@@ -55,11 +56,13 @@ from .engine import (
 )  # fmt: skip
 from .errors import EntMTPError
 from .heads import Drafter, Probe
+from .interrupt import Interrupt, Preempted
 from .policy import Choice, Menu, TreePolicy, joint_budget
 from .records import Result, Step, TokenEvent
 from .tree import Tree
 
 _ids = itertools.count()
+MAX_PASSES = 8  # steps a prompt going in may be passed over by shorter ones before its next chunk goes first
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,8 @@ class Row:
     scratch: int = 0  # slots its largest tree takes past them
     alone: bool = False  # verified by its own forward, not the batch's (`Batch` says when)
     prefill_seconds: float = 0.0
+    passed: int = 0  # steps since its prompt last had a chunk in while it waited for one (`Batch.step`)
+    preempted_at: int = -1  # the prompt position whose chunk an interrupt stopped (it runs whole next time)
     steps: list[Step] = field(default_factory=list)
     id: int = field(default_factory=lambda: next(_ids))
 
@@ -145,6 +150,7 @@ class Batch:
         self._alone: list[Row] = []  # rows verified by forwards of their own
         self._prefills: deque[Row] = deque()  # rows whose prompt is not all in yet, next chunk's first
         self.failed: list[tuple[Row, Exception]] = []  # the rows the latest step ended with an error
+        self.preemptions = 0  # prefill chunks an interrupt stopped part way (each ran again later)
         self.last: BatchStep | None = None  # the latest step's record (None: it verified nothing)
         self.gate = Gate() if options.gate else None  # None: every step as the rows' policies choose
 
@@ -176,9 +182,9 @@ class Batch:
 
     def start(self, prompt, *, chat: bool = True, policy: TreePolicy | None = None, **kwargs) -> Row:
         """A new row (`add`'s arguments) whose prompt goes in by the steps: each `step` prefills one chunk
-        (`PREFILL_CHUNK` tokens) of the oldest prompt not yet in, between the decoding rows' steps, so a long
-        prompt never stalls them for its whole prefill. Its first event comes out of the step that prefills
-        its last chunk."""
+        (`PREFILL_CHUNK` tokens) of a prompt not yet in (the one with the fewest tokens left), between the
+        decoding rows' steps, so a long prompt never stalls them for its whole prefill. Its first event comes
+        out of the step that prefills its last chunk."""
         row = self._new_row(prompt, chat, policy, kwargs)
         self._prefills.append(row)
         return row
@@ -189,27 +195,45 @@ class Batch:
         self._drop(row)
 
     @torch.inference_mode()
-    def step(self) -> list[tuple[Row, TokenEvent]]:
-        """One step of every decoding row, then one chunk of a prompt still going in (in turns: a prompt with
-        chunks left goes behind the others, so a short prompt never waits for a long one's whole prefill): (row, event)
-        for each row that has one, the decoding rows first; finished rows leave the batch. A row whose own
-        part fails (its prefill, drafting, verification or acceptance) leaves too, listed in `failed` with its
-        error; the other rows go on."""
+    def step(self, interrupt: Interrupt | None = None) -> list[tuple[Row, TokenEvent]]:
+        """One step of every decoding row, then one chunk of a prompt still going in: (row, event) for each row
+        that has one, the decoding rows first; finished rows leave the batch. A row whose own part fails (its
+        prefill, drafting, verification or acceptance) leaves too, listed in `failed` with its error; the other
+        rows go on.
+
+        The chunk is the next one of the prompt with the fewest tokens left to go in (`_next_prefill`), so a
+        short prompt goes in ahead of the rest of a long one. `interrupt` (the server's, raised when a request
+        arrives): once raised, the chunk stops part way (interrupt.py) and runs again, whole, at a later step,
+        so a newcomer's prompt need not wait for it; a chunk is stopped at most once, so arrivals never starve
+        a long prompt."""
         self.last, self.failed = None, []
         out = self._decode() if self._rows or self._alone else []
         if self._prefills:
-            row = self._prefills[0]
+            row = self._next_prefill()
+            at = row.state.cache.length
             try:
-                event = self._prefill(row)
+                event = self._prefill(row, interrupt if row.preempted_at != at else None)
+            except Preempted:
+                row.preempted_at = at
+                self.preemptions += 1
             except Exception as e:  # noqa: BLE001 - this row's own failure (its prompt, its arguments)
                 self._fail(row, e)
                 self._drop(row)
             else:
                 if event is not None:
                     out.append((row, event))
-                elif self._prefills and self._prefills[0] is row:
-                    self._prefills.rotate(-1)
         return out
+
+    def _next_prefill(self) -> Row:
+        """The prompt whose chunk goes in next: the one with the fewest tokens left (the oldest of equals), but
+        one passed over `MAX_PASSES` steps in a row goes first, so a stream of short prompts never starves a
+        long one. The others count a step passed."""
+        left = [len(r.state.prompt) - r.state.cache.length for r in self._prefills]
+        starved = [r for r in self._prefills if r.passed >= MAX_PASSES]
+        row = starved[0] if starved else self._prefills[min(range(len(left)), key=left.__getitem__)]
+        for r in self._prefills:
+            r.passed = 0 if r is row else r.passed + 1
+        return row
 
     def _new_row(self, prompt, chat: bool, policy: TreePolicy | None, kwargs: dict) -> Row:
         """A row with its state, its prompt not yet in: a row verified alone gets a cache of its own, as
@@ -236,11 +260,11 @@ class Batch:
         state = engine.new_state(ids, cache, policy=policy, **kwargs)
         return Row(state, time.perf_counter(), tokens, room, alone)
 
-    def _prefill(self, row: Row) -> TokenEvent | None:
+    def _prefill(self, row: Row, interrupt: Interrupt | None = None) -> TokenEvent | None:
         """One chunk of `row`'s prompt; after its last, the row decodes from the next step on (a batched one
         in a row of the batch tensor) and its first event comes back (finished and dropped when that token
-        ends it)."""
-        event = prefill_chunk(self.engine, row.state)
+        ends it). `interrupt`: as `step` says (`Preempted`, the row unchanged)."""
+        event = prefill_chunk(self.engine, row.state, interrupt)
         if event is None:
             return None
         if row in self._prefills:

@@ -34,6 +34,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
 from .heads.config import heads_input
+from .interrupt import Interrupt, Preempted
 from .tree import Tree
 
 _NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -59,6 +60,7 @@ class KVCache(Cache):
         self.length = 0
         self.slots: torch.Tensor | None = None  # [n] static mode: where the forward in flight writes
         self.kv_len = capacity  # static mode: how many slots attention reads
+        self.interrupt: Interrupt | None = None  # raised: the forward in flight stops before a layer
 
     def begin(self, n: int) -> None:
         """Open an eager forward of n tokens, written at slots length .. length + n - 1 (graphs.py sets
@@ -73,6 +75,8 @@ class KVCache(Cache):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """transformers' attention hands each layer's new keys and values [1, kv_heads, n, head_dim] here and
         attends over what comes back."""
+        if self.interrupt is not None and self.interrupt.is_set():  # before this layer writes: length unmoved
+            raise Preempted("a prefill forward stopped by its interrupt")
         if self.kv is None:
             b, h, _, d = key_states.shape
             shape = (2, self.num_layers, b, h, self.capacity, d)
@@ -317,12 +321,16 @@ class BaseModel:
         *,
         logits_to_keep: int = 0,
         hidden: bool = True,
+        interrupt: Interrupt | None = None,
     ) -> Forward:
         """Tokens at positions cache.length + depth, each attending to the committed prefix and to its own
         ancestors in the tree; their keys and values go into the cache's scratch slots (`commit` keeps the
         accepted ones). `logits_to_keep` > 0: logits of the last that many tokens only (a prefill needs the
         last one's: the LM head over every prompt position is up to a fifth of a long prompt's work).
-        `hidden` (the Base protocol's): the hidden states come with the logits either way here."""
+        `hidden` (the Base protocol's): the hidden states come with the logits either way here.
+        `interrupt` (a prefill's only): raised, it stops the forward before its next layer writes
+        (`Preempted`; the cache's length unmoved, so nothing it wrote counts). transformers' own cache
+        (`DynamicKV`) appends as it goes and is never interrupted."""
         n, past, dev = tokens.numel(), cache.length, tokens.device
         depths = torch.arange(n) if tree is None else tree.depths  # [n]
         positions = (past + depths).to(dev)
@@ -338,7 +346,13 @@ class BaseModel:
         else:
             mask = torch.ones(n, past + n, dtype=torch.bool, device=dev)  # [n, past + n]
             mask[:, past:] = tree_mask(tree, n).to(dev)
-        return self.run(tokens, positions, mask, cache, logits_to_keep=logits_to_keep)
+        if interrupt is None or tree is not None or not isinstance(cache, KVCache):
+            return self.run(tokens, positions, mask, cache, logits_to_keep=logits_to_keep)
+        cache.interrupt = interrupt
+        try:
+            return self.run(tokens, positions, mask, cache, logits_to_keep=logits_to_keep)
+        finally:
+            cache.interrupt = None
 
     def run(
         self,

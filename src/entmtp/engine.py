@@ -26,6 +26,7 @@ from .backends import base_for
 from .costs import CostCurve, LatencyModel, relative_cost
 from .errors import EntMTPError
 from .heads import Drafter, LazyProbe, Probe, taken
+from .interrupt import Interrupt
 from .lookup import Lookup, NgramIndex, draft_lookup, source_depths
 from .model import check_request, context_window, encode_prompt, eos_token_ids
 from .policy import Choice, TreePolicy, require_policy, static
@@ -378,14 +379,19 @@ def prefill(engine: Engine, state: DecodeState) -> TokenEvent:
     return event
 
 
-def prefill_chunk(engine: Engine, state: DecodeState) -> TokenEvent | None:
+def prefill_chunk(
+    engine: Engine, state: DecodeState, interrupt: Interrupt | None = None
+) -> TokenEvent | None:
     """The next `PREFILL_CHUNK` prompt tokens into the cache and the heads; after the prompt's last chunk, the
-    first token drawn: its event (None before)."""
+    first token drawn: its event (None before). `interrupt` raised: `Preempted` part way, nothing changed (the
+    chunk's boundaries do not move: it runs again whole)."""
     base, cache = engine.base, state.cache
     start = cache.length
     end = min(len(state.prompt), start + PREFILL_CHUNK)
     chunk = torch.tensor(state.prompt[start:end], device=base.device)  # [end - start]
-    fwd = base.forward(chunk, None, cache, logits_to_keep=1, hidden=state.reads_hidden)  # logits [1, V]
+    fwd = base.forward(
+        chunk, None, cache, logits_to_keep=1, hidden=state.reads_hidden, interrupt=interrupt
+    )  # logits [1, V]
     base.commit(cache, list(range(end - start)))
     if state.reads_hidden:
         state.drafter.extend(fwd.hidden)  # [end - start, H]

@@ -21,6 +21,7 @@ from typing import Protocol
 
 import torch
 
+from ..interrupt import Interrupt
 from ..tree import Tree
 
 BACKENDS = ("auto", "transformers", "llama-cpp")  # `auto`: measured per machine (build.py)
@@ -38,11 +39,19 @@ class Base(Protocol):
         sampled batch row's, which must repeat whatever its batch-mates)."""
 
     def forward(
-        self, tokens: torch.Tensor, tree: Tree | None, cache, *, logits_to_keep: int = 0, hidden: bool = True
+        self,
+        tokens: torch.Tensor,
+        tree: Tree | None,
+        cache,
+        *,
+        logits_to_keep: int = 0,
+        hidden: bool = True,
+        interrupt: Interrupt | None = None,
     ):
         """Logits (and, with `hidden`, the hidden states the heads read) of `tokens` as `tree` over `cache`.
         `hidden` False: the caller reads no hidden states, and a backend may return none (llama.cpp then
-        keeps its embeddings off)."""
+        keeps its embeddings off). `interrupt`: a prefill (`tree` None) stops part way once it is raised,
+        with `Preempted`, the cache as before the call (interrupt.py); a backend may also finish it."""
 
     def commit(self, cache, path: list[int]) -> None: ...
 

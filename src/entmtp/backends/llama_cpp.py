@@ -18,6 +18,7 @@ one context, verified in one decode.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import weakref
@@ -30,6 +31,7 @@ from torch import nn
 
 from ..cache import Forward
 from ..errors import EntMTPError
+from ..interrupt import Interrupt, Preempted, strlen_address
 from ..tree import Tree
 from .amx import extra_bufts_safe  # on a CPU with AMX: the canary's verdict (amx.py)
 
@@ -344,6 +346,18 @@ class Runtime:
         self.lib.llama_memory_seq_rm(self.mem, seq, -1, -1)
         self.free_seqs.append(seq)
 
+    @contextlib.contextmanager
+    def interrupted(self, interrupt: Interrupt):
+        """Within: llama_decode stops between two graph nodes once `interrupt` is raised (rc 2: `Preempted`).
+        The callback is C's strlen over the flag (interrupt.py), set only for the call: a Python callback
+        would take the GIL after every node, and steps run without one."""
+        callback = self.lib.ggml_abort_callback
+        self.lib.llama_set_abort_callback(self.ctx, callback(strlen_address()), interrupt.address)
+        try:
+            yield
+        finally:
+            self.lib.llama_set_abort_callback(self.ctx, callback(), None)
+
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> None:
         self.lib.llama_memory_seq_rm(self.mem, seq, p0, p1)
 
@@ -371,6 +385,8 @@ class Runtime:
         b.n_tokens = n
         self._views.fill(tokens, positions, seqs, outputs)
         rc = self.lib.llama_decode(self.ctx, b)
+        if rc == 2:  # its abort callback stopped it (`interrupted`); llama.cpp dropped this batch's cells
+            raise Preempted("llama_decode stopped by its interrupt")
         if rc != 0:
             raise LlamaCppError(
                 f"llama_decode failed ({rc}{': no room in the KV cache' if rc == 1 else ''}) for {n} tokens "
@@ -670,18 +686,28 @@ class LlamaCppBase:
         *,
         logits_to_keep: int = 0,
         hidden: bool = True,
+        interrupt: Interrupt | None = None,
     ) -> Forward:
         """Tokens at positions cache.length + depth over `cache` (see the module docstring); a prefill (`tree`
         None) runs in chunks of N_BATCH tokens. `logits_to_keep` > 0: the logits of the last that many.
         `hidden` False: the caller reads no hidden states (no heads), so llama.cpp computes and copies none
-        (its embeddings stay off) and `Forward.hidden` is empty [0, H]."""
+        (its embeddings stay off) and `Forward.hidden` is empty [0, H]. `interrupt` (a prefill's only): raised,
+        it stops llama.cpp between two graph nodes (its abort callback, interrupt.py): `Preempted`, with the
+        cells this call wrote dropped."""
         n, past = tokens.numel(), cache.length
         if past + n > cache.capacity:
             raise ValueError(f"{n} tokens after {past} overflow the KV cache of {cache.capacity}")
         toks = tokens.tolist()
         seqs = cache.open_step(tree, n)
         if tree is None:
-            return self._prefill(cache.runtime, toks, past, seqs[0], logits_to_keep, hidden)
+            if interrupt is None:
+                return self._prefill(cache.runtime, toks, past, seqs[0], logits_to_keep, hidden)
+            with cache.runtime.interrupted(interrupt):
+                try:
+                    return self._prefill(cache.runtime, toks, past, seqs[0], logits_to_keep, hidden)
+                except Preempted:  # drop what an earlier llama_decode of this call wrote too
+                    cache.runtime.seq_rm(cache.seq, past)
+                    raise
         positions = (past + tree.depths).tolist()
         logits, states = cache.runtime.decode(toks, positions, seqs, [True] * n, embeddings=hidden)
         return self._forward(logits, states)

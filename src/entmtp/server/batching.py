@@ -3,8 +3,11 @@ continuous batch (batch.py), every row's tree verified in one forward per step.
 
 The loop, between two steps: admit waiting jobs into free rows (a job cancelled while it waited never
 starts), drop the rows whose client left or which the server cut, then step the batch once (every decoding
-row, and one chunk of the oldest prompt going in: a long prompt never stalls the others for its whole
-prefill) and route each row's event to its job. Rows join and leave between steps, so nobody waits for the
+row, and one chunk of the prompt going in with the fewest tokens left: a long prompt never stalls the others
+for its whole prefill) and route each row's event to its job. A job submitted while a row is free raises the
+batch's interrupt: a prefill chunk in flight stops part way (interrupt.py) and the newcomer's prompt goes in
+at the next step, so a short request's first token never waits for a chunk of somebody's long prompt (a
+chunk deep in an 8k-token prompt takes seconds on two cores). Rows join and leave between steps, so nobody waits for the
 slowest; each row decodes what `Engine.stream` gives it alone (token for token in float32 greedy decoding;
 bit for bit for seeded sampling: batch.py). An error in one row's part of a step (its prompt, its drafting,
 its verification) ends that row's job only; an error of the batch itself ends every row's job and the next
@@ -20,6 +23,7 @@ from ..batch import Batch, BatchOptions, Row
 from ..costs import CostSurface
 from ..engine import Engine
 from ..errors import EntMTPError
+from ..interrupt import Interrupt
 from .thread import TorchThread
 from .worker import Job, Worker
 
@@ -76,7 +80,14 @@ class BatchWorker(Worker):
         # set before Worker.__init__, which starts the loop that reads them
         self.batch, self.slots, self.on_step = batch, slots, on_step
         self._rows: dict[int, _Running] = {}  # row id -> its job
+        self.interrupt = Interrupt()  # `submit` raises it while a row is free: a prefill chunk stops
         super().__init__(batch.engine, max_queue, on_finish, thread)
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            super().submit(job)
+            if len(self._rows) < self.slots:  # it can start at the next step: no chunk need delay it
+                self.interrupt.set()
 
     def _run(self) -> None:
         while not self._closed or self._rows:  # after `close`, the rows still open run to their end
@@ -86,12 +97,16 @@ class BatchWorker(Worker):
                 self._step()
 
     def _admit(self) -> None:
-        """Start waiting jobs in the free rows, one prefill at a time; wait for one when no row runs."""
+        """Start waiting jobs in the free rows, one prefill at a time; wait for one when no row runs. Then the
+        interrupt is down unless a job still waits for a row that is free (one submitted meanwhile)."""
         while len(self._rows) < self.slots and not self._closed:
             job = self._next(block=not self._rows)
             if job is None:
-                return
+                break
             self._start(job)
+        with self._lock:
+            if not self._queue or len(self._rows) >= self.slots:
+                self.interrupt.clear()
 
     def _start(self, job: Job) -> None:
         """Give `job` a new row, its prompt to be prefilled by the steps (a job already ended there ends now)."""
@@ -118,7 +133,7 @@ class BatchWorker(Worker):
         """One step of the batch (every decoding row, and a chunk of the oldest prompt going in): each event to
         its job; finished rows end their job, and so do rows that failed (with their error), alone."""
         try:
-            out = self.batch.step()
+            out = self.batch.step(self.interrupt)
         except Exception as e:  # noqa: BLE001 - the batch's own state is unknown: each row's job gets the error
             self._fail_all(e)
             return
