@@ -302,6 +302,14 @@ class BaseModel:
         """Continuous batching needs the preallocated cache (`BatchKV`)."""
         return self.preallocate
 
+    def set_threads(self, threads: int) -> None:
+        """torch's CPU threads for the forwards the calling thread runs from now on (the server's live choice,
+        server/threads.py: called on the thread that steps the model)."""
+        torch.set_num_threads(threads)
+
+    def threads(self) -> int:
+        return torch.get_num_threads()
+
     def new_batch(self, rows: int | None = None) -> BatchKV:
         """A batch cache (it grows with its rows: `rows` is for backends that size a shared one up front)."""
         return BatchKV(self.model)

@@ -55,6 +55,12 @@ class Base(Protocol):
 
     def commit(self, cache, path: list[int]) -> None: ...
 
+    def set_threads(self, threads: int) -> None:
+        """CPU threads for the forwards from now on (called on the thread that runs them)."""
+
+    def threads(self) -> int:
+        """CPU threads the forwards run on now."""
+
     def new_batch(self, rows: int | None = None):
         """A continuous batch's caches for up to `rows` generations at once (None: not known)."""
 

@@ -323,6 +323,12 @@ class Runtime:
         n_ctx = max(n_ctx, N_BATCH)  # llama.cpp asserts on a context smaller than its batch
         return Runtime(self.path, threads=self.threads, n_ctx=n_ctx, kv_type=self.kv_type, parent=self)
 
+    def set_threads(self, threads: int) -> None:
+        """Decode with `threads` CPU threads from now on (this context's, and any later private context's; a
+        private context already made keeps its own until its generation ends)."""
+        self.threads = threads
+        self.lib.llama_set_n_threads(self.ctx, threads, threads)
+
     def reserve(self, cells: int) -> None:
         """Promise `cells` more KV cells to a generation (negative: give them back). Every generation of a
         context shares its n_ctx cells; a promise past them fails here, before any token of it is decoded,
@@ -670,6 +676,13 @@ class LlamaCppBase:
         (`Runtime.private`: its numbers then do not depend on other generations')."""
         runtime = self.runtime.private(capacity) if private else self.runtime
         return LlamaSeq(runtime, capacity)
+
+    def set_threads(self, threads: int) -> None:
+        """llama.cpp's CPU threads from the next decode on (the server's live choice, server/threads.py)."""
+        self.runtime.set_threads(threads)
+
+    def threads(self) -> int:
+        return self.runtime.threads
 
     def new_batch(self, rows: int | None = None) -> LlamaBatch:
         """The caches of a continuous batch of up to `rows` generations; the shared context grows to hold that

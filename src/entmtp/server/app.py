@@ -54,6 +54,7 @@ def create_app(
     body_timeout: float = BODY_TIMEOUT_S,
     api_docs: bool = False,
     batch_invariant: bool = False,
+    live_threads: bool = False,
 ) -> FastAPI:
     """The app serving `engine` as `model_name`: up to `max_batch` requests generate together (one continuous
     batch, weighing trees by the cost surface `costs` when given; 1: one at a time, CUDA graphs allowed) and
@@ -62,7 +63,9 @@ def create_app(
     requests at temperature > 0 (auto: lossless sampling; sample; typical: not lossless). `body_timeout`: seconds
     a request's body may take to arrive once its headers did (then a 408). `api_docs`: also serve FastAPI's
     /docs, /redoc and /openapi.json (off: a production server shows no schema browser). `batch_invariant`: every
-    request decodes in a cache of its own, so its reply never depends on what else runs (batch.BatchOptions)."""
+    request decodes in a cache of its own, so its reply never depends on what else runs (batch.BatchOptions).
+    `live_threads`: a batch worker chooses its CPU threads (up to the engine's) by its steps' times
+    (server/threads.py)."""
     if max_batch < 1:
         raise EntMTPError(f"max_batch must be >= 1 (1: one request at a time), got {max_batch}")
     if acceptance not in SAMPLED_CHOICES:
@@ -73,7 +76,7 @@ def create_app(
     app = FastAPI(title="entmtp", version="1", lifespan=_lifespan, **docs)
     state = app.state.server = ServerState.start(
         engine, model_name, max_queue, max_body_bytes, max_batch, costs, thread, acceptance, body_timeout,
-        batch_invariant,
+        batch_invariant, live_threads,
     )  # fmt: skip
     app.add_exception_handler(StarletteHTTPException, routes.http_error)
     app.add_exception_handler(Exception, routes.internal_error)

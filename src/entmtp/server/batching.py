@@ -25,6 +25,7 @@ from ..engine import Engine
 from ..errors import EntMTPError
 from ..interrupt import Interrupt
 from .thread import TorchThread
+from .threads import ThreadChooser
 from .worker import Job, Worker
 
 log = logging.getLogger("entmtp.server")
@@ -39,11 +40,13 @@ def start_worker(
     on_step=None,
     thread: TorchThread | None = None,
     invariant: bool = False,
+    live_threads: bool = False,
 ) -> Worker:
     """The generation thread: a `BatchWorker` of `max_batch` rows, or one job at a time when `max_batch` is 1
     or the engine cannot step a batch (CUDA graphs, no preallocated cache: one log line says which). With
     `thread` (the one that built the engine: thread.py says why), the batch is built and the loop runs there.
-    `invariant`: every row in a cache of its own (BatchOptions.invariant)."""
+    `invariant`: every row in a cache of its own (BatchOptions.invariant). `live_threads`: the batch worker
+    chooses its CPU threads, 1 up to the engine's, by its steps' times (threads.py)."""
     if max_batch > 1:
         try:
             options = BatchOptions(max_batch=max_batch, costs=costs, invariant=invariant)
@@ -51,7 +54,11 @@ def start_worker(
         except EntMTPError as e:
             log.warning("serving one request at a time, not %d together: %s", max_batch, e)
         else:
-            return BatchWorker(batch, max_batch, max_queue, on_finish, on_step, thread)
+            chooser = None
+            if live_threads:  # the count of the thread that runs the forwards (before its loop takes it)
+                top = thread.call(engine.base.threads) if thread else engine.base.threads()
+                chooser = ThreadChooser(top, engine.base.set_threads)
+            return BatchWorker(batch, max_batch, max_queue, on_finish, on_step, thread, chooser)
     return Worker(engine, max_queue, on_finish, thread)
 
 
@@ -76,11 +83,13 @@ class BatchWorker(Worker):
         on_finish=None,
         on_step=None,
         thread: TorchThread | None = None,
+        threads: ThreadChooser | None = None,
     ):
         # set before Worker.__init__, which starts the loop that reads them
         self.batch, self.slots, self.on_step = batch, slots, on_step
         self._rows: dict[int, _Running] = {}  # row id -> its job
         self.interrupt = Interrupt()  # `submit` raises it while a row is free: a prefill chunk stops
+        self.threads = threads  # the live choice of CPU threads (threads.py), if any
         super().__init__(batch.engine, max_queue, on_finish, thread)
 
     def submit(self, job: Job) -> None:
@@ -147,6 +156,10 @@ class BatchWorker(Worker):
             log.error("a row failed; ending its request alone: %r", error)
             running = self._rows.pop(row.id)
             self._end(running.job, None, False, running.t0, error)
+        if (
+            self.threads is not None and self.batch.last is not None
+        ):  # on this thread, which runs the forwards
+            self.threads.observe(self.batch.last.seconds, self.batch.last.rows)
         if self.on_step is not None and self.batch.last is not None:  # a prefill's first token is no step's
             self.on_step(self.batch.last, sum(len(e.token_ids) for _, e in out if e.step is not None))
 

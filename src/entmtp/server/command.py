@@ -90,6 +90,13 @@ def add_batch_arguments(sv: argparse.ArgumentParser) -> None:
         "a row's logits, and a greedy reply can change with what runs beside it (transformers in float32: "
         "none seen); seeded sampled requests get their own cache either way",
     )
+    sv.add_argument(
+        "--fixed-threads",
+        action="store_true",
+        help="keep --threads (or torch's default, the cores) whatever the load. Default: with --max-batch > 1 "
+        "the server tries one thread fewer now and then, and whenever its steps slow down, and keeps the "
+        "faster (beside a busy process on 2 cores, 1 thread decodes 3-4x faster than 2)",
+    )
 
 
 def add_request_arguments(sv: argparse.ArgumentParser) -> None:
@@ -191,6 +198,7 @@ def _ready_app(args, create_app):
         body_timeout=args.body_timeout,
         api_docs=args.api_docs,
         batch_invariant=args.batch_invariant,
+        live_threads=not args.fixed_threads,
     )
     return engine, app
 

@@ -59,6 +59,7 @@ class ServerState:
         acceptance: str = "auto",
         body_timeout: float = BODY_TIMEOUT_S,
         invariant: bool = False,
+        live_threads: bool = False,
     ) -> ServerState:
         """A state with its generation loop started (`max_batch` rows at once, batching.py) on `thread`, the
         one that built the engine (thread.py says why), or on a new thread."""
@@ -72,6 +73,7 @@ class ServerState:
             on_step=metrics.stepped,
             thread=thread,
             invariant=invariant,
+            live_threads=live_threads,
         )
         token_text = schema.TokenText(engine.tokenizer)
         return cls(
