@@ -121,6 +121,17 @@ def test_without_idle_figures_a_neighbour_that_left_is_found_by_the_next_periodi
     assert c.threads == 2
 
 
+def test_steps_that_slow_for_every_count_start_one_trial_not_one_a_window():
+    """Steps twice as slow at any count (longer contexts, say) start a trial, which loses; the slower steps
+    are then the reference, so no trial follows until the period."""
+    m = Machine()
+    c = chooser_on(m)
+    m.steps(c, 200)
+    m.ms = {2: 20.0, 1: 32.0}
+    m.steps(c, 300)  # ~9 s, within the period after the trial
+    assert c.trials == 1 and c.threads == 2
+
+
 def test_one_configured_thread_never_tries_another_count():
     m = Machine()
     m.threads = 1

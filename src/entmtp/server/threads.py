@@ -8,7 +8,7 @@ on the 2-core EPYC). No fixed count serves both, so a batch worker measures: it 
 
 `ThreadChooser.observe` hears every batched decode step (its seconds; the prefill chunk a step may carry is not
 in them) with its rows. Once `PERIOD_S` has passed since the last decision, at once when the steps slow by
-`SLOWDOWN` against the last decision's, and, below the configured count, when the machine had a core idle
+`SLOWDOWN` against the best window at this count, and, below the configured count, when the machine had a core idle
 over the last window (Linux's /proc/stat; at most every `IDLE_GAP_S`: a neighbour that left), it runs the next `WINDOW` steps at one thread fewer (or, below the
 configured count, one more) and compares their median against the median of the `WINDOW` steps before, on the
 same rows (a row that joins or leaves voids the trial). Fewer threads take over only for steps `DOWN` times
@@ -19,11 +19,14 @@ doubles the wait before the next, up to `MAX_PERIOD_S`, so a server whose count 
 
 from __future__ import annotations
 
+import logging
 import os
 import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
+
+log = logging.getLogger("entmtp.server")
 
 WINDOW = 8  # steps measured at each count
 PERIOD_S = 20.0  # seconds between trials while the last one won (or at the start)
@@ -65,7 +68,8 @@ class ThreadChooser:
         self._due = clock() + PERIOD_S
         self._recent: deque[float] = deque(maxlen=WINDOW)  # the latest steps at `threads`, on `_key`'s rows
         self._key: Hashable = None
-        self._decided: dict[Hashable, float] = {}  # rows -> median step at `threads` when last measured
+        # rows -> the fastest window's median step at `threads` (after a trial lost: the window before it)
+        self._decided: dict[Hashable, float] = {}
         self._trial: int | None = None  # the count on trial
         self._trial_steps: list[float] = []
         self._baseline = 0.0  # the median step before the trial
@@ -84,7 +88,7 @@ class ThreadChooser:
         if len(self._recent) < WINDOW or self._steps_since(WINDOW):
             return
         now = statistics.median(self._recent)
-        before = self._decided.setdefault(rows, now)
+        before = self._decided[rows] = min(self._decided.get(rows, now), now)  # the best window so far
         if self._clock() >= self._due or now > SLOWDOWN * before or self._cores_idle():
             self._start_trial(now)
 
@@ -140,6 +144,10 @@ class ThreadChooser:
         self._count = 0
         self._window_start = (self._clock(), self._idle())
         if won:
+            log.info(
+                "decoding on %d CPU thread(s) now: %d ran a step in %.1f ms, %d in %.1f ms",
+                trial, self.threads, 1000 * self._baseline, trial, 1000 * statistics.median(self._trial_steps),
+            )  # fmt: skip
             self.threads, self._period = trial, PERIOD_S
             self._decided.clear()  # the old count's steps say nothing of the new one's
             self.switches += 1
