@@ -68,7 +68,7 @@ def test_beside_a_busy_neighbour_it_moves_to_one_thread_and_back_when_the_neighb
     m.busy = False
     ran = m.steps(
         c, 400
-    )  # ~7 s: a core idle starts a trial of 2 threads, within IDLE_GAP_S of the last trial
+    )  # ~7 s: a core idle starts a trial of 2 threads, within EARLY_GAP_S of the last trial
     assert c.threads == 2 and m.threads == 2 and ran[-50:] == [2] * 50
 
 
@@ -89,10 +89,12 @@ def test_trials_that_lose_come_less_often_up_to_the_longest_period():
     m.apply = lambda n: (starts.append(m.now) if n == 1 else None, apply(n))
     c._apply = m.apply
     m.steps(c, 60_000)
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    gaps = [b - a for a, b in zip(starts[:-1], starts[1:], strict=True)]
     assert gaps[0] == pytest.approx(2 * T.PERIOD_S, rel=0.05)
     assert max(gaps) == pytest.approx(T.MAX_PERIOD_S, rel=0.05)
-    assert all(b > a - 0.1 for a, b in zip(gaps, gaps[1:]))  # never sooner than the one before
+    assert all(
+        b > a - 0.1 for a, b in zip(gaps[:-1], gaps[1:], strict=True)
+    )  # never sooner than the one before
 
 
 def test_a_row_that_joins_during_a_trial_voids_it():
@@ -132,6 +134,23 @@ def test_steps_that_slow_for_every_count_start_one_trial_not_one_a_window():
     assert c.trials == 1 and c.threads == 2
 
 
+def test_a_step_is_measured_against_its_price_so_that_steps_of_different_trees_compare():
+    """With the batch's cost surface, a step's measure is its time over the surface's price of it (its rows,
+    its nodes per row); steps of different trees at the same speed measure alike, compared within their rows.
+    Without a surface, the raw seconds, compared within steps of the same rows and tokens per row."""
+    from entmtp.batch import BatchStep
+    from entmtp.costs import CostSurface
+    from entmtp.server.threads import priced_by, step_measure
+
+    surface = CostSurface((1, 4), (0, 8), ((10.0, 14.0), (20.0, 40.0)))
+    priced = priced_by(surface)
+    plain = BatchStep(rows=4, nodes=(0,) * 4, padded=1, seconds=0.030, verify_seconds=0.02)
+    tree = BatchStep(rows=4, nodes=(8,) * 4, padded=9, seconds=0.060, verify_seconds=0.05)
+    assert step_measure(plain, priced) == (pytest.approx(1.5), 4)
+    assert step_measure(tree, priced) == (pytest.approx(1.5), 4)
+    assert step_measure(tree) == (0.060, (4, 9)) and priced_by(None) is None
+
+
 def test_one_configured_thread_never_tries_another_count():
     m = Machine()
     m.threads = 1
@@ -141,13 +160,18 @@ def test_one_configured_thread_never_tries_another_count():
     assert m.applied == [] and c.trials == 0
 
 
-def test_a_batch_worker_sets_the_threads_on_the_thread_that_runs_the_forwards(monkeypatch):
+@pytest.mark.parametrize("surface", [False, True])
+def test_a_batch_worker_sets_the_threads_on_the_thread_that_runs_the_forwards(monkeypatch, surface):
     """`start_worker(live_threads=True)` gives the batch worker a chooser up to the engine's threads, fed by
-    every batched step; its choice is torch's thread count on the worker's own thread."""
+    every batched step (priced by the batch's cost surface when it has one); its choice is torch's thread
+    count on the worker's own thread."""
+    from entmtp.costs import CostSurface
+
     monkeypatch.setattr(T, "PERIOD_S", 0.0)  # a trial as soon as a window is measured
     torch.set_num_threads(2)
     engine = Engine(tiny_model("llama", seed=4), ByteTokenizer())
-    worker = start_worker(engine, 8, 2, live_threads=True)
+    costs = CostSurface((1, 4), (0, 8), ((10.0, 14.0), (20.0, 40.0))) if surface else None
+    worker = start_worker(engine, 8, 2, costs, live_threads=True)
     assert isinstance(worker, BatchWorker) and worker.threads.top == 2
     seen = []
     observe = worker.threads.observe

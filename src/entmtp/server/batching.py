@@ -25,7 +25,7 @@ from ..engine import Engine
 from ..errors import EntMTPError
 from ..interrupt import Interrupt
 from .thread import TorchThread
-from .threads import ThreadChooser
+from .threads import ThreadChooser, priced_by, step_measure
 from .worker import Job, Worker
 
 log = logging.getLogger("entmtp.server")
@@ -90,6 +90,7 @@ class BatchWorker(Worker):
         self._rows: dict[int, _Running] = {}  # row id -> its job
         self.interrupt = Interrupt()  # `submit` raises it while a row is free: a prefill chunk stops
         self.threads = threads  # the live choice of CPU threads (threads.py), if any
+        self._priced = priced_by(batch.options.costs)  # what the surface prices a step at (threads.py)
         super().__init__(batch.engine, max_queue, on_finish, thread)
 
     def submit(self, job: Job) -> None:
@@ -159,7 +160,7 @@ class BatchWorker(Worker):
         if (
             self.threads is not None and self.batch.last is not None
         ):  # on this thread, which runs the forwards
-            self.threads.observe(self.batch.last.seconds, self.batch.last.rows)
+            self.threads.observe(*step_measure(self.batch.last, self._priced))
         if self.on_step is not None and self.batch.last is not None:  # a prefill's first token is no step's
             self.on_step(self.batch.last, sum(len(e.token_ids) for _, e in out if e.step is not None))
 

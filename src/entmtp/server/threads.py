@@ -6,19 +6,21 @@ for the busy one), while on an idle machine two threads are faster (1.08x on tra
 on the 2-core EPYC). No fixed count serves both, so a batch worker measures: it keeps the configured count
 (`--threads`, else torch's default) unless fewer threads decode faster now.
 
-`ThreadChooser.observe` hears every batched decode step (its seconds; the prefill chunk a step may carry is not
-in them) with its rows. Once `PERIOD_S` has passed since the last decision, at once when the steps slow by
-`SLOWDOWN` against the best window at this count, and, below the configured count, when the machine had a core idle
-over the last window (Linux's /proc/stat; at most every `IDLE_GAP_S`: a neighbour that left), it runs the next `WINDOW` steps at one thread fewer (or, below the
-configured count, one more) and compares their median against the median of the `WINDOW` steps before, on the
-same rows (a row that joins or leaves voids the trial). Fewer threads take over only for steps `DOWN` times
-faster; more threads, back towards the configured count, whenever they are no slower. A trial that loses
-doubles the wait before the next, up to `MAX_PERIOD_S`, so a server whose count stays right spends well under
-1% of its steps on trials. `serve --fixed-threads` turns the choice off.
+`ThreadChooser.observe` hears every batched decode step: its seconds over what the batch's cost surface prices
+it at (`step_measure`: steps of different trees then compare; the prefill chunk a step may carry is not in
+them), with its rows. Once `PERIOD_S` has passed since the last decision, it runs the next `WINDOW` steps at
+one thread fewer (or, below the configured count, one more) and compares their median against the median of
+the `WINDOW` steps before, on the same rows (a row that joins or leaves voids the trial). A trial also starts
+early, at most every `EARLY_GAP_S`, when the steps slow by `SLOWDOWN` against the best window at this count
+(a neighbour came), or, below the configured count, when the machine had a core idle over the last window
+(Linux's /proc/stat: a neighbour left). Fewer threads take over only for steps `DOWN` times faster; more
+threads, back towards the configured count, whenever they are no slower. A trial that loses doubles the wait
+before the next periodic one, up to `MAX_PERIOD_S`. `serve --fixed-threads` turns the choice off.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import statistics
@@ -34,7 +36,22 @@ MAX_PERIOD_S = 80.0  # ... doubling after each that lost, up to this
 SLOWDOWN = 1.5  # steps this much slower than at the last decision start a trial at once
 DOWN = 1.25  # fewer threads must run a step this many times faster to take over
 IDLE_CORES = 0.5  # CPUs idle on average over a window below the configured count: more threads may pay
-IDLE_GAP_S = 5.0  # seconds from one trial to the next that idle CPUs start
+EARLY_GAP_S = 5.0  # seconds from one trial to the next that a slowdown or idle CPUs start
+
+
+def step_measure(step, priced=None) -> tuple[float, Hashable]:
+    """(what a batched step's time says of the threads, the workload it is compared within): with `priced` (rows
+    -> the batch's cost surface's `LatencyModel` at that many rows: `priced_by`), its seconds over what the
+    surface prices that step at, so steps of different trees compare, within steps of the same rows; without,
+    its seconds, within steps of the same rows and tokens per row."""
+    if priced is None:
+        return step.seconds, (step.rows, step.padded)
+    return step.seconds / (float(priced(step.rows)(step.padded - 1)) / 1000), step.rows
+
+
+def priced_by(costs):
+    """`step_measure`'s `priced` for the cost surface `costs` (None without one): one latency model per rows."""
+    return None if costs is None else functools.lru_cache(maxsize=64)(costs.latency)
 
 
 def idle_cpu_seconds() -> float | None:
@@ -77,7 +94,8 @@ class ThreadChooser:
         self.trials = self.switches = 0
 
     def observe(self, seconds: float, rows: Hashable) -> None:
-        """A batched decode step took `seconds` with `rows` (the workload: only like steps are compared)."""
+        """A batched decode step took `seconds` (or its time over its price: `step_measure`) with `rows` (the
+        workload: only like steps are compared)."""
         if self._trial is not None:
             self._observe_trial(seconds, rows)
             return
@@ -89,8 +107,14 @@ class ThreadChooser:
             return
         now = statistics.median(self._recent)
         before = self._decided[rows] = min(self._decided.get(rows, now), now)  # the best window so far
-        if self._clock() >= self._due or now > SLOWDOWN * before or self._cores_idle():
+        if self._clock() >= self._due or self._early(now > SLOWDOWN * before):
             self._start_trial(now)
+
+    def _early(self, slower: bool) -> bool:
+        """Whether a trial starts before its period: the steps slowed (`slower`), or a core sat idle below the
+        configured count; at most every `EARLY_GAP_S` from the last trial."""
+        idle = self._cores_idle()  # read every window, so that each reading covers one window
+        return self._clock() - self._last_trial >= EARLY_GAP_S and (slower or idle)
 
     def _steps_since(self, every: int) -> bool:
         """Whether this step is not the `every`-th since the last look (the rules are weighed once a window)."""
@@ -99,12 +123,12 @@ class ThreadChooser:
 
     def _cores_idle(self) -> bool:
         """Below the configured count, whether the machine had `IDLE_CORES` idle since the last look (which
-        starts the next window), at most every `IDLE_GAP_S` from the last trial."""
+        starts the next window)."""
         if self.threads >= self.top:
             return False
         (t0, idle0), t, idle = self._window_start, self._clock(), self._idle()
         self._window_start = (t, idle)
-        if idle is None or idle0 is None or t - self._last_trial < IDLE_GAP_S or t <= t0:
+        if idle is None or idle0 is None or t <= t0:
             return False
         return (idle - idle0) / (t - t0) >= IDLE_CORES
 
