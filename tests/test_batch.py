@@ -384,39 +384,12 @@ def test_a_long_prompt_prefills_in_chunks_between_the_other_rows_steps():
         assert len(out[running.id].token_ids) == 1  # a step of the running row, every step
         steps_before_its_first_token += 1
         tokens = out[long.id].token_ids if long.id in out else []
-    assert steps_before_its_first_token == len(chunks(engine, len(prompt)))
+    assert steps_before_its_first_token == 5
     while len(batch) > 1:
         tokens += (
             dict((r.id, e) for r, e in batch.step()).get(long.id, SimpleNamespace(token_ids=[])).token_ids
         )
     assert tokens == engine.generate(prompt, max_new_tokens=10).token_ids
-
-
-def chunks(engine, n: int) -> list[int]:
-    """The chunk sizes a prompt of `n` tokens is prefilled in (engine.chunk_size)."""
-    from entmtp.engine import chunk_size
-
-    out, start = [], 0
-    while start < n:
-        out.append(min(n - start, chunk_size(start, engine.reach)))
-        start += out[-1]
-    return out
-
-
-def test_prefill_chunks_shrink_deeper_in_a_prompt_so_that_each_costs_about_the_first():
-    """PREFILL_CHUNK tokens at the start, fewer as attention over the tokens before grows (SmolLM2-135M:
-    attention costs what the weights do at position 3,072), never fewer than MIN_CHUNK, multiples of 16; a
-    model whose config lacks the usual fields keeps PREFILL_CHUNK."""
-    from transformers import AutoConfig
-
-    from entmtp.engine import MIN_CHUNK, PREFILL_CHUNK, attention_reach, chunk_size
-    from entmtp.model import embedded_model_dir
-
-    reach = attention_reach(AutoConfig.from_pretrained(embedded_model_dir()))
-    assert reach == 3072
-    sizes = [chunk_size(s, reach) for s in (0, 1024, 2048, 3072, 8000)]
-    assert sizes == [PREFILL_CHUNK, 192, 144, MIN_CHUNK, MIN_CHUNK]
-    assert all(k % 16 == 0 for k in sizes) and chunk_size(5000, attention_reach(object())) == PREFILL_CHUNK
 
 
 def test_a_short_prompt_goes_in_ahead_of_the_rest_of_a_long_one():
@@ -442,7 +415,7 @@ def test_a_short_prompt_goes_in_ahead_of_the_rest_of_a_long_one():
             first_token_step.setdefault(r.id, step)
             tokens[r.id] += e.token_ids
     assert first_token_step[short.id] == 1 and first_token_step[late.id] == 3
-    assert first_token_step[long.id] == len(chunks(engine, len(prompt))) + 2  # two steps later than alone
+    assert first_token_step[long.id] == 7  # its five chunks, two steps later than alone
     assert tokens[long.id] == engine.generate(prompt, max_new_tokens=6).token_ids
     assert tokens[short.id] == engine.generate(PROMPTS[0], max_new_tokens=6).token_ids
     assert tokens[late.id] == engine.generate(PROMPTS[3], max_new_tokens=6).token_ids

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -110,7 +109,6 @@ class Engine:
             model, offset, kv, full_hidden=full_hidden, hidden_state_norm=norm
         )  # transformers or llama.cpp
         self.window = context_window(model)
-        self.reach = attention_reach(getattr(model, "config", None))  # how prefill chunks shrink (chunk_size)
         every = (policy, *self.policies.values())
         self._predicted: dict[
             int, TreePolicy
@@ -369,38 +367,9 @@ def decode(engine: Engine, state: DecodeState) -> Iterator[TokenEvent]:
         yield event
 
 
-PREFILL_CHUNK = 256  # prompt tokens of a prefill's first forward: a batch (batch.py) steps its other rows
-# between two chunks, so a long prompt stalls them one chunk at a time (~0.5 s on 2 CPU cores for a 135M model),
-# not for its whole prefill; deeper in the prompt a chunk has fewer tokens (`chunk_size`), so that each costs
-# about what the first does; `Engine.stream` prefills in the same chunks, so a row computes the same numbers alone
-MIN_CHUNK = (
-    128  # the fewest tokens of a chunk but a prompt's last: a 64-token chunk runs at 1.3-1.4x the time
-)
-# per token of a 128-token one on two cores (the weights read for too few tokens)
-
-
-def attention_reach(config) -> float:
-    """The prompt position at which a token's attention over the tokens before it costs what its weights do
-    (per layer, 4 x hidden FLOPs per earlier token against twice the layer's weights; 3,072 for SmolLM2-135M):
-    a token at position s costs (1 + s / reach) times one at the start. inf for a config without the usual
-    fields (chunks then never shrink)."""
-    try:
-        h, inter, heads = config.hidden_size, config.intermediate_size, config.num_attention_heads
-    except AttributeError:
-        return math.inf
-    dim = getattr(config, "head_dim", None) or h // heads
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    weights = 2 * (2 * h * heads * dim + 2 * h * kv * dim + 3 * h * inter)  # q and o, k and v, the MLP
-    return weights / (4 * heads * dim)
-
-
-def chunk_size(start: int, reach: float) -> int:
-    """Tokens of the prefill chunk that starts at prompt position `start`: PREFILL_CHUNK at the start, and
-    deeper in as many as cost about the same time (`attention_reach`), a multiple of 16, at least MIN_CHUNK. A
-    function of the position alone, so a prompt is cut the same way wherever it is prefilled."""
-    if math.isinf(reach):
-        return PREFILL_CHUNK
-    return max(MIN_CHUNK, int(PREFILL_CHUNK * reach / (reach + start)) // 16 * 16)
+PREFILL_CHUNK = 256  # prompt tokens per prefill forward: a batch (batch.py) steps its other rows between two
+# chunks, so a long prompt stalls them one chunk at a time (~0.5 s on 2 CPU cores for a 135M model), not for
+# its whole prefill; `Engine.stream` prefills in the same chunks, so a row computes the same numbers alone
 
 
 def prefill(engine: Engine, state: DecodeState) -> TokenEvent:
@@ -413,12 +382,12 @@ def prefill(engine: Engine, state: DecodeState) -> TokenEvent:
 def prefill_chunk(
     engine: Engine, state: DecodeState, interrupt: Interrupt | None = None
 ) -> TokenEvent | None:
-    """The next chunk of prompt tokens (`chunk_size`) into the cache and the heads; after the prompt's last chunk, the
+    """The next `PREFILL_CHUNK` prompt tokens into the cache and the heads; after the prompt's last chunk, the
     first token drawn: its event (None before). `interrupt` raised: `Preempted` part way, nothing changed (the
     chunk's boundaries do not move: it runs again whole)."""
     base, cache = engine.base, state.cache
     start = cache.length
-    end = min(len(state.prompt), start + chunk_size(start, engine.reach))
+    end = min(len(state.prompt), start + PREFILL_CHUNK)
     chunk = torch.tensor(state.prompt[start:end], device=base.device)  # [end - start]
     fwd = base.forward(
         chunk, None, cache, logits_to_keep=1, hidden=state.reads_hidden, interrupt=interrupt
