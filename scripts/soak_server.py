@@ -582,12 +582,12 @@ def main() -> int:
         if proc is not None:
             stop_server(proc)
     extra["forged log lines"] = forged_lines(log.name if proc is not None else None)
-    extra["server log"] = log.name if proc is not None else None
+    extra["server log"] = Path(log.name).name if proc is not None else None  # a name, not this machine's path
     s = summary(soak)
     print_table(soak, s, extra)
     if args.out:
         record = {
-            "command": shlex.join([sys.executable, *sys.argv]),
+            "command": shlex.join(["python", *sys.argv]),  # no path of this machine in a result
             "machine": machine(),
             "settings": vars(args),
             "outcomes": {k: dict(v) for k, v in soak.outcomes.items()},
