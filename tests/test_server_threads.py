@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from conftest import ByteTokenizer, tiny_model
-from entmtp.batch import Batch
 from entmtp.engine import Engine
 from entmtp.server import threads as T
 from entmtp.server.batching import BatchWorker, start_worker
@@ -210,7 +209,3 @@ def test_the_llama_cpp_backend_sets_its_contexts_threads():
     assert rt.private(64).threads == 1  # a context made later takes the count too
     base.set_threads(2)
     assert rt.lib.llama_n_threads(rt.ctx) == 2
-
-
-def test_batch_is_importable_for_the_worker():
-    assert Batch  # the worker's batch (a guard against a circular import of threads.py)

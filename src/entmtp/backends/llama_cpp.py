@@ -713,13 +713,12 @@ class LlamaCppBase:
         toks = tokens.tolist()
         seqs = cache.open_step(tree, n)
         if tree is None:
-            if interrupt is None:
-                return self._prefill(cache.runtime, toks, past, seqs[0], logits_to_keep, hidden)
-            with cache.runtime.interrupted(interrupt):
+            rt = cache.runtime
+            with rt.interrupted(interrupt) if interrupt is not None else contextlib.nullcontext():
                 try:
-                    return self._prefill(cache.runtime, toks, past, seqs[0], logits_to_keep, hidden)
+                    return self._prefill(rt, toks, past, seqs[0], logits_to_keep, hidden)
                 except Preempted:  # drop what an earlier llama_decode of this call wrote too
-                    cache.runtime.seq_rm(cache.seq, past)
+                    rt.seq_rm(cache.seq, past)
                     raise
         positions = (past + tree.depths).tolist()
         logits, states = cache.runtime.decode(toks, positions, seqs, [True] * n, embeddings=hidden)
