@@ -47,6 +47,7 @@ from entmtp.machine import record
 from entmtp.model import encode_prompt, load_model
 from entmtp.policy import StaticPolicy
 from entmtp.prompts import TASKS, load_prompts
+from entmtp.scheduler.factory import profile_policy
 from entmtp.scheduler.hybrid import HybridPolicy
 from entmtp.scheduler.profiles import PROFILE_TASKS, resolve_profile
 from entmtp.shipped import resolve_heads
@@ -162,18 +163,20 @@ def _replay_task(profile, traces, curve: CostCurve | None = None, choices=None) 
     plain_ms, ms_of = float(latency(0)), step_ms(curve if curve is not None else latency)
     lookup, on = Lookup(), {"latency": latency} if curve is not None else {}
     policies = {
-        "static": profile.policy("static", **on),
-        "dynamic-fixed": profile.policy("dynamic", online=False, **on),
-        "dynamic": profile.policy("dynamic", **on),
+        "static": profile_policy(profile, "static", **on),
+        "dynamic-fixed": profile_policy(profile, "dynamic", online=False, **on),
+        "dynamic": profile_policy(profile, "dynamic", **on),
         "lookup": HybridPolicy(StaticPolicy(Tree.root_only()), lookup, latency, draft_cost=share),
         "dynamic-fixed+lookup": HybridPolicy(
-            profile.policy("dynamic", online=False, **on),
+            profile_policy(profile, "dynamic", online=False, **on),
             lookup,
             latency,
             counterfactual=False,
             draft_cost=share,
         ),
-        "dynamic+lookup": HybridPolicy(profile.policy("dynamic", **on), lookup, latency, draft_cost=share),
+        "dynamic+lookup": HybridPolicy(
+            profile_policy(profile, "dynamic", **on), lookup, latency, draft_cost=share
+        ),
     }
     out = {
         name: replay(p, traces, ms_of.with_choice(choices(p) if choices else None)).to_json()

@@ -43,6 +43,7 @@ from entmtp.machine import describe_record, record
 from entmtp.model import encode_prompt, load_model
 from entmtp.policy import StaticPolicy, static
 from entmtp.prompts import FOUR_TASKS, TASKS, load_prompts
+from entmtp.scheduler.factory import profile_policy
 from entmtp.scheduler.hybrid import HybridPolicy
 from entmtp.scheduler.profiles import PROFILE_TASKS, resolve_profile
 from entmtp.shipped import HEAD_KINDS, resolve_heads
@@ -171,13 +172,16 @@ def _replay_methods(profile, mode: str, traces, curve: CostCurve, rule: str) -> 
     policies = {
         "mc_sim_7b_63": StaticPolicy(load_tree("mc_sim_7b_63")),
         "EntMTP*": StaticPolicy(profile.best_tree(mode, latency)),
-        "binary": profile.policy("binary", mode),
-        "cost": profile.policy("cost", mode, latency=latency),
-        "dynamic": profile.policy("dynamic", mode, latency=latency),
+        "binary": profile_policy(profile, "binary", mode),
+        "cost": profile_policy(profile, "cost", mode, latency=latency),
+        "dynamic": profile_policy(profile, "dynamic", mode, latency=latency),
     }
     if rule != "typical":  # a typical replay's accepted paths leave the recorded tokens: no lookup replay
         policies["dynamic+lookup"] = HybridPolicy(
-            profile.policy("dynamic", mode, latency=latency), Lookup(), latency, draft_cost=curve.draft_share
+            profile_policy(profile, "dynamic", mode, latency=latency),
+            Lookup(),
+            latency,
+            draft_cost=curve.draft_share,
         )
     out = {name: replay(p, traces, ms_of).to_json() for name, p in policies.items()}
     out["oracle"] = oracle(profile.bank(mode), traces, ms_of).to_json()

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import ByteTokenizer, tiny_model
+from entmtp.backends.transformers import BaseModel
 from entmtp.batch import (
     GATE_EXPLORE,
     GATE_EXPLORE_MAX,
@@ -22,7 +23,7 @@ from entmtp.batch import (
     Gate,
     generate_batch,
 )
-from entmtp.cache import BaseModel, BatchKV
+from entmtp.cache import BatchKV
 from entmtp.costs import CostSurface, LatencyModel
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError

@@ -1,4 +1,4 @@
-"""Building an engine as two steps (build.py): `load` makes the model, its heads ready for it and this machine's
+"""Building an engine as two steps (build/): `load` makes the model, its heads ready for it and this machine's
 costs, once; `compose` makes one policy per acceptance rule on what was loaded, the prompt-lookup branch
 wrapped around each once. Policies compare by what they were built from, so two faces can be checked to run
 the same one."""
@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 
 from conftest import save_tiny_model
-from entmtp import build as build_mod
 from entmtp.accept import ACCEPTANCE
 from entmtp.build import EngineSpec, Loaded, Loader, build, compose
+from entmtp.build import loaded as build_mod
 from entmtp.costs import CostCurve
 from entmtp.heads import HeadsConfig, random_heads, save_heads
 from entmtp.heads.int8 import Int8Linear, int8_supported

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import ByteTokenizer, OracleHeads, tiny_model
-from entmtp.cache import BaseModel, DynamicKV, KVCache, static_mask
+from entmtp.backends.transformers import BaseModel
+from entmtp.cache import DynamicKV, KVCache, static_mask
 from entmtp.engine import Engine
 from entmtp.graphs import BUCKETS, VerifyGraphs, bucket, kv_bucket
 from entmtp.lookup import Lookup

@@ -15,6 +15,7 @@ from entmtp.calibration.traces import TOPK, load_traces, save_traces
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
 from entmtp.policy import static
+from entmtp.scheduler.factory import profile_policy
 from entmtp.scheduler.policies import AcceptanceModel
 from entmtp.scheduler.profiles import ProfileError, load_profile
 from scheduler_helpers import RANK_P, TINY, copy_profile, fitted_setup, synthetic_traces, tiny_profile_setup
@@ -178,7 +179,7 @@ def test_sampled_sections_from_sampled_generations(tiny_profile, sampled_profile
     for mode, rule in (("sample", "sample"), ("typical", "typical")):
         bank = {t.name for t in loaded.bank(mode)} | {"master"}
         for name in ("static", "cost", "dynamic"):
-            policy = loaded.policy(name, mode)
+            policy = profile_policy(loaded, name, mode)
             r = Engine(model, ByteTokenizer(), heads=heads["hydra"], policy=policy).generate(
                 ids, max_new_tokens=24, temperature=0.7, acceptance=rule, seed=3
             )
@@ -215,7 +216,7 @@ def test_a_built_engine_gives_each_acceptance_rule_its_sections_policy(
 
     sections = {}
     for temperature, rule in ((0.0, "greedy"), (0.7, "sample"), (0.7, "typical")):
-        sections[rule] = loaded.policy(loaded.recommended_policy(rule), rule)
+        sections[rule] = profile_policy(loaded, loaded.recommended_policy(rule), rule)
         assert same(built.engine.policy_for(Sampling(temperature, rule)), sections[rule])
     assert same(built.engine.policy_for(Sampling(0.7, "gumbel")), sections["sample"])  # no section of its own
     assert not same(sections["greedy"], sections["typical"])  # the sections differ: the check above can fail

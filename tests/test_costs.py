@@ -1,4 +1,4 @@
-"""The machine part of a schedule (costs.py) and choosing by it (build.py).
+"""The machine part of a schedule (costs/) and choosing by it (build/).
 
 The replays charge each step the step cost of one machine's curve: two 2-core CPUs of this project's pool,
 one AVX2-only and one with AVX-512 and native bf16 (tests/data/machines, `entmtp step-costs` output, in each
@@ -17,14 +17,16 @@ import pytest
 import torch
 
 from conftest import save_tiny_model, tiny_model
-from entmtp import build as build_mod
 from entmtp import costs as costs_mod
 from entmtp import machine as machine_mod
 from entmtp.build import EngineSpec, build
+from entmtp.build import choose as build_mod
+from entmtp.build import loaded as load_mod
 from entmtp.calibration.replay import replay, step_ms
 from entmtp.calibration.traces import load_traces
 from entmtp.cli import main
 from entmtp.costs import CostCorrector, CostCurve, CostsError, costs_for, fill, measure, synthetic_tree
+from entmtp.costs import candidates as choices_mod
 from entmtp.costs import measured as measured_mod
 from entmtp.costs.probe import Probe
 from entmtp.errors import EntMTPError
@@ -151,18 +153,20 @@ def test_a_cache_record_that_is_json_but_not_one_is_named_and_measured_again(
 ):
     """Every cached record kind (curve, surface, prefill, choice cost): valid JSON that is not the record is a
     CostsError naming the file, and `costs_for` measures the curve again with one line that says so."""
-    from entmtp.costs.cache import load_curve, load_surface
-    from entmtp.costs.choice import load_choice
-    from entmtp.costs.prefill import load_prefill
+    from entmtp.costs import ChoiceCost, CostSurface, PrefillCost
+    from entmtp.costs.cache import read_record
 
     path = tmp_path / "record.json"
     path.write_text(content)
-    for load, what in ((load_curve, "cost curve"), (load_surface, "cost surface")):
+    kinds = {
+        CostCurve: "cost curve",
+        CostSurface: "cost surface",
+        PrefillCost: "prefill cost",
+        ChoiceCost: "choice cost",
+    }
+    for kind, what in kinds.items():
         with pytest.raises(CostsError, match=f"{what} {re.escape(str(path))} is unreadable"):
-            load(path)
-    for load in (load_prefill, load_choice):
-        with pytest.raises(CostsError, match=re.escape(str(path))):
-            load(path)
+            read_record(path, kind)
     calls = counted_probes(tmp_path, monkeypatch)
     model = tiny_model()
     costs_for(model, None)
@@ -180,13 +184,13 @@ def test_a_choices_file_that_holds_no_choices_is_named_and_written_afresh(
     """`dtype-choices.json` holding `null`, a list, a string or a non-name: `build` says so in one line,
     measures again, and writes the file anew (it stopped startup with an AttributeError)."""
     monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
-    path = build_mod._choices_path()
+    path = choices_mod.choices_path()
     path.parent.mkdir(parents=True)
     path.write_text(content)
-    assert build_mod._read_choices() == {}
+    assert choices_mod.read_choices(build_mod.say) == {}
     assert str(path) in capsys.readouterr().err
-    build_mod._save_choice("k", "transformers/bfloat16")
-    assert build_mod._read_choices() == {"k": "transformers/bfloat16"}
+    choices_mod.save_choices({"k": "transformers/bfloat16"})
+    assert choices_mod.read_choices(build_mod.say) == {"k": "transformers/bfloat16"}
 
 
 def test_the_probe_measures_every_size_cpu_policies_choose_and_a_new_plan_measures_again(
@@ -327,9 +331,9 @@ def test_auto_dtype_keeps_the_faster_candidate_and_where_trees_lose_decodes_plai
         base = ms[model.dtype]
         return CostCurve((0, 1, 4, 64), (base, 3 * base, 6 * base, 70 * base), (0.0,) * 4, source="test")
 
-    monkeypatch.setattr(build_mod, "costs_for", fake)
+    monkeypatch.setattr(load_mod, "costs_for", fake)
     monkeypatch.setattr(build_mod, "_best_cases", lambda *a: {})  # both curves measured (the fake ones)
-    monkeypatch.setattr(build_mod, "_choices_path", lambda: tmp_path / "choices.json")
+    monkeypatch.setattr(choices_mod, "choices_path", lambda: tmp_path / "choices.json")
     one = {"log": lambda m: None, "route": False}  # one engine (routing by prompt length: test_routing.py)
     built = build(EngineSpec(heads="hydra"), **one)
     assert built.plan.dtype == "float32" and built.plan.policy == "plain"

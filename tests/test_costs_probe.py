@@ -10,7 +10,7 @@ import pytest
 from conftest import script_module, tiny_model
 from entmtp import engine as engine_mod
 from entmtp.accept import Sampling
-from entmtp.cache import BaseModel
+from entmtp.backends.transformers import BaseModel
 from entmtp.calibration.calibrate import fit_acceptance
 from entmtp.calibration.replay import replay, step_ms
 from entmtp.calibration.traces import load_traces

@@ -15,6 +15,7 @@ from entmtp.model import encode_prompt
 from entmtp.policy import static
 from entmtp.prompts import FOUR_TASKS, load_prompts
 from entmtp.scheduler import resolve_profile
+from entmtp.scheduler.factory import profile_policy
 from entmtp.scheduler.hybrid import hybrid
 from entmtp.shipped import HEAD_KINDS, resolve_heads, shipped_heads_dir
 
@@ -88,7 +89,7 @@ def test_two_interleaved_streams_on_one_engine_each_take_the_steps_they_take_alo
     if policy == "dynamic+lookup":
         heads = engine.heads
         profile = resolve_profile("mixed", "hydra")
-        engine = Engine(model, tok, heads=heads, policy=hybrid(profile.policy("dynamic"), Lookup()))
+        engine = Engine(model, tok, heads=heads, policy=hybrid(profile_policy(profile, "dynamic"), Lookup()))
     prompts = [p for _, p in PROMPTS[:2]]
     alone = [engine.generate(p, max_new_tokens=N_NEW) for p in prompts]
     streams = [engine.stream(p, max_new_tokens=N_NEW) for p in prompts]
@@ -112,7 +113,7 @@ def test_a_continuous_batch_of_the_default_engine_gives_every_prompt_its_plain_d
     model, tok, plain, _ = engines
     heads = heads_for("hydra", model)
     profile = resolve_profile("mixed", "hydra")
-    engine = Engine(model, tok, heads=heads, policy=hybrid(profile.policy("dynamic"), Lookup()))
+    engine = Engine(model, tok, heads=heads, policy=hybrid(profile_policy(profile, "dynamic"), Lookup()))
     surface = CostSurface(
         (1, 2, 3), (0, 8, 64), ((30.0, 36.0, 70.0), (34.0, 50.0, 120.0), (40.0, 66.0, 170.0))
     )

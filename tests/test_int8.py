@@ -57,11 +57,11 @@ def test_the_int8_product_is_the_dense_product_of_the_dequantized_weight():
 def test_quantized_heads_project_like_their_dense_weights():
     model, heads = _bf16_model_and_heads()
     feats = [torch.randn(4, heads.head_input_size(k)).bfloat16() for k in range(4)]  # Hydra: wider each head
-    dense = [heads._draft_logits(k, heads.heads[k].blocks(feats[k])).float() for k in range(4)]
+    dense = [heads.draft_logits(k, heads.heads[k].blocks(feats[k])).float() for k in range(4)]
     assert heads.quantize_int8() > 0 and heads.int8
     assert all(isinstance(m, Int8Linear) for m in heads.modules() if isinstance(m, nn.Linear))
     for k in range(4):
-        got = heads._draft_logits(k, heads.heads[k].blocks(feats[k])).float()
+        got = heads.draft_logits(k, heads.heads[k].blocks(feats[k])).float()
         assert F.cosine_similarity(got.flatten(), dense[k].flatten(), dim=0) > 0.99
     assert all(q is not None for *_, q in heads._draft_proj.values())  # the projection read its int8 copy
     assert heads.quantize_int8() == 0 and heads.int8  # idempotent

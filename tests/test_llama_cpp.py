@@ -418,7 +418,8 @@ def test_the_canary_decodes_with_the_repacked_weights_in_a_child_process():
 
 
 def test_auto_measures_both_backends_where_a_gguf_can_run(tmp_path):
-    from entmtp.build import EngineSpec, _candidates
+    from entmtp.build import EngineSpec
+    from entmtp.build import candidates as _candidates
 
     assert {c.split("/")[0] for c in _candidates(EngineSpec(), probe=True)} == {"transformers", "llama-cpp"}
     assert _candidates(EngineSpec(model=str(tmp_path / "m.gguf")), probe=True)[-1].startswith("llama-cpp/")
@@ -432,14 +433,15 @@ def test_auto_measures_both_backends_where_a_gguf_can_run(tmp_path):
 def test_auto_keeps_the_backend_with_the_most_expected_tokens_per_second(monkeypatch, tmp_path):
     """`build` loads each candidate, reads its expected tokens/s off its measured curve and keeps the fastest,
     and caches the choice; the plan names the backend and why."""
-    import entmtp.build as build_mod
+    import entmtp.build.choose as build_mod
+    import entmtp.build.composed as compose_mod
 
     monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
     monkeypatch.delenv("ENTMTP_NO_PROBE", raising=False)
     speeds = {"transformers/bfloat16": 40.0, "transformers/float32": 30.0, "llama-cpp/bfloat16": 90.0}
     loaded = []
 
-    def fake_load(loader, spec, cand, budget, max_batch, log):
+    def fake_load(loader, spec, cand, budget, log):
         loaded.append(cand)
         model = build_mod.Loaded(spec, object(), None, None, "none", None)
         policies = dict.fromkeys(ACCEPTANCE, StaticPolicy(Tree.root_only()))
@@ -449,9 +451,9 @@ def test_auto_keeps_the_backend_with_the_most_expected_tokens_per_second(monkeyp
 
     monkeypatch.setattr(build_mod, "_load", fake_load)
     monkeypatch.setattr(build_mod, "_best_cases", lambda *a: {})  # every candidate measured
-    monkeypatch.setattr(build_mod, "_candidates", lambda spec, probe: list(speeds))
+    monkeypatch.setattr(build_mod, "candidates", lambda spec, probe: list(speeds))
     monkeypatch.setattr(build_mod, "_room_for_another", lambda model, cand: True)
-    monkeypatch.setattr(build_mod, "Engine", lambda *a, **k: "engine")
+    monkeypatch.setattr(compose_mod, "Engine", lambda *a, **k: "engine")
     one = {"log": lambda m: None, "route": False}  # one engine: routing's own tests are in test_routing.py
     plan = build_mod.build(build_mod.EngineSpec(), **one).plan
     assert (plan.backend, plan.dtype) == ("llama-cpp", "bfloat16")
@@ -525,7 +527,8 @@ def test_a_user_gguf_is_decoded_as_given_and_never_as_another_dtype(tmp_path):
     """A user's Q4_1 GGUF: `--dtype float32` on llama.cpp is refused by name (it would decode Q4_1), and under
     `auto` backend llama.cpp is no candidate for that dtype; a BF16 GGUF serves `--dtype bfloat16`."""
     from entmtp.backends.llama_cpp import gguf_weights, write_float_gguf
-    from entmtp.build import EngineSpec, _candidates, build
+    from entmtp.build import EngineSpec, build
+    from entmtp.build import candidates as _candidates
     from entmtp.model import embedded_gguf
 
     q4 = str(embedded_gguf())
@@ -625,7 +628,9 @@ def test_a_prediction_changes_no_greedy_token_on_either_backend(f32, plain, embe
 def test_on_an_amx_cpu_auto_measures_each_written_format_and_elsewhere_the_file_as_given(monkeypatch):
     from entmtp import machine
     from entmtp.backends.llama_cpp import WRITTEN_FORMATS
-    from entmtp.build import EngineSpec, _at, _candidates
+    from entmtp.backends.registry import at as _at
+    from entmtp.build import EngineSpec
+    from entmtp.build import candidates as _candidates
 
     monkeypatch.setenv("ENTMTP_LLAMA_EXTRA_BUFTS", "1")  # the AMX kernels run (the canary's verdict)
     monkeypatch.setattr(machine, "cpu_info", lambda: AMX_XEON)
@@ -654,7 +659,8 @@ def test_on_an_amx_cpu_auto_measures_each_written_format_and_elsewhere_the_file_
 
 
 def test_auto_keeps_the_weight_format_with_the_most_expected_tokens_per_second(monkeypatch, tmp_path):
-    import entmtp.build as build_mod
+    import entmtp.build.choose as build_mod
+    import entmtp.build.composed as compose_mod
 
     monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
     speeds = {
@@ -664,17 +670,17 @@ def test_auto_keeps_the_weight_format_with_the_most_expected_tokens_per_second(m
         "llama-cpp/bfloat16:BF16": 95.0,
     }
 
-    def fake_load(loader, spec, cand, budget, max_batch, log):
-        loaded = build_mod.Loaded(build_mod._at(spec, cand), object(), None, None, "none", None)
+    def fake_load(loader, spec, cand, budget, log):
+        loaded = build_mod.Loaded(build_mod.at(spec, cand), object(), None, None, "none", None)
         policies = dict.fromkeys(ACCEPTANCE, StaticPolicy(Tree.root_only()))
         return build_mod._Option(
             loaded, build_mod.Composed(policies, "greedy", "plain", "test", speeds[cand], {}, (), False)
         )
 
     monkeypatch.setattr(build_mod, "_load", fake_load)
-    monkeypatch.setattr(build_mod, "_candidates", lambda spec, probe: list(speeds))
+    monkeypatch.setattr(build_mod, "candidates", lambda spec, probe: list(speeds))
     monkeypatch.setattr(build_mod, "_room_for_another", lambda model, cand: True)
-    monkeypatch.setattr(build_mod, "Engine", lambda *a, **k: "engine")
+    monkeypatch.setattr(compose_mod, "Engine", lambda *a, **k: "engine")
     built = build_mod.build(build_mod.EngineSpec(), log=lambda m: None, route=False)
     assert (built.plan.backend, built.loaded.spec.gguf_format) == ("llama-cpp", "BF16")
     assert "llama-cpp/bfloat16:BF16 95.0" in built.plan.backend_reason
@@ -685,7 +691,7 @@ def test_speculative_greedy_equals_plain_in_each_written_format(fmt):
     """Each format the embedded model is written in decodes its own weights; speculative greedy output equals
     that file's plain greedy output under a policy that switches trees every step."""
     from entmtp.backends import weights_format
-    from entmtp.build import _embedded_in_format
+    from entmtp.backends.gguf import embedded_in_format as _embedded_in_format
     from entmtp.model import embedded_model_dir
     from test_policy_switching import CyclingPolicy
 
@@ -708,7 +714,7 @@ def test_a_format_file_that_cannot_be_read_or_written_falls_back_to_the_shipped_
     monkeypatch, tmp_path, capsys
 ):
     from entmtp.backends import llama_cpp as backend
-    from entmtp.build import _embedded_in_format
+    from entmtp.backends.gguf import embedded_in_format as _embedded_in_format
     from entmtp.model import embedded_gguf
 
     monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from conftest import tiny_model
-from entmtp.cache import BaseModel
+from entmtp.backends.transformers import BaseModel
 from entmtp.engine import Engine
 from entmtp.model import load_model
 from entmtp.packing import PackedLinear, bf16_supported, can_pack, pack_linears, unpack_linears

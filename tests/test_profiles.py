@@ -14,6 +14,7 @@ from conftest import ByteTokenizer, tiny_model
 from entmtp.calibration.traces import load_traces
 from entmtp.engine import Engine
 from entmtp.machine import describe_record, record
+from entmtp.scheduler.factory import profile_policy
 from entmtp.scheduler.profiles import (
     MachineSection,
     Profile,
@@ -130,7 +131,7 @@ def test_profile_round_trips(tiny_profile):
 def test_policies_from_a_profile_are_lossless(tiny_profile, fitted, name):
     model, heads, path, _ = tiny_profile
     _, ids, ref, _ = fitted
-    policy = load_profile(path).policy(name)
+    policy = profile_policy(load_profile(path), name)
     r = Engine(model, ByteTokenizer(), heads=heads["hydra"], policy=policy).generate(ids, max_new_tokens=48)
     assert r.token_ids == ref
 

@@ -1,4 +1,4 @@
-"""Routing by prompt length (routing.py, costs/prefill.py, build.py): each request runs on the backend with the
+"""Routing by prompt length (routing.py, costs/prefill.py, build/): each request runs on the backend with the
 least expected time, prefill(prompt tokens) + new tokens / expected decode tokens/s; a routed request's output
 is the chosen engine's own; `build` routes only where it measured both backends and they tokenize alike, says
 the rule in the plan, and keeps the route with its cached choice."""
@@ -10,11 +10,10 @@ import json
 import pytest
 
 from conftest import ByteTokenizer, tiny_model
-from entmtp import build as build_mod
 from entmtp.accept import ACCEPTANCE
+from entmtp.build import choose as build_mod
 from entmtp.costs import PrefillCost
-from entmtp.costs.cache import costs_dir
-from entmtp.costs.prefill import load_prefill
+from entmtp.costs.cache import costs_dir, read_record
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
 from entmtp.policy import StaticPolicy
@@ -119,10 +118,10 @@ def fake_build(monkeypatch, tmp_path):
     monkeypatch.delenv("ENTMTP_NO_PROBE", raising=False)
     loaded, tokenizers = [], {"transformers": "tok", "llama-cpp": "tok"}
 
-    def fake_load(loader, spec, cand, budget, max_batch, log):
+    def fake_load(loader, spec, cand, budget, log):
         loaded.append(cand)
         tok = tokenizers[cand.split("/")[0]]
-        model = build_mod.Loaded(build_mod._at(spec, cand), object(), tok, None, "none", None)
+        model = build_mod.Loaded(build_mod.at(spec, cand), object(), tok, None, "none", None)
         policies = dict.fromkeys(ACCEPTANCE, StaticPolicy(Tree.root_only()))
         return build_mod._Option(
             model, build_mod.Composed(policies, "greedy", "plain", "test", SPEEDS[cand], {}, (), False)
@@ -131,7 +130,7 @@ def fake_build(monkeypatch, tmp_path):
     prefill = {90.0: LLAMA_PREFILL, 40.0: TORCH_PREFILL, 30.0: TORCH_PREFILL, 50.0: LLAMA_PREFILL}
     monkeypatch.setattr(build_mod, "_load", fake_load)
     monkeypatch.setattr(build_mod, "_best_cases", lambda *a: {})  # every candidate measured
-    monkeypatch.setattr(build_mod, "_candidates", lambda spec, probe: list(SPEEDS))
+    monkeypatch.setattr(build_mod, "candidates", lambda spec, probe: list(SPEEDS))
     monkeypatch.setattr(build_mod, "_room_for_another", lambda model, cand: True)
     monkeypatch.setattr(build_mod, "assemble", lambda loaded, composed, spec: _FakeEngine(loaded.tokenizer))
     monkeypatch.setattr(build_mod, "_prefill", lambda option: prefill[option.composed.expected])
@@ -156,7 +155,7 @@ def test_a_named_dtype_routes_between_backends_that_decode_its_weights(fake_buil
     requests are routed between them; naming a dtype and asking for mixed weights contradict each other."""
     speeds = {"llama-cpp/float32": 50.0, "transformers/float32": 30.0}
     monkeypatch.setitem(globals(), "SPEEDS", speeds)
-    monkeypatch.setattr(build_mod, "_candidates", lambda spec, probe: list(speeds))
+    monkeypatch.setattr(build_mod, "candidates", lambda spec, probe: list(speeds))
     built = build_mod.build(build_mod.EngineSpec(dtype="float32"), log=lambda m: None)
     assert isinstance(built.engine, Router)
     assert [lane.weights for lane in built.engine.lanes] == ["float32", "float32"]
@@ -209,7 +208,7 @@ def test_no_route_when_asked_for_one_engine_or_the_backends_tokenize_differently
 
 
 def test_a_named_backend_is_never_routed(fake_build, monkeypatch):
-    monkeypatch.setattr(build_mod, "_candidates", lambda spec, probe: ["transformers/bfloat16"])
+    monkeypatch.setattr(build_mod, "candidates", lambda spec, probe: ["transformers/bfloat16"])
     built = build_mod.build(build_mod.EngineSpec(backend="transformers"), log=lambda m: None)
     assert isinstance(built.engine, _FakeEngine) and built.plan.route == ""
     assert "route:" not in built.plan.describe()
@@ -223,7 +222,7 @@ def test_prefill_costs_are_measured_at_each_length_once_and_cached_beside_the_cu
     first = prefill_for(model, None, progress=False)
     assert first.lengths == (64, 256, 510) and all(ms > 0 for ms in first.ms)
     files = list((tmp_path / "costs").glob("*.json"))
-    assert len(files) == 1 and load_prefill(files[0]) == first and first.key["prefill"] == [1]
+    assert len(files) == 1 and read_record(files[0], PrefillCost) == first and first.key["prefill"] == [1]
     assert prefill_for(model, None, progress=False) == first  # read, not measured again
 
 

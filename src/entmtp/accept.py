@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import functools
 from dataclasses import dataclass, replace
+from enum import StrEnum
 
 import numpy as np
 import torch
@@ -38,9 +39,70 @@ from .errors import EntMTPError
 from .settings import setting
 from .tree import Tree
 
-ACCEPTANCE = ("greedy", "sample", "typical", "gumbel")
-SAMPLED = ("sample", "typical", "gumbel")  # the rules at temperature > 0
-TREE_INVARIANT = ("greedy", "gumbel")  # rules whose (seeded) tokens do not depend on the trees verified
+
+class Rule(StrEnum):
+    """An acceptance rule: its name (it compares, hashes and serialises as that string: a profile's section,
+    a cost key, a request's `acceptance`) and what the rest of the code asks of it, declared here once."""
+
+    GREEDY = "greedy"
+    SAMPLE = "sample"
+    TYPICAL = "typical"
+    GUMBEL = "gumbel"
+
+    def __repr__(self) -> str:
+        return repr(self.value)  # 'typical' in messages, as the string it stands for
+
+    @property
+    def sampled(self) -> bool:
+        """Whether it runs at temperature > 0 (greedy is T = 0's only rule)."""
+        return self is not Rule.GREEDY
+
+    @property
+    def lossless(self) -> bool:
+        """Whether its output follows plain decoding's (greedy: token for token; the sampled: in distribution)."""
+        return self is not Rule.TYPICAL
+
+    @property
+    def tree_invariant(self) -> bool:
+        """Whether its (seeded) tokens do not depend on the trees verified: greedy's argmax, gumbel's noise fixed
+        by (seed, position); a batch may then change a row's trees without changing its text."""
+        return self in (Rule.GREEDY, Rule.GUMBEL)
+
+    @property
+    def needs_noise(self) -> bool:
+        """Whether it draws from `GumbelNoise` (seeded by position), which the heads draft with too."""
+        return self is Rule.GUMBEL
+
+    @property
+    def exclusive(self) -> bool:
+        """Whether at most one child of a node is accepted, so the expected accepted tokens of a tree add up its
+        nodes' path probabilities; typical acceptance tests each child on its own (siblings overlap: a union
+        of events, and traces that record which nodes passed)."""
+        return self is not Rule.TYPICAL
+
+    def accept(self, tree: Tree, tokens, logits, sampling: Sampling, generator=None, noise=None) -> Accepted:
+        """The path kept and the bonus token (see `accept`)."""
+        if self is Rule.GREEDY:
+            return accept_greedy(tree, tokens, logits)
+        if self is Rule.GUMBEL:
+            if noise is None:
+                raise EntMTPError(
+                    "gumbel acceptance needs the noise of the positions after each depth (GumbelNoise)"
+                )
+            return accept_targets(tree, tokens, gumbel_targets(tree, logits, noise, sampling.temperature))
+        # Random draws use the caller's CPU generator (seeded runs repeat on any device): sample on the CPU.
+        tokens = tokens.cpu()
+        probs = _Rows(logits, sampling.temperature)
+        if self is Rule.TYPICAL:
+            return accept_typical(
+                tree, tokens, probs, sampling.typical_eps, sampling.typical_alpha, generator
+            )
+        return accept_sample(tree, tokens, probs, generator)
+
+
+ACCEPTANCE = tuple(Rule)
+SAMPLED = tuple(r for r in Rule if r.sampled)  # the rules at temperature > 0
+TREE_INVARIANT = tuple(r for r in Rule if r.tree_invariant)
 SAMPLED_CHOICES = ("auto", *SAMPLED)  # what a server may apply to requests at T > 0 (auto: lossless sample)
 # temperatures below this decode greedily: logits / T overflows float32 near T = 1e-37 (1e-40 wrote
 # "ectableectable..."), and under 1e-5 every sampled rule already keeps the argmax unless two logits tie
@@ -69,10 +131,10 @@ class Sampling:
             object.__setattr__(self, "temperature", 0.0)  # frozen: set once, here
 
     @property
-    def rule(self) -> str:
+    def rule(self) -> Rule:
         if self.acceptance == "auto" or self.temperature == 0:
-            return "greedy" if self.temperature == 0 else "sample"
-        return self.acceptance
+            return Rule.GREEDY if self.temperature == 0 else Rule.SAMPLE
+        return Rule(self.acceptance)
 
 
 @dataclass(frozen=True)
@@ -218,21 +280,8 @@ def accept(
     generator: torch.Generator | None = None,
     noise: torch.Tensor | None = None,  # gumbel: [D+1, V] row d: the noise of the position after depth d
 ) -> Accepted:
-    rule = sampling.rule
-    if rule == "greedy":
-        return accept_greedy(tree, tokens, logits)
-    if rule == "gumbel":
-        if noise is None:
-            raise EntMTPError(
-                "gumbel acceptance needs the noise of the positions after each depth (GumbelNoise)"
-            )
-        return accept_targets(tree, tokens, gumbel_targets(tree, logits, noise, sampling.temperature))
-    # Random draws use the caller's CPU generator (seeded runs repeat on any device): sample on the CPU.
-    tokens = tokens.cpu()
-    probs = _Rows(logits, sampling.temperature)
-    if rule == "typical":
-        return accept_typical(tree, tokens, probs, sampling.typical_eps, sampling.typical_alpha, generator)
-    return accept_sample(tree, tokens, probs, generator)
+    """The path `sampling`'s rule keeps and the bonus token after it (`Rule.accept`)."""
+    return sampling.rule.accept(tree, tokens, logits, sampling, generator, noise)
 
 
 class _Rows:

@@ -11,7 +11,7 @@ and a chunk in flight can be stopped for a newcomer (`step`'s interrupt, interru
          batch size, so trees shrink when the batch is busy and grow when it is idle (the joint choice,
          policy.joint_budget); and a measured `Gate` decides whether the step speculates at all (plain steps
          skip each row's probe and drafting, and its policy is neither asked nor told). Neither changes such a
-         row's tokens (accept.TREE_INVARIANT); a row sampled otherwise chooses on its own text alone
+         row's tokens (accept.Rule.tree_invariant); a row sampled otherwise chooses on its own text alone
   (3)    ONE forward verifies every row's tree (cache.BaseModel.forward_batch: padded to the largest), but
          for seeded rows sampled by the sample or typical rule, each verified by a forward of its own
          (`Batch` says why: their seeded output is then bit for bit what it is alone, whatever the batch)
@@ -40,8 +40,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .accept import TREE_INVARIANT, Sampling
-from .costs import CostSurface
+from .accept import Sampling
+from .costs.curves import CostSurface
 from .engine import (
     Clock,
     DecodeState,
@@ -251,7 +251,7 @@ class Batch:
         max_new = kwargs.get("max_new_tokens", 256)
         ids = engine.encode(prompt, max_new, chat=chat, logprobs=kwargs.get("logprobs"))
         alone = self.options.invariant or (
-            kwargs.get("seed") is not None and sampling.rule not in TREE_INVARIANT
+            kwargs.get("seed") is not None and not sampling.rule.tree_invariant
         )
         room = scratch(policy)
         tokens = min(engine.window, len(ids) + max_new)
@@ -421,7 +421,7 @@ class Batch:
         cache = row.state.cache
         if self._rows.pop(id(cache), None) is not None:
             self.kv.remove(cache)
-        elif hasattr(cache, "release"):  # llama.cpp: a cache of its own gives its sequence id back now
+        else:  # llama.cpp: a cache of its own gives its sequence id back now
             cache.release()
 
 
@@ -443,7 +443,7 @@ def _probes(rows: list[Row], speculate: bool) -> dict[int, Probe]:
 
 
 def _gated(row: Row) -> bool:
-    return row.state.sampling.rule in TREE_INVARIANT  # the gate changes steps, never these rules' tokens
+    return row.state.sampling.rule.tree_invariant  # the gate changes steps, never these rules' tokens
 
 
 GATE_WINDOW = 8  # recent steps of each kind whose tokens over seconds measure it

@@ -14,7 +14,7 @@ themselves on the subcommand parsers (`register(sub)`):
   train-heads, eval-heads  train/command.py
 
 Settings are declared once, as dataclass fields whose metadata makes their flags (settings.py): `EngineSpec`
-(build.py), `GenerationOptions` (accept.py), `Lookup` (lookup.py) and the training settings (train/).
+(build/), `GenerationOptions` (accept.py), `Lookup` (lookup.py) and the training settings (train/).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ annotations declare, so no class writes its own `to_json`/`from_json`.
   an Enum            its value
   float              a number (an integer stays one, so a document reads back as it was written: JSON
                      does not tell 1 from 1.0, and Python compares them equal)
-  int, str, bool     as they are
+  int, str, bool     as they are (a str subclass, such as a str enum, reads as its plain string)
   Mapping, dict, Any any JSON value, copied as it is (a record whose keys the code does not fix)
 
 Writing also takes numpy arrays and scalars where the type says tuple or number (read back as tuples and
@@ -231,6 +231,8 @@ def _scalar(tp: type) -> Callable:
     def read(data):
         if type(data) is tp or tp is float and type(data) is int:
             return data
+        if tp is str and isinstance(data, str):  # a str enum (accept.Rule) in a document made in memory
+            return str.__str__(data)
         raise CodecError(f"expected {tp.__name__}, got {_kind(data)}")
 
     return read

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from . import __version__
+from .engine_args import setup_torch
 from .machine import CPU_FLAGS, cpu_info, describe_record, record, versions
 from .model import EMBEDDED, cache_dir
 from .packing import bf16_supported
@@ -194,8 +195,7 @@ def register(sub) -> None:
 
 
 def run_doctor(args) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    setup_torch(args)
     plan = probe_report() if args.probe else None  # first: its measurement then shows in step_costs
     r = report()
     if plan is not None:

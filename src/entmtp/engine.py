@@ -23,14 +23,14 @@ import torch
 
 from .accept import ACCEPTANCE, GenerationOptions, GumbelNoise, Sampling, accept
 from .backends import base_for
-from .costs import CostCurve, LatencyModel, relative_cost
+from .costs.curves import CostCurve, LatencyModel, relative_cost
 from .errors import EntMTPError
 from .heads import Drafter, LazyProbe, Probe, taken
 from .interrupt import Interrupt
 from .lookup import Lookup, NgramIndex, draft_lookup, source_depths
 from .model import check_request, context_window, encode_prompt, eos_token_ids
 from .policy import Choice, TreePolicy, require_policy, static
-from .prediction import IGNORED_BY, PREDICTION, prediction_ids, prediction_usage, with_prediction
+from .prediction import PREDICTION, prediction_ids, prediction_usage, with_prediction
 from .records import MAX_TOP_LOGPROBS, Result, Step, StepContext, TokenEvent, TokenLogprob
 from .shaping import Shaping, forced_chain
 from .shipped import bind_heads
@@ -58,7 +58,7 @@ class Engine:
     (`checked`).
 
     `policies`: other acceptance rules' own policies (`{"sample": ..., "typical": ...}`, a profile's sections:
-    build.py fills it), so a server's requests at T=0 and T > 0 each get the policy calibrated for their rule;
+    build/ fills it), so a server's requests at T=0 and T > 0 each get the policy calibrated for their rule;
     a generation under a rule not in it runs `policy`.
 
     `kv="auto"` keeps keys and values in a preallocated cache where the model allows it (cache.py);
@@ -143,7 +143,7 @@ class Engine:
         `predicted` (the request gave a prediction, or the engine drafts from its suffix cache) that policy with
         the prediction's lookup branch, except under a rule that ignores predictions (prediction.py)."""
         policy = self.policies.get(sampling.rule, self.policy)
-        if not predicted or sampling.rule in IGNORED_BY:
+        if not predicted or not sampling.rule.lossless:  # a rule that is not would copy the prediction
             return policy
         wrapped = self._predicted.get(id(policy))
         if wrapped is None:
@@ -220,8 +220,8 @@ class Engine:
         options = GenerationOptions.of(options, **fields)
         sampling, seed, temperature = options.sampling, options.seed, options.temperature
         predicted = prediction_ids(self.tokenizer, options.prediction, self.window, self.base.vocab_size)
-        drafted = predicted if sampling.rule not in IGNORED_BY else []  # what the lookup index copies from
-        crossed = self.suffix is not None and sampling.rule not in IGNORED_BY  # earlier outputs as drafts
+        drafted = predicted if sampling.rule.lossless else []  # what the lookup index copies from
+        crossed = self.suffix is not None and sampling.rule.lossless  # earlier outputs as drafts
         policy = self.policy_for(sampling, bool(predicted) or crossed) if policy is None else policy
         lookup = policy.lookup
         uses_lookup = lookup is not None or any(t.num_lookup for t in _trees(policy))
@@ -229,7 +229,7 @@ class Engine:
         max_ngram = lookup.max_ngram if lookup is not None else Lookup.max_ngram
         drafts = any(t.heads_tree.num_nodes for t in _trees(policy))  # plain or lookup-only: no heads' state
         noise = None
-        if sampling.rule == "gumbel":  # without a seed, one from the global RNG (a seeded torch repeats it)
+        if sampling.rule.needs_noise:  # without a seed, one from the global RNG (a seeded torch repeats it)
             seed = int(torch.randint(0, 2**62, ())) if seed is None else seed
             noise = GumbelNoise(seed, self.base.vocab_size, self.base.device)
         shaping = Shaping.of(
@@ -289,8 +289,7 @@ def _open_cache(engine: Engine, tokens: int):
         try:
             yield cache, None
         finally:
-            if hasattr(cache, "release"):  # llama.cpp: the sequence id and its KV cells go back at once
-                cache.release()
+            cache.release()  # llama.cpp: the sequence id and its KV cells go back at once
         return
     graphs.in_use = True
     try:

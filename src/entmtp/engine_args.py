@@ -51,15 +51,23 @@ def generation_options(args: argparse.Namespace) -> GenerationOptions:
 
 
 def engine_from_args(args: argparse.Namespace, *, route: bool = True, **overrides):
-    """The engine that `generate`, `chat` and `serve` share (build.py); `-v` prints the plan behind it.
-    `route`: requests routed between backends by prompt length where both were measured (routing.py; a
-    server batches on one engine: False). `overrides`: `EngineSpec` fields the command sets itself."""
-    built = build(replace(engine_spec(args), **overrides), route=route)
+    """The engine that `generate` and `chat` share (`built_from_args`'s)."""
+    return built_from_args(args, route=route, **overrides).engine
+
+
+def built_from_args(
+    args: argparse.Namespace, *, route: bool = True, max_batch: int | None = None, **overrides
+):
+    """What `build` makes of generate, chat and serve's flags; `-v` prints the plan behind it. `route`: requests
+    routed between backends by prompt length where both were measured (routing.py; a server batches on one
+    engine: False); `max_batch`: with the cost surface of batches up to that many rows (a server's).
+    `overrides`: `EngineSpec` fields the command sets itself."""
+    built = build(replace(engine_spec(args), **overrides), route=route, max_batch=max_batch)
     if getattr(args, "verbose", False):
         print(built.plan.describe(), file=sys.stderr)
         if isinstance(built.engine, Router):  # each request's lane too
             built.engine.log = lambda msg: print(f"entmtp: {msg}", file=sys.stderr, flush=True)
-    return built.engine
+    return built
 
 
 def setup_torch(args: argparse.Namespace) -> None:

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .cache import BaseModel, Forward, KVCache, static_mask
+from .backends.transformers import BaseModel
+from .cache import Forward, KVCache, static_mask
 from .tree import Tree
 
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 256)

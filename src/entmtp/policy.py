@@ -25,7 +25,7 @@ from .records import Step, StepContext
 from .tree import Tree, load_tree
 
 if TYPE_CHECKING:
-    from .costs import LatencyModel
+    from .costs.curves import LatencyModel
     from .lookup import Lookup
 
 

@@ -28,9 +28,6 @@ from .lookup import Lookup
 # the lookup drafts of a request with a prediction: longer chains than prompt lookup's 10, since a prediction
 # is usually right for long stretches; the hybrid sizes each step's chain on the measured costs
 PREDICTION = Lookup(tokens=32)
-IGNORED_BY = (
-    "typical",
-)  # acceptance rules that draft nothing from a prediction (not lossless: it would copy)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import torch
 from . import metrics
 
 if TYPE_CHECKING:
-    from .costs import LatencyModel
+    from .costs.curves import LatencyModel
     from .heads import LazyProbe, Probe
     from .lookup import NgramIndex
 

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .accept import GenerationOptions
-from .costs import PrefillCost
+from .costs.prefill import PrefillCost
 from .errors import EntMTPError
 from .records import Result, TokenEvent
 

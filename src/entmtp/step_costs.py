@@ -13,13 +13,14 @@ import sys
 from pathlib import Path
 
 import torch
-from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-from .backends import BACKENDS
+from .backends.registry import DEFAULT, REGISTRY
 from .build import EngineSpec, load
+from .console import wide_console
 from .engine import Engine
+from .engine_args import setup_torch
 from .errors import EntMTPError
 from .heads import HeadsConfig, random_heads
 from .machine import record
@@ -27,6 +28,7 @@ from .model import DTYPES
 from .packing import pack_linears
 from .policy import static
 from .random_model import memory_bandwidth, random_model, weight_bytes
+from .settings import from_args
 from .shipped import bind_heads, default_heads_for, resolve_heads
 from .tree import load_tree
 
@@ -70,7 +72,7 @@ def run_step_costs(args) -> int:
     runs = _runs(model, tokenizer, heads, trees, modes)
     # rounds interleave every run, so drift in the machine's speed hits all of them alike
     order = [key for _ in range(args.rounds) for key in runs]
-    for key in track(order, description="profiling", console=_console(stderr=True)):
+    for key in track(order, description="profiling", console=wide_console(stderr=True)):
         row, engine, measured = runs[key]
         measured += measure_steps(engine, args.steps, prompt)
     rows = {key: {**row, **summarize(measured)} for key, (row, engine, measured) in runs.items()}
@@ -79,7 +81,7 @@ def run_step_costs(args) -> int:
     floor_ms = 1000 * nbytes / bandwidth
     where = f"{torch.get_num_threads()} threads" if args.device == "cpu" else torch.cuda.get_device_name()
     what = f"random {args.random_model}" if args.random_model else (args.model or "embedded SmolLM2-135M")
-    what += f" on {args.backend}" if args.backend != "transformers" else ""
+    what += f" on {args.backend}" if REGISTRY[args.backend] is not DEFAULT else ""
     drafting = "int8" if getattr(heads, "int8", False) else args.dtype
     _print_table(
         rows,
@@ -122,17 +124,12 @@ def _base_model(args) -> tuple:
         gen = torch.Generator().manual_seed(0)
         prompt = torch.randint(0, model.config.vocab_size, (args.past,), generator=gen).tolist()
         return model, tokenizer, prompt, args.heads or "none"
-    spec = EngineSpec(
-        model=args.model,
-        backend=args.backend,
-        dtype=args.dtype,
-        device=args.device,
-        threads=args.threads,
-        pack=not args.no_pack,
-        heads="none",
-        probe=False,
-        gguf_as_given=args.backend == "llama-cpp",
-    )  # fmt: skip (the file timed as it is)
+    # the model, backend, dtype, device, threads and packing flags as generate's; this command's --heads and
+    # --kv mean other things (heads bound below; cache modes), and nothing is probed (this command times)
+    spec = from_args(
+        EngineSpec, args, heads="none", lookup=None, kv="auto", probe=False,
+        gguf_as_given=not REGISTRY[args.backend].torch_model,  # the file timed as it is
+    )  # fmt: skip
     loaded = load(spec)  # the model as `generate` loads it on this backend (its heads are bound below)
     heads = args.heads or default_heads_for(
         loaded.model, args.model, lambda m: print(f"entmtp: {m}", file=sys.stderr)
@@ -174,7 +171,7 @@ def _print_table(rows: dict, title: str, caption: str) -> None:
     for r in rows.values():
         cells = [f"{r[p]:.2f}" for p in (*PHASES, "bookkeeping", "overhead", "total")]
         table.add_row(r["tree"], r["mode"], str(r["nodes"]), *cells, f"{r['tokens_per_step']:.2f}")
-    _console().print(table)
+    wide_console().print(table)
 
 
 def _weight_bytes(model) -> int:
@@ -184,8 +181,8 @@ def _weight_bytes(model) -> int:
     return runtime.path.stat().st_size if runtime is not None else weight_bytes(model)
 
 
-def _modes(spec: str, device: str, backend: str = "transformers") -> list[str]:
-    if backend != "transformers":
+def _modes(spec: str, device: str, backend: str = DEFAULT.name) -> list[str]:
+    if not REGISTRY[backend].torch_model:
         if spec != "auto":
             raise EntMTPError(f"--kv is transformers' cache: {backend} keeps its own, so drop --kv {spec}")
         return ["own"]
@@ -206,17 +203,11 @@ def _version(dist: str) -> str:
     return importlib.metadata.version(dist)
 
 
-def _console(stderr: bool = False) -> Console:
-    """Full-width tables in logs too (rich would cut columns to 80 characters when not on a terminal)."""
-    console = Console(stderr=stderr)
-    return console if console.is_terminal else Console(width=160, stderr=stderr)
-
-
 # ---- `entmtp step-costs` --------------------------------------------------------------------------------
 
 NAMED_BACKEND = dict(
-    default="transformers",
-    choices=[b for b in BACKENDS if b != "auto"],  # a named one: this command times one backend's step
+    default=DEFAULT.name,
+    choices=list(REGISTRY),  # a named one: this command times one backend's step
     help="what runs the base model: transformers (default) or llama-cpp (a GGUF file as it is: --model "
     "FILE.gguf, or the embedded model's; --dtype is then the heads' dtype)",
 )
@@ -270,13 +261,12 @@ def run_step_costs_command(args) -> int:
         )
     if args.random_model and args.model:
         raise EntMTPError("give either --model or --random-model, not both")
-    if args.random_model and args.backend != "transformers":
+    if args.random_model and not REGISTRY[args.backend].torch_model:
         raise EntMTPError(
             "--random-model builds a transformers model: for llama.cpp give --model FILE.gguf (cpu_curves.py "
             "in docs/results/llama-cpp/ writes random GGUFs of the 1B and 7B shapes)"
         )
     if args.past < 1 or args.steps < 1 or args.rounds < 1:
         raise EntMTPError("--past, --steps and --rounds must be >= 1")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    setup_torch(args)
     return run_step_costs(args)

@@ -21,6 +21,7 @@ from entmtp.calibration.traces import load_traces
 from entmtp.costs import CostSurface
 from entmtp.policy import StaticPolicy
 from entmtp.prompts import FOUR_TASKS
+from entmtp.scheduler.factory import profile_policy
 from entmtp.scheduler.profiles import resolve_profile
 from entmtp.tree import Tree
 
@@ -29,10 +30,10 @@ METHODS = ("plain", "EntMTP*", "dynamic-alone", "dynamic-batch-aware", "oracle-p
 
 def methods(profile, surface):
     """name -> (policy or bank, aware)."""
-    dynamic = profile.policy("dynamic", latency=surface.latency(1))
+    dynamic = profile_policy(profile, "dynamic", latency=surface.latency(1))
     return {
         "plain": (StaticPolicy(Tree.root_only()), False),
-        "EntMTP*": (profile.policy("static", latency=surface.latency(1)), False),
+        "EntMTP*": (profile_policy(profile, "static", latency=surface.latency(1)), False),
         "dynamic-alone": (dynamic, False),
         "dynamic-batch-aware": (dynamic, True),
         "oracle-per-step": (profile.bank(), None),

@@ -32,7 +32,8 @@ import time
 
 import torch
 
-from entmtp.cache import BaseModel, KVCache, static_mask
+from entmtp.backends.transformers import BaseModel
+from entmtp.cache import KVCache, static_mask
 from entmtp.model import encode_prompt, load_model
 from entmtp.tree import Tree, load_tree
 

@@ -16,7 +16,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 from transformers import DynamicCache
 
-from entmtp.cache import BaseModel
+from entmtp.backends.transformers import BaseModel
 from entmtp.graphs import VerifyGraphs
 from entmtp.random_model import random_model
 from entmtp.tree import Tree, load_tree

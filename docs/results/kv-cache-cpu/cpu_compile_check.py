@@ -14,7 +14,8 @@ import time
 
 import torch
 
-from entmtp.cache import BaseModel, static_mask
+from entmtp.backends.transformers import BaseModel
+from entmtp.cache import static_mask
 from entmtp.model import load_model
 from entmtp.tree import Tree, load_tree
 

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-from entmtp.cache import BaseModel
+from entmtp.backends.transformers import BaseModel
 from entmtp.model import load_model
 from entmtp.packing import PackedLinear, pack_linears
 from entmtp.random_model import memory_bandwidth, weight_bytes

@@ -28,6 +28,7 @@ from entmtp.calibration.traces import load_traces
 from entmtp.costs import SIZES, CostCurve, measure
 from entmtp.machine import describe, hardware
 from entmtp.policy import StaticPolicy
+from entmtp.scheduler.factory import profile_policy
 from entmtp.scheduler.profiles import resolve_profile
 
 SPARSE = (0, 1, 2, 4, 8, 16, 32, 64)  # the probe's plan before 2026-12-02
@@ -65,7 +66,7 @@ def main() -> None:
             speeds = {}
             for name, curve in (("sparse", sparse), ("dense", dense)):
                 latency = curve.latency()
-                dynamic = profile.policy("dynamic", mode, latency=latency)
+                dynamic = profile_policy(profile, "dynamic", mode, latency=latency)
                 static = StaticPolicy(profile.best_tree(mode, latency))
                 speeds[f"dynamic/{name}"] = replay(dynamic, traces, truth).tokens_per_second
                 speeds[f"EntMTP*/{name}"] = replay(static, traces, truth).tokens_per_second

@@ -17,6 +17,7 @@ from entmtp.calibration.replay import TraceRow
 from entmtp.calibration.traces import load_traces
 from entmtp.costs import CostCurve
 from entmtp.policy import StaticPolicy
+from entmtp.scheduler.factory import profile_policy
 from entmtp.scheduler.profiles import resolve_profile
 
 CURVE = Path(__file__).parents[1] / "probe-sizes" / "probe-sizes.json"
@@ -53,8 +54,8 @@ for rule in ("greedy", "sample"):
         mode = profile.mode_for_rule(rule)
         traces = load_traces(profile, mode)
         static = run(StaticPolicy(profile.best_tree(mode, latency)), traces, False)
-        avg = run(profile.policy("dynamic", mode, latency=latency), traces, False) / static
-        own = run(profile.policy("dynamic", mode, latency=latency), traces, True) / static
+        avg = run(profile_policy(profile, "dynamic", mode, latency=latency), traces, False) / static
+        own = run(profile_policy(profile, "dynamic", mode, latency=latency), traces, True) / static
         print(
             f"{rule:7} {task:10} dynamic / EntMTP*: averaged curve {avg:.3f}, each step's context {own:.3f}"
         )

@@ -27,6 +27,7 @@ from entmtp.engine import Engine
 from entmtp.lookup import Lookup
 from entmtp.model import load_model
 from entmtp.policy import Choice, StaticPolicy
+from entmtp.scheduler.factory import profile_policy
 from entmtp.scheduler.hybrid import HybridPolicy
 from entmtp.scheduler.policies import DynamicPolicy
 from entmtp.scheduler.profiles import resolve_profile
@@ -73,7 +74,7 @@ class LamDynamic(DynamicPolicy):
 
 
 def lam_policy(profile, mode, latency):
-    p = profile.policy("dynamic", mode, latency=latency)
+    p = profile_policy(profile, "dynamic", mode, latency=latency)
     p.__class__ = LamDynamic
     p.tok = p.ms = 0.0
     return p
@@ -118,12 +119,12 @@ for rule in rules:
             plain_ms, ms_of = float(latency(0)), step_ms(latency)
             pols = {
                 "EntMTP*": StaticPolicy(profile.best_tree(mode, latency)),
-                "dynamic": profile.policy("dynamic", mode, latency=latency),
+                "dynamic": profile_policy(profile, "dynamic", mode, latency=latency),
                 "lam": lam_policy(profile, mode, latency),
             }
             if rule != "typical":
                 pols["dyn+lookup"] = HybridPolicy(
-                    profile.policy("dynamic", mode, latency=latency), Lookup(), latency
+                    profile_policy(profile, "dynamic", mode, latency=latency), Lookup(), latency
                 )
                 pols["lam+lookup"] = HybridPolicy(lam_policy(profile, mode, latency), Lookup(), latency)
             r = {k: replay(p, traces, ms_of).to_json() for k, p in pols.items()}

@@ -41,13 +41,15 @@ BACKENDS = {"transformers": "bfloat16", "llama-cpp": "bfloat16"}  # llama.cpp: t
 
 
 def engines(backend: str, dtype: str, threads: int) -> dict[str, Engine]:
-    model, tok = load_base(EngineSpec(backend=backend, dtype=dtype, threads=threads, gguf_as_given=True), backend, dtype)
+    model, tok = load_base(EngineSpec(backend=backend, dtype=dtype, threads=threads, gguf_as_given=True))
     costs = costs_for(model)  # this machine's curve (cached): what the hybrid sizes its chains on
     root = static(Tree.root_only())
     return {
         "plain": Engine(model, tok, policy=root, costs=costs),
         "lookup": Engine(model, tok, policy=hybrid(None, Lookup(), costs), costs=costs),
-        "lookup+suffix": Engine(model, tok, policy=hybrid(None, Lookup(), costs), costs=costs, suffix=SuffixCache()),
+        "lookup+suffix": Engine(
+            model, tok, policy=hybrid(None, Lookup(), costs), costs=costs, suffix=SuffixCache()
+        ),
     }
 
 
@@ -78,7 +80,7 @@ def main() -> int:
     peer = LlamaCppPlain(n_threads=args.threads)
     built = {b: engines(b, d, args.threads) for b, d in BACKENDS.items()}
     methods = [(b, name) for b in built for name in built[b]] + [("peer", "llama-cpp-python")]
-    for rnd, label in enumerate(("first pass", "retries")):
+    for label in ("first pass", "retries"):
         for i, prompt in enumerate(track(prompts, description=label)):
             order = methods[i % len(methods) :] + methods[: i % len(methods)]
             outs = {}
@@ -99,8 +101,12 @@ def main() -> int:
                             "copied": copied})  # fmt: skip
             for backend in built:
                 for name in ("lookup", "lookup+suffix"):
-                    runs[label][f"{backend}/{name}"][-1]["identical"] = outs[backend, name] == outs[backend, "plain"]
-    table = Table(title=f"extraction, {len(prompts)} requests x 2 passes, {args.max_new_tokens} new tokens, greedy")
+                    runs[label][f"{backend}/{name}"][-1]["identical"] = (
+                        outs[backend, name] == outs[backend, "plain"]
+                    )
+    table = Table(
+        title=f"extraction, {len(prompts)} requests x 2 passes, {args.max_new_tokens} new tokens, greedy"
+    )
     for col in ("pass", "method", "tokens/s", "vs same backend plain", "vs llama-cpp-python", "tokens/step",
                 "copied", "identical"):  # fmt: skip
         table.add_column(col, justify="right")

@@ -12,7 +12,8 @@ one forward over every row's tree. Two backends implement it:
                 below them; the commit keeps the accepted path's KV cells by sequence (seq_rm / seq_cp).
 
 The heads, the policies, lookup drafts, acceptance rules, the cost probe and batching see only this protocol,
-so every method runs on either backend. `base_for` picks the implementation for a loaded model.
+so every method runs on either backend. `base_for` picks the implementation for a loaded model; registry.py says what `build` asks of each backend
+(which candidates, how to load them).
 """
 
 from __future__ import annotations
@@ -23,8 +24,18 @@ import torch
 
 from ..interrupt import Interrupt
 from ..tree import Tree
+from .registry import BACKENDS, REGISTRY, backend_of  # noqa: F401  (what `build` asks of each, by name)
 
-BACKENDS = ("auto", "transformers", "llama-cpp")  # `auto`: measured per machine (build.py)
+
+class Cache(Protocol):
+    """A generation's KV cache as the engine sees it; the backend reads and writes it in `forward` and
+    `commit`."""
+
+    length: int  # tokens committed
+
+    def release(self) -> None:
+        """Give back now what the cache holds beyond memory (llama.cpp: its sequence id and KV cells; the
+        transformers caches: nothing). The engine calls it when a generation ends."""
 
 
 class Base(Protocol):
@@ -33,8 +44,11 @@ class Base(Protocol):
     device: torch.device
     vocab_size: int
     batchable: bool  # whether `new_batch` / `forward_batch` serve continuous batching
+    # transformers' preallocated KV cache: CUDA graphs can replay over it, a probe rewinds rows in place, the
+    # batch has a cost surface (costs/); False on llama.cpp and on transformers' DynamicCache
+    preallocate: bool
 
-    def new_cache(self, capacity: int, *, private: bool = False):
+    def new_cache(self, capacity: int, *, private: bool = False) -> Cache:
         """A generation's cache; `private`: one whose numbers no other generation's cache can move (a seeded
         sampled batch row's, which must repeat whatever its batch-mates)."""
 
@@ -81,40 +95,24 @@ def base_for(
     else transformers. `full_hidden` False: the heads read only the last position's hidden state (Medusa,
     Hydra-`mlp`), so a llama.cpp prefill outputs the last position alone. `hidden_state_offset` and
     `hidden_state_norm`: what the heads read (`heads.config.heads_input`); llama.cpp gives the last layer's."""
-    maker = getattr(model, "entmtp_base", None)
-    if maker is not None:
-        return maker(hidden_state_offset=hidden_state_offset, full_hidden=full_hidden)
-    from ..cache import BaseModel
-
-    return BaseModel(
-        model, hidden_state_offset=hidden_state_offset, kv=kv, hidden_state_norm=hidden_state_norm
+    return backend_of(model).base(
+        model,
+        hidden_state_offset=hidden_state_offset,
+        kv=kv,
+        full_hidden=full_hidden,
+        hidden_state_norm=hidden_state_norm,
     )
 
 
 def backend_name(model) -> str:
     """`llama-cpp` or `transformers`: the backend that runs `model`."""
-    return "llama-cpp" if getattr(model, "entmtp_base", None) is not None else "transformers"
+    return backend_of(model).name
 
 
 def describe_kernels(model) -> str:
-    """For a model on llama.cpp, the build and its CPU kernels in words (the plan, the bench): "llama-cpp-python
-    0.3.36 (entmtp's build: AMX patch 1a2b3c4d); AMX kernels in use"; "" on transformers."""
-    runtime = getattr(model, "runtime", None)
-    if getattr(model, "entmtp_base", None) is None or runtime is None:
-        return ""
-    from .amx import has_amx
-    from .llama_build import describe_build
-
-    if not has_amx():
-        kernels = "no AMX on this CPU"
-    elif runtime.extra_bufts:
-        kernels = "AMX kernels in use"
-    else:
-        kernels = "AMX kernels off (repacked weights off)"
-    return f"{describe_build()}; {kernels}"
-
-
-GGUF_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}  # float GGUF types as dtypes
+    """For a model on llama.cpp, the build and its CPU kernels in words (the plan, the bench); "" on
+    transformers."""
+    return backend_of(model).describe_kernels(model)
 
 
 def weights_format(model) -> str | None:
@@ -122,20 +120,10 @@ def weights_format(model) -> str | None:
     "bfloat16") for transformers and for a float GGUF, else the GGUF's own type ("Q4_1"). Two engines decode
     the same weights when their formats are equal (the embedded model's GGUFs are all written from one file).
     None: not a model of either backend."""
-    gguf = getattr(model, "weights", None)  # llama_cpp.LlamaCppModel: its file's type
-    if gguf is not None:
-        return GGUF_DTYPES.get(gguf, gguf)
-    dtype = getattr(model, "dtype", None)
-    return None if dtype is None else str(dtype).removeprefix("torch.")
+    return backend_of(model).weights_format(model)
 
 
 def describe_weights(model) -> str:
     """The weights in words for the plan, the server's log and the bench: "Q4_1 GGUF (file.gguf) on
     llama.cpp", "float32 (F32 GGUF file.gguf) on llama.cpp", "bfloat16 on transformers"."""
-    gguf = getattr(model, "weights", None)
-    if gguf is None:
-        return f"{weights_format(model) or 'unknown'} on transformers"
-    name = getattr(getattr(model, "path", None), "name", "?")
-    if gguf in GGUF_DTYPES:
-        return f"{GGUF_DTYPES[gguf]} ({gguf} GGUF {name}) on llama.cpp"
-    return f"{gguf} GGUF ({name}) on llama.cpp"
+    return backend_of(model).describe_weights(model)

@@ -14,12 +14,14 @@ import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..backends.registry import REGISTRY
 from ..build import EngineSpec, Loaded, Loader, assemble, compose
 from ..engine import Engine
 from ..heads import Heads
 from ..lookup import Lookup
 from ..scheduler.policies import POLICIES
 from ..scheduler.profiles import Profile
+from ..settings import from_args
 from .peers import build_peers, llama_cpp_available
 from .plan import LOOKUP_VARIANTS, Plan
 
@@ -117,10 +119,11 @@ def load(plan: Plan) -> Methods:
     """Load the model and heads, measure (or read) this machine's step costs, and build the static methods,
     --defaults' engines and each heads' profiles."""
     args = plan.args
-    spec = EngineSpec(
-        model=args.model, dtype=args.dtype, device=args.device, threads=args.threads, pack=not args.no_pack,
-        graphs=not args.no_graphs, probe=not args.no_probe, temperature=args.temperature,
-        acceptance=args.acceptance, lookup=None,  # each method says its own lookup drafts
+    # generate's flags the bench shares (model, dtype, device, threads, packing, graphs, probe); its --heads and
+    # --profile name several, each method its own, and each method says its own lookup drafts
+    spec = from_args(
+        EngineSpec, args, heads=None, profile=None, lookup=None, temperature=args.temperature,
+        acceptance=args.acceptance,
     )  # fmt: skip
     # this machine's step costs (costs/; measured once, cached): what policies and lookup branches are sized
     # by; with --no-probe or ENTMTP_NO_PROBE=1 nothing is measured: the curve cached here before, else the
@@ -200,7 +203,7 @@ def _llama_cpp_defaults(m: Methods, spec: EngineSpec, plans: dict[str, str]) -> 
     from ..build import build
 
     engines, llama = {}, None
-    for backend in ("transformers", "llama-cpp"):
+    for backend in REGISTRY:  # every backend (the bench runs this where llama.cpp is installed)
         built = build(replace(spec, backend=backend), loader=m.loader)
         engines[f"default@{backend}"] = built.engine
         plans[f"default@{backend}"] = built.plan.describe()

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import torch
-from rich.console import Console
 from rich.table import Table
 
 from .. import metrics
+from ..console import wide_console
 from ..errors import EntMTPError
 from ..files import portable, write_text_atomic
 from ..machine import describe, describe_record, hardware, record, versions
@@ -120,7 +120,7 @@ def _images(report: str) -> list[tuple[str, str]]:
 
 def print_tables(summary: dict, replays: dict, args) -> None:
     """A table per task (every method against plain decoding), then its replayed policies per heads."""
-    console = _console()
+    console = wide_console()
     for task, rows in summary.items():
         console.print(_task_table(task, rows, args))
         for kind, rep in replays.get(task, {}).items():
@@ -326,12 +326,6 @@ def _usage(usage: dict[str, int], most: int = 3) -> str:
     total = sum(usage.values())
     top = sorted(usage.items(), key=lambda kv: -kv[1])[:most]
     return ", ".join(f"{tree} {n / total:.0%}" for tree, n in top) if total else ""
-
-
-def _console() -> Console:
-    """Full-width tables in logs too (rich would cut columns to 80 characters when not on a terminal)."""
-    console = Console()
-    return console if console.is_terminal else Console(width=160)
 
 
 def _commit() -> str | None:

@@ -31,8 +31,8 @@ import torch
 from rich.progress import Progress
 
 from .. import __version__, metrics
-from ..accept import Sampling
-from ..costs import LatencyModel
+from ..accept import Rule, Sampling
+from ..costs.curves import LatencyModel
 from ..engine import Engine
 from ..errors import EntMTPError
 from ..machine import hardware, heads_checksum, model_fingerprint, record
@@ -176,7 +176,7 @@ def fit_acceptance(
     all contexts. "Right" is the acceptance `rule`'s: the next token of the trajectory (greedy: the base
     argmax; sample: the sampled token), seen for every candidate below the trajectory's own prefix; or
     passing the typical test (typical), seen for every union-tree node whose parent was accepted."""
-    if (rule == "typical") != (traces[0].passes is not None):
+    if Rule(rule).exclusive != (traces[0].passes is None):
         raise EntMTPError(f"fit_acceptance({rule!r}) got traces of another rule (union passes are typical's)")
     probe = torch.cat([t.probe for t in traces])  # [P, Dp, K]
     ctx_all = torch.bucketize(probe[:, 0, 0].exp(), torch.tensor(CTX_EDGES[1:-1]))  # [P]
@@ -541,14 +541,14 @@ def add_sampled(
     `generate_traces(..., sampling=sampling)`; step latencies come from the profile's greedy-side measurements
     (a tree's step costs the same whatever the acceptance rule), so nothing is timed again."""
     rule = sampling.rule
-    if rule == "greedy":
+    if not rule.sampled:
         raise EntMTPError(
             "add_sampled needs a sampling rule (sample, typical, gumbel); greedy is the main section"
         )
-    if not traces or any((t.passes is not None) != (rule == "typical") for t in traces):
+    if not traces or any((t.passes is None) != rule.exclusive for t in traces):
         raise EntMTPError(
             f"add_sampled({rule!r}) needs traces of {rule}-acceptance generations "
-            f"(generate_traces(..., sampling=...) with that rule){', verified on a union tree' if rule == 'typical' else ''}"
+            f"(generate_traces(..., sampling=...) with that rule){'' if rule.exclusive else ', verified on a union tree'}"
         )
     _, grown, frontier = search(traces, heads.config.num_heads)
     section = build_section(traces, grown, frontier, profile.latency.trees, heads, settings.window, rule)
@@ -590,7 +590,7 @@ def retrace(
     (the calibration prompts' token ids, checked against the traces' prompt lengths; greedy output does not
     depend on the heads). Nothing is timed: the latencies and the typical section's union tree stay. Save the
     traces, then `retune` (what `entmtp calibrate --retrace` does)."""
-    from ..cache import BaseModel
+    from ..backends.transformers import BaseModel
     from .traces import trace_generation
 
     old = profile.heads

@@ -6,10 +6,12 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from ..accept import Rule
+from ..console import wide_console
+from ..engine_args import setup_torch
 from ..errors import EntMTPError
 from ..prompts import CALIB, FOUR_TASKS, TASKS, load_prompt_file, load_prompts
 from ..scheduler.profiles import PROFILE_TASKS, ModeProfile, Profile, load_profile
@@ -98,10 +100,7 @@ def run_calibrate(args) -> int:
     from .traces import save_traces
 
     _check_arguments(args)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    setup_torch(args)
     old = load_profile(args.profile) if args.latency_only or args.retune or args.retrace else None
     texts = None if old else calibration_prompts(args.task, args.num_prompts)  # bad tasks fail before loading
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device, pack=not args.no_pack)
@@ -180,7 +179,7 @@ def _calibrate(args, model, tokenizer, heads, settings, old, texts, progress):
         old.check(model, heads, warn_hardware=False)
         ids, task, name = old.calibration.latency_prompt_ids, old.task, old.heads.name
         greedy = load_traces(old)
-        sampled = {m: load_traces(old, m) for m in old.modes if m != "greedy"}
+        sampled = {m: load_traces(old, m) for m in old.modes if Rule(m).sampled}
         settings_of.update({m: old.mode(m).sampling for m in sampled})
     else:
         task = args.task if args.task in PROFILE_TASKS else Path(args.task).stem
@@ -242,7 +241,7 @@ FRONTIER_COLUMNS = (
 
 
 def print_profile(profile: Profile) -> None:
-    console = Console() if Console().is_terminal else Console(width=160)
+    console = wide_console()
     console.print(_frontier_table(profile))
     for mode, section in profile.modes.items():
         console.print(_replay_table(mode, section))

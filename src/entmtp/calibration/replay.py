@@ -25,8 +25,8 @@ import torch
 
 from .. import metrics
 from ..accept import accept_targets
-from ..costs import HEADS_DRAFT_COST, CostCurve, LatencyModel
 from ..costs.choice import ChoiceCost
+from ..costs.curves import HEADS_DRAFT_COST, CostCurve, LatencyModel
 from ..engine import draft_tree, step_record
 from ..errors import EntMTPError
 from ..heads import Draft, LazyProbe, Probe, taken

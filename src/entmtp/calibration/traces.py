@@ -51,8 +51,8 @@ import torch.nn.functional as F
 from rich.progress import Progress
 from safetensors.torch import load_file
 
-from ..accept import GumbelNoise, Sampling, typical_ok
-from ..cache import BaseModel
+from ..accept import GumbelNoise, Rule, Sampling, typical_ok
+from ..backends.transformers import BaseModel
 from ..errors import EntMTPError
 from ..files import save_tensors_atomic
 from ..scheduler.profiles import Profile, ProfileError, TraceMeta
@@ -122,21 +122,13 @@ def trace_generation(
     t = roots - 1
     ranks = torch.full((len(roots), D), MISS, dtype=torch.int64)
     probe = torch.zeros(len(roots), dp, TOPK)
-    typical = sampling is not None and sampling.rule == "typical"
+    typical = sampling is not None and not sampling.rule.exclusive  # which nodes passed, not one path
     if typical and union is None:
         raise EntMTPError("a trace of typical acceptance needs the union tree to verify at every root")
-    if sampling is None or sampling.rule != "gumbel":
-        noise = None
-    elif noise is None:
-        if seed is None:
-            raise EntMTPError("a trace of gumbel sampling needs the generation's seed (its noise)")
-        noise = GumbelNoise(seed, base.lm_head.weight.shape[0], dev)
-    col_of = torch.arange(base.lm_head.weight.shape[0], device=dev)  # token id -> column in the draft logits
-    if heads.draft_vocab is not None:  # -1: not draftable
-        col_of = torch.full_like(col_of, -1)
-        col_of[heads.draft_vocab.to(dev)] = torch.arange(heads.draft_vocab.numel(), device=dev)
+    noise = _noise(sampling, seed, noise, base.vocab_size, dev)
+    col_of = _draft_columns(heads, base.vocab_size, dev)
     for d in range(D):  # head d+1 at t predicts tokens[t + d + 2] = tokens[j + d + 1]
-        lp = F.log_softmax(heads._draft_logits(d, feats[d][0, t]).float(), dim=-1)  # [R, Vd]
+        lp = F.log_softmax(heads.draft_logits(d, feats[d][0, t]).float(), dim=-1)  # [R, Vd]
         target = t + d + 2
         valid = target < L
         col = col_of[ids[target.clamp(max=L - 1)]]  # [R]
@@ -156,11 +148,27 @@ def trace_generation(
     raw = raw_signals(root_stats(fwd.logits[t]).cpu(), probe)  # [R, 4]
     trace = Trace(prompt_len, L, ranks, probe, raw, ids.cpu(), seed=seed if noise is not None else None)
     if typical:
-        trace.passes, trace.union = (
-            union_passes(base, heads, ids, prompt_len, fwd.hidden, union, sampling),
-            union,
-        )
+        trace.passes = union_passes(base, heads, ids, prompt_len, fwd.hidden, union, sampling)
+        trace.union = union
     return trace
+
+
+def _noise(sampling: Sampling | None, seed: int | None, noise: GumbelNoise | None, vocab: int, dev):
+    """The gumbel noise a trace's heads rank by (None for a rule without noise): `noise`, else the seed's."""
+    if sampling is None or not sampling.rule.needs_noise:
+        return None
+    if noise is None and seed is None:
+        raise EntMTPError("a trace of gumbel sampling needs the generation's seed (its noise)")
+    return noise if noise is not None else GumbelNoise(seed, vocab, dev)
+
+
+def _draft_columns(heads, vocab: int, dev) -> torch.Tensor:
+    """[V] token id -> its column in the heads' draft logits (-1: not draftable, outside a draft vocabulary)."""
+    col_of = torch.arange(vocab, device=dev)
+    if heads.draft_vocab is not None:
+        col_of = torch.full_like(col_of, -1)
+        col_of[heads.draft_vocab.to(dev)] = torch.arange(heads.draft_vocab.numel(), device=dev)
+    return col_of
 
 
 UNION_CHUNK = 8  # roots whose union trees one forward verifies
@@ -280,7 +288,7 @@ def save_traces(
     JSON whose sidecar is not there yet."""
     sampled = dict(sampled or {})
     for rule in sampled:
-        if rule not in profile.modes or rule == "greedy":
+        if rule not in profile.modes or not Rule(rule).sampled:
             raise ProfileError(f"traces of a {rule!r} section that the profile does not have")
     side = sidecar_path(path)
     side.parent.mkdir(parents=True, exist_ok=True)
@@ -318,10 +326,11 @@ def load_traces(profile: Profile, mode: str = "greedy") -> list[Trace]:
             "it was changed or truncated; calibrate again"
         )
     t = load_file(str(side))
-    prefix = "" if mode == "greedy" else f"{mode}."
-    named = None if mode == "greedy" else profile.mode(mode).trace_tree
+    sampled = Rule(mode).sampled
+    prefix = f"{mode}." if sampled else ""  # the greedy section's tensors are unprefixed
+    named = profile.mode(mode).trace_tree if sampled else None
     union = None if named is None else named.tree()  # one Tree for every trace of the section
-    if mode == "typical" and (union is None or f"{prefix}0.passmask" in t):
+    if not Rule(mode).exclusive and (union is None or f"{prefix}0.passmask" in t):
         raise ProfileError(
             f"the typical traces of {profile.where} were made by an older entmtp (they know paths off the "
             "sampled trajectory one level deep only): calibrate again"

@@ -14,11 +14,11 @@ import torch
 
 from .. import __version__
 from ..accept import Sampling
-from ..backends import backend_name, weights_format
+from ..backends import backend_of
 from ..files import write_text_atomic
 from ..machine import digest, hardware, heads_checksum, model_fingerprint
 from ..packing import PackedLinear
-from .curves import CostCurve, CostsError, CostSurface
+from .curves import CostCurve, CostRecord, CostsError, CostSurface
 
 # How the probe times a step, part of every key: a curve measured another way is measured again. 2: the
 # engine's own prepare / forward / conclude under the generation's acceptance rule (1: the probe's own copy of
@@ -49,15 +49,7 @@ def cost_key(model, heads, graphs: bool = False, sampling: Sampling | None = Non
         "probe_sizes": list(sizes),  # a curve cached under another plan of sizes is measured again
         **{k: list(v) for k, v in plan.items()},
     }
-    if backend_name(model) != "transformers":  # llama.cpp: its own kernels, its own curve
-        from ..backends.llama_build import build_tag
-
-        key["backend"] = backend_name(model)
-        key["weights"] = weights_format(model)  # Q4_1, Q8_0, float16...: each format its own curve
-        key["build"] = build_tag()  # entmtp's patched llama-cpp-python or pip's
-        key["repacked"] = bool(
-            getattr(getattr(model, "runtime", None), "extra_bufts", False)
-        )  # AMX's kernels
+    key |= backend_of(model).cost_key(model)  # llama.cpp: its own kernels, build and weights format
     return key
 
 
@@ -83,24 +75,24 @@ def probing_disabled() -> bool:
     return os.environ.get("ENTMTP_NO_PROBE", "").strip() not in ("", "0", "false", "no")
 
 
-def read_record(path: str | os.PathLike[str], from_json, what: str):
-    """A cached record (`what`: "cost curve", "prefill cost"...) read with `from_json`; a file that cannot be
-    read, is not JSON, is JSON but not an object (`null`, `[]`), or lacks what the record needs raises
-    CostsError naming the file (`cached` then measures it again)."""
+def read_record(path: str | os.PathLike[str], cls: type[CostRecord]):
+    """A cached record of type `cls` (a curve, surface, prefill or choice cost); a file that cannot be read, is
+    not JSON, is JSON but not an object (`null`, `[]`), or is not that record raises CostsError naming the file
+    (`cached` then measures it again)."""
     p = Path(path)
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
         if not isinstance(data, dict):
             raise TypeError(f"it holds a JSON {type(data).__name__}, not an object")
-        return from_json(data)
+        return cls.from_json(data)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # JSON and Unicode: ValueErrors
         raise CostsError(
-            f"{what} {p} is unreadable ({type(e).__name__}: {e}): delete it to measure again"
+            f"{cls.KIND} {p} is unreadable ({type(e).__name__}: {e}): delete it to measure again"
         ) from e
 
 
 def load_curve(path: str | os.PathLike[str]) -> CostCurve:
-    return read_record(path, CostCurve.from_json, "cost curve")
+    return read_record(path, CostCurve)
 
 
 def save_record(record, path: Path) -> None:
@@ -114,17 +106,27 @@ save_curve = save_surface = save_record  # the names the callers of curves and s
 
 
 def load_surface(path: Path) -> CostSurface:
-    return read_record(path, CostSurface.from_json, "cost surface")
+    return read_record(path, CostSurface)
 
 
-def cached(path: Path, key: dict, load):
-    """The measurement at `path` if it exists and was measured for `key` (None: measure it); an unreadable
+def cached(path: Path, key: dict, cls: type[CostRecord]):
+    """The `cls` record at `path` if it exists and was measured for `key` (None: measure it); an unreadable
     file is named on stderr and measured again."""
     if not path.exists():
         return None
     try:
-        found = load(path)
+        found = read_record(path, cls)
     except CostsError as e:
         print(f"entmtp: {e}; measuring again", file=sys.stderr)
         return None
     return found if found.key == json.loads(json.dumps(key)) else None
+
+
+def cached_or_measured(cls: type[CostRecord], path: Path, key: dict, measure, *, refresh: bool = False):
+    """The `cls` record measured for `key` on this machine: the cached one at `path`, or `measure()` now,
+    written there (`refresh`: measured again whatever the cache holds). Every cost record goes through here."""
+    found = None if refresh else cached(path, key, cls)
+    if found is None:
+        found = measure()
+        save_record(found, path)
+    return found

@@ -21,6 +21,7 @@ import hashlib
 import statistics
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -28,8 +29,8 @@ import torch
 from ..accept import Sampling
 from ..machine import digest, record
 from ..tree import Tree
-from .cache import cached, cost_key, costs_dir, read_record, save_record
-from .curves import CostsError
+from .cache import cached, cached_or_measured, cost_key, costs_dir
+from .curves import CostRecord, CostsError
 
 FORMAT, VERSION = "entmtp-choice", 1
 CHOICE = 1  # how a choice is timed, part of the key: 1, the engine's decode steps on random tokens
@@ -38,8 +39,10 @@ WARMUP, STEPS = 2, 16  # steps not timed (first calls allocate); steps timed, th
 
 
 @dataclass(frozen=True)
-class ChoiceCost:
+class ChoiceCost(CostRecord):
     """ms of one policy's choice per step on one machine: the median of `steps` engine steps."""
+
+    FORMAT, VERSION, KIND = FORMAT, VERSION, "choice cost"
 
     policy: str  # the policy's class
     ms_per_step: float
@@ -48,18 +51,6 @@ class ChoiceCost:
     seconds: float = 0.0  # how long the measurement took
     machine: dict | None = None  # machine.record of where it was measured
     source = "engine steps"  # how it was measured (a class attribute, as a curve's `source` is named)
-
-    def to_json(self) -> dict:
-        return {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self)}
-
-    @classmethod
-    def from_json(cls, d: dict) -> ChoiceCost:
-        if d.get("format") != FORMAT or d.get("version") != VERSION:
-            raise CostsError(f"not an {FORMAT} v{VERSION} document")
-        return cls(
-            str(d["policy"]), float(d["ms_per_step"]), int(d["steps"]), d.get("key", {}),
-            float(d.get("seconds", 0.0)), d.get("machine"),
-        )  # fmt: skip
 
 
 def policy_key(policy) -> dict:
@@ -97,26 +88,20 @@ def choice_for(
     model, heads, policy, *, sampling: Sampling | None = None, refresh: bool = False
 ) -> ChoiceCost:
     """This machine's cost of `policy`'s choice with (model, heads): cached, or measured now and cached."""
-    found = None if refresh else cached_choice(model, heads, policy, sampling=sampling)
-    if found is None:
-        found = measure_choice(model, heads, policy, sampling=sampling)
-        save_record(found, _choice_path(choice_key(model, heads, policy, sampling)))
-    return found
+    key = choice_key(model, heads, policy, sampling)
+    timed = partial(measure_choice, model, heads, policy, sampling=sampling)
+    return cached_or_measured(ChoiceCost, _choice_path(key), key, timed, refresh=refresh)
 
 
 def cached_choice(model, heads, policy, *, sampling: Sampling | None = None) -> ChoiceCost | None:
     """The cost `choice_for` would return if it was measured on this machine before, else None: nothing is
     measured (the replays' `--cached-only`)."""
     key = choice_key(model, heads, policy, sampling)
-    return cached(_choice_path(key), key, load_choice)
+    return cached(_choice_path(key), key, ChoiceCost)
 
 
 def _choice_path(key: dict):
     return costs_dir() / f"choice-{digest(key)}.json"
-
-
-def load_choice(path) -> ChoiceCost:
-    return read_record(path, ChoiceCost.from_json, "choice cost")
 
 
 @torch.inference_mode()

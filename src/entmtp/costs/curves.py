@@ -13,16 +13,37 @@ import json
 import os
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
+from ..codec import JsonForm, from_json, to_json
 from ..errors import EntMTPError
 from ..tree import Tree
 
 FORMAT, VERSION = "entmtp-costs", 1
 SURFACE_FORMAT, SURFACE_VERSION = "entmtp-surface", 1
+
+
+class CostRecord(JsonForm):
+    """A measurement the cost cache keeps (a curve, a surface, a prefill or a choice cost): its fields as the
+    codec writes them (codec.py), under a format name and version that reading checks first. `KIND` names it
+    in messages."""
+
+    FORMAT: ClassVar[str]
+    VERSION: ClassVar[int]
+    KIND: ClassVar[str]
+
+    def to_json(self) -> dict:
+        return {"format": self.FORMAT, "version": self.VERSION, **to_json(self)}
+
+    @classmethod
+    def from_json(cls, data: dict):
+        if data.get("format") != cls.FORMAT or data.get("version") != cls.VERSION:
+            raise CostsError(f"not an {cls.FORMAT} v{cls.VERSION} document")
+        return from_json(cls, {k: v for k, v in data.items() if k not in ("format", "version")})
 
 
 class CostsError(EntMTPError):
@@ -92,11 +113,13 @@ def priced_ms(seconds: dict[str, float]) -> float:
 
 
 @dataclass(frozen=True)
-class CostCurve:
+class CostCurve(CostRecord):
     """ms per step (the heads' drafting, verification, acceptance and commit; not the probe) by drafted nodes.
 
     `step_ms[i]` is the mean over the measured contexts of `by_context[c][i]`; `draft_ms[i]` the heads' part of
     it (0 without heads); `prefill_ms_per_token` the prefill of the longest context, per token."""
+
+    FORMAT, VERSION, KIND = FORMAT, VERSION, "cost curve"
 
     nodes: tuple[int, ...]  # [S]
     step_ms: tuple[float, ...]  # [S]
@@ -146,28 +169,6 @@ class CostCurve:
         ]
         return statistics.median(shares) if shares else None
 
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["by_context"] = [list(r) for r in self.by_context]
-        return {"format": FORMAT, "version": VERSION, **d}
-
-    @classmethod
-    def from_json(cls, d: dict) -> CostCurve:
-        if d.get("format") != FORMAT or d.get("version") != VERSION:
-            raise CostsError(f"not an {FORMAT} v{VERSION} document")
-        return cls(
-            tuple(int(n) for n in d["nodes"]),
-            tuple(float(x) for x in d["step_ms"]),
-            tuple(float(x) for x in d["draft_ms"]),
-            tuple(int(c) for c in d.get("contexts", ())),
-            tuple(tuple(float(x) for x in r) for r in d.get("by_context", ())),
-            d.get("prefill_ms_per_token"),
-            d.get("key", {}),
-            d.get("source", "probe"),
-            float(d.get("seconds", 0.0)),
-            d.get("machine"),
-        )
-
     @classmethod
     def from_latency(cls, nodes: Sequence[int], ms: Sequence[float], source: str) -> CostCurve:
         """From a profile's latency section or another tool's measured (nodes, ms) pairs; no drafting split."""
@@ -206,10 +207,12 @@ class CostCurve:
 
 
 @dataclass(frozen=True)
-class CostSurface:
+class CostSurface(CostRecord):
     """The batched step's cost: `ms[i][j]`, one step of `batches[i]` rows, each verifying `nodes[j]` drafted
     nodes. At batch 1 it is the cost curve; with B rows one forward verifies B trees padded to the largest, so
     a step of B rows costs far less than B steps, but each extra node costs B tokens of work."""
+
+    FORMAT, VERSION, KIND = SURFACE_FORMAT, SURFACE_VERSION, "cost surface"
 
     batches: tuple[int, ...]  # [R]
     nodes: tuple[int, ...]  # [S]
@@ -246,20 +249,3 @@ class CostSurface:
             rel = ", ".join(f"{n}: {m / r[0]:.2f}x" for n, m in zip(self.nodes, r, strict=True) if n)
             lines.append(f"batch {b}: plain {r[0]:.1f} ms ({r[0] / b:.1f} ms/row); nodes {rel}")
         return "\n".join(lines)
-
-    def to_json(self) -> dict:
-        return {"format": SURFACE_FORMAT, "version": SURFACE_VERSION, **asdict(self)}
-
-    @classmethod
-    def from_json(cls, d: dict) -> CostSurface:
-        if d.get("format") != SURFACE_FORMAT or d.get("version") != SURFACE_VERSION:
-            raise CostsError(f"not an {SURFACE_FORMAT} v{SURFACE_VERSION} document")
-        return cls(
-            tuple(int(b) for b in d["batches"]),
-            tuple(int(n) for n in d["nodes"]),
-            tuple(tuple(float(x) for x in r) for r in d["ms"]),
-            d.get("key", {}),
-            d.get("source", "probe"),
-            float(d.get("seconds", 0.0)),
-            d.get("machine"),
-        )

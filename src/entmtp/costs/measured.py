@@ -14,6 +14,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 import torch
@@ -22,12 +23,9 @@ from ..accept import Sampling
 from ..machine import record
 from .cache import (
     cached,
+    cached_or_measured,
     cost_key,
     cost_path,
-    load_curve,
-    load_surface,
-    save_curve,
-    save_surface,
     uses_graphs,
 )
 from .curves import CostCurve, CostsError, CostSurface
@@ -97,12 +95,12 @@ def costs_for(
     """This machine's cost curve for (model, heads) under `sampling`'s acceptance rule (None: greedy): the
     cached one, or measured now and cached. `graphs`: as the engine's (`Engine(graphs=...)`); they are used on
     CUDA only. The heads come bound to the model, and packed when it is."""
-    curve = None if refresh else cached_curve(model, heads, graphs=graphs, sampling=sampling)
-    if curve is None:
-        graphs = uses_graphs(model, graphs)
-        curve = measure(model, heads, budget_s=budget_s, progress=progress, graphs=graphs, sampling=sampling)
-        save_curve(curve, cost_path(cost_key(model, heads, graphs, sampling, SIZES)))
-    return curve
+    graphs = uses_graphs(model, graphs)
+    key = cost_key(model, heads, graphs, sampling, SIZES)
+    timed = partial(
+        measure, model, heads, budget_s=budget_s, progress=progress, graphs=graphs, sampling=sampling
+    )
+    return cached_or_measured(CostCurve, cost_path(key), key, timed, refresh=refresh)
 
 
 def cached_curve(
@@ -112,7 +110,7 @@ def cached_curve(
     None: nothing is measured (what `--no-probe` and the replays' `--cached-only` read)."""
     graphs = uses_graphs(model, graphs)
     key = cost_key(model, heads, graphs, sampling, SIZES)
-    return cached(cost_path(key), key, load_curve)
+    return cached(cost_path(key), key, CostCurve)
 
 
 @torch.inference_mode()
@@ -220,12 +218,8 @@ def surface_for(
     """This machine's cost surface for (model, heads) up to `max_batch` rows: cached, or measured now."""
     batches = tuple(b for b in BATCHES if b < max_batch) + (max_batch,)
     key = cost_key(model, heads, sampling=sampling, sizes=SURFACE_SIZES, surface=batches)
-    path = cost_path(key)
-    surface = None if refresh else cached(path, key, load_surface)
-    if surface is None:
-        surface = measure_surface(model, heads, batches=batches, progress=progress, sampling=sampling)
-        save_surface(surface, path)
-    return surface
+    timed = partial(measure_surface, model, heads, batches=batches, progress=progress, sampling=sampling)
+    return cached_or_measured(CostSurface, cost_path(key), key, timed, refresh=refresh)
 
 
 @torch.inference_mode()

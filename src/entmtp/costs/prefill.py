@@ -15,15 +15,15 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
 
 from ..machine import record
-from .cache import cached, cost_key, cost_path, read_record, save_record
-from .curves import CostsError
+from .cache import cached_or_measured, cost_key, cost_path
+from .curves import CostRecord, CostsError
 
 PREFILL_FORMAT, PREFILL_VERSION = "entmtp-prefill", 1
 LENGTHS = (64, 256, 1024)  # prompt tokens timed: short, medium and a RAG-like prompt (longer ones: the fit)
@@ -33,9 +33,11 @@ WARMUP_TOKENS = 32
 
 
 @dataclass(frozen=True)
-class PrefillCost:
+class PrefillCost(CostRecord):
     """ms of a prompt's prefill by its tokens: the measured points and their fit `intercept_ms + ms_per_token
     * n` (least squares; one point: through the origin)."""
+
+    FORMAT, VERSION, KIND = PREFILL_FORMAT, PREFILL_VERSION, "prefill cost"
 
     lengths: tuple[int, ...]  # [P] prompt tokens timed
     ms: tuple[float, ...]  # [P] fastest prefill's ms at each
@@ -73,26 +75,6 @@ class PrefillCost:
         points = ", ".join(f"{n}: {m:.0f} ms" for n, m in zip(self.lengths, self.ms, strict=True))
         return f"{b:.2f} ms/token + {a:.1f} ms ({points})"
 
-    def to_json(self) -> dict:
-        return {"format": PREFILL_FORMAT, "version": PREFILL_VERSION, **asdict(self)}
-
-    @classmethod
-    def from_json(cls, d: dict) -> PrefillCost:
-        if d.get("format") != PREFILL_FORMAT or d.get("version") != PREFILL_VERSION:
-            raise CostsError(f"not an {PREFILL_FORMAT} v{PREFILL_VERSION} document")
-        return cls(
-            tuple(int(n) for n in d["lengths"]),
-            tuple(float(m) for m in d["ms"]),
-            d.get("key", {}),
-            d.get("source", "probe"),
-            float(d.get("seconds", 0.0)),
-            d.get("machine"),
-        )
-
-
-def load_prefill(path: Path) -> PrefillCost:
-    return read_record(path, PrefillCost.from_json, "prefill cost")
-
 
 def prefill_key(model, heads) -> dict:
     return cost_key(model, heads, sizes=LENGTHS, prefill=(PREFILL_VERSION,))
@@ -103,12 +85,8 @@ def prefill_for(
 ) -> PrefillCost:
     """This machine's prefill cost for (model, heads): the cached one, or measured now and cached."""
     key = prefill_key(model, heads)
-    path = cost_path(key)
-    cost = None if refresh else cached(path, key, load_prefill)
-    if cost is None:
-        cost = measure_prefill(model, heads, budget_s=budget_s, progress=progress)
-        save_record(cost, path)
-    return cost
+    timed = partial(measure_prefill, model, heads, budget_s=budget_s, progress=progress)
+    return cached_or_measured(PrefillCost, cost_path(key), key, timed, refresh=refresh)
 
 
 @torch.inference_mode()

@@ -48,7 +48,8 @@ from .config import (
 )
 from .drafting import Draft, Drafter, Heads, LazyProbe, MedusaHeads, Probe, frequent_tokens, taken
 from .formats import load_heads, save_heads, save_hydra_official, save_medusa_official
-from .hydra import HydraHeads, random_heads
+from .fresh import random_heads
+from .hydra import HydraHeads
 
 __all__ = [
     "CONFIG_FILE",

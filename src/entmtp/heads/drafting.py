@@ -334,8 +334,8 @@ class Heads(nn.Module):
     def _project_stack(self, hs: torch.Tensor) -> torch.Tensor:
         """Draft logits of heads 0..D-1 for hs [D, ..., H] -> [D, ..., Vd] (one matmul when shared)."""
         if self.config.share_lm_head:
-            return self._draft_logits(0, hs)
-        return torch.stack([self._draft_logits(i, h) for i, h in enumerate(hs)])
+            return self.draft_logits(0, hs)
+        return torch.stack([self.draft_logits(i, h) for i, h in enumerate(hs)])
 
     def set_draft_vocab(self, ids: torch.Tensor | None) -> None:
         """Draft only from these token ids (a frequency-ranked subset of the vocabulary, as in FR-Spec).
@@ -358,7 +358,7 @@ class Heads(nn.Module):
         optimiser does), so that the next draft slices the new ones."""
         self._draft_proj.clear()
 
-    def _draft_logits(self, k: int, feats: torch.Tensor) -> torch.Tensor:
+    def draft_logits(self, k: int, feats: torch.Tensor) -> torch.Tensor:
         """Head k's logits over the draft vocabulary (all of it when none is set): [..., H] -> [..., Vd]."""
         if self.draft_vocab is None:
             return self.project(k, feats)
@@ -430,12 +430,12 @@ class Heads(nn.Module):
     def project_draft(self, k: int, feats: torch.Tensor) -> torch.Tensor:
         """Head k's (0-based) logits over the draft vocabulary, for training: feats [..., H] -> [..., Vd].
         Differentiable in the features and in the head's own projection (sliced afresh each call); a frozen
-        shared lm_head is sliced once (`_draft_logits`)."""
+        shared lm_head is sliced once (`draft_logits`)."""
         if self.draft_vocab is None:
             raise HeadsError("these heads have no draft vocabulary: set one (set_draft_vocab) first")
         proj = self.heads[k].proj
         if proj is None or not proj.weight.requires_grad:
-            return self._draft_logits(k, feats)
+            return self.draft_logits(k, feats)
         ids = self.draft_vocab.to(proj.weight.device)
         return F.linear(feats, proj.weight[ids], None if proj.bias is None else proj.bias[ids])
 

@@ -13,7 +13,7 @@ from torch import nn
 from ..errors import HeadsError
 from .config import HeadsConfig
 from .drafting import Draft, Heads, MedusaHeads, Probe, level_plans
-from .modules import PrefixLayer, ResBlock, randomize_norms
+from .modules import PrefixLayer, randomize_norms
 
 if TYPE_CHECKING:
     from ..tree import Tree
@@ -111,7 +111,7 @@ class HydraHeads(Heads):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Head d's top-k token ids and log-probabilities for branch contexts x [P, (d+1)H]: [P, k] each
         (`perturb` [Vd] or [P, Vd]: ranked by log-probability + perturbation, drafting.Heads)."""
-        lp = F.log_softmax(self._draft_logits(d - 1, self.heads[d - 1].blocks(x)).float(), dim=-1)  # [P, Vd]
+        lp = F.log_softmax(self.draft_logits(d - 1, self.heads[d - 1].blocks(x)).float(), dim=-1)  # [P, Vd]
         return self._topk(lp, k, perturb)
 
     def probe_at(
@@ -182,23 +182,3 @@ class HydraHeads(Heads):
 
 def heads_class(config: HeadsConfig) -> type[Heads]:
     return MedusaHeads if config.kind == "medusa" else HydraHeads
-
-
-def random_heads(
-    config: HeadsConfig, seed: int = 0, dtype: torch.dtype = torch.float32, init: str = "medusa"
-) -> Heads:
-    """Fresh heads. ``init="medusa"``: residual blocks start as the identity (zero ``linear`` weights), as
-    Medusa and Hydra do; ``init="random"``: every weight nonzero, for tests that must see each parameter."""
-    if init not in ("medusa", "random"):
-        raise HeadsError(f"init {init!r} is unknown: use 'medusa' or 'random'")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        heads = heads_class(config)(config)
-        with torch.no_grad():
-            for module in heads.modules():
-                if init == "medusa" and isinstance(module, ResBlock):
-                    module.linear.weight.zero_()
-            if init == "random":
-                randomize_norms(heads)
-    heads._prefix_init = (seed, init)
-    return heads.to(dtype)

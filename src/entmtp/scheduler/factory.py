@@ -5,7 +5,7 @@
   scheduled_policy  what to run on a machine's curve when no policy is named: plain steps where no bank tree
                     is expected to beat a plain step there, else the section's recommended policy (`dynamic`
                     in place of binary and ladder, whose thresholds only hold on the calibration machine)
-  section_policy    `scheduled_policy`, or the stored latencies' policy when nothing was measured (build.py)
+  section_policy    `scheduled_policy`, or the stored latencies' policy when nothing was measured (build/)
 
 Expected tokens/s of a bank tree: its simulated tokens per step on the calibration positions over its step
 cost on the curve (`Profile.static_speeds`).
@@ -13,7 +13,7 @@ cost on the curve (`Profile.static_speeds`).
 
 from __future__ import annotations
 
-from ..costs import CostCurve, LatencyModel
+from ..costs.curves import CostCurve, LatencyModel
 from ..policy import StaticPolicy
 from ..tree import Tree
 from .policies import POLICIES, BinaryPolicy, CostPolicy, DynamicPolicy, LadderPolicy

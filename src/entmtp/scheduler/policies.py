@@ -40,9 +40,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..accept import ACCEPTANCE
+from ..accept import ACCEPTANCE, Rule
 from ..codec import JsonForm
-from ..costs import LatencyModel
+from ..costs.curves import LatencyModel
 from ..errors import EntMTPError
 from ..policy import Choice, Menu, Settings, Stateful
 from ..records import Step, StepContext
@@ -148,7 +148,7 @@ class ExpectedAccepted:
     def reach(self, rates: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
         member = member.clone()
         member[:, 0] = 0.0
-        if self.rule != "typical":  # exclusive children: the depth-k nodes' path probabilities add up
+        if Rule(self.rule).exclusive:  # the depth-k nodes' path probabilities add up
             return member @ (path_products(self.ancestors, rates)[:, None] * self.at_depth)
         out = torch.zeros(member.shape[0], self.depth)
         chain = torch.ones_like(member)  # R_{k-1} per subtree and node
@@ -317,7 +317,7 @@ class _CalibratedPolicy(_SignalPolicy):
         self.acceptance, self.online = acceptance, online
         self.paths = PathProbabilities(self.master, acceptance)
         self.expected = ExpectedAccepted(self.master, acceptance.rule)
-        online = online and acceptance.rule != "typical"
+        online = online and Rule(acceptance.rule).exclusive
         self.calibration = OnlineCalibration(self.master) if online else None
 
     def reset(self) -> None:
@@ -410,9 +410,9 @@ class DynamicPolicy(_CalibratedPolicy):
         rates = self._rates(ctx)  # [M+1]
         p = self.paths.along_paths(rates)[1:]  # [M]
         order = torch.sort(p, descending=True, stable=True).indices  # parents before children on ties
-        if (
-            self.expected.rule != "typical"
-        ):  # the best n-node subtree: the n nodes of highest path probability
+        if Rule(
+            self.expected.rule
+        ).exclusive:  # the best n-node subtree: the n nodes of highest path probability
             expected = torch.cat([torch.ones(1), 1.0 + p[order].cumsum(0)])  # [M+1]
         else:  # the first n nodes of that order, each prefix scored as a whole (siblings overlap)
             member = torch.zeros(self.master.size, self.master.size)  # [M+1 prefixes, M+1 nodes]

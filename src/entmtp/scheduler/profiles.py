@@ -86,7 +86,7 @@ from importlib import resources
 from pathlib import Path
 
 from .. import metrics
-from ..accept import SAMPLED, Sampling
+from ..accept import SAMPLED, Rule, Sampling
 from ..codec import NOT_WRITTEN, CodecError, JsonForm, from_json, to_json
 from ..errors import EntMTPError
 from ..files import write_text_atomic
@@ -444,32 +444,19 @@ class Profile:
 
     def mode_for_rule(self, rule: str) -> str:
         """The section an acceptance `rule` (accept.ACCEPTANCE) uses (see `mode_for`)."""
-        for mode in (rule, *(m for m in SAMPLED if m != rule and rule != "greedy")):
+        rule = Rule(rule)
+        for mode in (rule, *(m for m in SAMPLED if m != rule and rule.sampled)):
             if mode in self.modes:
                 return mode
-        return "greedy"
+        return Rule.GREEDY
 
     def recommended_policy(self, mode: str = "greedy") -> str:
         return self.mode(mode).measured_on.recommended_policy
 
     def trace_metas(self, mode: str = "greedy") -> tuple[TraceMeta, ...]:
         """The mode's traces in the sidecar (none recorded: empty)."""
-        metas = self.traces if mode == "greedy" else self.mode(mode).traces
+        metas = self.mode(mode).traces if Rule(mode).sampled else self.traces
         return metas or ()
-
-    def policy(
-        self,
-        name: str,
-        mode: str = "greedy",
-        require_contiguous: bool = True,
-        online: bool = True,
-        latency: LatencyModel | None = None,
-    ):
-        """The policy `name` built from this profile's section `mode` (scheduler.factory.profile_policy, which
-        says what the arguments do)."""
-        from .factory import profile_policy  # the factory reads profiles: imported when first asked for
-
-        return profile_policy(self, name, mode, require_contiguous, online, latency)
 
     @property
     def where(self) -> str:
@@ -501,8 +488,8 @@ class Profile:
             warnings.warn(
                 f"profile {self.where} was calibrated on other hardware ({', '.join(diff)}): its stored "
                 "latencies may not hold here; build policies on this machine's measured step costs instead (the "
-                "default; --no-probe turns it off; in Python `profile.policy(name, latency=costs_for(model, "
-                f"heads).latency())`), or re-measure with `entmtp calibrate --latency-only --profile "
+                "default; --no-probe turns it off; in Python `scheduler.factory.profile_policy(profile, name, "
+                f"latency=costs_for(model, heads).latency())`), or re-measure with `entmtp calibrate --latency-only --profile "
                 f"{self.where}` (minutes)",
                 stacklevel=2,
             )

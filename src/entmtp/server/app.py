@@ -29,7 +29,7 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..accept import SAMPLED_CHOICES
-from ..costs import CostSurface
+from ..costs.curves import CostSurface
 from ..engine import Engine
 from ..errors import EntMTPError
 from . import routes

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 
 from ..batch import Batch, BatchOptions, Row
-from ..costs import CostSurface
+from ..costs.curves import CostSurface
 from ..engine import Engine
 from ..errors import EntMTPError
 from ..interrupt import Interrupt

@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from ..accept import SAMPLED_CHOICES
-from ..engine_args import add_engine_arguments, engine_from_args
+from ..engine_args import add_engine_arguments, built_from_args
 from ..errors import EntMTPError
 
 
@@ -139,7 +139,7 @@ def run_serve(args) -> int:
         from .run import Loading, bind, serve  # light: the port is bound before the model loads
 
         sock = bind(args.host, args.port)  # a busy port fails at once, not after the model loads
-        from .app import create_app
+        from . import app as app_module
     except ImportError as e:
         raise EntMTPError(
             f"`entmtp serve` needs the server extra ({e.name} is missing): pip install 'entmtp[server]'"
@@ -147,7 +147,7 @@ def run_serve(args) -> int:
     from ..backends import describe_weights
 
     with Loading(sock):  # until the app is ready, every request gets a 503 "loading" at once
-        engine, app = _ready_app(args, create_app)
+        engine, app = _ready_app(args, app_module)
     weights = describe_weights(engine.model)  # every request decodes these: a server builds one engine
     print(
         f"entmtp: serving {model_name(args)} ({weights}) on http://{args.host}:{args.port}/v1",
@@ -170,7 +170,7 @@ def model_name(args) -> str:
     return args.model_name or args.model or "smollm2-135m-instruct"
 
 
-def _ready_app(args, create_app):
+def _ready_app(args, app_module):
     """(engine, app) of `entmtp serve`'s flags: the engine built on the server's torch thread, its batch costs,
     the app."""
     from .thread import TorchThread
@@ -178,15 +178,21 @@ def _ready_app(args, create_app):
     batched = args.max_batch > 1
     thread = TorchThread()  # every torch call of the server on one thread (thread.py says why)
     # a batch steps eagerly (batch.py); batching steps one engine, so no routing by prompt length (routing.py)
-    engine = thread.call(engine_from_args, args, route=False, graphs=not args.no_graphs and not batched)
+    # the cost surface (costs/: ms of a batched step by rows and nodes per row, measured once per machine and
+    # cached) that a batch's policies weigh their trees by: None for one row at a time, under --no-probe, or
+    # where the backend steps no batch (the server then says why and serves one request at a time)
+    graphs = not args.no_graphs and not batched
+    built = thread.call(
+        built_from_args, args, route=False, max_batch=args.max_batch if batched else None, graphs=graphs
+    )
+    engine, costs = built.engine, built.loaded.surface
     if batched and not args.no_graphs and engine.base.device.type == "cuda":
         print(
             f"entmtp: --max-batch {args.max_batch}: batched steps run without CUDA graphs, so a request "
             "alone decodes slower than with them; --max-batch 1 serves one request at a time with graphs",
             file=sys.stderr,
         )
-    costs = thread.call(batch_costs, engine, args.max_batch, not args.no_probe)
-    app = create_app(
+    app = app_module.create_app(
         engine,
         model_name(args),
         max_queue=args.max_queue,
@@ -201,15 +207,3 @@ def _ready_app(args, create_app):
         live_threads=not args.fixed_threads,
     )
     return engine, app
-
-
-def batch_costs(engine, max_batch: int, probe: bool = True):
-    """The cost surface (costs/: ms of a batched step by rows and nodes per row, measured once per
-    machine and cached) that a batch's policies weigh their trees by; None for one row at a time, without
-    probing, or when this model cannot be batched (the server then says why and serves one request at a
-    time). `entmtp serve` and each Ray Serve replica (ray_serve.py) measure it here."""
-    from ..costs import probing_disabled, surface_for
-
-    if max_batch == 1 or not probe or probing_disabled() or not engine.base.preallocate:
-        return None
-    return surface_for(engine.model, engine.heads, max_batch=max_batch)

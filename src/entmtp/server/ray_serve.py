@@ -59,16 +59,20 @@ def require_ray():
 
 
 def _build_engine(config: RayServeConfig):
-    """The replica's engine (on its torch thread): a batch steps eagerly, without CUDA graphs (batch.py). Its
-    plan (backend, dtype, policy, each with its reason) goes to the replica's log: nodes may choose apart."""
+    """(the replica's engine, its batches' cost surface or None), built on its torch thread as `entmtp serve`
+    builds them: a batch steps eagerly, without CUDA graphs (batch.py). Its plan (backend, dtype, policy, each
+    with its reason) goes to the replica's log: nodes may choose apart."""
     from ..build import build
 
     spec = config.spec
     spec = replace(spec, threads=config.threads, graphs=spec.graphs and config.max_batch == 1)
-    built = build(spec, route=False)  # one engine: batches step it (routing.py routes `generate`'s)
+    max_batch = config.max_batch if config.max_batch > 1 else None
+    built = build(
+        spec, route=False, max_batch=max_batch
+    )  # one engine: batches step it (routing.py: `generate`'s)
     for line in built.plan.describe().splitlines():
         log.info("engine plan: %s", line)
-    return built.engine
+    return built.engine, built.loaded.surface
 
 
 class EngineReplica:
@@ -76,15 +80,13 @@ class EngineReplica:
 
     def __init__(self, args: dict):
         from .app import create_app
-        from .command import batch_costs
         from .ray_metrics import Mirror
         from .thread import TorchThread
 
         _log_requests()
         config = RayServeConfig.from_dict(args)
         thread = TorchThread()  # every torch call of the replica on one thread (thread.py says why)
-        engine = thread.call(_build_engine, config)
-        costs = thread.call(batch_costs, engine, config.max_batch, config.spec.probe)
+        engine, costs = thread.call(_build_engine, config)
         self.app = create_app(
             engine,
             config.model_name,

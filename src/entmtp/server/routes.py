@@ -130,7 +130,7 @@ async def _complete(request: Request, chat: bool) -> Response:
 def _bad_seed(req: schema._Params, acceptance: str) -> Response | None:
     """A 400 for a seed the request's sampling rule cannot take (gumbel: a negative seed), else None."""
     temperature = req.temperature or 0.0
-    if temperature > 0 and Sampling(temperature, acceptance).rule == "gumbel":
+    if temperature > 0 and Sampling(temperature, acceptance).rule.needs_noise:
         try:
             check_gumbel_seed(req.seed)
         except EntMTPError as e:
@@ -203,6 +203,22 @@ def _chars(prompt) -> int:
     return sum(len(m["content"]) for m in prompt if isinstance(m, dict))
 
 
+def _constraint(req: schema._Params, tools: Tools | None):
+    """The grammar the output follows: `response_format`'s, or the tools' (not both), or None."""
+    try:
+        constraint = Constraint.of(req.response_format)
+    except EntMTPError as e:
+        raise FieldError(str(e), "response_format") from e
+    if tools is None:
+        return constraint
+    if constraint is not None:
+        raise FieldError(
+            'send response_format or tools (with a tool_choice other than "none"), not both',
+            "response_format",
+        )
+    return tools.constraint()
+
+
 def prepare(
     engine: Engine, req: schema._Params, prompt, chat: bool, acceptance: str = "auto"
 ) -> tuple[list[int], dict, Tools | None]:
@@ -229,17 +245,7 @@ def prepare(
             prediction = prediction_ids(engine.tokenizer, req.prediction.text(), window, vocab)
         except EntMTPError as e:
             raise FieldError(str(e), "prediction") from e
-    try:
-        constraint = Constraint.of(req.response_format)
-    except EntMTPError as e:
-        raise FieldError(str(e), "response_format") from e
-    if tools is not None:
-        if constraint is not None:
-            raise FieldError(
-                'send response_format or tools (with a tool_choice other than "none"), not both',
-                "response_format",
-            )
-        constraint = tools.constraint()
+    constraint = _constraint(req, tools)
     try:
         options = GenerationOptions(
             max_new_tokens=limit,

@@ -8,7 +8,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..costs import CostSurface
+from ..costs.curves import CostSurface
 from ..engine import Engine
 from . import schema
 from .batching import start_worker

@@ -14,9 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
-
-from ..engine_args import add_model_arguments
+from ..engine_args import add_model_arguments, setup_torch
 from ..heads import load_heads
 from ..machine import auto_dtype
 from ..model import DTYPES, load_model
@@ -180,8 +178,7 @@ def train_settings_from_args(args) -> dict:
 
 
 def _setup(args) -> None:
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    setup_torch(args)
 
 
 def run_train(args) -> int:

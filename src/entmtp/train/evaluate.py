@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from .. import metrics
-from ..accept import Sampling
+from ..accept import SAMPLED, Sampling
 from ..calibration.search import simulate
 from ..calibration.traces import generate_traces
 from ..engine import Engine
@@ -54,7 +54,7 @@ from .shards import generate_responses
 TOPS = (1, 5, 10)
 # The published default tree, and the static tree `entmtp generate` uses for heads without a profile.
 DEFAULT_TREES = ("mc_sim_7b_63", "tree_8")
-SAMPLING_RULES = ("sample", "typical", "gumbel")  # acceptance rules the evaluation can decode with at T > 0
+SAMPLING_RULES = SAMPLED  # acceptance rules the evaluation can decode with at T > 0
 EVAL_TASKS = FOUR_TASKS + tuple(SPECBENCH)  # the paper's four tasks, then the dev benchmark's categories
 METHODS = ("decode", "replay")  # how tokens per step is measured (module docstring)
 REPLAYED_RULES = ("sample",)  # sampling rules a replay scores exactly
@@ -169,6 +169,19 @@ def replayed_runs(
     return out
 
 
+def _check_method(method: str, sampling: tuple[str, ...]) -> None:
+    if method not in METHODS:
+        raise ValueError(f"unknown evaluation method {method!r}: use {' or '.join(METHODS)}")
+    for rule in sampling:
+        if rule not in SAMPLING_RULES:
+            raise ValueError(f"unknown sampling rule {rule!r}: use some of {', '.join(SAMPLING_RULES)}")
+        if method == "replay" and rule not in REPLAYED_RULES:
+            raise ValueError(
+                f"sampling rule {rule!r} cannot be replayed (typical's output depends on the tree, gumbel's "
+                f"drafts on the decode's noise): use method decode, or only {', '.join(REPLAYED_RULES)}"
+            )
+
+
 def evaluate_heads(
     model,
     tokenizer,
@@ -192,16 +205,7 @@ def evaluate_heads(
     ``sampling``: also decode at ``temperature`` with these acceptance rules (`SAMPLING_RULES`). ``method``:
     how tokens per step is measured (`METHODS`). Each task's result line (`task_line`) prints when the task is
     done; ``progress``: a progress bar over the tasks too."""
-    if method not in METHODS:
-        raise ValueError(f"unknown evaluation method {method!r}: use {' or '.join(METHODS)}")
-    for rule in sampling:
-        if rule not in SAMPLING_RULES:
-            raise ValueError(f"unknown sampling rule {rule!r}: use some of {', '.join(SAMPLING_RULES)}")
-        if method == "replay" and rule not in REPLAYED_RULES:
-            raise ValueError(
-                f"sampling rule {rule!r} cannot be replayed (typical's output depends on the tree, gumbel's "
-                f"drafts on the decode's noise): use method decode, or only {', '.join(REPLAYED_RULES)}"
-            )
+    _check_method(method, sampling)
     named = {"heads": heads} | ({"baseline": baseline} if baseline is not None else {})
     for h in named.values():
         h.bind(model)

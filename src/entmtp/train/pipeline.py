@@ -197,10 +197,8 @@ def train_heads(
     train_time_limit: float | None = None,  # seconds: plan fewer steps (shorter lr schedule) if needed
     init: str | os.PathLike[str] | None = None,  # start from these heads' weights (same kind and shape)
 ) -> dict:
-    """Generate self-distillation data, train Medusa/Hydra heads on it, save and evaluate them.
-
-    Returns a summary dict: {"distill": manifest summary, "train": TrainResult fields, "eval": report}.
-    """
+    """Generate self-distillation data, train Medusa/Hydra heads on it, save and evaluate them. Returns a summary
+    dict: {"distill": manifest summary, "train": TrainResult fields, "eval": report}."""
     stages = _stages(stages)
     out = Path(out_dir)
     distill = distill_dir if distill_dir is not None else out / "distill"
@@ -213,16 +211,9 @@ def train_heads(
     if "gen" in stages:
         batch_size = gen_batch_size or (128 if torch.device(device).type == "cuda" else 32)
         summary["distill"] = _gen_stage(
-            b,
-            distill_dirs(distill)[0],
-            prompts,
-            sources,
-            gen_settings,
-            batch_size,
-            progress,
-            gen_time_limit,
+            b, distill_dirs(distill)[0], prompts, sources, gen_settings, batch_size, progress, gen_time_limit,
             answers_dir,
-        )
+        )  # fmt: skip
     heads = None
     if "train" in stages:
         run = dict(
@@ -235,9 +226,8 @@ def train_heads(
             return summary
     if "eval" in stages:
         heads = heads if heads is not None else load_heads(out)
-        summary["eval"] = _evaluate(
-            b.model, b.tokenizer, heads, out, eval_settings or EvalSettings(), progress
-        )
+        settings = eval_settings or EvalSettings()
+        summary["eval"] = _evaluate(b.model, b.tokenizer, heads, out, settings, progress)
     return summary
 
 

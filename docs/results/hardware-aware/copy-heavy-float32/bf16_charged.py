@@ -19,6 +19,7 @@ from entmtp.lookup import Lookup
 from entmtp.model import load_model
 from entmtp.prompts import load_prompts
 from entmtp.scheduler import resolve_profile
+from entmtp.scheduler.factory import profile_policy
 from entmtp.scheduler.hybrid import hybrid
 from entmtp.shipped import resolve_heads
 
@@ -38,7 +39,7 @@ def main() -> None:
     lat, share_ms = curve.latency(), curve.draft_share * curve.plain_ms
     model, tok = load_model(dtype="float32")
     heads = resolve_heads("hydra", model)
-    dynamic = resolve_profile("mixed", "hydra").policy("dynamic", latency=lat)
+    dynamic = profile_policy(resolve_profile("mixed", "hydra"), "dynamic", latency=lat)
     methods = {
         "lookup": Engine(model, tok, policy=hybrid(None, Lookup(), curve)),
         "hybrid": Engine(model, tok, heads=heads, policy=hybrid(dynamic, Lookup(), curve)),
