@@ -26,8 +26,8 @@ demo: setup
 	$(BIN)/entmtp generate "$(PROMPT)" --max-new-tokens 160
 
 lint: setup
-	$(BIN)/ruff check src tests scripts
-	$(BIN)/ruff format --check src tests scripts
+	$(BIN)/ruff check src tests scripts docs/results
+	$(BIN)/ruff format --check src tests scripts docs/results
 
 test: lint
 	$(BIN)/pytest

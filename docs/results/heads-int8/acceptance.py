@@ -61,7 +61,7 @@ def main() -> None:
                 outs = [engine.generate(p, max_new_tokens=args.max_new_tokens) for p in prompts]
                 per[name] = sum(len(r.token_ids) for r in outs) / sum(r.num_steps for r in outs)
                 texts[name] = [r.token_ids for r in outs]
-            same = sum(a == b for a, b in zip(texts["bf16"], texts["int8"]))
+            same = sum(a == b for a, b in zip(texts["bf16"], texts["int8"], strict=False))
             row = {"task": task, "tree": tree, **per, "ratio": per["int8"] / per["bf16"], "same_texts": same}
             results["rows"].append(row)
             table.add_row(task, tree, f"{per['bf16']:.3f}", f"{per['int8']:.3f}", f"{row['ratio']:.3f}",

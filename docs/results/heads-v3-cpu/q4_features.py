@@ -56,7 +56,7 @@ def score(
         stop = L - k  # anchors t < stop have truth[t+k]
         if stop <= first:
             return
-        logits = heads._draft_logits(k - 1, feats[k - 1][0, first:stop])  # [n, Vd]
+        logits = heads.draft_logits(k - 1, feats[k - 1][0, first:stop])  # [n, Vd]
         drafted = heads._draft_ids(logits.argmax(-1))
         right.append(drafted == truth[first + k : stop + k])
     n = right[-1].numel()

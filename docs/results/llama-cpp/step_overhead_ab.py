@@ -3,16 +3,20 @@ against new (the worktree), interleaved in ONE process: (1) Python CPU per step 
 (thread_time: the overhead around the decode), (2) wall ms per engine step (median), beside the raw
 Runtime.decode of one token. Prompt: 100 token ids."""
 
-import sys, time
+import sys
+import time
 
 sys.path.insert(0, "llstep_old")  # git archive 659a974 src/entmtp | tar -x; mv src/entmtp entmtp_old
-import numpy as np, torch
+import numpy as np
+import torch
 
 torch.set_num_threads(2)
-import entmtp, entmtp_old
+import entmtp_old
+from entmtp_old.scheduler.hybrid import hybrid as hybrid_old
+
+import entmtp
 from entmtp.model import embedded_gguf, embedded_model_dir
 from entmtp.scheduler.hybrid import hybrid
-from entmtp_old.scheduler.hybrid import hybrid as hybrid_old
 
 
 def setup(pkg, hyb):
@@ -82,14 +86,17 @@ for r in range(int(sys.argv[1]) if len(sys.argv) > 1 else 4):
     res["lk_old"] += wall_steps(A[2])
     res["lk_new"] += wall_steps(B[2])
 print(
-    "python CPU per plain step, decode a no-op (us, median of rounds): old %.0f new %.0f"
-    % (np.median(res["cpu_old"]), np.median(res["cpu_new"]))
+    "python CPU per plain step, decode a no-op (us, median of rounds): old {:.0f} new {:.0f}".format(
+        np.median(res["cpu_old"]), np.median(res["cpu_new"])
+    )
 )
 print(
-    "wall per plain step (ms, median): old %.2f new %.2f raw 1-token decode %.2f"
-    % (np.median(res["wall_old"]), np.median(res["wall_new"]), np.median(res["raw"]))
+    "wall per plain step (ms, median): old {:.2f} new {:.2f} raw 1-token decode {:.2f}".format(
+        np.median(res["wall_old"]), np.median(res["wall_new"]), np.median(res["raw"])
+    )
 )
 print(
-    "wall per lookup-only step (ms, median): old %.2f new %.2f"
-    % (np.median(res["lk_old"]), np.median(res["lk_new"]))
+    "wall per lookup-only step (ms, median): old {:.2f} new {:.2f}".format(
+        np.median(res["lk_old"]), np.median(res["lk_new"])
+    )
 )

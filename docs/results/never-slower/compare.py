@@ -16,7 +16,9 @@ for side in ("before", "after"):
                 acc["tok"][m] = acc["tok"].get(m, 0) + r[m]["tokens"]
                 acc["sec"][m] = acc["sec"].get(m, 0) + r[m]["seconds"]
             acc["choose"].append(r["default@llama-cpp"]["choose_ms_per_step"])
-print("| task | side | default@llama-cpp / plain@llama-cpp | lookup@llama-cpp / plain@llama-cpp | default@llama-cpp / llama-cpp-python | choose ms/step |")
+print(
+    "| task | side | default@llama-cpp / plain@llama-cpp | lookup@llama-cpp / plain@llama-cpp | default@llama-cpp / llama-cpp-python | choose ms/step |"
+)
 print("|---|---|---|---|---|---|")
 for (task, side), acc in rows.items():
     tps = {m: acc["tok"][m] / acc["sec"][m] for m in acc["tok"]}

@@ -15,9 +15,9 @@ import torch
 import transformers
 
 import entmtp.cache as C
+from entmtp.bench.peers import HFGenerate
 from entmtp.engine import Engine
 from entmtp.model import encode_prompt, load_model
-from entmtp.bench.peers import HFGenerate
 from entmtp.prompts import load_prompts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

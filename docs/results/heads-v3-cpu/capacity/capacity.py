@@ -116,7 +116,10 @@ def plot(runs: list[dict], path: Path) -> None:
         ax.set_xlabel("positions seen")
     axes[0].set_ylabel("validation top-1")
     axes[0].legend(fontsize=8)
-    fig.suptitle("Hydra from the shipped heads, on equal data (validation top-1): " + ", ".join(r["name"] for r in runs))
+    fig.suptitle(
+        "Hydra from the shipped heads, on equal data (validation top-1): "
+        + ", ".join(r["name"] for r in runs)
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -4,7 +4,7 @@
 # draft rows train: trainer.DraftRows), each for one pass over the same shards with the same seed, batches and lr
 # schedule, one after the other with both cores (train_runs.sh), then capacity.py's table, JSON and plot.
 # Each arm keeps checkpoints: after an interruption, RESUME=1 and the same settings continue where it stopped.
-# The shards come first, from scripts/heads_v3_gen.sh (both data sets; see the heads-v3 README).
+# The shards come first, from docs/results/heads-v3-cpu/heads_v3_gen.sh (both data sets; see the heads-v3 README).
 # Usage: docs/results/heads-v3-cpu/capacity/run.sh   (settings by environment: SIZE, the runs' name tag, e.g.
 # "full" -> hydra-full-ctl, hydra-full-l2, hydra-full-own; LR (5e-5); RESUME; ARMS (ctl l2 own); and
 # train_runs.sh's D, DISTILL, PYTHON, EPOCHS (1 here), STEPS, THREADS, PRECISION, EVAL_EVERY)

@@ -87,7 +87,9 @@ def main() -> int:
         table.add_row(f"{b}/{a}", "", "", *[f"{medians[b][n] / medians[a][n]:.3f}" for n in SIZES])
     Console(width=140).print(table)
     meta = {"threads": args.threads, "rounds": args.rounds, "reps": args.reps, "machine": record("cpu")}
-    Path(args.out).write_text(json.dumps({"meta": meta, "builds": tags, "median_ms": medians}, indent=1) + "\n")
+    Path(args.out).write_text(
+        json.dumps({"meta": meta, "builds": tags, "median_ms": medians}, indent=1) + "\n"
+    )
     print(f"wrote {args.out}")
     return 0
 

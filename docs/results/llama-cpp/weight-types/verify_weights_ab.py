@@ -104,11 +104,11 @@ def main() -> None:
             table.add_row(task, name, f"{t['tokens_per_second']:.1f}", f"{t['vs_llama_cpp_q4_1']:.2f}x",
                           f"{t['tokens'] / t['steps']:.2f}")  # fmt: skip
         same = {
-            "default BF16 = plain BF16": sum(a == b for a, b in zip(tally["default BF16"]["texts"], tally["plain BF16"]["texts"])),
-            "plain BF16 = llama.cpp BF16": sum(a == b for a, b in zip(tally["plain BF16"]["texts"], tally["llama.cpp BF16"]["texts"])),
-            "default Q4_1 = llama.cpp Q4_1": sum(a == b for a, b in zip(tally["default Q4_1"]["texts"], tally["llama.cpp Q4_1"]["texts"])),
+            "default BF16 = plain BF16": sum(a == b for a, b in zip(tally["default BF16"]["texts"], tally["plain BF16"]["texts"], strict=False)),
+            "plain BF16 = llama.cpp BF16": sum(a == b for a, b in zip(tally["plain BF16"]["texts"], tally["llama.cpp BF16"]["texts"], strict=False)),
+            "default Q4_1 = llama.cpp Q4_1": sum(a == b for a, b in zip(tally["default Q4_1"]["texts"], tally["llama.cpp Q4_1"]["texts"], strict=False)),
         }  # fmt: skip
-        table.add_row("", "identical texts (of %d): " % len(prompts) + ", ".join(f"{k} {v}" for k, v in same.items()),
+        table.add_row("", f"identical texts (of {len(prompts)}): " + ", ".join(f"{k} {v}" for k, v in same.items()),
                       end_section=True)  # fmt: skip
         for t in tally.values():
             del t["texts"]

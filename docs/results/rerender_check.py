@@ -3,7 +3,7 @@ its results.json in memory and compared with the file, once what a re-render is 
 (the legend paragraph, the probe ms column a report written before it lacks, and the machine's name, which a
 run without the hardware record now calls unknown). Prints SAME or the first differing lines per report.
 
-    .venv/bin/python scripts/rerender_check.py $(grep -rl "probe included" docs/results)
+    .venv/bin/python docs/results/rerender_check.py $(grep -rl "probe included" docs/results)
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ how it grows with N comes from the probe ms measured at three draft vocabularies
 (docs/results/hardware-aware/draft-vocab/float32.json: a line fitted per task, then averaged), scaled to the
 record. The estimate per N: chain tokens a step / (plain step + drafting ms), against the shipped size.
 
-    PYTHONPATH=src .venv/bin/python scripts/draft_vocab_choice.py heads-v3/distill \\
+    PYTHONPATH=src .venv/bin/python docs/results/heads-v3-cpu/draft_vocab_choice.py heads-v3/distill \\
         --sizes 4096,8192,12288,16384,24576,32768 --out docs/results/heads-v3-cpu/draft-vocab.json
 """
 

@@ -6,7 +6,7 @@
 # same pause stops it too: every half second the wrapper reads the leader's state (/proc/PID/stat) and sends
 # the command's process group SIGSTOP while the leader is stopped, SIGCONT once it runs again. When the
 # leader has exited, the command runs on unpaused. The wrapper's exit status is the command's.
-# Usage: scripts/pause_with.sh LEADER_PIDFILE -- COMMAND...
+# Usage: docs/results/heads-v3-cpu/pause_with.sh LEADER_PIDFILE -- COMMAND...
 set -uo pipefail
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then  # the header comment above is the help
   sed -n '2,/^set -/{/^set -/d;s/^# \{0,1\}//;p}' "$0"; exit 0

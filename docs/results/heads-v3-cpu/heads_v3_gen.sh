@@ -14,16 +14,16 @@
 # The log ($OUT/gen.log) has one line per shard: tokens/s of generation, positions/s of the teacher-forced pass.
 # The answers themselves (2 bytes a token) go to $ANSWERS, by default docs/results/heads-v3-cpu/answers/ in this
 # checkout: commit them, and a later start on a fresh machine only teacher-forces the shards they cover.
-# Usage: scripts/heads_v3_gen.sh   (settings by environment: OUT, PROMPTS, PROMPT_FILE, ANSWERS, PYTHON, PIDFILE,
+# Usage: docs/results/heads-v3-cpu/heads_v3_gen.sh   (settings by environment: OUT, PROMPTS, PROMPT_FILE, ANSWERS, PYTHON, PIDFILE,
 # REV, BATCH, THREADS, DTYPE)
 # A second data set beside the first, from one prompt file (GSM8K's train split; train on both with
 # `--distill-dir A,B`): OUT=heads-v3/gsm8k PROMPT_FILE=../shared/data/gsm8k/train.jsonl
-# ANSWERS=docs/results/heads-v3-cpu/answers-gsm8k scripts/heads_v3_gen.sh
+# ANSWERS=docs/results/heads-v3-cpu/answers-gsm8k docs/results/heads-v3-cpu/heads_v3_gen.sh
 set -euo pipefail
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then  # the header comment above is the help
   sed -n '2,/^set -/{/^set -/d;s/^# \{0,1\}//;p}' "$0"; exit 0
 fi
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 OUT=${OUT:-heads-v3}  # relative to the checkout (gitignored outputs: name your own)
 PROMPTS=${PROMPTS:-../shared/data/train}
 ANSWERS=${ANSWERS:-$PWD/docs/results/heads-v3-cpu/answers}
