@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import script_module, tiny_model
+from entmtp import batch as batch_mod
 from entmtp import engine as engine_mod
 from entmtp.accept import Sampling
 from entmtp.backends.transformers import BaseModel
@@ -27,22 +28,26 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def recorded(monkeypatch) -> dict[str, list]:
-    """The engine's prepare / conclude / accept, wrapped to record what each was called with (and conclude's
-    events): the probe reaches them as the engine's module attributes, so it goes through these."""
-    calls: dict[str, list] = {"prepare": [], "conclude": [], "accept": [], "forward_batch": []}
+    """The engine's prepare / conclude / accept, and the batch's draft / conclude (the engine's, as batch.py
+    imports them: "batch.draft", "batch.conclude"), wrapped to record what each was called with (and its
+    result): the probe reaches them as module attributes, so it goes through these."""
+    calls: dict[str, list] = {}
 
-    def wrap(name):
-        real = getattr(engine_mod, name)
+    def wrap(module, name, label):
+        real = getattr(module, name)
+        calls[label] = []
 
         def spy(*args, **kwargs):
             out = real(*args, **kwargs)
-            calls[name].append((args, out))
+            calls[label].append((args, out))
             return out
 
-        monkeypatch.setattr(engine_mod, name, spy)
+        monkeypatch.setattr(module, name, spy)
 
     for name in ("prepare", "conclude", "accept"):
-        wrap(name)
+        wrap(engine_mod, name, name)
+    for name in ("draft", "conclude"):
+        wrap(batch_mod, name, f"batch.{name}")
     return calls
 
 
@@ -73,8 +78,9 @@ def test_a_probed_step_is_the_engines_step_under_the_generations_rule(monkeypatc
 
 
 def test_a_measured_curve_and_surface_are_timed_through_the_engine(monkeypatch):
-    """measure / measure_surface, end to end: every step each timed went through the engine's prepare and
-    conclude, the batched ones with one forward_batch for their rows, and the curve's key names the rule."""
+    """measure / measure_surface, end to end: every step the curve timed went through the engine's prepare and
+    conclude, every batched one through the batch's own step (batch.Batch.step: its drafts, one forward_batch
+    for its rows, its conclude), and the curve's key names the rule."""
     model = tiny_model()
     calls = recorded(monkeypatch)
     curve = measure(
@@ -97,8 +103,9 @@ def test_a_measured_curve_and_surface_are_timed_through_the_engine(monkeypatch):
     )
     surface = measure_surface(model, None, batches=(1, 3), sizes=(0, 2), budget_s=60.0, progress=False)
     assert surface.batches == (1, 3) and set(batched) == {3}
-    concluded = [out.step.tree_nodes for _, out in calls["conclude"]]
-    assert len(concluded) == len(calls["prepare"]) >= 3 * len(batched) and set(concluded) == {0, 2}
+    concluded = [out.step.tree_nodes for _, out in calls["batch.conclude"]]
+    assert len(concluded) == len(calls["batch.draft"]) >= 3 * len(batched) and set(concluded) == {0, 2}
+    assert not calls["prepare"]  # no step of its own: the batch's
 
 
 def test_a_curve_probed_without_heads_saves_no_drafting_and_a_profiles_latencies_split_none():

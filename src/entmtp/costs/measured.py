@@ -45,6 +45,7 @@ WARMUP_STEPS = 3  # plain steps before any timing (then the untimed round of eve
 # the surface's plan
 BATCHES = (1, 2, 4, 8, 16)
 SURFACE_SIZES = (0, 1, 2, 4, 8, 16, 32, 64)  # drafted nodes per row (the policies' largest master: 63 nodes)
+SURFACE_PROBE = 2  # what a surface times: 2, `batch.Batch.step` itself (1: the probe's own restatement of it)
 CONTEXT = 256  # committed tokens per row before the timed steps
 SURFACE_BUDGET_S = 30.0
 REPS = 3  # timed steps per point, after one warm-up
@@ -217,7 +218,9 @@ def surface_for(
 ) -> CostSurface:
     """This machine's cost surface for (model, heads) up to `max_batch` rows: cached, or measured now."""
     batches = tuple(b for b in BATCHES if b < max_batch) + (max_batch,)
-    key = cost_key(model, heads, sampling=sampling, sizes=SURFACE_SIZES, surface=batches)
+    key = cost_key(
+        model, heads, sampling=sampling, sizes=SURFACE_SIZES, surface=batches, batch_step=(SURFACE_PROBE,)
+    )
     timed = partial(measure_surface, model, heads, batches=batches, progress=progress, sampling=sampling)
     return cached_or_measured(CostSurface, cost_path(key), key, timed, refresh=refresh)
 
@@ -256,7 +259,7 @@ def measure_surface(
         line.stop()
     rows = {b: monotone(r) for b, r in complete(measured, batches, sizes).items()}
     seconds = time.perf_counter() - t0
-    key = cost_key(model, heads, sampling=sampling, sizes=sizes, surface=batches)
+    key = cost_key(model, heads, sampling=sampling, sizes=sizes, surface=batches, batch_step=(SURFACE_PROBE,))
     surface = CostSurface(
         tuple(batches), tuple(sizes), tuple(tuple(rows[b]) for b in batches), key, "probe", seconds,
         record(model.device),

@@ -5,9 +5,9 @@ synthetic tree per size, then drafted), the verification forward, and `engine.co
 the generation's rule, commit, the end of the step), on a `DecodeState` made by `Engine.new_state` over random
 tokens (what a step costs does not depend on what it holds). A row alone is stepped by `engine.decode`
 itself, and its ms are read from the engine's own clock (`Step.seconds`, by `priced_ms`: the numbers the
-corrector later compares with the curve). A batch of rows is stepped as batch.py steps them: each row
-prepared, ONE `forward_batch` for all (a row alone: its own forward), each row concluded; its ms are the
-whole step's. So a sampled rule's acceptance, the graphs' padded forward or any later change of the step is
+corrector later compares with the curve). A batch of rows is a `batch.Batch`, the server's, stepped by its
+own `step` (each row's choice and drafts, ONE `forward_batch` for all, a row alone its own forward, each row
+concluded); its ms are the whole step's. So a sampled rule's acceptance, the graphs' padded forward or any later change of the step is
 timed as the engine runs it. Nothing here binds, moves or packs the heads: they come ready from the caller.
 """
 
@@ -165,36 +165,38 @@ class Probe:
         return priced_ms(step.seconds), 1000 * step.seconds["draft"] if self.heads is not None else 0.0
 
     def batch(self, rows: int, context: int, room: int):
-        """`rows` generations of `context` random tokens each, every one prefilled apart by `engine.prefill` and
-        taken into one batch cache, as a continuous batch takes a new row."""
-        kv, states = self.engine.base.new_batch(), []
+        """A continuous batch (batch.Batch, as a server runs it: no gate, no cost surface) of `rows`
+        generations of `context` random tokens each, each prefilled and taken in as the batch takes a new
+        row, with room for `room` more tokens (the rows are cut back before each step)."""
+        from ..batch import Batch, BatchOptions  # the batch imports the engine, which imports this package
+
+        batch, s = Batch(self.engine, BatchOptions(gate=False)), self.sampling
+        # the drafting state is made when a tree drafts (without heads: random drafts, set below)
+        largest = self.policies[max(self.policies)] if self.heads is not None else None
         for _ in range(rows):
-            state = self._state(context, room, cache=self.engine.base.new_cache(context))
-            self.loop.prefill(self.engine, state)
-            state.cache = kv.add(context + room, max(t.size for t in self.trees.values()), like=state.cache)
-            states.append(state)
-        return kv, list(kv.rows), states, context
+            ids = torch.randint(0, self.vocab, (context,), generator=self.gen).tolist()
+            row, _ = batch.add(
+                ids, chat=False, policy=largest, max_new_tokens=room, temperature=s.temperature,
+                acceptance=s.acceptance,
+            )  # fmt: skip
+            row.state.max_new_tokens = 1 << 30  # its cache holds `room` more; the steps never end it
+            if self.heads is None:
+                row.state.drafter = _RandomDrafts(self.vocab, self.gen, self.dev)
+        return batch, list(batch.kv.rows), context
 
     def batch_step(self, batch, b: int, n: int) -> float:
-        """ms of one step of the batch's first `b` rows, each verifying the size-`n` synthetic tree."""
-        kv, caches, states, context = batch
-        kv.rows = caches[:b]  # the first b rows take part (their views stay in place)
-        rows = states[:b]
-        for s in rows:
-            s.policy = self.policies[n]
-            self._rewind(s, context)
-        engine, fns = self.engine, self.loop
+        """ms of one `Batch.step` of the batch's first `b` rows, each verifying the size-`n` synthetic tree:
+        the server's batched step itself (each row's choice and drafts, one forward, acceptance, commit)."""
+        batch, caches, context = batch
+        batch.kv.rows = caches[:b]  # the first b rows take part (their views stay in place)
+        for row in batch.rows:
+            row.state.policy = self.policies[n]
+            self._rewind(row.state, context)
         t0 = now(self.dev)
-        pending = [fns.prepare(engine, s) for s in rows]  # (1) (2) each row chooses and drafts
-        if b == 1:  # (3) a row alone: its own forward, as a batch verifies it
-            p, s = pending[0], rows[0]
-            fwds = [engine.base.forward(p.tokens, p.tree, s.cache, hidden=s.reads_hidden)]
-        else:  # ONE forward for every row's tree
-            trees, hidden = [p.tree for p in pending], any(s.reads_hidden for s in rows)
-            fwds = engine.base.forward_batch([p.tokens for p in pending], trees, kv, hidden=hidden)
-        for s, p, f in zip(rows, pending, fwds, strict=True):
-            fns.conclude(engine, s, p, f)  # (4) (5) (6) accept, commit, finish
+        batch.step()
         ms = 1000 * (now(self.dev) - t0)
-        if any(p.tree.num_nodes != n for p in pending):  # the engine fell back to a plain step
+        if batch.failed:
+            raise CostsError(f"the probe's batched step failed: {batch.failed[0][1]}")
+        if batch.last is None or set(batch.last.nodes) != {n}:  # a row fell back to a plain step
             raise CostsError(f"the probe's batched {n}-node step verified fewer nodes: no room left for it")
         return ms
