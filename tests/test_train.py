@@ -1319,3 +1319,22 @@ def test_the_documented_quick_start_trains_on_a_fresh_clone(tmp_path, monkeypatc
     prompts, sources = load_training_prompts("shipped", with_sources=True)
     assert len(prompts) == 24735 and "train.jsonl" in sources  # GSM8K's training split, not its test
     assert (shipped_dir() / "PROVENANCE.md").is_file()
+
+
+def test_a_train_job_is_one_object_and_keywords_change_its_fields(tmp_path, monkeypatch):
+    """`train_heads(kind, out, job, **fields)`: the job's fields, with the keywords on top; a field it does
+    not have is refused by name before anything runs."""
+    from entmtp.train import pipeline
+
+    seen = {}
+    monkeypatch.setattr(pipeline, "_check_inputs", lambda *a: seen.setdefault("inputs", a))
+    monkeypatch.setattr(pipeline, "_load_base", lambda *a: pytest.fail("nothing loads past the checks"))
+    monkeypatch.setattr(pipeline, "load_training_prompts", lambda *a, **k: pytest.fail("no prompts read"))
+    job = pipeline.TrainJob(stages="train", resume=True, train_time_limit=5.0)
+    with pytest.raises(pytest.fail.Exception, match="nothing loads"):
+        pipeline.train_heads("medusa", tmp_path, job, overwrite=True)
+    stages, out, distill, resume, overwrite, gen_limit, train_limit = seen["inputs"]
+    assert (stages, resume, overwrite, train_limit) == (("train",), True, True, 5.0)
+    assert distill == tmp_path / "distill"  # the default: OUT/distill
+    with pytest.raises(TypeError, match="stage"):
+        pipeline.train_heads("medusa", tmp_path, stage="train")

@@ -4,7 +4,7 @@ distillation shards made from them (``shards``), the training loop (``trainer``)
 
 from .command import add_eval_arguments, add_train_arguments, run_eval, run_train
 from .evaluate import evaluate_heads, plot_learning_curve, write_report
-from .pipeline import EvalSettings, HeadsSettings, train_heads
+from .pipeline import EvalSettings, HeadsSettings, TrainJob, train_heads
 from .prompt_sources import load_training_prompts
 from .shards import GenSettings, generate_data, load_split
 from .trainer import TrainSettings, train
@@ -13,6 +13,7 @@ __all__ = [
     "EvalSettings",
     "GenSettings",
     "HeadsSettings",
+    "TrainJob",
     "TrainSettings",
     "add_eval_arguments",
     "add_train_arguments",

@@ -22,7 +22,7 @@ from ..prompts import TASKS
 from ..settings import add_arguments, from_args
 from ..shipped import HEAD_KINDS, heads_path, shipped_heads_dir
 from .evaluate import EVAL_TASKS, evaluate_heads, plot_learning_curve, write_report
-from .pipeline import EvalSettings, HeadsSettings, train_heads
+from .pipeline import EvalSettings, HeadsSettings, TrainJob, train_heads
 from .prompt_sources import default_data_dirs
 from .shards import GenSettings
 from .trainer import LOG, TrainSettings
@@ -165,7 +165,7 @@ def eval_settings_from_args(args) -> EvalSettings:
 
 
 def train_settings_from_args(args) -> dict:
-    """The settings objects of `train_heads` (its keyword arguments) from train-heads' arguments."""
+    """The settings objects of a `TrainJob` from train-heads' arguments."""
     return {
         "gen_settings": from_args(GenSettings, args),
         "train_settings": from_args(TrainSettings, args),
@@ -184,9 +184,7 @@ def _setup(args) -> None:
 def run_train(args) -> int:
     settings = train_settings_from_args(args)  # bad settings fail before torch is touched
     _setup(args)
-    summary = train_heads(
-        args.kind,
-        args.out,
+    job = TrainJob(
         model=args.model,
         stages=args.stages,
         data_dir=args.data_dir,
@@ -204,6 +202,7 @@ def run_train(args) -> int:
         train_time_limit=args.time_limit,
         init=args.init,
     )
+    summary = train_heads(args.kind, args.out, job)
     brief = {k: v for k, v in summary.items() if k != "eval"}
     print(json.dumps(brief, indent=2))
     if "eval" in summary:

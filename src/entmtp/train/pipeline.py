@@ -13,7 +13,7 @@ import dataclasses
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -170,64 +170,81 @@ class EvalSettings:
             )
 
 
+@dataclass(frozen=True)
+class TrainJob:
+    """One `train_heads` run: its inputs and outputs, the stages it runs and how (`entmtp train-heads`'s flags
+    make one, train/command.py). The four settings objects say how each stage works (None: their defaults)."""
+
+    model: str | None = None  # HF id or path; None: the embedded SmolLM2-135M-Instruct
+    stages: str | tuple[str, ...] = STAGES  # any of gen, train, eval, in that order
+    data_dir: str | os.PathLike[str] | list | None = None  # training prompt directories (see prompt_sources)
+    prompts_file: str | os.PathLike[str] | None = None  # JSONL/JSON prompts instead of data_dir
+    # generated data (default: OUT/distill); train reads several directories as one (a comma-separated string
+    # or a list), gen writes one
+    distill_dir: str | os.PathLike[str] | list | None = None
+    answers_dir: str | os.PathLike[str] | None = None  # the base model's answers, kept apart (AnswerStore)
+    gen_settings: GenSettings | None = None
+    train_settings: TrainSettings | None = None  # its seed also seeds the new heads
+    heads_settings: HeadsSettings | None = None
+    eval_settings: EvalSettings | None = None
+    gen_batch_size: int | None = None  # None: 32 on CPU (~150 tok/s here), 128 on CUDA
+    device: str = "cpu"
+    dtype: str = (
+        "auto"  # the frozen base model's dtype (auto: `machine.auto_dtype`); the heads' weights are fp32
+    )
+    resume: bool = False
+    overwrite: bool = False
+    progress: bool = True
+    stop_after: int | None = None  # stop training at this step (a resumable checkpoint), as if interrupted
+    gen_time_limit: float | None = None  # seconds: start no new data shard after this (train on what exists)
+    train_time_limit: float | None = None  # seconds: plan fewer steps (shorter lr schedule) if needed
+    init: str | os.PathLike[str] | None = None  # start from these heads' weights (same kind and shape)
+
+
 def train_heads(
     kind: str,
     out_dir: str | os.PathLike[str],
+    job: TrainJob | None = None,
     *,
-    model: str | None = None,  # HF id or path; None: the embedded SmolLM2-135M-Instruct
-    base: tuple | None = None,  # an already loaded (model, tokenizer), instead of `model`
-    stages: str | tuple[str, ...] = STAGES,  # any of gen, train, eval, in that order
-    data_dir: str | os.PathLike[str] | list | None = None,  # training prompt directories (see prompt_sources)
-    prompts_file: str | os.PathLike[str] | None = None,  # JSONL/JSON prompts instead of data_dir
-    distill_dir: str | os.PathLike[str] | list | None = None,  # generated data (default: OUT/distill); train
-    # reads several directories as one (a comma-separated string or a list), gen writes one
-    answers_dir: str | os.PathLike[str] | None = None,  # the base model's answers, kept apart (AnswerStore)
-    gen_settings: GenSettings | None = None,  # None: the defaults, here and in the next three
-    train_settings: TrainSettings | None = None,  # its seed also seeds the new heads
-    heads_settings: HeadsSettings | None = None,
-    eval_settings: EvalSettings | None = None,
-    gen_batch_size: int | None = None,  # None: 32 on CPU (~150 tok/s here), 128 on CUDA
-    device: str = "cpu",
-    dtype: str = "auto",  # the frozen base model's dtype (auto: `machine.auto_dtype`); the heads' weights are fp32
-    resume: bool = False,
-    overwrite: bool = False,
-    progress: bool = True,
-    stop_after: int | None = None,  # stop training at this step (a resumable checkpoint), as if interrupted
-    gen_time_limit: float | None = None,  # seconds: start no new data shard after this (train on what exists)
-    train_time_limit: float | None = None,  # seconds: plan fewer steps (shorter lr schedule) if needed
-    init: str | os.PathLike[str] | None = None,  # start from these heads' weights (same kind and shape)
+    base: tuple | None = None,
+    **fields,
 ) -> dict:
-    """Generate self-distillation data, train Medusa/Hydra heads on it, save and evaluate them. Returns a summary
-    dict: {"distill": manifest summary, "train": TrainResult fields, "eval": report}."""
-    stages = _stages(stages)
+    """Generate self-distillation data, train Medusa/Hydra heads on it, save and evaluate them, as `job` says
+    (`fields`: `TrainJob` fields on top of it). `base`: an already loaded (model, tokenizer), instead of the
+    job's `model`. Returns a summary dict: {"distill": manifest summary, "train": TrainResult fields, "eval":
+    report}."""
+    job = replace(job or TrainJob(), **fields)
+    stages = _stages(job.stages)
     out = Path(out_dir)
-    distill = distill_dir if distill_dir is not None else out / "distill"
-    _check_inputs(stages, out, distill, resume, overwrite, gen_time_limit, train_time_limit)
+    distill = job.distill_dir if job.distill_dir is not None else out / "distill"
+    _check_inputs(stages, out, distill, job.resume, job.overwrite, job.gen_time_limit, job.train_time_limit)
     prompts, sources = (
-        load_training_prompts(data_dir, prompts_file, with_sources=True) if "gen" in stages else (None, None)
+        load_training_prompts(job.data_dir, job.prompts_file, with_sources=True)
+        if "gen" in stages
+        else (None, None)
     )
-    b = _load_base(model, base, dtype, device)
+    b = _load_base(job.model, base, job.dtype, job.device)
     summary: dict = {}
     if "gen" in stages:
-        batch_size = gen_batch_size or (128 if torch.device(device).type == "cuda" else 32)
+        batch_size = job.gen_batch_size or (128 if torch.device(job.device).type == "cuda" else 32)
         summary["distill"] = _gen_stage(
-            b, distill_dirs(distill)[0], prompts, sources, gen_settings, batch_size, progress, gen_time_limit,
-            answers_dir,
+            b, distill_dirs(distill)[0], prompts, sources, job.gen_settings, batch_size, job.progress,
+            job.gen_time_limit, job.answers_dir,
         )  # fmt: skip
     heads = None
     if "train" in stages:
-        run = dict(
-            device=device, resume=resume, overwrite=overwrite, progress=progress, stop_after=stop_after
-        )
+        run = dict(device=job.device, resume=job.resume, overwrite=job.overwrite, progress=job.progress,
+                   stop_after=job.stop_after)  # fmt: skip
         heads, summary["train"] = _train_stage(
-            b, kind, distill, out, train_settings, heads_settings, init, time_limit=train_time_limit, **run
-        )
+            b, kind, distill, out, job.train_settings, job.heads_settings, job.init,
+            time_limit=job.train_time_limit, **run,
+        )  # fmt: skip
         if summary["train"]["stopped_early"]:
             return summary
     if "eval" in stages:
         heads = heads if heads is not None else load_heads(out)
-        settings = eval_settings or EvalSettings()
-        summary["eval"] = _evaluate(b.model, b.tokenizer, heads, out, settings, progress)
+        settings = job.eval_settings or EvalSettings()
+        summary["eval"] = _evaluate(b.model, b.tokenizer, heads, out, settings, job.progress)
     return summary
 
 
