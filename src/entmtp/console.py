@@ -1,12 +1,19 @@
-"""The console the commands print their tables and progress bars on."""
+"""Where the commands speak: `say` for a one-line note on stderr, `wide_console` for tables and progress bars."""
 
 from __future__ import annotations
+
+import sys
 
 from rich.console import Console
 
 LOG_WIDTH = (
     160  # characters of a table written to a log or a pipe (rich's default there is 80: it cuts columns)
 )
+
+
+def say(msg: str) -> None:
+    """One line to the user on stderr ("entmtp: ..."): the default `log` of whatever builds or loads."""
+    print(f"entmtp: {msg}", file=sys.stderr)
 
 
 def wide_console(stderr: bool = False) -> Console:

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from .accept import GenerationOptions
 from .build import EngineSpec, build
+from .console import say
 from .model import DTYPES
 from .routing import Router
 from .settings import add_arguments, from_args
@@ -66,7 +67,7 @@ def built_from_args(
     if getattr(args, "verbose", False):
         print(built.plan.describe(), file=sys.stderr)
         if isinstance(built.engine, Router):  # each request's lane too
-            built.engine.log = lambda msg: print(f"entmtp: {msg}", file=sys.stderr, flush=True)
+            built.engine.log = say
     return built
 
 

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from .backends.registry import DEFAULT, REGISTRY
 from .build import EngineSpec, load
-from .console import wide_console
+from .console import say, wide_console
 from .engine import Engine
 from .engine_args import setup_torch
 from .errors import EntMTPError
@@ -131,9 +131,7 @@ def _base_model(args) -> tuple:
         gguf_as_given=not REGISTRY[args.backend].torch_model,  # the file timed as it is
     )  # fmt: skip
     loaded = load(spec)  # the model as `generate` loads it on this backend (its heads are bound below)
-    heads = args.heads or default_heads_for(
-        loaded.model, args.model, lambda m: print(f"entmtp: {m}", file=sys.stderr)
-    )
+    heads = args.heads or default_heads_for(loaded.model, args.model, say)
     return loaded.model, loaded.tokenizer, PROMPT, heads
 
 

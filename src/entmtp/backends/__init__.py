@@ -12,8 +12,8 @@ one forward over every row's tree. Two backends implement it:
                 below them; the commit keeps the accepted path's KV cells by sequence (seq_rm / seq_cp).
 
 The heads, the policies, lookup drafts, acceptance rules, the cost probe and batching see only this protocol,
-so every method runs on either backend. `base_for` picks the implementation for a loaded model; registry.py says what `build` asks of each backend
-(which candidates, how to load them).
+so every method runs on either backend. `base_for` picks the implementation for a loaded model; registry.py
+says what `build` asks of each backend (which candidates, how to load them).
 """
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .. import console
+
 CANARY_TIMEOUT_S = 180.0
 
 # The child: load with the repacked weights on, then decode 1, 2 and 64 tokens. Exit 0: the kernels ran.
@@ -85,7 +87,7 @@ def extra_bufts_safe(path: str | os.PathLike[str] | None = None, *, say=None, ca
             if build_tag() == "stock"
             else "ENTMTP_LLAMA_EXTRA_BUFTS=1 forces them"
         )
-        (say or _say)(
+        (say or console.say)(
             f"llama.cpp's AMX kernels crashed a test decode on this CPU ({why}, {describe_build()}): its "
             f"repacked weights stay off (a known llama.cpp fault, PR #26954; {fix})"
         )
@@ -157,7 +159,3 @@ def _read(path: Path) -> dict:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return {}
-
-
-def _say(msg: str) -> None:
-    print(f"entmtp: {msg}", file=sys.stderr)

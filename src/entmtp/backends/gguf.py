@@ -4,9 +4,9 @@ its kernels)."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 
+from ..console import say
 from ..errors import EntMTPError
 from ..machine import auto_dtype, native_bf16
 from ..model import DTYPES, is_embedded, is_gguf
@@ -160,10 +160,9 @@ def embedded_in_format(fmt: str) -> str:
         read_gguf(path)
         return str(path)
     except (OSError, EntMTPError, ValueError) as e:
-        print(
-            f"entmtp: the embedded model's {fmt} GGUF could not be written or read ({e}): llama.cpp decodes the "
-            f"shipped Q4_1 file instead (delete the file named there to have it written again)",
-            file=sys.stderr,
+        say(
+            f"the embedded model's {fmt} GGUF could not be written or read ({e}): llama.cpp decodes the "
+            f"shipped Q4_1 file instead (delete the file named there to have it written again)"
         )
         return str(embedded_gguf())
 

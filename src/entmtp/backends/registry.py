@@ -23,10 +23,6 @@ BACKENDS = ("auto", *REGISTRY)  # `auto`: measured per machine (build/)
 DEFAULT = next(iter(REGISTRY.values()))  # what an unmeasured `auto` loads
 
 
-def backend(name: str) -> Backend:
-    return REGISTRY[name]
-
-
 def backend_of(model) -> Backend:
     """The backend that loaded `model`."""
     return next((b for b in REGISTRY.values() if b is not DEFAULT and b.owns(model)), DEFAULT)

@@ -40,10 +40,8 @@ class Transformers(Backend):
             dtypes = [spec.dtype]
         elif spec.device.startswith("cuda"):
             dtypes = ["bfloat16" if torch.cuda.is_bf16_supported() else "float16"]
-        elif not probe:
-            dtypes = [
-                "bfloat16"
-            ]  # nothing measured: the dtype that is faster on most CPUs for one-token steps
+        elif not probe:  # nothing measured: the dtype that is faster on most CPUs for one-token steps
+            dtypes = ["bfloat16"]
         else:
             dtypes = list(CPU_CANDIDATES)
         return [f"{self.name}/{d}" for d in dtypes]

@@ -10,6 +10,7 @@ import torch
 
 from ..backends import describe_kernels
 from ..backends.registry import at, split
+from ..console import say
 from ..costs import CostCurve, prefill_for, probing_disabled
 from ..costs.candidates import choice_key, read_choices, route_key, save_choices
 from ..engine import Engine
@@ -18,7 +19,7 @@ from ..routing import Lane, Router
 from .composed import Composed, assemble, compose
 from .loaded import Loaded, Loader
 from .plan import Built, Plan, heads_words, reasons_for, unmixed, unprobed_costs, weights_key, weights_words
-from .spec import EngineSpec, candidates, check_spec, heads_spec, say
+from .spec import EngineSpec, candidates, check_spec, heads_spec
 
 AUTO_BUDGET_S = 12.0  # per dtype candidate when `auto` measures two (one probe: costs.BUDGET_S)
 QUICK_PROBE_S = 1.0  # a candidate's plain step, timed before any curve: its best case (`_best_cases`)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from .. import metrics
 from ..accept import ACCEPTANCE, Sampling
+from ..console import say
 from ..costs import CostCorrector, CostCurve
 from ..engine import Engine
 from ..errors import EntMTPError
@@ -15,7 +16,7 @@ from ..scheduler.hybrid import hybrid
 from ..shipped import HEAD_KINDS
 from ..tree import Tree
 from .loaded import Loaded
-from .spec import EngineSpec, say
+from .spec import EngineSpec
 
 
 @dataclass

@@ -6,8 +6,9 @@ from dataclasses import dataclass, replace
 
 from ..accept import Sampling
 from ..backends.registry import REGISTRY
+from ..console import say
 from ..costs import CostCurve, cached_curve, costs_for, probing_disabled, surface_for
-from .spec import EngineSpec, base_key, check_spec, concrete, heads_spec, say
+from .spec import EngineSpec, base_key, check_spec, concrete, heads_spec
 
 
 @dataclass

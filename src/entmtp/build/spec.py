@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 from ..backends.registry import BACKENDS, DEFAULT, REGISTRY, at
@@ -147,11 +146,6 @@ def check_spec(spec: EngineSpec) -> None:
         from ..tree import load_tree
 
         load_tree(spec.tree)  # a bad name or file fails here, with the tree module's message
-
-
-def say(msg: str) -> None:
-    """One line to the user (stderr), the default `log` of everything that builds."""
-    print(f"entmtp: {msg}", file=sys.stderr)
 
 
 def backends_for(spec: EngineSpec) -> list[str]:

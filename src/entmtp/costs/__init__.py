@@ -4,8 +4,8 @@ A profile (scheduler/profiles.py) holds what belongs to the task: traces, the ac
 trees and how many tokens each accepts per step. What a tree *costs* belongs to the machine (CPU model and
 flags, GPU, threads, dtype, packing, model and heads), and differs a lot across machines: a 4-node tree costs
 1.1 plain steps on a 2-core CPU with native bf16 and 2.8 on one with AVX2 only. So policies and the lookup
-hybrid are built on this machine's measured curve (`profile_policy(profile, ..., latency=curve.latency())`, scheduler/factory.py), and the same shipped
-profile gives small trees on a small CPU and big ones on a GPU.
+hybrid are built on this machine's measured curve (scheduler/factory.py: `profile_policy(profile, ...,
+latency=curve.latency())`), and the same shipped profile gives small trees on a small CPU and big ones on a GPU.
 
 The rooms:
   curves.py     the types the policies read (`LatencyModel`, `CostCurve`, `CostSurface`) and the fallback

@@ -124,13 +124,12 @@ class Probe:
         if self.rewinds:  # the length is where the next step writes
             state.cache.length = min(state.cache.length, context + DRIFT)
 
-    def _state(self, context: int, room: int, cache=None):
+    def _state(self, context: int, room: int):
         """A generation's fresh state over `context` random tokens (not prefilled), room for `room` more."""
         ids = torch.randint(0, self.vocab, (context,), generator=self.gen).tolist()
         graphs = self.graphs
-        if cache is None:
-            need = context + room
-            cache = graphs.cache_for(need, self.engine.window) if graphs else self.engine.base.new_cache(need)
+        need = context + room
+        cache = graphs.cache_for(need, self.engine.window) if graphs else self.engine.base.new_cache(need)
         largest = self.policies[max(self.policies)]  # the drafting state is made when a tree drafts
         s = self.sampling
         state = self.engine.new_state(

@@ -67,9 +67,8 @@ def _build_engine(config: RayServeConfig):
     spec = config.spec
     spec = replace(spec, threads=config.threads, graphs=spec.graphs and config.max_batch == 1)
     max_batch = config.max_batch if config.max_batch > 1 else None
-    built = build(
-        spec, route=False, max_batch=max_batch
-    )  # one engine: batches step it (routing.py: `generate`'s)
+    # one engine: batches step it (routing.py routes `generate`'s requests)
+    built = build(spec, route=False, max_batch=max_batch)
     for line in built.plan.describe().splitlines():
         log.info("engine plan: %s", line)
     return built.engine, built.loaded.surface
