@@ -20,6 +20,7 @@ from entmtp.lookup import Lookup
 from entmtp.packing import PackedLinear, bf16_supported
 from entmtp.policy import StaticPolicy, static
 from entmtp.scheduler.hybrid import HybridPolicy, hybrid
+from entmtp.scheduler.profiles import resolve_profile
 from entmtp.tree import Tree, load_tree
 
 
@@ -100,6 +101,27 @@ def test_compose_gives_every_rule_a_policy_and_wraps_each_in_lookup_once():
     plain = compose(_loaded(None), EngineSpec(lookup=Lookup()))  # no heads: every rule copies
     assert plain.lookup_rules == ACCEPTANCE and not plain.uses_heads and plain.name == "lookup"
     assert plain.policy == hybrid(None, Lookup())
+
+
+def test_a_default_that_drafts_with_no_head_prices_its_lookup_on_the_curve_without_heads():
+    """Where no tree of the profile beats a plain step, the engine runs without its heads (no hidden states,
+    no drafting), so its lookup branch is sized, its prediction branch priced and its steps corrected on the
+    curve of steps without heads, not on the heads' (on llama.cpp those keep the embeddings on: the default
+    there once chose 1-2 token chains by the heads' curve that the real steps could not pay for). Where a
+    policy drafts with the heads, their curve stays."""
+    nodes = (0, 1, 2, 4, 8, 16, 32, 64)
+    dear = CostCurve(
+        nodes, (10.0, *(10.0 * (2 + n) for n in nodes[1:])), (0.0,) * 8, key={"k": 1}, source="probe"
+    )
+    without = CostCurve(nodes, (10.0, 11, 12, 13, 14, 15, 16, 17), (0.0,) * 8, key={"k": 2}, source="probe")
+    loaded = Loaded(EngineSpec(), None, None, HEADS, "hydra", dear, heads_less=without)
+    profile = resolve_profile("mixed", "hydra")
+    c = compose(loaded, EngineSpec(lookup=Lookup()), profile=profile, log=lambda _: None)
+    assert not c.uses_heads and c.name == "plain" and c.costs is without
+    assert c.policy.cost[:3] == pytest.approx([1.0, 1.1, 1.2])  # the lookup branch's prices: without heads
+    assert [o.curve for o in c.observers] == [without]  # its steps correct that curve, not the heads'
+    kept = compose(loaded, EngineSpec(tree="tree_4", lookup=Lookup()))  # drafts with the heads: theirs
+    assert kept.uses_heads and kept.costs is dear and kept.policy.cost[1] == pytest.approx(3.0)
 
 
 def test_a_tree_name_becomes_a_policy_in_one_place():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import script_module, tiny_model
+from conftest import ByteTokenizer, script_module, tiny_model
 from entmtp import batch as batch_mod
 from entmtp import engine as engine_mod
 from entmtp.accept import Sampling
@@ -15,7 +15,7 @@ from entmtp.backends.transformers import BaseModel
 from entmtp.calibration.calibrate import fit_acceptance
 from entmtp.calibration.replay import replay, step_ms
 from entmtp.calibration.traces import load_traces
-from entmtp.costs import HEADS_DRAFT_COST, CostCurve, measure, measure_surface, priced_ms
+from entmtp.costs import HEADS_DRAFT_COST, CostCurve, CostsError, measure, measure_surface, priced_ms
 from entmtp.costs.cache import PROBE
 from entmtp.costs.probe import Probe
 from entmtp.heads import HeadsConfig, random_heads
@@ -106,6 +106,38 @@ def test_a_measured_curve_and_surface_are_timed_through_the_engine(monkeypatch):
     concluded = [out.step.tree_nodes for _, out in calls["batch.conclude"]]
     assert len(concluded) == len(calls["batch.draft"]) >= 3 * len(batched) and set(concluded) == {0, 2}
     assert not calls["prepare"]  # no step of its own: the batch's
+
+
+def test_a_calibrations_bank_is_priced_by_the_probe_on_its_own_trees(monkeypatch):
+    """`costs.measure_trees` (what calibrate stores as a bank's latencies): each given tree stepped by name
+    through the engine's own step, a plain step without heads beside them, the ms the engine's clock priced;
+    and calibration's `measure_trees` stores exactly those ms (its decodes count tokens, they time nothing)."""
+    from entmtp.calibration import calibrate
+    from entmtp.costs import measured
+
+    model = tiny_model()
+    heads = heads_for(model)
+    bank = [load_tree("chain_1"), Tree("wide", ((0,), (1,), (0, 0)))]
+    calls = recorded(monkeypatch)
+    ms = measured.measure_trees(model, heads, bank, context=16, budget_s=0.0)
+    assert set(ms) == {"none", "chain_1", "wide"}
+    timed = [out.step for _, out in calls["conclude"] if out.step is not None]
+    nodes = sorted({s.tree_nodes for s in timed})
+    assert nodes == [0, 1, 3]  # each tree itself, not a synthetic one of its size
+    per_tree = {n: [priced_ms(s.seconds) for s in timed if s.tree_nodes == n] for n in nodes}
+    for name, n in (("none", 0), ("chain_1", 1), ("wide", 3)):
+        rounds = per_tree[n][-measured.MIN_REPS :]  # the timed rounds (budget 0: MIN_REPS of them)
+        assert ms[name] == pytest.approx(sorted(rounds)[len(rounds) // 2])
+    with pytest.raises(CostsError, match="no tree 5: it steps 2, chain_1, wide"):
+        Probe(model, heads, (2,), trees=bank).step(None, 5)  # neither a size nor a name it holds
+
+    priced = {"none": 3.0, "chain_1": 5.0, "wide": 11.0}
+    monkeypatch.setattr(measured, "measure_trees", lambda *a, **k: priced)
+    from scheduler_helpers import TINY
+
+    got = calibrate.measure_trees(model, ByteTokenizer(), heads, bank, [[1, 2, 3, 4]], TINY)
+    assert {k: m.ms_per_step for k, m in got.items()} == priced
+    assert got["wide"].nodes == 3 and got["wide"].measured_tokens_per_step >= 1.0
 
 
 def test_a_curve_probed_without_heads_saves_no_drafting_and_a_profiles_latencies_split_none():

@@ -1,6 +1,7 @@
 """The house's shape, by check (docs/architecture.md): the imports between src/entmtp's files form no circle; no
 module outside backends/ compares a backend's name, none outside accept.py an acceptance rule's (they ask the
-backend registry and the `Rule` instead); build/'s modules stay small. Ruff holds the size of functions."""
+backend registry and the `Rule` instead); build/'s modules stay small; no function runs past 60 lines (ruff also
+holds their statements and branches)."""
 
 import ast
 import re
@@ -139,3 +140,22 @@ def test_build_is_a_package_of_small_modules():
     sizes = {p.name: len(p.read_text().splitlines()) for p in (SRC / "build").glob("*.py")}
     assert {"spec.py", "loaded.py", "composed.py", "choose.py", "plan.py"} <= set(sizes)
     assert max(sizes.values()) < 300, sizes
+
+
+def long_functions(root: Path = SRC, most: int = 60) -> list[str]:
+    """file:function of every function (methods and nested ones too) longer than `most` lines."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if node.end_lineno - node.lineno + 1 > most:
+                    out.append(f"{path.relative_to(root)}:{node.name}")
+    return out
+
+
+def test_no_function_in_src_is_longer_than_60_lines(tmp_path):
+    assert long_functions() == []
+    (tmp_path / "entmtp").mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(60))
+    (tmp_path / "entmtp" / "long.py").write_text(f"def ok():\n    pass\n\n\ndef long():\n{body}\n")
+    assert long_functions(tmp_path / "entmtp") == ["long.py:long"]  # 61 lines: found

@@ -5,8 +5,9 @@ forward that verifies a tree of tokens over it (logits per node, and the hidden 
 commit that keeps the accepted path and drops the rest; for continuous batching, a batch of such caches and
 one forward over every row's tree. Two backends implement it:
 
-  transformers  `cache.BaseModel`: any Hugging Face causal LM in PyTorch, tree masks as 4D attention masks over
-                a preallocated KV cache (the reference, and the one that runs on a GPU).
+  transformers  `backends.transformers.BaseModel`: any Hugging Face causal LM in PyTorch, tree masks as 4D
+                attention masks over a preallocated KV cache (the reference, and the one that runs on a GPU;
+                calibration's typical traces also use its `run`, a forward under any explicit mask).
   llama-cpp     `backends.llama_cpp.LlamaCppBase`: a GGUF file on llama.cpp's CPU kernels through
                 llama-cpp-python. A tree is one `llama_decode` whose tokens carry one sequence id per leaf
                 below them; the commit keeps the accepted path's KV cells by sequence (seq_rm / seq_cp).

@@ -11,7 +11,8 @@ and compose each of its methods exactly as `generate` does:
            same model.
   compose  `compose(loaded, spec) -> Composed` (composed.py): one policy per acceptance rule, the prompt-lookup
            branch wrapped around each once, and why; `assemble` hands them to an `Engine`, which coerces
-           nothing.
+           nothing. The offline commands (calibrate, eval-heads), which load their own heads and decode one
+           fixed tree, take the same last step: `fixed(given(model, tokenizer, heads), tree)`.
 
 `build(spec)` loads and composes each (backend, dtype) candidate and keeps the fastest (choose.py), and says
 why (`Plan`, plan.py); spec.py holds `EngineSpec` and its checks. What each backend offers and how it loads
@@ -44,13 +45,13 @@ calibration positions over its step cost on this curve (plain decoding: 1 / the 
 """
 
 from .choose import build, build_engine, route_between, same_tokenizer
-from .composed import Composed, assemble, compose
-from .loaded import Loaded, Loader, load, load_base
+from .composed import Composed, assemble, compose, fixed
+from .loaded import Loaded, Loader, given, load, load_base
 from .plan import Built, Plan
 from .spec import DTYPE_CHOICES, EngineSpec, candidates, check_spec
 
 __all__ = [
     "DTYPE_CHOICES", "Built", "Composed", "EngineSpec", "Loaded", "Loader", "Plan", "assemble", "build",
-    "build_engine", "candidates", "check_spec", "compose", "load", "load_base", "route_between",
+    "build_engine", "candidates", "check_spec", "compose", "fixed", "given", "load", "load_base", "route_between",
     "same_tokenizer",
 ]  # fmt: skip

@@ -80,9 +80,9 @@ def build(
     unmeasured = {c: bound for c, (_, bound) in bounds.items() if c not in speeds}
     reason, backend_reason = reasons_for(spec, split(chosen)[0], cands, cached, speeds, unmeasured)
     plan = Plan(
-        split(chosen)[1], reason, composed.name, composed.reason, loaded.costs, speeds, composed.others,
+        split(chosen)[1], reason, composed.name, composed.reason, composed.costs, speeds, composed.others,
         composed.lookup_rules, split(chosen)[0], backend_reason, route_note,
-        "" if probe else unprobed_costs(loaded.costs, composed, spec.lookup),
+        "" if probe else unprobed_costs(composed.costs, composed, spec.lookup),
         weights_words(loaded), heads_words(loaded, composed), spec.threads or torch.get_num_threads(),
         describe_kernels(loaded.model),
     )  # fmt: skip

@@ -32,6 +32,9 @@ class Composed:
     lookup_rules: tuple[str, ...]  # rules whose trees get prompt-lookup drafts
     uses_heads: bool  # whether any policy drafts with the heads (else the engine runs without them)
     observers: tuple = ()  # told each generation's steps: the cost curve's corrector (costs.CostCorrector)
+    # the curve the policies were sized on: the engine's own (`loaded.costs`, or without heads where no policy
+    # drafts with them: `Loaded.curve_without_heads`)
+    costs: CostCurve | None = None
 
     @property
     def policy(self) -> TreePolicy:
@@ -49,6 +52,10 @@ def compose(loaded: Loaded, spec: EngineSpec = EngineSpec(), *, profile=None, lo
     inners = {r: _as_policy(others[r][0]) if r in others else main for r in ACCEPTANCE}
     uses_heads = loaded.heads is not None and any(_drafts(p) for p in inners.values())
     lookup = spec.lookup
+    # priced as the engine runs: without heads, where no policy drafts with them (and a lookup branch is sized)
+    costs = loaded.costs
+    if not uses_heads and lookup is not None:
+        costs = loaded.curve_without_heads() or loaded.costs
     # typical acceptance gets lookup drafts only when asked (Lookup.typical) or without heads
     rules = tuple(
         r for r in ACCEPTANCE if lookup is not None and (r.exclusive or not uses_heads or lookup.typical)
@@ -56,18 +63,18 @@ def compose(loaded: Loaded, spec: EngineSpec = EngineSpec(), *, profile=None, lo
     wrapped: dict[int, TreePolicy] = {}  # id(inner) -> its wrap: rules that share a policy share its wrap
     for r in rules:
         if id(inners[r]) not in wrapped:
-            wrapped[id(inners[r])] = hybrid(inners[r], lookup, loaded.costs)
+            wrapped[id(inners[r])] = hybrid(inners[r], lookup, costs)
     policies = {r: wrapped[id(inners[r])] if r in rules else inners[r] for r in ACCEPTANCE}
     rule = Sampling(spec.temperature, spec.acceptance).rule
     names = {r: n for r, (_, n) in others.items()}
-    corrector = CostCorrector.for_curve(loaded.costs) if loaded.costs is not None and loaded.probed else None
+    corrector = CostCorrector.for_curve(costs) if costs is not None and loaded.probed else None
     observers = (corrector,) if corrector is not None else ()
-    return Composed(policies, rule, name, reason, expected, names, rules, uses_heads, observers)
+    return Composed(policies, rule, name, reason, expected, names, rules, uses_heads, observers, costs)
 
 
 def assemble(loaded: Loaded, composed: Composed, spec: EngineSpec = EngineSpec()) -> Engine:
     """The engine running `composed`'s policies on `loaded`'s model: with its heads when a policy drafts with
-    them, and the costs the policies were sized on (steps that disagree with them correct the cached curve)."""
+    them, and the curve the policies were sized on (steps that disagree with it correct that cached curve)."""
     return Engine(
         loaded.model,
         loaded.tokenizer,
@@ -76,10 +83,33 @@ def assemble(loaded: Loaded, composed: Composed, spec: EngineSpec = EngineSpec()
         policies=composed.policies,
         kv=spec.kv,
         graphs=spec.graphs,
-        costs=loaded.costs,
+        costs=composed.costs,
         observers=composed.observers,
         suffix=_suffix_cache(spec),
     )
+
+
+def fixed(loaded: Loaded, policy: str | Tree | TreePolicy | None = None) -> Engine:
+    """The engine of one policy under every acceptance rule on `loaded`: a tree (or its name), a policy, or
+    None (plain decoding), with no lookup drafts and no cost observer, assembled as `build`'s are. What the
+    offline commands decode with (calibrate's latency decodes and traces, eval-heads' runs), on a `Loaded` of
+    their own (`loaded.given`)."""
+    main = _as_policy(policy)
+    uses_heads = loaded.heads is not None and _drafts(main)
+    name = "plain" if policy is None else getattr(main, "name", type(main).__name__)
+    composed = Composed(
+        {r: main for r in ACCEPTANCE},
+        Sampling().rule,
+        name,
+        "given",
+        0.0,
+        {},
+        (),
+        uses_heads,
+        (),
+        loaded.costs,
+    )
+    return assemble(loaded, composed, loaded.spec)
 
 
 def _suffix_cache(spec: EngineSpec):

@@ -5,10 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..accept import Sampling
-from ..backends.registry import REGISTRY
+from ..backends.registry import REGISTRY, backend_of
 from ..console import say
 from ..costs import CostCurve, cached_curve, costs_for, probing_disabled, surface_for
+from ..model import DTYPES
 from .spec import EngineSpec, base_key, check_spec, concrete, heads_spec
+
+HEADS_LESS_BUDGET_S = 6.0  # measuring the curve without heads where no policy drafts with them (sizes past it
+# are extrapolated; a lookup branch, what it prices, is at most `Lookup.tokens` nodes)
 
 
 @dataclass
@@ -25,6 +29,24 @@ class Loaded:
     surface: object | None = None  # surface.CostSurface of batched steps, when loaded for batching
     # False: --no-probe (`costs` read from the cache, or None): nothing measured or corrected
     probed: bool = True
+    heads_less: CostCurve | None = None  # the curve without heads, once `curve_without_heads` read it
+
+    def curve_without_heads(self) -> CostCurve | None:
+        """This model's cost curve with no heads: what an engine whose policies draft no head runs (no hidden
+        states read, nothing drafted; on llama.cpp one drafted node costs ~1.8 plain steps either way, but
+        the heads' steps keep the embeddings on). `costs` when no heads are loaded; else measured once like
+        it and cached, or read from the cost cache when nothing is probed (None: never measured here)."""
+        if self.heads is None:
+            return self.costs
+        if self.heads_less is None:
+            sampling = Sampling(self.spec.temperature, self.spec.acceptance)
+            kw = dict(graphs=self.spec.graphs, sampling=sampling)
+            if self.probed:  # briefly: a first run measures the heads' curve already (the issue's ~20 s)
+                curve = costs_for(self.model, None, budget_s=HEADS_LESS_BUDGET_S, **kw)
+            else:
+                curve = cached_curve(self.model, None, **kw)
+            self.heads_less = curve
+        return self.heads_less
 
 
 class Loader:
@@ -71,6 +93,16 @@ def load(
     bf16 on a CPU): `build` measures the candidates and keeps the fastest."""
     check_spec(spec)
     return Loader().load(spec, budget_s=budget_s, max_batch=max_batch)
+
+
+def given(model, tokenizer, heads=None, spec: EngineSpec = EngineSpec(lookup=None, probe=False)) -> Loaded:
+    """`Loaded` for a model and heads an offline command loaded itself (calibrate's and eval-heads' heads: a
+    training run's or a directory's, bound to the model), with no costs measured: what `composed.fixed` makes
+    engines on. `spec`: the engine's settings (its kv cache and graphs); its backend is the model's."""
+    backend = backend_of(model)
+    dtype = backend.weights_format(model)
+    spec = replace(spec, backend=backend.name, dtype=dtype if dtype in DTYPES else spec.dtype, probe=False)
+    return Loaded(spec, model, tokenizer, heads, "given" if heads is not None else "none", None, probed=False)
 
 
 def load_base(spec: EngineSpec):

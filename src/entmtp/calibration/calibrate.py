@@ -4,8 +4,9 @@
               (traces.py): the rank vector of every position, the probe's probabilities, the raw signals
 2. search     EntMTP's greedy growth per max depth 1..D up to 90 nodes, scored on every position at once;
               the acceptance frontier, each tree re-scored by simulating its own decodes (search.py)
-3. latency    real decodes of a grid of frontier trees (interleaved, repeated, warm-up dropped): median
-              ms per step against nodes, and measured tokens/s and tokens/step of each
+3. latency    a grid of frontier trees priced by the one probe (costs/probe.py: the engine's own steps,
+              as every cost curve is): median ms per step against nodes; and real decodes of each
+              (interleaved, repeated, start dropped): its measured tokens/step, and tokens/s at its ms
 4. frontier   tokens/s of each measured tree = simulated tokens/step over all calibration positions / its
               median step latency (the direct tokens/s of a few prompts is kept beside it: on a shared CPU it
               is far noisier); keep trees faster than every smaller one; the fastest is EntMTP*
@@ -32,11 +33,12 @@ from rich.progress import Progress
 
 from .. import __version__, metrics
 from ..accept import Rule, Sampling
+from ..build import fixed, given
 from ..costs.curves import LatencyModel
 from ..engine import Engine
 from ..errors import EntMTPError
 from ..machine import hardware, heads_checksum, model_fingerprint, record
-from ..policy import StaticPolicy, static
+from ..policy import StaticPolicy
 from ..scheduler.policies import (
     AcceptanceModel,
     BinaryPolicy,
@@ -90,12 +92,13 @@ class CalibrationSettings:
     # the paper: 256; halved for a 2-core CPU budget
     max_new_tokens: int = setting(128, help="new tokens per calibration prompt (default %(default)s)")
     latency_prompts: int = setting(2, help="prompts decoded per measured tree")
-    latency_tokens: int = setting(48, help="new tokens per latency measurement")
+    latency_tokens: int = setting(48, help="new tokens per decode of a measured tree")
     # medians over all their steps
     latency_repeats: int = setting(2, help="interleaved rounds of latency measurement")
     tree_seconds: float = setting(  # then it stops early
         8.0,
-        help="decoding time per measured tree, all rounds together (default 8: caps a slow machine's run)",
+        help="decoding time per measured tree, all rounds together, and the probe's time for all of them "
+        "(default 8: caps a slow machine's run)",
     )
     window: int = 8  # EMA window of the signal policies
 
@@ -109,61 +112,65 @@ def measure_trees(
     settings: CalibrationSettings,
     progress: Progress | None = None,
 ) -> dict[str, MeasuredTree]:
-    """Decode `prompts` with every tree (and plain decoding), interleaved prompt by prompt and repeated;
-    per tree the median step latency (ms, first 2 steps of each generation dropped) and measured speed.
-    Each tree's decoding is capped by time (`tree_seconds`, once it has `MIN_TIMED_STEPS` timed steps), so a
-    machine where big trees cost seconds per step still finishes in minutes."""
-    engines = {"none": Engine(model, tokenizer)}
-    for t in trees:
-        engines[t.name] = Engine(model, tokenizer, heads=heads, policy=static(t))
-    for e in engines.values():  # warm-up
-        e.generate(prompts[0], max_new_tokens=4)
-    ms: dict[str, list[float]] = {n: [] for n in engines}
+    """Per tree (and plain decoding, "none") the ms per step the one probe prices it at on this machine
+    (`costs.measure_trees`: the engine's own steps, at the prompts' median length plus half a latency
+    generation), and the tokens per step it takes decoding `prompts` (interleaved prompt by prompt, repeated;
+    the first 2 steps of each generation dropped). Each tree's decoding is capped by time (`tree_seconds`,
+    once it has `MIN_TIMED_STEPS` steps), and so is the probe's, so a machine where big trees cost seconds per
+    step still finishes in minutes."""
+    from ..costs.measured import PLAIN
+    from ..costs.measured import measure_trees as probed
+
+    context = int(statistics.median(len(p) for p in prompts)) + settings.latency_tokens // 2
+    step_ms = probed(model, heads, trees, context=context, budget_s=settings.tree_seconds, progress=progress)
+    loaded = given(model, tokenizer, heads)
+    engines = {PLAIN: fixed(loaded)} | {t.name: fixed(loaded, t) for t in trees}
     tokens: dict[str, list[int]] = {n: [] for n in engines}
     spent: dict[str, float] = dict.fromkeys(engines, 0.0)
     job = (
-        progress.add_task("latency", total=settings.latency_repeats * len(prompts) * len(engines))
+        progress.add_task("tokens per step", total=settings.latency_repeats * len(prompts) * len(engines))
         if progress
         else None
     )
     for _ in range(settings.latency_repeats):
         for ids in prompts:
             for name, e in engines.items():
-                if spent[name] < settings.tree_seconds or len(ms[name]) < MIN_TIMED_STEPS:
-                    spent[name] += _timed_generation(e, ids, settings, ms[name], tokens[name])
+                if spent[name] < settings.tree_seconds or len(tokens[name]) < MIN_TIMED_STEPS:
+                    spent[name] += _generation(e, ids, settings, tokens[name])
                 if progress:
                     progress.advance(job)
     out = {}
     for name, e in engines.items():
-        nodes = 0 if name == "none" else e.policy.trees[0].num_nodes
-        step_ms = statistics.median(ms[name])
+        nodes = 0 if name == PLAIN else e.policy.trees[0].num_nodes
         tps = statistics.mean(tokens[name])
         out[name] = MeasuredTree(
             nodes=nodes,
-            ms_per_step=step_ms,
-            measured_tokens_per_second=metrics.replay_tokens_per_second(tps, step_ms),  # decode steps only
+            ms_per_step=step_ms[name],
+            measured_tokens_per_second=metrics.replay_tokens_per_second(tps, step_ms[name]),  # decode steps
             measured_tokens_per_step=tps,
-            timed_steps=len(ms[name]),
+            timed_steps=len(tokens[name]),
         )
     return out
 
 
-MIN_TIMED_STEPS = 4  # a tree's measurement stops at its time cap only once it has this many timed steps
+MIN_TIMED_STEPS = 4  # a tree's decoding stops at its time cap only once it has this many counted steps
 
 
-def _timed_generation(engine, ids, settings, ms: list[float], tokens: list[int]) -> float:
-    """Decode up to `latency_tokens` after `ids`, stopping at the tree's time cap; appends each timed step's
-    ms and tokens (the first 2 steps are warm-up) and returns the seconds spent."""
+def _generation(engine, ids, settings, tokens: list[int]) -> float:
+    """Decode up to `latency_tokens` after `ids`, stopping at the tree's time cap; appends each counted step's
+    tokens (the first 2 steps are dropped, as before: a generation's start) and returns the seconds spent."""
     t0 = time.perf_counter()
     steps = []
     for event in engine.stream(ids, max_new_tokens=settings.latency_tokens):
         if event.step is not None:
             steps.append(event.step)
-        if time.perf_counter() - t0 > settings.tree_seconds and len(ms) + len(steps) - 2 >= MIN_TIMED_STEPS:
+        if (
+            time.perf_counter() - t0 > settings.tree_seconds
+            and len(tokens) + len(steps) - 2 >= MIN_TIMED_STEPS
+        ):
             break
-    timed = steps[2:] or steps  # a generation of 1-2 steps (a tree that accepts everything) still counts
-    ms += [1000 * s.seconds["total"] for s in timed]
-    tokens += [s.tokens for s in timed]
+    counted = steps[2:] or steps  # a generation of 1-2 steps (a tree that accepts everything) still counts
+    tokens += [s.tokens for s in counted]
     return time.perf_counter() - t0
 
 
@@ -516,7 +523,7 @@ def generation_engine(model, tokenizer, heads) -> Engine:
     """The engine calibration generations are made with (any tree gives the same greedy output; a small one
     is fast on every device)."""
     tree = "tree_8" if heads.config.num_heads >= 3 else "chain_1"
-    return Engine(model, tokenizer, heads=heads, policy=static(tree))
+    return fixed(given(model, tokenizer, heads), tree)
 
 
 def typical_union(profile: Profile, heads) -> Tree:

@@ -187,7 +187,13 @@ def union_passes(
     """[R, N] bool: at every root j of the generation, the heads draft `union` as a decode's step would (their
     feature after positions < j, the root token ids[j]) and the base model verifies it at positions j + depth,
     attending to ids[:j] and each node's ancestors; node i passes when its token passes the typical test at
-    its parent's distribution. UNION_CHUNK roots per forward, over a cache of the prefix they share."""
+    its parent's distribution. UNION_CHUNK roots per forward, over a cache of the prefix they share: a forward
+    with an explicit mask across several roots (`BaseModel.run`), which only the transformers backend has."""
+    if not isinstance(base, BaseModel):
+        raise EntMTPError(
+            "typical acceptance's traces verify several roots in one forward under an explicit mask, which only "
+            "the transformers backend offers: calibrate on transformers (what `entmtp calibrate` loads)"
+        )
     L, N, size = len(ids), union.num_nodes, union.size
     drafter = heads.drafter()
     drafter.extend(hidden[:prompt_len])

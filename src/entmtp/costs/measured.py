@@ -21,6 +21,7 @@ import torch
 
 from ..accept import Sampling
 from ..machine import record
+from ..tree import Tree
 from .cache import (
     cached,
     cached_or_measured,
@@ -208,6 +209,59 @@ def _rounds(probe: Probe, row, sizes: Sequence[int], clock: tuple, drafts: dict)
         if rep + 1 >= MIN_REPS and time.perf_counter() > deadline:
             break
     return {n: statistics.median(t) for n, t in times.items()}
+
+
+# ---- given trees (a calibration's bank) -------------------------------------------------------------------
+
+
+PLAIN = "none"  # `measure_trees`' key of a plain step without heads
+
+
+@torch.inference_mode()
+def measure_trees(
+    model,
+    heads,
+    trees: Sequence[Tree],
+    *,
+    context: int,
+    budget_s: float,
+    sampling: Sampling | None = None,
+    progress=None,
+) -> dict[str, float]:
+    """ms per step of each of `trees` (by name) with `heads`, and of a plain step without heads (`PLAIN`), at
+    `context` committed tokens: the probe's steps priced as every curve's (probe.py), in rounds of one step of
+    each (a plain one included) in a new random order, so a change of the machine's speed reaches all alike.
+    After one untimed round, rounds run until `MAX_REPS`, or until `budget_s` is spent once `MIN_REPS` ran
+    (a machine where big trees cost seconds per step still finishes). `progress`: a rich Progress, advanced
+    per round. What `entmtp calibrate` stores as a bank's latencies."""
+    plain = Probe(model, None, (0,), sampling)
+    probe = Probe(model, heads, (), sampling, trees=trees)
+    steps = (MAX_REPS + 1) + WARMUP_STEPS
+    room = max(probe.room(steps), plain.room(steps))
+    (context,) = _clamp((context,), probe.engine.window, room)
+    row = probe.row(context, room)  # one generation steps every tree; plain steps have their own
+    rows = {PLAIN: (plain, plain.row(context, room))} | {t.name: (probe, row) for t in trees}
+    keys = list(rows)
+    for _ in range(WARMUP_STEPS):
+        plain.step(rows[PLAIN][1], 0)
+    for k in keys:  # untimed: the first step of each shape allocates
+        _step(rows, k)
+    job = progress.add_task("tree latencies", total=MAX_REPS) if progress else None
+    order, t0 = torch.Generator().manual_seed(0), time.perf_counter()
+    times: dict[str, list[float]] = {k: [] for k in keys}
+    for rep in range(MAX_REPS):
+        for i in torch.randperm(len(keys), generator=order).tolist():
+            times[keys[i]].append(_step(rows, keys[i]))
+        if progress:
+            progress.advance(job)
+        if rep + 1 >= MIN_REPS and time.perf_counter() - t0 > budget_s:
+            break
+    return {k: statistics.median(t) for k, t in times.items()}
+
+
+def _step(rows: dict, key: str) -> float:
+    probe, row = rows[key]
+    return probe.step(row, 0 if key == PLAIN else key)[0]
 
 
 # ---- the batched cost surface -----------------------------------------------------------------------------

@@ -85,11 +85,20 @@ class _RandomDrafts:
 class Probe:
     """Decode steps of the engine over `model` and `heads` (bound, and packed with the model) under `sampling`
     (None: greedy), through the verification graphs when `graphs` (on a CPU: their padded forward, eagerly).
-    `row(context, room)` starts one generation over `context` random tokens, `step(row, n)` times one of its
-    steps of the size-`n` synthetic tree; `batch(rows, context, room)` starts a batch, `batch_step(batch, b, n)`
-    times one step of its first `b` rows."""
+    The trees it steps: a synthetic tree of each of `sizes` (keyed by its size) and each of `trees` (given
+    ones, e.g. a profile bank's, keyed by name). `row(context, room)` starts one generation over `context`
+    random tokens, `step(row, key)` times one of its steps of tree `key`; `batch(rows, context, room)` starts
+    a batch, `batch_step(batch, b, key)` times one step of its first `b` rows."""
 
-    def __init__(self, model, heads, sizes: Sequence[int], sampling: Sampling | None = None, graphs=False):
+    def __init__(
+        self,
+        model,
+        heads,
+        sizes: Sequence[int],
+        sampling: Sampling | None = None,
+        graphs=False,
+        trees: Sequence[Tree] = (),
+    ):
         # imported here, not above: the engine imports this package (the curve's types, the corrector)
         from .. import engine as engine_mod
 
@@ -107,8 +116,10 @@ class Probe:
         self.rewinds = engine.base.preallocate
         self.heads, self.sampling = heads, sampling or Sampling()
         depth = heads.config.num_heads if heads is not None else NO_HEADS_DEPTH
-        self.trees = {n: synthetic_tree(n, depth) for n in sizes}
+        self.trees: dict[int | str, Tree] = {n: synthetic_tree(n, depth) for n in sizes}
+        self.trees |= {t.name: t for t in trees}
         self.policies = {n: StaticPolicy(t) for n, t in self.trees.items()}
+        self.largest = self.policies[max(self.trees, key=lambda k: self.trees[k].num_nodes)]
         self.depth = max(t.depth for t in self.trees.values())
         self.gen = torch.Generator().manual_seed(0)
         self.vocab, self.dev = engine.base.vocab_size, engine.base.device
@@ -130,11 +141,10 @@ class Probe:
         graphs = self.graphs
         need = context + room
         cache = graphs.cache_for(need, self.engine.window) if graphs else self.engine.base.new_cache(need)
-        largest = self.policies[max(self.policies)]  # the drafting state is made when a tree drafts
-        s = self.sampling
+        s = self.sampling  # the drafting state is made when a tree drafts: under the largest tree's policy
         state = self.engine.new_state(
             ids, cache, graphs, max_new_tokens=1 << 30, temperature=s.temperature,
-            acceptance=s.acceptance, seed=0, policy=largest,
+            acceptance=s.acceptance, seed=0, policy=self.largest,
         )  # fmt: skip
         if self.heads is None:
             state.drafter = _RandomDrafts(self.vocab, self.gen, self.dev)
@@ -149,12 +159,15 @@ class Probe:
         self.prefill_ms_per_token = 1000 * (now(self.dev) - t0) / context
         return state, events, context
 
-    def step(self, row, n: int) -> tuple[float, float]:
-        """(ms, ms of the heads' drafting) of `row`'s next step, verifying the size-`n` synthetic tree: one
-        step of `engine.decode`, priced from the engine's own clock."""
+    def step(self, row, key: int | str) -> tuple[float, float]:
+        """(ms, ms of the heads' drafting) of `row`'s next step, verifying tree `key` (a size: its synthetic
+        tree; a name: that given tree): one step of `engine.decode`, priced from the engine's own clock."""
+        if key not in self.trees:
+            raise CostsError(f"the probe holds no tree {key!r}: it steps {', '.join(map(str, self.trees))}")
         state, events, context = row
-        state.policy = self.policies[n]
+        state.policy = self.policies[key]
         self._rewind(state, context)
+        n = self.trees[key].num_nodes
         event = next(events, None)
         if event is None:
             raise CostsError(f"the probe's generation ended before its {n}-node step")
@@ -171,7 +184,7 @@ class Probe:
 
         batch, s = Batch(self.engine, BatchOptions(gate=False)), self.sampling
         # the drafting state is made when a tree drafts (without heads: random drafts, set below)
-        largest = self.policies[max(self.policies)] if self.heads is not None else None
+        largest = self.largest if self.heads is not None else None
         for _ in range(rows):
             ids = torch.randint(0, self.vocab, (context,), generator=self.gen).tolist()
             row, _ = batch.add(
@@ -183,13 +196,14 @@ class Probe:
                 row.state.drafter = _RandomDrafts(self.vocab, self.gen, self.dev)
         return batch, list(batch.kv.rows), context
 
-    def batch_step(self, batch, b: int, n: int) -> float:
-        """ms of one `Batch.step` of the batch's first `b` rows, each verifying the size-`n` synthetic tree:
-        the server's batched step itself (each row's choice and drafts, one forward, acceptance, commit)."""
+    def batch_step(self, batch, b: int, key: int | str) -> float:
+        """ms of one `Batch.step` of the batch's first `b` rows, each verifying tree `key` (as `step`'s): the
+        server's batched step itself (each row's choice and drafts, one forward, acceptance, commit)."""
         batch, caches, context = batch
         batch.kv.rows = caches[:b]  # the first b rows take part (their views stay in place)
+        n = self.trees[key].num_nodes
         for row in batch.rows:
-            row.state.policy = self.policies[n]
+            row.state.policy = self.policies[key]
             self._rewind(row.state, context)
         t0 = now(self.dev)
         batch.step()

@@ -28,7 +28,10 @@ THE FILE FORMAT (`"format": "entmtp-profile"`, `"version": 2`), one JSON object 
                     trace_seconds (null when the traces were shared between profiles), seconds
   latency           nodes and ms_per_step (one per measured tree, in `trees` order), plain_ms_per_step, and
                     trees: name -> {nodes, ms_per_step, measured_tokens_per_second, measured_tokens_per_step,
-                    timed_steps (optional)}; "none" is plain decoding
+                    timed_steps (optional; the decoded steps counted)}; "none" is plain decoding. ms_per_step:
+                    the step as the probe prices it (costs.priced_ms; profiles made before 2026-12 took a
+                    decode's whole step, which for a static tree differs by the choice's ~0.01 ms);
+                    measured_tokens_per_second: measured_tokens_per_step at that ms
   modes             "greedy" and, optionally, the T > 0 sections by acceptance rule: "sample" (lossless
                     rejection sampling), "typical" (typical acceptance) and "gumbel" (lossless Gumbel-max
                     sampling, drafts under the same noise), each calibrated at T=0.7:

@@ -41,12 +41,11 @@ import torch
 
 from .. import metrics
 from ..accept import SAMPLED, Sampling
+from ..build import fixed, given
 from ..calibration.search import simulate
 from ..calibration.traces import generate_traces
-from ..engine import Engine
 from ..heads.config import heads_input
 from ..model import encode_prompt
-from ..policy import static
 from ..prompts import FOUR_TASKS, SPECBENCH, TASKS, load_prompts
 from ..tree import load_tree
 from .shards import generate_responses
@@ -115,7 +114,7 @@ def speculative_runs(
     """Speculative decoding of every prompt with every (heads, tree), the heads interleaved prompt by prompt:
     {heads name: {tree: tokens_per_step, steps, tokens, seconds, tokens_per_second}}. Greedy at temperature 0;
     else sampled by ``acceptance``, prompt i seeded with i for every heads and tree."""
-    engines = {(n, t): Engine(model, tokenizer, h, static(t)) for n, h in heads.items() for t in trees}
+    engines = {(n, t): fixed(given(model, tokenizer, h), t) for n, h in heads.items() for t in trees}
     sums = {key: [0, 0, 0.0] for key in engines}  # tokens after the first, steps, seconds
     sampling = {} if temperature == 0 else {"acceptance": acceptance}
     for i, ids in enumerate(prompts):
@@ -152,7 +151,7 @@ def replayed_runs(
     """`speculative_runs`' tokens per step by trace replay (module docstring): {heads name: {tree:
     tokens_per_step, steps, tokens}}. Greedy at temperature 0; else lossless sampling, prompt i's plain sample
     seeded with i."""
-    plain = Engine(model, tokenizer)
+    plain = fixed(given(model, tokenizer))
     outputs = [
         plain.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=i).token_ids
         for i, ids in enumerate(prompts)
@@ -160,7 +159,7 @@ def replayed_runs(
     sampling = Sampling(temperature, "sample") if temperature > 0 else None
     out: dict[str, dict[str, dict]] = {}
     for name, h in heads.items():  # each heads' engine: its base model reads the layer the heads read
-        engine = Engine(model, tokenizer, h, static(trees[-1]))
+        engine = fixed(given(model, tokenizer, h), trees[-1])
         traces, _ = generate_traces(engine, h, prompts, max_new_tokens, outputs=outputs, sampling=sampling)
         out[name] = {}
         for t in trees:
