@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import ProbeReadingPolicy
+from entmtp.errors import EntMTPError
 from entmtp.heads import LazyProbe, Probe
 from entmtp.lookup import Lookup, NgramIndex
 from entmtp.policy import StaticPolicy
@@ -27,6 +28,10 @@ COSTLY = LatencyModel(
     [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 90],
     [36.8, 44.5, 49.5, 52.2, 56.6, 61.3, 67.0, 75.6, 85.4, 102.4, 121.6, 162.4, 187.1, 240.6],
 )
+
+# a llama.cpp-like curve on the 2-core EPYC: one drafted node costs 1.84x a plain step, so a lookup chain at
+# the prior rates never pays and every step is plain
+DEAR = LatencyModel([0, 1, 2, 4, 8, 16, 32], [9.0, 16.6, 20.1, 29.6, 45.0, 75.6, 133.1])
 
 
 def _ctx(index):
@@ -109,6 +114,36 @@ def test_a_lookup_chain_that_is_wholly_right_or_wrong_at_once_gets_long_branches
         policy.observe(_step(choice.tree, i % 2, lookup * (i % 2 == 0), lookup))
         choice = policy.choose(_ctx(index))
     assert choice.tree.num_lookup >= 6 and choice.tree.heads_tree.num_nodes == 0
+
+
+def _copying(caution: float, steps: int = 40) -> tuple[list[int], HybridPolicy]:
+    """The lookup chain lengths a lookup-only policy drafts, step by step, on text that keeps copying (every
+    chain right to its end), on the `DEAR` curve."""
+    index = NgramIndex([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 1, 2, 3], max_ngram=3)
+    policy = HybridPolicy(StaticPolicy(Tree.root_only()), Lookup(tokens=10, caution=caution), DEAR)
+    lengths = []
+    for _ in range(steps):
+        n = policy.choose(_ctx(index)).tree.num_lookup
+        lengths.append(n)
+        emitted = list(range(4, 4 + n + 1))  # the chain 4, 5, ... right to its end, and the bonus token
+        policy.observe(Step(f"L{n}", n, n, n + 1, emitted, lookup_nodes=n, sources={"heads": 0, "lookup": n}))
+    return lengths, policy
+
+
+def test_a_chain_waits_until_its_first_token_is_surely_right_where_a_node_costs_a_plain_step():
+    """Lookup.caution: where one drafted node costs 1.84 plain steps (DEAR), a chain pays only when it starts
+    right most of the time. One right first token lifts that rate from its prior (0.6) to 0.73, and the rule on
+    the rate itself drafts at once (on llama.cpp such chains yielded 1.5-1.7 tokens for 1.8 steps' cost);
+    one standard error down, the rule waits for a few more. Text that keeps copying gets the same long chains
+    either way: only the first depth's rate is lowered, not the deeper ones that make long chains pay."""
+    eager, _ = _copying(caution=0.0)
+    careful, policy = _copying(caution=1.0)
+    assert eager[1] >= 2 and careful[:4] == [0, 0, 0, 0]
+    assert careful[-1] == eager[-1] >= 6
+    rates, lowered = policy.copy[3].values(), policy.copy[3].values(1.0)
+    assert lowered[0] < rates[0] and lowered[1:] == rates[1:]
+    with pytest.raises(EntMTPError, match="caution must be >= 0"):
+        Lookup(caution=-1.0)
 
 
 def test_hybrid_policy_keeps_the_heads_tree_when_the_heads_are_right():
@@ -250,16 +285,19 @@ def test_without_a_match_the_heads_are_probed_while_probing_pays():
         assert choice.tree is (base if heads_depth else Tree.root_only())
 
 
+@pytest.mark.parametrize("caution", [0.0, 1.0])
 @pytest.mark.parametrize("inner", ["chain_1", "chain_3", "mc_sim_7b_63"])
-def test_choosing_without_the_probe_never_changes_the_choice(inner):
+def test_choosing_without_the_probe_never_changes_the_choice(inner, caution):
     """Wherever the hybrid skips the heads, the full choice (the inner policy asked, every option weighed) picks
     the same tree: the skip only saves the probe. (With a one-node chain the skip's bound is exact, so a
-    skip where the full choice would keep the heads fails here.)"""
+    skip where the full choice would keep the heads fails here.) On the rates themselves (caution 0) the copying
+    here makes both kinds of step; with the default caution copying alone wins less often, and every step
+    must still agree."""
     base = Tree("chain_1", ((0,),)) if inner == "chain_1" else load_tree(inner)
     gen = torch.Generator().manual_seed(0)
     skipped = 0
     for trial in range(40):
-        policy = HybridPolicy(ProbeReadingPolicy(base), Lookup(tokens=10), COSTLY)
+        policy = HybridPolicy(ProbeReadingPolicy(base), Lookup(tokens=10, caution=caution), COSTLY)
         index = NgramIndex([1, 2, 3, 4, 5, 6, 1, 2, 3][: 4 + trial % 6], max_ngram=3)  # matches 0..3
         for _ in range(int(torch.randint(0, 20, (1,), generator=gen))):
             tree = policy.choose(StepContext(0, 9, 100, None, probe=_lazy([]), lookup=index)).tree
@@ -273,7 +311,7 @@ def test_choosing_without_the_probe_never_changes_the_choice(inner):
         chosen = policy.choose(ctx)
         skipped += chosen.signals.get("probed") == 0.0
         assert chosen.tree.name == full.choose(ctx).tree.name
-    assert 0 < skipped < 40  # both kinds of step were compared
+    assert skipped < 40 and (skipped > 0 or caution > 0)  # without caution, both kinds of step were compared
 
 
 def test_counterfactual_depth_reads_every_depth_a_probe_holds():
@@ -296,10 +334,6 @@ def test_free_verification_copies_the_whole_branch():
 
 
 # ---- what a step costs to choose (issue #62: counted, not timed) ------------------------------------------
-
-# a llama.cpp-like curve on the 2-core EPYC: one drafted node costs 1.84x a plain step, so a lookup chain at
-# the prior rates never pays and every step is plain
-DEAR = LatencyModel([0, 1, 2, 4, 8, 16, 32], [9.0, 16.6, 20.1, 29.6, 45.0, 75.6, 133.1])
 
 
 def test_a_plain_step_reads_one_token_of_the_offered_chain_not_the_whole_chain():

@@ -56,11 +56,16 @@ def test_replay_of_a_static_tree_is_its_simulation():
     assert (r.steps, r.tokens) == (s.steps, s.tokens)
 
 
+EAGER = Lookup(caution=0.0)
+
+
 @pytest.mark.parametrize("kind", ["medusa", "hydra"])
 @pytest.mark.parametrize("online", [False, True])
 def test_replay_of_scheduled_hybrids_is_the_real_decode_step_for_step(fitted, kind, online):
     """The dynamic policy with a prompt-lookup branch, replayed from the trace of the same greedy output, takes
-    the very steps the engine takes: the same trees (lookup nodes pruned alike), accepted drafts and tokens."""
+    the very steps the engine takes: the same trees (lookup nodes pruned alike), accepted drafts and tokens.
+    Lookup chains sized on the copy rates themselves (caution 0): on this short output the default caution
+    would draft none, and the check would lose its lookup branches."""
     model, ids, ref, heads = fitted
     lat = LatencyModel([0, 1, 4, 63], [10.0, 14.0, 20.0, 60.0])  # costly nodes: trees of every kind
 
@@ -70,13 +75,13 @@ def test_replay_of_scheduled_hybrids_is_the_real_decode_step_for_step(fitted, ki
         return DynamicPolicy(load_tree("mc_sim_7b_63"), small_acceptance(), lat, online=online)
 
     engine = Engine(
-        model, ByteTokenizer(), heads=heads[kind], policy=hybrid(policy(), Lookup(), costs), costs=costs
+        model, ByteTokenizer(), heads=heads[kind], policy=hybrid(policy(), EAGER, costs), costs=costs
     )
     real = engine.generate(ids, max_new_tokens=48)
     assert real.token_ids == ref
     trace = trace_generation(engine.base, heads[kind], ids + ref, len(ids))
     steps: list = []
-    replay(HybridPolicy(policy(), Lookup(), lat), [trace], lambda t: 10.0, record=steps)
+    replay(HybridPolicy(policy(), EAGER, lat), [trace], lambda t: 10.0, record=steps)
     got = [(s.tree, s.tree_nodes, s.lookup_nodes, s.tokens) for s in steps]
     want = [(s.tree, s.tree_nodes, s.lookup_nodes, s.tokens) for s in real.steps]
     assert got[:-1] == want[:-1]  # the last step: the engine cuts it at max_new_tokens

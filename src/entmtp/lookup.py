@@ -46,6 +46,8 @@ class Lookup:
         copies the text into itself (on WritingPrompts a fifth of its 4-grams repeat, twice typical
         acceptance's without them: docs/results/sampling/). Greedy decoding and lossless sampling, whose
         output lookup drafts cannot change, always get them.
+    caution: the adaptive rule sizes a branch on the rate that a chain starts right less this many standard
+        errors of it (0: on the rate itself; scheduler/hybrid.py says why 1)
     """
 
     max_ngram: int = setting(3, flag="--lookup-ngram", help="longest n-gram matched (default %(default)s)")
@@ -65,6 +67,7 @@ class Lookup:
         "GPU; default: measured step latencies, the profile's or a 2-core CPU's)",
     )
     typical: bool = False  # on the command line: --lookup said (`lookup_from_args`)
+    caution: float = 1.0
 
     def __post_init__(self):
         if self.max_ngram < 1 or self.tokens < 1 or self.branches < 1:
@@ -72,6 +75,8 @@ class Lookup:
                 f"lookup needs max_ngram >= 1, tokens >= 1 and branches >= 1, got {self.max_ngram}, "
                 f"{self.tokens} and {self.branches}"
             )
+        if not self.caution >= 0:
+            raise EntMTPError(f"lookup caution must be >= 0 (standard errors), got {self.caution}")
         if self.node_cost is not None and not self.node_cost >= 0:
             raise EntMTPError(
                 f"lookup node_cost must be >= 0 (a fraction of a one-token step), got {self.node_cost}"

@@ -28,6 +28,17 @@ drafted of it, where that part was right (none drafted: its first token): the ch
 where the heads were right too, and would bias the rate upwards. Without it a branch kept short beside the
 heads' tree never learned its deeper rates (they stayed at the prior) however far the text copied.
 
+A chain is sized on its first token's rate less `Lookup.caution` standard errors of it (one, by default), the
+deeper rates as they are. Where a drafted node costs about what a plain step does (llama.cpp on a CPU: 1.7-1.9
+plain steps for one), a chain pays only when it starts right most of the time, and a rate read off a few steps
+is high by chance as often as it is low: on the rate itself the default on llama.cpp drafted 1-token chains
+that yielded 1.5-1.7 tokens for 1.8 plain steps' cost, below plain decoding on GSM8K and math. The deeper,
+conditional rates are near 1 where text copies (a chain right at its first token is usually right to its end),
+and a lower bound on each of them, compounded, kept long chains short on copy-heavy text: replayed on plain
+outputs of the 13 bench tasks, 10 prompts each (docs/results/never-slower/chains/), the first rate's bound
+took the worst task from 0.977 to 0.995 of plain steps and the geometric mean from 1.021 to 1.029, the bound on
+every rate the worst to 0.998 but the geometric mean to 1.023 (copy-heavy edits 1.102 -> 1.074).
+
 When there is a match and no heads' tree could pay at the heads' current rates (`_heads_lose`: the best option
 without them beats the cheapest tree of every depth with them), the step is chosen without asking the inner
 policy, so the engine's lazy probe (heads.LazyProbe) is never computed: on copy-heavy text many steps then cost
@@ -55,6 +66,7 @@ decoding's rule) and the heads' tree is always kept.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -107,8 +119,13 @@ class _DepthRates:
         self.s = decay * self.s + (tried & (depth >= self.k))
         self.t = decay * self.t + tried
 
-    def values(self) -> list[float]:
-        return ((self.s + self.weight * self.prior) / (self.t + self.weight)).tolist()
+    def values(self, caution: float = 0.0) -> list[float]:
+        """c_1 .. c_D; c_1 less `caution` standard errors of it (a binomial rate's, on its decayed evidence)."""
+        n = self.t + self.weight
+        rate = (self.s + self.weight * self.prior) / n
+        if caution:
+            rate[0] = max(0.0, rate[0] - caution * math.sqrt(rate[0] * (1.0 - rate[0]) / n[0]))
+        return rate.tolist()
 
 
 class Estimates:
@@ -186,7 +203,7 @@ class HybridPolicy(Settings, Stateful):
         self._offer = (index, len(index.tokens)) if m and self.counterfactual else None
         costs = self._cost(ctx)
         length = self.lookup.tokens if m else 0
-        est = Estimates(self.heads.values(), self.copy[m].values(), length)
+        est = Estimates(self.heads.values(), self.copy[m].values(self.lookup.caution), length)
         skip = self.lookup.adaptive and self.master is not None
         if m:  # no heads' tree can pay at the heads' rates
             skip = skip and self._heads_lose(est, length, costs)
