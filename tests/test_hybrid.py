@@ -336,6 +336,51 @@ def test_free_verification_copies_the_whole_branch():
 # ---- what a step costs to choose (issue #62: counted, not timed) ------------------------------------------
 
 
+def test_where_no_chain_can_pay_lookup_alone_takes_a_plain_step_without_weighing_the_options(monkeypatch):
+    """Lookup alone on a dear curve (DEAR): a chain of n tokens takes at most 1 + n q_1 tokens, so below
+    `pays_from` (min over n of (cost(n) - 1) / n) no chain pays and the step is plain without building the
+    estimates and the options. The choice is the one the full weighing makes, at every step of random copy
+    rates and matches (a policy with the fast path off weighs each step beside it); on text that never copies,
+    no step builds the estimates (with the fast path off, every step does)."""
+    from entmtp.scheduler import hybrid as hybrid_mod
+
+    built = []
+    real = hybrid_mod.Estimates
+    monkeypatch.setattr(hybrid_mod, "Estimates", lambda *a: built.append(1) or real(*a))
+    gen = torch.Generator().manual_seed(0)
+    fast_steps = 0
+    for trial in range(30):
+        policy = HybridPolicy(StaticPolicy(Tree.root_only()), Lookup(tokens=6, caution=trial % 2), DEAR)
+        assert policy.lookup_only and 0.5 < policy.pays_from < 0.84  # a 1-node chain needs q_1 > 0.84 here
+        index = NgramIndex([1, 2, 3, 4, 5, 6, 1, 2, 3][: 4 + trial % 6], max_ngram=3)
+        for _ in range(int(torch.randint(0, 25, (1,), generator=gen))):
+            n = policy.choose(_ctx(index)).tree.num_lookup
+            right = bool(torch.rand(1, generator=gen) < trial / 30)  # the chain copies, wholly, or not
+            emitted = [4, 5, 6, 1, 2, 3, 4, 5][: n + 1] if right else [0]
+            k = n if right else 0
+            policy.observe(
+                Step(f"L{n}", n, k, k + 1, emitted, lookup_nodes=n, sources={"heads": 0, "lookup": k})
+            )
+        full = copy.deepcopy(policy)
+        full.lookup_only = False
+        built.clear()
+        chosen = policy.choose(_ctx(index))
+        fast_steps += not built
+        assert chosen.tree.name == full.choose(_ctx(index)).tree.name
+        assert (policy._chosen, policy._unmatched) == (full._chosen, full._unmatched)
+    assert 0 < fast_steps < 30  # both kinds of step were compared
+    plain_text = NgramIndex([1, 2, 3, 4, 1, 5, 6, 7, 1, 8], max_ngram=3)  # "1" matches, then it misses
+    for fast in (True, False):
+        policy = HybridPolicy(StaticPolicy(Tree.root_only()), Lookup(tokens=6), DEAR)
+        policy.lookup_only = fast
+        built.clear()
+        for _ in range(20):
+            choice = policy.choose(_ctx(plain_text))
+            assert choice.tree.num_nodes == 0
+            policy.observe(Step("root", 0, 0, 1, [9], sources={}))
+        assert len(built) == (0 if fast else 20)
+
+
 def test_a_plain_step_reads_one_token_of_the_offered_chain_not_the_whole_chain():
     """Per step: one index query for the match, and of the chain the match offers only what the step drafted
     plus the one token judged past it. Reading the whole `Lookup.tokens` chain every step cost the default on

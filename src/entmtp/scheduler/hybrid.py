@@ -39,6 +39,12 @@ outputs of the 13 bench tasks, 10 prompts each (docs/results/never-slower/chains
 took the worst task from 0.977 to 0.995 of plain steps and the geometric mean from 1.021 to 1.029, the bound on
 every rate the worst to 0.998 but the geometric mean to 1.023 (copy-heavy edits 1.102 -> 1.074).
 
+Lookup alone (a root-only inner policy: the default where no heads' tree pays) has a fast path: a chain of n
+tokens takes at most 1 + n q_1 tokens (every L_k <= q_1), so where q_1 (with its caution) is below `pays_from`,
+the least first-token rate at which any chain could pay on this curve, or there is no match, the step is plain
+without building the estimates or weighing the options; the choice is the one the weighing makes
+(`tests/test_hybrid.py`). On text that does not copy, that is nearly every step.
+
 When there is a match and no heads' tree could pay at the heads' current rates (`_heads_lose`: the best option
 without them beats the cheapest tree of every depth with them), the step is chosen without asking the inner
 policy, so the engine's lazy probe (heads.LazyProbe) is never computed: on copy-heavy text many steps then cost
@@ -119,6 +125,12 @@ class _DepthRates:
         self.s = decay * self.s + (tried & (depth >= self.k))
         self.t = decay * self.t + tried
 
+    def first(self, caution: float = 0.0) -> float:
+        """c_1 as `values` gives it."""
+        n = self.t[0] + self.weight
+        rate = (self.s[0] + self.weight * self.prior) / n
+        return max(0.0, rate - caution * math.sqrt(rate * (1.0 - rate) / n)) if caution else float(rate)
+
     def values(self, caution: float = 0.0) -> list[float]:
         """c_1 .. c_D; c_1 less `caution` standard errors of it (a binomial rate's, on its decayed evidence)."""
         n = self.t + self.weight
@@ -178,6 +190,12 @@ class HybridPolicy(Settings, Stateful):
             cost = relative_cost(latency)(n)
             self.draft_cost = HEADS_DRAFT_COST if draft_cost is None else draft_cost
         self.cost: list[float] = cost.tolist()  # [n] a step's cost in plain steps by drafted nodes
+        # lookup alone (no heads' tree ever): a chain of n tokens takes at most 1 + n q_1 tokens (every L_k <= q_1),
+        # so below this first-token rate no chain pays and the step is plain without weighing the options
+        self.lookup_only = self.master is None and all(t.num_nodes == 0 for t in self.trees)
+        self.pays_from = min(
+            (c - self.draft_cost - 1.0) / n for n, c in enumerate(self.cost[: lookup.tokens + 1]) if n
+        )
         self.reset()
 
     def reset(self) -> None:
@@ -203,6 +221,12 @@ class HybridPolicy(Settings, Stateful):
         self._offer = (index, len(index.tokens)) if m and self.counterfactual else None
         costs = self._cost(ctx)
         length = self.lookup.tokens if m else 0
+        if self.lookup_only and self.lookup.adaptive and ctx.latency is None:
+            if not m or self.copy[m].first(self.lookup.caution) < self.pays_from:  # no chain can pay
+                tree, signals = self.inner.choose(ctx)[:2]
+                signals = dict(signals, match=float(match))
+                step = (tree, m, taken(ctx.probe), signals, costs)
+                return Choice(self._take(step, (False, 0)), signals)  # what the weighing below would take
         est = Estimates(self.heads.values(), self.copy[m].values(self.lookup.caution), length)
         skip = self.lookup.adaptive and self.master is not None
         if m:  # no heads' tree can pay at the heads' rates
