@@ -320,14 +320,15 @@ def test_threshold_policies_are_not_the_default_on_another_machines_curve():
 @pytest.mark.slow
 def test_auto_dtype_keeps_the_faster_candidate_and_where_trees_lose_decodes_plain(tmp_path, monkeypatch):
     """Fake curves: float32 is faster here and every tree loses. The build keeps float32, drops the heads
-    (no probe cost either), remembers the choice, and decodes plain steps only."""
+    (no probe cost either), remembers the choice, and decodes plain steps only; its lookup branch is priced on
+    the curve without heads (what the engine then runs), asked for once the heads are dropped."""
     monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
     monkeypatch.delenv("ENTMTP_NO_PROBE")
     ms = {torch.bfloat16: 40.0, torch.float32: 30.0}
     seen = []
 
     def fake(model, heads, **kw):
-        seen.append(model.dtype)
+        seen.append((model.dtype, heads is not None))
         base = ms[model.dtype]
         return CostCurve((0, 1, 4, 64), (base, 3 * base, 6 * base, 70 * base), (0.0,) * 4, source="test")
 
@@ -336,13 +337,14 @@ def test_auto_dtype_keeps_the_faster_candidate_and_where_trees_lose_decodes_plai
     monkeypatch.setattr(choices_mod, "choices_path", lambda: tmp_path / "choices.json")
     one = {"log": lambda m: None, "route": False}  # one engine (routing by prompt length: test_routing.py)
     built = build(EngineSpec(heads="hydra"), **one)
+    assert set(seen) == {(d, h) for d in ms for h in (True, False)}  # each candidate: both curves
     assert built.plan.dtype == "float32" and built.plan.policy == "plain"
     assert built.engine.heads is None and built.engine.model.dtype == torch.float32
     result = built.engine.generate("Name three colors.", max_new_tokens=12)
     assert result.steps and all(s.tree_nodes == 0 for s in result.steps)
     seen.clear()
     again = build(EngineSpec(heads="hydra"), **one)  # the choice is cached: one load
-    assert again.plan.dtype == "float32" and seen == [torch.float32]
+    assert again.plan.dtype == "float32" and seen == [(torch.float32, True), (torch.float32, False)]
 
 
 def test_two_cpus_of_one_name_with_other_flags_do_not_share_a_cost_curve(monkeypatch):
