@@ -126,17 +126,16 @@ class _DepthRates:
         self.t = decay * self.t + tried
 
     def first(self, caution: float = 0.0) -> float:
-        """c_1 as `values` gives it."""
+        """c_1 less `caution` standard errors of it (a binomial rate's, on its decayed evidence)."""
         n = self.t[0] + self.weight
         rate = (self.s[0] + self.weight * self.prior) / n
         return max(0.0, rate - caution * math.sqrt(rate * (1.0 - rate) / n)) if caution else float(rate)
 
     def values(self, caution: float = 0.0) -> list[float]:
-        """c_1 .. c_D; c_1 less `caution` standard errors of it (a binomial rate's, on its decayed evidence)."""
-        n = self.t + self.weight
-        rate = (self.s + self.weight * self.prior) / n
+        """c_1 .. c_D; c_1 as `first` gives it."""
+        rate = (self.s + self.weight * self.prior) / (self.t + self.weight)
         if caution:
-            rate[0] = max(0.0, rate[0] - caution * math.sqrt(rate[0] * (1.0 - rate[0]) / n[0]))
+            rate[0] = self.first(caution)
         return rate.tolist()
 
 
@@ -221,14 +220,21 @@ class HybridPolicy(Settings, Stateful):
         self._offer = (index, len(index.tokens)) if m and self.counterfactual else None
         costs = self._cost(ctx)
         length = self.lookup.tokens if m else 0
-        if self.lookup_only and self.lookup.adaptive and ctx.latency is None:
-            if not m or self.copy[m].first(self.lookup.caution) < self.pays_from:  # no chain can pay
-                tree, signals = self.inner.choose(ctx)[:2]
-                signals = dict(signals, match=float(match))
-                step = (tree, m, taken(ctx.probe), signals, costs)
-                return Choice(self._take(step, (False, 0)), signals)  # what the weighing below would take
-        est = Estimates(self.heads.values(), self.copy[m].values(self.lookup.caution), length)
-        skip = self.lookup.adaptive and self.master is not None
+        # lookup alone where no chain can pay at the first token's rate: a plain step, nothing weighed
+        plain = (
+            self.lookup_only
+            and self.lookup.adaptive
+            and ctx.latency is None
+            and (not m or self.copy[m].first(self.lookup.caution) < self.pays_from)
+        )
+        est = (
+            None
+            if plain
+            else Estimates(self.heads.values(), self.copy[m].values(self.lookup.caution), length)
+        )
+        skip = (
+            self.lookup.adaptive and self.master is not None
+        )  # never with `plain` (lookup alone: no master)
         if m:  # no heads' tree can pay at the heads' rates
             skip = skip and self._heads_lose(est, length, costs)
         else:  # lately the probed steps without a match took fewer tokens than their cost in plain steps
@@ -244,6 +250,8 @@ class HybridPolicy(Settings, Stateful):
         step = (tree, m, probe, signals, costs)
         if not self.lookup.adaptive:
             return Choice(self._take(step, (True, length)), signals)
+        if plain:  # what the weighing would take
+            return Choice(self._take(step, (False, 0)), signals)
         options = self._options(tree, est, length)
         value = [e / self._option_cost(tree, keep, n, costs) for keep, _, n, e in options]
         keep, length, _, _ = options[value.index(max(value))]
