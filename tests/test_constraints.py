@@ -169,9 +169,10 @@ def test_drafts_the_grammar_forbids_are_pruned_before_verification(model, monkey
     sizes = []
     real = Shaping.draft
 
-    def spy(self, tree, tokens):
-        out = real(self, tree, tokens)
+    def spy(self, tree, tokens, origins):
+        out = real(self, tree, tokens, origins)
         sizes.append((tree.num_nodes, out[0].num_nodes))
+        assert len(out[3]) == out[0].num_nodes  # the kept nodes' sources, one each
         return out
 
     monkeypatch.setattr(Shaping, "draft", spy)
@@ -186,6 +187,7 @@ def test_forced_tokens_are_drafted_as_chains_and_change_no_token(model, monkeypa
     got = engine(model).generate(PROMPT, **options)
     assert sum(s.forced for s in got.steps) >= 10
     assert all(s.tree.startswith("forced") for s in got.steps if s.forced)
+    assert got.drafts.accepted["forced"] == sum(s.forced for s in got.steps)  # counted as the grammar's
     monkeypatch.setattr(Shaping, "forced", lambda self, cost, limit: [])
     without = engine(model).generate(PROMPT, **options)
     assert without.token_ids == got.token_ids

@@ -528,6 +528,7 @@ def test_a_prediction_changes_no_token_and_usage_counts_its_tokens(client, serve
     completion_tokens_details."""
     want = plain.generate(CHAT, max_new_tokens=24).text
     n_right = len(plain.tokenizer.encode(want, add_special_tokens=False))
+    before = _metric(server, "entmtp_accepted_draft_tokens_total", source="prediction")
     for content in (want, "Lorem ipsum dolor sit amet, consectetur.", [{"type": "text", "text": want}]):
         resp = client.chat.completions.create(
             model="m", messages=CHAT, max_tokens=24, temperature=0,
@@ -542,6 +543,8 @@ def test_a_prediction_changes_no_token_and_usage_counts_its_tokens(client, serve
             assert details.accepted_prediction_tokens == n_right and details.rejected_prediction_tokens == 0
         else:
             assert details.accepted_prediction_tokens < total // 2
+    # the right prediction's drafts were accepted, and the metrics count them as the prediction's
+    assert _metric(server, "entmtp_accepted_draft_tokens_total", source="prediction") >= before + n_right // 2
     body = {"messages": CHAT, "max_tokens": 24, "temperature": 0, "stream": True}
     body |= {"stream_options": {"include_usage": True}, "prediction": {"type": "content", "content": want}}
     with httpx.stream("POST", f"{server}/v1/chat/completions", json=body, timeout=60) as r:

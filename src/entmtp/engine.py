@@ -24,6 +24,7 @@ import torch
 from .accept import ACCEPTANCE, GenerationOptions, GumbelNoise, Sampling, accept
 from .backends import base_for
 from .costs.curves import CostCurve, LatencyModel, relative_cost
+from .drafts import FORCED, HEADS, SourceCounts
 from .errors import EntMTPError
 from .heads import Drafter, LazyProbe, Probe, taken
 from .interrupt import Interrupt
@@ -419,6 +420,7 @@ class Pending:
     clock: Clock
     masks: np.ndarray | None = None  # [N+1, V/32] each node's allowed tokens under a grammar (shaping.py)
     forced: bool = False  # the tree is the grammar's forced chain (`forced_step`), not the policy's choice
+    origins: tuple[str, ...] = ()  # [N] each drafted node's source (drafts.py)
 
     @property
     def chosen(self) -> bool:
@@ -452,10 +454,11 @@ def forced_step(engine: Engine, state: DecodeState, clock: Clock, times: dict[st
         return None
     tree = forced_chain(len(forced))
     tokens = torch.tensor([state.root, *forced], device=engine.base.device)  # [k+1]
-    tree, tokens, masks = state.shaping.draft(tree, tokens)
+    tree, tokens, masks, origins = state.shaping.draft(tree, tokens, (FORCED,) * len(forced))
     times["choose"] = clock.lap()
     times["draft"] = 0.0
-    return Pending(tree, tokens, {"forced": float(len(forced))}, times, clock, masks, forced=True)
+    signals = {"forced": float(len(forced))}
+    return Pending(tree, tokens, signals, times, clock, masks, forced=True, origins=origins)
 
 
 def choose(
@@ -503,12 +506,12 @@ def draft(
     limit = min(engine.window, state.cache.capacity)
     tree = choice.tree if state.cache.length + choice.tree.size <= limit else Tree.root_only()
     root_t = torch.tensor([state.root], device=engine.base.device)
-    tree, tokens = draft_tree(state.drafter, tree, root_t, probe, state.index)  # tokens [N+1]
+    tree, tokens, origins = draft_tree(state.drafter, tree, root_t, probe, state.index)  # tokens [N+1]
     masks = None
     if state.shaping is not None:  # drafts the grammar forbids pruned; each node's mask (shaping.py)
-        tree, tokens, masks = state.shaping.draft(tree, tokens)
+        tree, tokens, masks, origins = state.shaping.draft(tree, tokens, origins)
     times["draft"] = times.get("draft", 0.0) + clock.lap()
-    return Pending(tree, tokens, choice.signals, times, clock, masks)
+    return Pending(tree, tokens, choice.signals, times, clock, masks, origins=origins)
 
 
 def conclude(engine: Engine, state: DecodeState, step: Pending, fwd) -> TokenEvent:
@@ -544,7 +547,8 @@ def conclude(engine: Engine, state: DecodeState, step: Pending, fwd) -> TokenEve
     )
     times["total"] = clock.total()
     rows = fwd.logits[acc.path] if state.logprobs is not None else None  # [len(new), V] when asked for
-    event = _emit(engine, state, (tree, tokens, acc, times, step.signals, step.forced), new, rows)
+    verified = (tree, tokens, acc, times, step.signals, step.forced, step.origins)
+    event = _emit(engine, state, verified, new, rows)
     state.steps += 1
     return event
 
@@ -554,7 +558,7 @@ def _emit(
 ) -> TokenEvent:
     """The event of `new` tokens (predicted by `logits` [len(new), V], given when log-probabilities are asked
     for) cut where the generation ends, with its text, log-probabilities and (`verified`: the step's tree,
-    tokens, acceptance, times, signals) its Step."""
+    tokens, acceptance, times, signals, forced, origins) its Step."""
     new = new[: state.max_new_tokens - len(state.out)]
     if state.shaping is not None:  # up to the token that completes the grammar (shaping.py)
         new = new[: state.shaping.consume(new, engine.eos_ids)]
@@ -581,11 +585,19 @@ def _emit(
 
 
 def step_record(
-    tree: Tree, tokens: torch.Tensor, acc, times: dict[str, float], signals, forced: bool, emitted: list[int]
+    tree: Tree,
+    tokens: torch.Tensor,
+    acc,
+    times: dict[str, float],
+    signals,
+    forced: bool,
+    origins: Sequence[str],
+    emitted: list[int],
 ) -> Step:
     """The record of a verified step whose emitted tokens (after the cut) are `emitted`; `forced`: its tree was
-    a grammar's forced chain."""
+    a grammar's forced chain; `origins`: each drafted node's source (drafts.py)."""
     kept = acc.path[1 : 1 + len(emitted)]  # accepted drafts that were emitted
+    drafts = SourceCounts.of(origins, kept)
     if forced:
         return Step(
             tree.name,
@@ -596,6 +608,7 @@ def step_record(
             times,
             dict(signals),
             forced=len(kept),
+            drafts=drafts,
         )
     lookup_path = tree.lookup[kept].tolist() if tree.num_lookup else []
     return Step(
@@ -610,6 +623,7 @@ def step_record(
         lookup_accepted=sum(lookup_path),
         sources=source_depths(tree, tokens.tolist(), emitted) if tree.num_lookup else {},
         lookup_path=lookup_path,
+        drafts=drafts,
     )
 
 
@@ -625,18 +639,21 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], k: int) -> list[Toke
 
 def draft_tree(
     drafter: Drafter | None, tree: Tree, root_t: torch.Tensor, probe, index: NgramIndex | None
-) -> tuple[Tree, torch.Tensor]:
-    """The step's tree (lookup nodes without a proposal dropped) and its tokens [N+1], root first."""
+) -> tuple[Tree, torch.Tensor, tuple[str, ...]]:
+    """The step's tree (lookup nodes without a proposal dropped), its tokens [N+1], root first, and each drafted
+    node's source [N] (drafts.py)."""
     if tree.num_lookup == 0:
         tokens = torch.cat([root_t, drafter.draft(tree, root_t, probe).tokens]) if tree.num_nodes else root_t
-        return tree, tokens
+        return tree, tokens, (HEADS,) * tree.num_nodes
     toks: list[int | None] = [int(root_t)] + [None] * tree.num_nodes
+    origins: list[str | None] = [None] * tree.size
     if tree.heads_tree.num_nodes:
         drafted = drafter.draft(tree.heads_tree, root_t, probe).tokens.tolist()
         for node, t in zip(tree.head_nodes[1:].tolist(), drafted, strict=True):
-            toks[node] = t
-    keep = draft_lookup(tree, toks, index)
-    return prune(tree, tuple(keep)), torch.tensor([toks[0], *(toks[i] for i in keep)], device=root_t.device)
+            toks[node], origins[node] = t, HEADS
+    keep = draft_lookup(tree, toks, index, origins)
+    tokens = torch.tensor([toks[0], *(toks[i] for i in keep)], device=root_t.device)
+    return prune(tree, tuple(keep)), tokens, tuple(origins[i] for i in keep)
 
 
 class Clock:

@@ -97,6 +97,7 @@ def run_generate(args) -> int:
             if result.prediction is not None
             else ""
         )
+        + (f", accepted drafts: {result.drafts.describe()}" if result.drafts.drafted else "")
         + "]",
         file=sys.stderr,
     )

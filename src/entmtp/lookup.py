@@ -20,6 +20,7 @@ import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from .drafts import LOOKUP, PREDICTION, SUFFIX
 from .errors import EntMTPError
 from .settings import add_arguments, from_args, setting
 from .tree import Tree
@@ -115,6 +116,15 @@ def lookup_from_args(args: argparse.Namespace) -> Lookup | None:
     return from_args(Lookup, args, typical=args.lookup is True)  # said: typical acceptance too
 
 
+@dataclass(frozen=True)
+class Candidates:
+    """A query's ranked next tokens (best first), the longest suffix matched, and each token's source."""
+
+    tokens: list[int]
+    match: int
+    origins: list[str]  # drafts.LOOKUP, PREDICTION or SUFFIX per token
+
+
 class NgramIndex:
     """The n-grams of a growing token sequence (n = 1..max_ngram) -> the positions where they end.
 
@@ -165,7 +175,15 @@ class NgramIndex:
         """Up to k distinct next tokens after ``tail`` (the last tokens before the node, most recent last),
         best first, and the length of the longest suffix of ``tail`` that occurred with a continuation.
         `size`: as the index answered when it held its first `size` tokens (what a step's choice read)."""
+        found = self.ranked(tail, k, size)
+        return found.tokens, found.match
+
+    def ranked(self, tail: Sequence[int], k: int, size: int | None = None) -> Candidates:
+        """`candidates`, with the source each token came from (drafts.py): the prediction where its most recent
+        occurrence under the longest match lies in the prefix, the `cross` source's where that ranks it, else
+        the text's own lookup."""
         out: list[int] = []
+        origins: list[str] = []
         match = 0
         now = size is None or size == len(self.tokens)
         size = len(self.tokens) if size is None else size
@@ -176,24 +194,32 @@ class NgramIndex:
             if not now:  # the positions it held then: those ending at or before `size - 1`
                 ends = ends[: bisect.bisect_right(ends, size - 1)]
             counts: dict[int, int] = {}
+            where: dict[int, str] = {}  # token -> the source of its most recent occurrence
             for e in reversed(ends[-MAX_OCCURRENCES:]):  # most recent first: dict order breaks count ties
                 if e + 1 < size and e + 1 != self.start:  # the prefix's last token continues nothing
                     t = self.tokens[e + 1]
                     counts[t] = counts.get(t, 0) + 1
+                    where.setdefault(t, PREDICTION if e + 1 < self.start else LOOKUP)
             if not counts:
                 continue
             match = max(match, n)
             for t in sorted(counts, key=counts.__getitem__, reverse=True):  # stable: recency within a count
                 if t not in out:
                     out.append(t)
+                    origins.append(where[t])
             if len(out) >= k:
                 break
         if self.cross is not None:
             crossed = self._cross_candidate(tail, size)
             if crossed is not None and crossed[1] > match:  # a longer context than the text's own n-grams
                 t = crossed[0]
-                return [t, *(c for c in out if c != t)][:k], min(crossed[1], self.max_ngram)
-        return out[:k], match
+                rest = [(c, o) for c, o in zip(out, origins, strict=True) if c != t][: k - 1]
+                return Candidates(
+                    [t, *(c for c, _ in rest)],
+                    min(crossed[1], self.max_ngram),
+                    [SUFFIX, *(o for _, o in rest)],
+                )
+        return Candidates(out[:k], match, origins[:k])
 
     def _cross_candidate(self, tail: Sequence[int], size: int) -> tuple[int, int] | None:
         """(the `cross` source's next token after `tail`, the length of the context it continues), where `tail`
@@ -213,15 +239,18 @@ class NgramIndex:
         return chain.get(tuple(tail[-self.max_ngram :]))
 
 
-def draft_lookup(tree: Tree, tokens: list[int | None], index: NgramIndex) -> list[int]:
-    """Fill the lookup nodes of ``tokens`` ([N+1], root and head drafts set, lookup nodes None) in place;
-    return the ids (ascending, root excluded) of the nodes that have a token, parents before children."""
+def draft_lookup(
+    tree: Tree, tokens: list[int | None], index: NgramIndex, origins: list[str | None] | None = None
+) -> list[int]:
+    """Fill the lookup nodes of ``tokens`` ([N+1], root and head drafts set, lookup nodes None) in place, and of
+    ``origins`` ([N+1], when given) with each one's source (drafts.py); return the ids (ascending, root
+    excluded) of the nodes that have a token, parents before children."""
     parents, ranks, lookup = tree.parents.tolist(), tree.ranks.tolist(), tree.lookup.tolist()
     widths = _widths(tree)
     n_tail = index.max_ngram
     context = index.tail(n_tail)  # ends with the root: it is emitted and indexed before the step
     branch: list[list[int]] = [[]] + [None] * tree.num_nodes  # type: ignore[list-item]  # tokens below root
-    found: dict[int, list[int]] = {}  # parent node -> its ranked lookup candidates
+    found: dict[int, Candidates] = {}  # parent node -> its ranked lookup candidates
     keep = []
     for i in range(1, tree.size):
         p = parents[i]
@@ -231,10 +260,12 @@ def draft_lookup(tree: Tree, tokens: list[int | None], index: NgramIndex) -> lis
             cands = found.get(p)
             if cands is None:
                 tail = (context + branch[p])[-n_tail:]
-                cands = found[p] = index.candidates(tail, widths[p])[0]
-            if ranks[i] >= len(cands):
+                cands = found[p] = index.ranked(tail, widths[p])
+            if ranks[i] >= len(cands.tokens):
                 continue
-            tokens[i] = cands[ranks[i]]
+            tokens[i] = cands.tokens[ranks[i]]
+            if origins is not None:
+                origins[i] = cands.origins[ranks[i]]
         branch[i] = branch[p] + [tokens[i]]  # type: ignore[list-item]
         keep.append(i)
     return keep

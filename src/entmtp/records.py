@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import metrics
+from .drafts import SourceCounts
 
 if TYPE_CHECKING:
     from .costs.curves import LatencyModel
@@ -36,6 +37,7 @@ class Step:
     sources: dict[str, int] = field(default_factory=dict)  # hybrid trees: lookup.source_depths of the step
     lookup_path: list[bool] = field(default_factory=list)  # hybrid trees: per accepted draft, a lookup copy?
     forced: int = 0  # accepted drafts of a grammar's forced chain (engine.forced_step)
+    drafts: SourceCounts = field(default_factory=SourceCounts)  # drafted and accepted nodes by source
 
 
 MAX_TOP_LOGPROBS = 20  # most top tokens a TokenLogprob may carry (OpenAI's limit on top_logprobs)
@@ -83,6 +85,14 @@ class Result:
     def tokens_per_second(self) -> float:
         return metrics.tokens_per_second(len(self.token_ids), self.seconds)  # prefill included
 
+    @property
+    def drafts(self) -> SourceCounts:
+        """Drafted nodes and accepted drafts by source over every step (drafts.py)."""
+        total = SourceCounts()
+        for s in self.steps:
+            total.add(s.drafts)
+        return total
+
     def to_json(self) -> dict:
         return {
             "text": self.text,
@@ -102,6 +112,7 @@ class Result:
             "step_seconds": [s.seconds for s in self.steps],
             "signals": [s.signals for s in self.steps],
             "lookup_accepted": [s.lookup_accepted for s in self.steps],
+            "drafts": self.drafts.to_json(),
         }
 
 

@@ -57,16 +57,19 @@ class Shaping:
         """Whether the grammar allows nothing more but the end of the sequence."""
         return self.matcher is not None and self.matcher.stopped
 
-    def draft(self, tree: Tree, tokens: torch.Tensor) -> tuple[Tree, torch.Tensor, np.ndarray | None]:
-        """The drafted tree (`tokens` [N+1], root first) with every token the grammar forbids pruned, its tokens,
-        and each node's mask [N'+1, words] (None: no grammar)."""
+    def draft(
+        self, tree: Tree, tokens: torch.Tensor, origins: tuple[str, ...]
+    ) -> tuple[Tree, torch.Tensor, np.ndarray | None, tuple[str, ...]]:
+        """The drafted tree (`tokens` [N+1], root first; `origins` [N], each node's source) with every token the
+        grammar forbids pruned: its tokens, each node's mask [N'+1, words] (None: no grammar) and sources."""
         if self.matcher is None:
-            return tree, tokens, None
+            return tree, tokens, None, origins
         kept, masks = self.matcher.tree(tree.parents.tolist(), tokens.tolist())
         if len(kept) < tree.num_nodes:
             tree = subtree(tree, tuple(kept))
             tokens = tokens[torch.tensor([0, *kept], device=tokens.device)]
-        return tree, tokens, masks
+            origins = tuple(origins[i - 1] for i in kept)
+        return tree, tokens, masks, origins
 
     def root_masks(self) -> np.ndarray | None:
         """[1, words] the mask after the emitted tokens (None: no grammar): the first token's."""

@@ -153,6 +153,7 @@ def record(i: int, r) -> dict:
     predicted = {} if used is None else {"prediction": {"accepted": used.accepted, "rejected": used.rejected}}
     return predicted | {
         "lookup_tokens": sum(s.lookup_accepted for s in r.steps),
+        "drafts": r.drafts.to_json() if hasattr(r, "drafts") else {},  # by source (drafts.py); peers: none
         "prompt": i,
         "tokens": len(r.token_ids),
         "steps": r.num_steps,

@@ -276,11 +276,11 @@ def _hybrid_step(
     greedy acceptance against the recorded continuation, and `step_record` of the emitted tokens."""
     truth = toks[root + 1 : root + 2 + tree.depth]  # the recorded continuation, as far as the tree can reach
     root_t = torch.tensor([toks[root]])
-    pruned, tokens = draft_tree(_TraceDrafter(ranks, truth), tree, root_t, probe, index)
+    pruned, tokens, origins = draft_tree(_TraceDrafter(ranks, truth), tree, root_t, probe, index)
     target = torch.tensor([truth[d] if d < len(truth) else -2 for d in pruned.depths.tolist()])  # [N+1]
     acc = accept_targets(pruned, tokens, target)  # target: the token that must follow each node
     emitted = truth[: min(len(acc.path), n_max)]
-    return pruned, step_record(pruned, tokens, acc, {}, signals, False, emitted)
+    return pruned, step_record(pruned, tokens, acc, {}, signals, False, origins, emitted)
 
 
 def oracle(bank: Sequence[Tree], traces: Sequence[Trace], ms_of: Callable[[Tree], float]) -> Replay:

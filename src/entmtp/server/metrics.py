@@ -29,6 +29,18 @@ class Metrics:
         self.tree_steps = Counter(
             "entmtp_tree_steps", "decode steps by the tree verified", ["tree"], registry=r
         )
+        self.draft_tokens = Counter(
+            "entmtp_draft_tokens",
+            "drafted tree nodes by source: heads, lookup, prediction, suffix, forced (drafts.py)",
+            ["source"],
+            registry=r,
+        )
+        self.accepted_draft_tokens = Counter(
+            "entmtp_accepted_draft_tokens",
+            "accepted drafted tokens by source (emitted; bonus tokens are no source's)",
+            ["source"],
+            registry=r,
+        )
         self.tokens_per_second = Gauge(
             "entmtp_tokens_per_second", "tokens/s of the last generation", registry=r
         )
@@ -71,6 +83,10 @@ class Metrics:
         self.tokens_per_step.set(result.mean_tokens_per_step)
         for step in result.steps:
             self.tree_steps.labels(tree=step.tree).inc()
+        drafts = result.drafts
+        for source, n in drafts.drafted.items():
+            self.draft_tokens.labels(source=source).inc(n)
+            self.accepted_draft_tokens.labels(source=source).inc(drafts.accepted.get(source, 0))
 
     def stepped(self, step: BatchStep, tokens: int) -> None:
         """A batched step of `step.rows` rows emitted `tokens` tokens in all."""

@@ -1,0 +1,83 @@
+"""Draft sources: where each drafted token of a step came from, and what each source gave.
+
+A step's tree is verified as one, whatever drafted its nodes; the record says which source drafted each node,
+so a user sees what paid (`Result.drafts`, the server's `entmtp_draft_tokens` metrics, the bench's report):
+
+    heads       the model's own multi-token-prediction heads (Medusa, Hydra: heads/drafting.py)
+    lookup      the text's own n-grams: prompt lookup over the prompt and the output so far (lookup.py)
+    prediction  the request's predicted output (OpenAI's `prediction`, prediction.py), copied where the text
+                follows it
+    suffix      earlier requests' outputs (the suffix cache, suffix.py)
+    forced      a grammar's forced tokens (shaping.py): the one token a JSON key or a tool call's wrapper allows
+
+The last three are nodes of the lookup kind ("L<r>", tree.py): a lookup node copies the best-ranked
+continuation of its branch, and `lookup.NgramIndex` says which source ranked it (`Candidates.origins`).
+
+A source from outside the text (the suffix cache's `Session`; a new one: the same faces) is a `CrossSource`:
+told every token the text grows by, asked once per step for its continuation of the text, ended with the
+generation. The index ranks its token first where it continues a longer context than the text's own n-gram
+match (lookup.py), so the hybrid policy's lookup branch carries it, sized per step on the machine's curve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+HEADS, LOOKUP, PREDICTION, SUFFIX, FORCED = "heads", "lookup", "prediction", "suffix", "forced"
+SOURCES = (HEADS, LOOKUP, PREDICTION, SUFFIX, FORCED)
+
+
+class CrossDraft(Protocol):
+    tokens: Sequence[int]  # the continuation, first token first
+    match: int  # how many of the text's last tokens it continues
+
+
+class CrossSource(Protocol):
+    """Drafts from outside the text (the module docstring; suffix.Session is one)."""
+
+    def extend(self, tokens: Sequence[int]) -> None: ...
+
+    def draft(self, context: Sequence[int], max_tokens: int) -> CrossDraft: ...
+
+    def end(self) -> None: ...
+
+
+@dataclass
+class SourceCounts:
+    """Drafted nodes and accepted drafts by source (keys of `SOURCES`; a source that drafted nothing is absent).
+    A step's, or summed over a generation's steps (`add`)."""
+
+    drafted: dict[str, int] = field(default_factory=dict)
+    accepted: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, origins: Sequence[str], accepted: Sequence[int]) -> SourceCounts:
+        """`origins` [N]: each drafted node's source (node i + 1 of the tree); `accepted`: the accepted nodes
+        that were emitted (ids 1..N)."""
+        counts = cls()
+        for o in origins:
+            counts.drafted[o] = counts.drafted.get(o, 0) + 1
+        for i in accepted:
+            o = origins[i - 1]
+            counts.accepted[o] = counts.accepted.get(o, 0) + 1
+        return counts
+
+    def add(self, other: SourceCounts) -> SourceCounts:
+        for mine, theirs in ((self.drafted, other.drafted), (self.accepted, other.accepted)):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0) + v
+        return self
+
+    def describe(self) -> str:
+        """ "heads 12/40, prediction 88/96": accepted of drafted, by source."""
+        return ", ".join(f"{s} {n['accepted']}/{n['drafted']}" for s, n in self.to_json().items())
+
+    def to_json(self) -> dict[str, dict[str, int]]:
+        """{source: {"drafted": n, "accepted": a}} in `SOURCES`' order."""
+        return {
+            s: {"drafted": self.drafted.get(s, 0), "accepted": self.accepted.get(s, 0)}
+            for s in SOURCES
+            if s in self.drafted
+        }
