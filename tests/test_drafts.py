@@ -12,7 +12,7 @@ import torch
 
 from conftest import ByteTokenizer, OracleHeads, tiny_model
 from entmtp.batch import generate_batch
-from entmtp.drafts import HEADS, LOOKUP, PREDICTION, SOURCES, SUFFIX, SourceCounts
+from entmtp.drafts import COPIED, HEADS, LOOKUP, PREDICTION, SOURCES, SUFFIX, SourceCounts
 from entmtp.engine import Engine
 from entmtp.lookup import Lookup, NgramIndex
 from entmtp.policy import static
@@ -35,11 +35,10 @@ def plain(model):
 
 def _accounted(result) -> SourceCounts:
     """The result's counts by source, once each step's add up to what the step drafted and accepted."""
-    lookup_kinds = (LOOKUP, PREDICTION, SUFFIX)
     for s in result.steps:
         assert sum(s.drafts.drafted.values()) == s.tree_nodes, s
         assert sum(s.drafts.accepted.values()) == s.accepted, s
-        assert sum(s.drafts.accepted.get(k, 0) for k in lookup_kinds) == s.lookup_accepted, s
+        assert sum(s.drafts.accepted.get(k, 0) for k in COPIED) == s.lookup_accepted, s
         assert set(s.drafts.drafted) <= set(SOURCES) and set(s.drafts.accepted) <= set(s.drafts.drafted)
     return result.drafts
 

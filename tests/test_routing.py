@@ -1,5 +1,6 @@
-"""Routing by prompt length (routing.py, costs/prefill.py, build/): each request runs on the backend with the
-least expected time, prefill(prompt tokens) + new tokens / expected decode tokens/s; a routed request's output
+"""Routing by prompt length and by draft (routing.py, costs/prefill.py, build/): each request runs on the backend
+with the least expected time, prefill(prompt tokens) + new tokens / expected decode tokens/s, where a request's
+prediction prices the tokens it covers at the best chain on each backend's cost curve; a routed request's output
 is the chosen engine's own; `build` routes only where it measured both backends and they tokenize alike, says
 the rule in the plan, and keeps the route with its cached choice."""
 
@@ -14,10 +15,12 @@ from entmtp.accept import ACCEPTANCE
 from entmtp.build import choose as build_mod
 from entmtp.costs import PrefillCost
 from entmtp.costs.cache import costs_dir, read_record
+from entmtp.costs.curves import LatencyModel
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
 from entmtp.policy import StaticPolicy
-from entmtp.routing import Lane, Router
+from entmtp.prediction import PREDICTED_RATE
+from entmtp.routing import CopyRate, Lane, Promise, Router, chain_ms_per_token
 from entmtp.tree import Tree
 
 # this EPYC's shape: llama.cpp decodes fast and prefills slowly, transformers the other way round
@@ -99,6 +102,123 @@ def test_a_routed_request_gives_the_chosen_engines_own_output():
         f"routed to transformers: {len(long)} prompt tokens, 8 new (expected llama"
     )
     assert sum(streamed, []) == alone[second, len(long)] != alone[first, len(long)]
+
+
+# this EPYC's curves, rounded (docs/results/predicted-outputs/): llama.cpp Q4_1 a 9 ms step whose drafted nodes
+# cost ~0.55 of a step each (compute-bound), transformers bf16 a 33 ms step and 16 nodes for 1.7x
+LLAMA_CURVE = LatencyModel((0, 1, 4, 8, 16, 32), (9.0, 14.0, 29.0, 45.0, 88.0, 170.0))
+TORCH_CURVE = LatencyModel((0, 1, 4, 8, 16, 32), (33.0, 35.0, 40.0, 46.0, 56.0, 80.0))
+
+
+FLAT_CURVE = LatencyModel(
+    (0, 32), (12.5, 14.0)
+)  # a verifier whose 32 drafted nodes cost little (a GPU's shape)
+
+
+def _curved_router(engines=(None, None), second=(30.0, TORCH_CURVE)) -> Router:
+    first_engine, second_engine = (e or _FakeEngine() for e in engines)
+    return Router(
+        Lane("llama-cpp", first_engine, LLAMA_PREFILL, 110.0, latency=LLAMA_CURVE),
+        Lane("transformers", second_engine, TORCH_PREFILL, second[0], latency=second[1]),
+    )
+
+
+def test_a_chain_is_priced_per_emitted_token_on_the_lanes_curve():
+    # k drafted tokens right with probability q emit (1 - q^(k+1)) / (1 - q) tokens for the curve's ms at k
+    ms, k = chain_ms_per_token(TORCH_CURVE, 0.75, 32)
+    emitted = (1 - 0.75 ** (k + 1)) / 0.25
+    assert ms == pytest.approx(float(TORCH_CURVE(k)) / emitted)
+    assert all(ms <= float(TORCH_CURVE(j)) * 0.25 / (1 - 0.75 ** (j + 1)) + 1e-9 for j in range(33))
+    assert (
+        k > chain_ms_per_token(LLAMA_CURVE, 0.75, 32)[1] >= 1
+    )  # a flat curve takes longer chains than a steep one
+    assert chain_ms_per_token(LLAMA_CURVE, 0.1, 32) == (9.0, 0)  # drafts that are rarely right: plain steps
+    assert chain_ms_per_token(TORCH_CURVE, 1.0, 32) == (
+        pytest.approx(80.0 / 33),
+        32,
+    )  # certain drafts: longest
+
+
+def test_a_request_whose_prediction_covers_its_output_goes_to_the_flatter_verifier():
+    router = _curved_router()
+    llama, torch_lane = router.lanes
+    right = Promise(200, rate=0.95)  # an edit that keeps nearly all of its text
+    assert router.lane_for(100, 200) is llama  # without a prediction: the fast decode
+    assert router.lane_for(100, 200, right) is torch_lane  # long chains cost least on the flatter curve
+    assert router.lane_for(100, 200, Promise(20, rate=0.95)) is llama  # a tenth of the output: not worth it
+    assert router.lane_for(100, 200, Promise(200, rate=0.3)) is llama  # a prediction that is mostly wrong
+    # at the edits task's mean rate these two curves (this EPYC's) keep llama.cpp: its short chains win
+    assert router.lane_for(100, 200, Promise(200)) is llama
+    # what it covers is priced at the chain's ms per token, the rest at the decode speed
+    covered, _ = torch_lane.chain(Promise(200))
+    want = TORCH_PREFILL(100) + 150 * covered + 50 * 1000 / 30.0
+    assert torch_lane.expected_ms(100, 200, Promise(150)) == pytest.approx(want)
+    unmeasured = Lane("transformers", _FakeEngine(), TORCH_PREFILL, 30.0)  # no curve: priced as without it
+    assert unmeasured.expected_ms(100, 200, Promise(200)) == unmeasured.expected_ms(100, 200)
+    assert "a short prompt whose prediction covers its output to llama-cpp" in router.describe()
+    flat = _curved_router(second=(80.0, FLAT_CURVE))
+    assert "a short prompt whose prediction covers its output to transformers" in flat.describe()
+
+
+def test_a_routed_request_with_a_prediction_gives_the_chosen_engines_own_output():
+    first, second = Engine(tiny_model(seed=0), ByteTokenizer()), Engine(tiny_model(seed=1), ByteTokenizer())
+    router = _curved_router((first, second), second=(80.0, FLAT_CURVE))
+    ids = list(range(5, 25))
+    alone = {e: e.generate(ids, max_new_tokens=24).token_ids for e in (first, second)}
+    assert alone[first] != alone[second]  # the two engines differ
+    said = []
+    router.log = said.append
+    predicted = router.generate(ids, max_new_tokens=24, prediction=alone[second])
+    assert predicted.token_ids == alone[second]  # the flatter verifier's own output, its prediction drafted
+    assert said[-1].startswith("routed to transformers: 20 prompt tokens, 24 new, a prediction of 24 tokens")
+    assert "transformers chains of" in said[-1] and "llama-cpp chains of" in said[-1]
+    assert router.generate(ids, max_new_tokens=24).token_ids == alone[first]
+    assert said[-1].startswith("routed to llama-cpp: 20 prompt tokens, 24 new (expected")
+    typical = router.generate(
+        ids, max_new_tokens=24, prediction=alone[second], acceptance="typical", temperature=0.7, seed=0
+    )
+    assert said[-1].startswith("routed to llama-cpp") and typical.prediction is not None  # typical ignores it
+
+
+def test_the_copy_rate_is_learned_from_predicted_requests_and_moves_the_next_ones():
+    first, second = Engine(tiny_model(seed=0), ByteTokenizer()), Engine(tiny_model(seed=1), ByteTokenizer())
+    router = _curved_router(
+        (first, second)
+    )  # this EPYC's curves: at the prior rate, predictions stay on llama-cpp
+    ids = list(range(5, 25))
+    right = first.generate(ids, max_new_tokens=24).token_ids
+    assert router.copy_rate.value == PREDICTED_RATE
+    said = []
+    router.log = said.append
+    assert router.generate(ids, max_new_tokens=24, prediction=right).token_ids == right
+    assert said[-1].startswith("routed to llama-cpp") and "copies right 0.75 of the time" in said[-1]
+    assert router.copy_rate.value > 0.9  # every copied chain was right: only the prior's wrong ones remain
+    again = router.generate(ids, max_new_tokens=24, prediction=right)
+    assert (
+        said[-1].startswith("routed to transformers")
+        and again.token_ids == second.generate(ids, max_new_tokens=24).token_ids
+    )
+
+
+def test_the_copy_rate_is_a_censored_geometric_estimate():
+    from entmtp.drafts import SourceCounts
+    from entmtp.records import Step
+
+    def step(drafted, accepted):
+        return Step(
+            "t",
+            drafted,
+            accepted,
+            accepted + 1,
+            [],
+            drafts=SourceCounts.of(["prediction"] * drafted, range(1, accepted + 1)),
+        )
+
+    rate = CopyRate(right=0.0, wrong=0.0)
+    rate.observe(
+        [step(4, 4), step(4, 1), step(0, 0), step(3, 0)]
+    )  # whole, stopped at 2nd, none drafted, at 1st
+    assert (rate.right, rate.wrong) == (5, 2) and rate.value == pytest.approx(5 / 7)
 
 
 def test_a_router_needs_each_lanes_decode_speed():

@@ -10,8 +10,12 @@ so a user sees what paid (`Result.drafts`, the server's `entmtp_draft_tokens` me
     suffix      earlier requests' outputs (the suffix cache, suffix.py)
     forced      a grammar's forced tokens (shaping.py): the one token a JSON key or a tool call's wrapper allows
 
-The last three are nodes of the lookup kind ("L<r>", tree.py): a lookup node copies the best-ranked
-continuation of its branch, and `lookup.NgramIndex` says which source ranked it (`Candidates.origins`).
+The middle three are nodes of the lookup kind ("L<r>", tree.py), and so are a grammar's forced chains: a lookup
+node copies the best-ranked continuation of its branch, and `lookup.NgramIndex` says which source ranked it
+(`Candidates.origins`). A token that both the text and the prediction offer is the text's (its occurrence is the
+more recent: prompt lookup alone would have drafted it), so the prediction is credited with what the prompt
+lacks: little in an edit whose prompt holds the file it edits (there a prediction's gain is the longer branch
+its request runs, prediction.with_prediction), all of it where the prompt does not hold the expected text.
 
 A source from outside the text (the suffix cache's `Session`; a new one: the same faces) is a `CrossSource`:
 told every token the text grows by, asked once per step for its continuation of the text, ended with the
@@ -27,6 +31,7 @@ from typing import Protocol
 
 HEADS, LOOKUP, PREDICTION, SUFFIX, FORCED = "heads", "lookup", "prediction", "suffix", "forced"
 SOURCES = (HEADS, LOOKUP, PREDICTION, SUFFIX, FORCED)
+COPIED = (LOOKUP, PREDICTION, SUFFIX)  # the sources a lookup node copies from (lookup.NgramIndex)
 
 
 class CrossDraft(Protocol):

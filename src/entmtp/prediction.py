@@ -28,6 +28,10 @@ from .lookup import Lookup
 # the lookup drafts of a request with a prediction: longer chains than prompt lookup's 10, since a prediction
 # is usually right for long stretches; the hybrid sizes each step's chain on the measured costs
 PREDICTION = Lookup(tokens=32)
+# the chance that a token drafted from a prediction is right, as the router prices a request's prediction
+# before it runs (routing.Promise): on the edits task (docs/results/predicted-outputs/) chains of up to 32 tokens
+# on transformers emitted 3.65-3.84 tokens a step, 1 / (1 - q) for q ~ 0.73-0.74
+PREDICTED_RATE = 0.75
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Routing by prompt length: each request runs on the backend with the least expected time for it.
+"""Routing by prompt length and by draft: each request runs on the backend with the least expected time for it.
 
 Backends differ in prefill and in decode, and not in the same direction: on a 2-core EPYC (avx512_bf16, no
 AMX) llama.cpp decodes the embedded Q4_1 model at ~10 ms a step against transformers bf16's ~37 ms, while
@@ -10,7 +10,17 @@ backend, and each request goes to the lane with the least
 
 where prefill is the lane's measured `PrefillCost` (costs/prefill.py) and the decode speed the composed
 policy's expected tokens/s on that backend's cost curve (trees and lookup drafts priced in). Ties go to the
-first lane (the backend `auto` chose by decode speed). The lanes share one tokenizer (the caller checks), so
+first lane (the backend `auto` chose by decode speed).
+
+A request that brings its own drafts (a prediction: OpenAI's Predicted Outputs, prediction.py) promises long,
+nearly certain chains, and the backends price those differently: llama.cpp's verification is compute-bound on a
+CPU (8 drafted nodes cost 3-6 plain steps), transformers' in bf16 much flatter. Such a request is priced by its
+`Promise`: the tokens its prediction may cover (at most the new tokens) at the least expected ms per token of a
+chain on the lane's own cost curve (`chain_ms_per_token`: k drafted tokens each right with the promise's rate
+emit (1 - rate^(k+1)) / (1 - rate) tokens for the curve's ms at k nodes; k = 0 is a plain step), the rest at
+the lane's decode speed. The rate starts at the edits task's (`prediction.PREDICTED_RATE`) and is learned from
+the router's own predicted requests as they finish (`CopyRate`), so a stream of edits that keep nearly all of
+their text moves to the backend where long chains are cheapest. The lanes share one tokenizer (the caller checks), so
 a prompt is encoded once, and a routed request's output is exactly what the chosen engine gives alone. `build`
 routes only between lanes that decode the same weights (with `--dtype float32`: transformers in float32 and
 llama.cpp on an F32 GGUF), unless `--mixed-weights` lets a Q4_1 lane and a bf16 one share the requests.
@@ -25,12 +35,70 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from .accept import GenerationOptions
+from .costs.curves import LatencyModel
 from .costs.prefill import PrefillCost
+from .drafts import COPIED
 from .errors import EntMTPError
+from .prediction import PREDICTED_RATE, PREDICTION, prediction_ids
 from .records import Result, TokenEvent
 
 PLAN_NEW_TOKENS = 256  # the request size the plan states the rule at (`Router.describe`)
+PRIOR_STEPS = 4  # chains the prior copy rate is worth (`CopyRate`): a few predicted requests outweigh it
+
+
+@dataclass
+class CopyRate:
+    """The chance that a copied draft (the lookup kinds: the text's, a prediction's, the suffix cache's, drafts.py)
+    is right, learned from finished predicted requests: the maximum-likelihood rate of a geometric run, censored
+    where a chain was right to its end, `right / (right + wrong)` over their steps (a step's accepted copies are
+    right tokens; one that stopped short of its chain is one wrong token), from a prior of `PREDICTED_RATE` worth
+    `PRIOR_STEPS` chains."""
+
+    right: float = PREDICTED_RATE * PRIOR_STEPS
+    wrong: float = (1 - PREDICTED_RATE) * PRIOR_STEPS
+
+    @property
+    def value(self) -> float:
+        return self.right / (self.right + self.wrong)
+
+    def observe(self, steps) -> None:
+        for s in steps:
+            drafted = sum(s.drafts.drafted.get(k, 0) for k in COPIED)
+            if drafted:
+                accepted = sum(s.drafts.accepted.get(k, 0) for k in COPIED)
+                self.right += accepted
+                self.wrong += accepted < drafted  # the chain stopped short: one of its tokens was wrong
+
+
+@dataclass(frozen=True)
+class Promise:
+    """The drafts a request brings before it runs: up to `tokens` of its output drafted from its prediction, each
+    right with probability `rate` (the module docstring)."""
+
+    tokens: int
+    rate: float = PREDICTED_RATE
+
+    @classmethod
+    def of(cls, tokenizer, options: GenerationOptions, window: int, rate: float) -> Promise | None:
+        """The promise of a request under `options` (None: it brings no drafts, or its acceptance rule ignores
+        them: typical acceptance would copy a prediction, prediction.py)."""
+        if options.prediction is None or not options.sampling.rule.lossless:
+            return None
+        n = len(prediction_ids(tokenizer, options.prediction, window))
+        return cls(n, rate) if n else None
+
+
+def chain_ms_per_token(latency: LatencyModel, rate: float, most: int) -> tuple[float, int]:
+    """(the least expected ms per emitted token of a chain of k <= `most` drafted tokens, each right with
+    probability `rate`, on `latency`; that k). A step emits the chain's right prefix and one token more."""
+    k = np.arange(most + 1)
+    emitted = k + 1.0 if rate >= 1 else (1 - rate ** (k + 1)) / (1 - rate)
+    per_token = np.asarray(latency(k), dtype=float) / emitted
+    best = int(np.argmin(per_token))
+    return float(per_token[best]), best
 
 
 @dataclass(frozen=True)
@@ -42,9 +110,17 @@ class Lane:
     prefill: PrefillCost
     tokens_per_second: float  # expected decode speed of the engine's policy on this backend's curve
     weights: str = ""  # the weights it decodes, in words (backends.describe_weights): the log names them
+    latency: LatencyModel | None = None  # ms of a step by drafted nodes on this backend (None: unmeasured)
 
-    def expected_ms(self, prompt_tokens: int, new_tokens: int) -> float:
-        return self.prefill(prompt_tokens) + 1000 * new_tokens / self.tokens_per_second
+    def expected_ms(self, prompt_tokens: int, new_tokens: int, promise: Promise | None = None) -> float:
+        decode = 1000 / self.tokens_per_second  # ms per token without the request's own drafts
+        covered = min(promise.tokens, new_tokens) if promise is not None and self.latency is not None else 0
+        chained = self.chain(promise)[0] if covered else decode
+        return self.prefill(prompt_tokens) + covered * min(chained, decode) + (new_tokens - covered) * decode
+
+    def chain(self, promise: Promise) -> tuple[float, int]:
+        """(ms per token, chain length) of the promise's drafts on this lane (`chain_ms_per_token`)."""
+        return chain_ms_per_token(self.latency, promise.rate, PREDICTION.tokens)
 
 
 class Router:
@@ -59,11 +135,12 @@ class Router:
         self.tokenizer = first.engine.tokenizer
         self.window = min(first.engine.window, second.engine.window)
         self.log = log
+        self.copy_rate = CopyRate()  # learned from the predicted requests it routed
 
-    def lane_for(self, prompt_tokens: int, new_tokens: int) -> Lane:
+    def lane_for(self, prompt_tokens: int, new_tokens: int, promise: Promise | None = None) -> Lane:
         first, second = self.lanes
-        faster = second.expected_ms(prompt_tokens, new_tokens) < first.expected_ms(prompt_tokens, new_tokens)
-        return second if faster else first
+        times = [lane.expected_ms(prompt_tokens, new_tokens, promise) for lane in self.lanes]
+        return second if times[1] < times[0] else first
 
     def encode(self, prompt, max_new_tokens: int, *, chat: bool = True, logprobs: int | None = None):
         """The prompt's token ids (`Engine.encode`), checked against the smaller window of the two."""
@@ -73,21 +150,39 @@ class Router:
     def stream(
         self, prompt, options: GenerationOptions | None = None, *, chat: bool = True, **fields
     ) -> Iterator[TokenEvent]:
-        """`Engine.stream` on the lane this request's length favours."""
+        """`Engine.stream` on the lane this request's length and drafts favour."""
         options = GenerationOptions.of(options, **fields)
         ids = self.encode(prompt, options.max_new_tokens, chat=chat, logprobs=options.logprobs)
-        lane = self.lane_for(len(ids), options.max_new_tokens)
+        promise = Promise.of(self.tokenizer, options, self.window, self.copy_rate.value)
+        lane = self.lane_for(len(ids), options.max_new_tokens, promise)
         if self.log is not None:
-            expected = " vs ".join(
-                f"{x.backend} {x.expected_ms(len(ids), options.max_new_tokens) / 1000:.2f} s"
+            self.log(self._why(lane, len(ids), options.max_new_tokens, promise))
+        for event in lane.engine.stream(ids, options):
+            if event.result is not None and promise is not None:
+                self.copy_rate.observe(event.result.steps)
+            yield event
+
+    def _why(self, lane: Lane, prompt_tokens: int, new_tokens: int, promise: Promise | None) -> str:
+        """The `-v` line of a routed request: its lane, its sizes and each lane's expected time."""
+        expected = " vs ".join(
+            f"{x.backend} {x.expected_ms(prompt_tokens, new_tokens, promise) / 1000:.2f} s"
+            for x in self.lanes
+        )
+        weights = f" ({lane.weights})" if lane.weights else ""
+        drafts = ""
+        if promise is not None:
+            chains = ", ".join(
+                f"{x.backend} chains of {k} at {ms:.1f} ms/token"
                 for x in self.lanes
+                if x.latency is not None
+                for ms, k in [x.chain(promise)]
             )
-            weights = f" ({lane.weights})" if lane.weights else ""
-            self.log(
-                f"routed to {lane.backend}{weights}: {len(ids)} prompt tokens, {options.max_new_tokens} new "
-                f"(expected {expected})"
-            )
-        yield from lane.engine.stream(ids, options)
+            rate = f"copies right {promise.rate:.2f} of the time"
+            drafts = f", a prediction of {promise.tokens} tokens ({rate}{'; ' + chains if chains else ''})"
+        return (
+            f"routed to {lane.backend}{weights}: {prompt_tokens} prompt tokens, {new_tokens} new{drafts} "
+            f"(expected {expected})"
+        )
 
     def generate(self, prompt, options: GenerationOptions | None = None, **kwargs) -> Result:
         """`Engine.generate` on the lane this request's length favours."""
@@ -122,4 +217,8 @@ class Router:
             where = f"every prompt to {second.backend}"
         else:
             where = f"prompts of >= {n} tokens to {second.backend}, shorter to {first.backend}"
-        return f"{where} (at {new_tokens} new tokens; {first.backend} vs {second.backend}: {costs})"
+        predicted = self.lane_for(0, new_tokens, Promise(new_tokens))
+        return (
+            f"{where} (at {new_tokens} new tokens; {first.backend} vs {second.backend}: {costs}); a short prompt "
+            f"whose prediction covers its output to {predicted.backend}"
+        )

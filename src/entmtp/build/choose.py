@@ -180,11 +180,17 @@ def route_between(spec: EngineSpec, options: dict, chosen: str, other: str | Non
         return None, f"none: {why}"
     engines = (engine, assemble(second.loaded, second.composed, spec))
     lanes = [
-        Lane(split(c)[0], e, _prefill(o), o.composed.expected, weights_words(o.loaded))
+        Lane(split(c)[0], e, _prefill(o), o.composed.expected, weights_words(o.loaded), _latency(o))
         for c, o, e in zip((chosen, other), (first, second), engines, strict=True)
     ]
     router = Router(*lanes)
     return router, router.describe()
+
+
+def _latency(option: _Option):
+    """ms of a step by drafted nodes on `option`'s backend (what a request's prediction is priced on), if known."""
+    costs = option.composed.costs
+    return costs.latency() if costs is not None else None
 
 
 def _prefill(option: _Option):
