@@ -447,6 +447,10 @@ def test_the_benchs_default_is_generates_engine_on_the_models_the_bench_loaded_o
     if "default@llama-cpp" in methods.static:
         assert methods.static["default@transformers"].model is methods.model
         assert methods.static["plain@llama-cpp"].model is methods.static["default@llama-cpp"].model
+        routed = methods.static["default-routed"]  # generate --mixed-weights (here unmeasured: one backend)
+        engines = [lane.engine for lane in routed.lanes] if hasattr(routed, "lanes") else [routed]
+        loaded = (methods.model, methods.static["default@llama-cpp"].model)
+        assert all(any(e.model is m for m in loaded) for e in engines)
     from entmtp.bench.report import weights_lines  # the report names each built default's weights
 
     assert any(

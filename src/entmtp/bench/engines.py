@@ -179,8 +179,10 @@ def _defaults(m: Methods) -> tuple[dict[str, Engine], dict[str, str]]:
     backend and dtype, this machine's step costs, lookup drafts) and `previous-default` (before the measured
     defaults: bfloat16, the shipped `mixed` profile's recommended policy on its stored latencies, no lookup).
     With llama-cpp-python installed and the embedded model: the default built on each backend
-    (`default@transformers`, `default@llama-cpp`), and llama.cpp's plain decoding and prompt lookup through
-    entmtp's engine (`plain@llama-cpp`, `lookup@llama-cpp`). Every one on the bench's loaded models where they
+    (`default@transformers`, `default@llama-cpp`), `default-routed` (`generate --mixed-weights`: each request
+    routed by its length and its prediction between the Q4_1 GGUF on llama.cpp and transformers' bf16, routing.py)
+    and llama.cpp's plain decoding and prompt lookup through entmtp's engine (`plain@llama-cpp`,
+    `lookup@llama-cpp`). Every one on the bench's loaded models where they
     share one. Returns the engines by method name and the built engines' plans, for the results' meta."""
     from ..build import build
 
@@ -203,6 +205,8 @@ def _llama_cpp_defaults(m: Methods, spec: EngineSpec, plans: dict[str, str]) -> 
     from ..build import build
 
     engines, llama = {}, None
+    routed = build(replace(spec, mixed_weights=True), loader=m.loader)
+    engines["default-routed"], plans["default-routed"] = routed.engine, routed.plan.describe()
     for backend in REGISTRY:  # every backend (the bench runs this where llama.cpp is installed)
         built = build(replace(spec, backend=backend), loader=m.loader)
         engines[f"default@{backend}"] = built.engine
