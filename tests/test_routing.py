@@ -145,14 +145,17 @@ def test_a_request_whose_prediction_covers_its_output_goes_to_the_flatter_verifi
     right = Promise(200, rate=0.95)  # an edit that keeps nearly all of its text
     assert router.lane_for(100, 200) is llama  # without a prediction: the fast decode
     assert router.lane_for(100, 200, right) is torch_lane  # long chains cost least on the flatter curve
-    assert router.lane_for(100, 200, Promise(20, rate=0.95)) is llama  # a tenth of the output: not worth it
     assert router.lane_for(100, 200, Promise(200, rate=0.3)) is llama  # a prediction that is mostly wrong
-    # at the edits task's mean rate these two curves (this EPYC's) keep llama.cpp: its short chains win
+    # at the edits task's mean rate these two curves (this EPYC's) keep a short prompt on llama.cpp, whose short
+    # chains win per token; a longer one moves, since an edit writes about its prediction's length: without a
+    # prediction only prompts of (15 + 200000/30 - 200000/110) / 3.2 = 1520 tokens and more would
     assert router.lane_for(100, 200, Promise(200)) is llama
-    # what it covers is priced at the chain's ms per token, the rest at the decode speed
+    assert router.lane_for(400, 200, Promise(200)) is torch_lane and router.lane_for(400, 200) is llama
+    assert router.lane_for(100, 200, Promise(20, rate=0.95)) is torch_lane  # a short edit: mostly its prefill
+    # an edit writes about its prediction's length (at most the new tokens), each token at the chain's ms
     covered, _ = torch_lane.chain(Promise(200))
-    want = TORCH_PREFILL(100) + 150 * covered + 50 * 1000 / 30.0
-    assert torch_lane.expected_ms(100, 200, Promise(150)) == pytest.approx(want)
+    assert torch_lane.expected_ms(100, 200, Promise(150)) == pytest.approx(TORCH_PREFILL(100) + 150 * covered)
+    assert torch_lane.expected_ms(100, 20, Promise(150)) == pytest.approx(TORCH_PREFILL(100) + 20 * covered)
     unmeasured = Lane("transformers", _FakeEngine(), TORCH_PREFILL, 30.0)  # no curve: priced as without it
     assert unmeasured.expected_ms(100, 200, Promise(200)) == unmeasured.expected_ms(100, 200)
     assert "a short prompt whose prediction covers its output to llama-cpp" in router.describe()

@@ -543,8 +543,20 @@ def test_a_prediction_changes_no_token_and_usage_counts_its_tokens(client, serve
             assert details.accepted_prediction_tokens == n_right and details.rejected_prediction_tokens == 0
         else:
             assert details.accepted_prediction_tokens < total // 2
-    # the right prediction's drafts were accepted, and the metrics count them as the prediction's
+    # the right prediction's drafts were accepted, and the metrics count them as the prediction's (and the
+    # reply's usage.entmtp.drafts: drafted and accepted nodes by source)
     assert _metric(server, "entmtp_accepted_draft_tokens_total", source="prediction") >= before + n_right // 2
+    right = client.chat.completions.create(
+        model="m",
+        messages=CHAT,
+        max_tokens=24,
+        temperature=0,
+        prediction={"type": "content", "content": want},
+    ).model_dump()["usage"]["entmtp"]["drafts"]
+    assert (
+        right["prediction"]["accepted"] >= n_right // 2
+        and right["prediction"]["drafted"] >= right["prediction"]["accepted"]
+    )
     body = {"messages": CHAT, "max_tokens": 24, "temperature": 0, "stream": True}
     body |= {"stream_options": {"include_usage": True}, "prediction": {"type": "content", "content": want}}
     with httpx.stream("POST", f"{server}/v1/chat/completions", json=body, timeout=60) as r:

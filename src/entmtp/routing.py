@@ -15,10 +15,9 @@ first lane (the backend `auto` chose by decode speed).
 A request that brings its own drafts (a prediction: OpenAI's Predicted Outputs, prediction.py) promises long,
 nearly certain chains, and the backends price those differently: llama.cpp's verification is compute-bound on a
 CPU (8 drafted nodes cost 3-6 plain steps), transformers' in bf16 much flatter. Such a request is priced by its
-`Promise`: the tokens its prediction may cover (at most the new tokens) at the least expected ms per token of a
-chain on the lane's own cost curve (`chain_ms_per_token`: k drafted tokens each right with the promise's rate
-emit (1 - rate^(k+1)) / (1 - rate) tokens for the curve's ms at k nodes; k = 0 is a plain step), the rest at
-the lane's decode speed. The rate starts at the edits task's (`prediction.PREDICTED_RATE`) and is learned from
+`Promise`: it is expected to write about as many tokens as its prediction holds (an edit returns the file it
+edits; at most its new tokens), each at the least expected ms per token of a chain on the lane's own cost curve (`chain_ms_per_token`: k drafted tokens each right with the promise's rate
+emit (1 - rate^(k+1)) / (1 - rate) tokens for the curve's ms at k nodes; k = 0 is a plain step). The rate starts at the edits task's (`prediction.PREDICTED_RATE`) and is learned from
 the router's own predicted requests as they finish (`CopyRate`), so a stream of edits that keep nearly all of
 their text moves to the backend where long chains are cheapest. The lanes share one tokenizer (the caller checks), so
 a prompt is encoded once, and a routed request's output is exactly what the chosen engine gives alone. `build`
@@ -113,10 +112,13 @@ class Lane:
     latency: LatencyModel | None = None  # ms of a step by drafted nodes on this backend (None: unmeasured)
 
     def expected_ms(self, prompt_tokens: int, new_tokens: int, promise: Promise | None = None) -> float:
+        """Prefill and decode of a request; one with a `promise` writes about its prediction's length (at most
+        `new_tokens`), each token at the cheaper of its chains and the decode speed."""
         decode = 1000 / self.tokens_per_second  # ms per token without the request's own drafts
-        covered = min(promise.tokens, new_tokens) if promise is not None and self.latency is not None else 0
-        chained = self.chain(promise)[0] if covered else decode
-        return self.prefill(prompt_tokens) + covered * min(chained, decode) + (new_tokens - covered) * decode
+        if promise is None:
+            return self.prefill(prompt_tokens) + new_tokens * decode
+        per_token = min(self.chain(promise)[0], decode) if self.latency is not None else decode
+        return self.prefill(prompt_tokens) + min(promise.tokens, new_tokens) * per_token
 
     def chain(self, promise: Promise) -> tuple[float, int]:
         """(ms per token, chain length) of the promise's drafts on this lane (`chain_ms_per_token`)."""

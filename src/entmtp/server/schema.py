@@ -245,6 +245,7 @@ def usage(result) -> dict:
             "tokens_per_step": result.mean_tokens_per_step,
             "tokens_per_second": result.tokens_per_second,
             "acceptance": result.acceptance,  # greedy | sample, gumbel (lossless) | typical (not lossless)
+            "drafts": result.drafts.to_json(),  # drafted and accepted nodes by source (drafts.py)
         },
     } | _prediction_details(result.prediction)
 
