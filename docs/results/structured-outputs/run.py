@@ -1,7 +1,7 @@
 """Structured outputs on the CPU (issue #64): a JSON-extraction workload and a tool-calling workload, greedy, on
 the embedded model's Q4_1 GGUF, against llama-cpp-python's own grammar-constrained decoding of the same file.
 
-    python docs/results/structured-outputs/run.py [--prompts 8] [--rounds 2] [--out DIR]
+    python docs/results/structured-outputs/run.py [--prompts 8] [--rounds 2] [--out DIR] [--backend transformers]
 
 Workloads (real prompts, never tuned on): extraction = the first GSM8K questions of the test split (prompts.py),
 each to be written as an 8-field JSON object (SCHEMA); tools = the first Spec-Bench "qa" questions of the test
@@ -16,6 +16,8 @@ Engines, one thread count (2) for all, interleaved per prompt and round:
                      as this machine's cost curve chooses) under the grammar (constraints.py)
   lookup             prompt lookup drafts (`heads="none"`: the lookup hybrid) under the grammar
   *-no-forced        the same without the grammar's forced-token drafts (engine.forced_step)
+(`--backend transformers`: entmtp's engines on transformers in bf16 instead, where a drafted node costs little,
+against the same peer.)
 
 Per engine: every output parsed and validated (jsonschema), seconds per request (prefill included: a request's
 whole time), tokens/s (its own tokens; the peer's JSON has spaces, ours none), steps, forced tokens accepted,
@@ -184,11 +186,13 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=str(HERE / "epyc"))
+    ap.add_argument("--backend", default="llama-cpp", choices=["llama-cpp", "transformers"])
     args = ap.parse_args()
     torch.set_num_threads(2)
     timer = Timed()
-    default = build_engine(EngineSpec(backend="llama-cpp"))
-    lookup = build_engine(EngineSpec(backend="llama-cpp", heads="none"))
+    dtype = "bfloat16" if args.backend == "transformers" else "auto"  # llama.cpp: the embedded Q4_1 GGUF
+    default = build_engine(EngineSpec(backend=args.backend, dtype=dtype))
+    lookup = build_engine(EngineSpec(backend=args.backend, dtype=dtype, heads="none"))
     plain = Engine(
         default.model, default.tokenizer
     )  # plain steps, unconstrained: what a mask's time is a share of
