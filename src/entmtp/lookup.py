@@ -213,12 +213,9 @@ class NgramIndex:
             crossed = self._cross_candidate(tail, size)
             if crossed is not None and crossed[1] > match:  # a longer context than the text's own n-grams
                 t = crossed[0]
-                rest = [(c, o) for c, o in zip(out, origins, strict=True) if c != t][: k - 1]
-                return Candidates(
-                    [t, *(c for c, _ in rest)],
-                    min(crossed[1], self.max_ngram),
-                    [SUFFIX, *(o for _, o in rest)],
-                )
+                rest = [(c, o) for c, o in zip(out, origins, strict=True) if c != t]
+                tokens, sources = [t, *(c for c, _ in rest)], [SUFFIX, *(o for _, o in rest)]
+                return Candidates(tokens[:k], min(crossed[1], self.max_ngram), sources[:k])
         return Candidates(out[:k], match, origins[:k])
 
     def _cross_candidate(self, tail: Sequence[int], size: int) -> tuple[int, int] | None:

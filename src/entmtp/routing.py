@@ -16,16 +16,21 @@ A request that brings its own drafts (a prediction: OpenAI's Predicted Outputs, 
 nearly certain chains, and the backends price those differently: llama.cpp's verification is compute-bound on a
 CPU (8 drafted nodes cost 3-6 plain steps), transformers' in bf16 much flatter. Such a request is priced by its
 `Promise`: it is expected to write about as many tokens as its prediction holds (an edit returns the file it
-edits; at most its new tokens), each at the least expected ms per token of a chain on the lane's own cost curve (`chain_ms_per_token`: k drafted tokens each right with the promise's rate
-emit (1 - rate^(k+1)) / (1 - rate) tokens for the curve's ms at k nodes; k = 0 is a plain step). The rate starts at the edits task's (`prediction.PREDICTED_RATE`) and is learned from
-the router's own predicted requests as they finish (`CopyRate`), so a stream of edits that keep nearly all of
-their text moves to the backend where long chains are cheapest. The lanes share one tokenizer (the caller checks), so
-a prompt is encoded once, and a routed request's output is exactly what the chosen engine gives alone. `build`
-routes only between lanes that decode the same weights (with `--dtype float32`: transformers in float32 and
-llama.cpp on an F32 GGUF), unless `--mixed-weights` lets a Q4_1 lane and a bf16 one share the requests.
+edits; at most its new tokens), each at the least expected ms per token of a chain on the lane's own cost curve
+(`chain_ms_per_token`: k drafted tokens each right with the promise's rate emit (1 - rate^(k+1)) / (1 - rate)
+tokens for the curve's ms at k nodes; k = 0 is a plain step). The rate starts at the edits task's
+(`prediction.PREDICTED_RATE`) and is learned from the router's own predicted requests as they finish
+(`CopyRate`), so a stream of edits that keep nearly all of their text moves to the backend where long chains
+are cheapest.
+
+The lanes share one tokenizer (the caller checks), so a prompt is encoded once, and a routed request's output is
+exactly what the chosen engine gives alone. `build` routes only between lanes that decode the same weights (with
+`--dtype float32`: transformers in float32 and llama.cpp on an F32 GGUF), unless `--mixed-weights` lets a Q4_1
+lane and a bf16 one share the requests.
 
 A `Router` has the `Engine` faces that `generate`, `chat` and the bench use: `generate`, `stream`, `encode`,
-`tokenizer`, `window`. The server batches requests on one engine (batch.py) and builds without routing.
+`tokenizer`, `window`. The server batches requests on one engine (batch.py) and builds without routing, so it
+neither routes by length nor by draft (docs/llama-cpp.md says why).
 """
 
 from __future__ import annotations
