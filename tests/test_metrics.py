@@ -61,6 +61,14 @@ def test_bench_pools_prompts_and_leaves_the_prefill_out_of_decode_rates():
     assert s["median_prompt_tokens_per_second"] == (5.5 + 10.5) / 2
     peer = summarise([rec(11, 2.0, 0, 0.0)])
     assert math.isnan(peer["tokens_per_step"])  # a peer decoder records no steps: no tokens/step to show
+    assert peer["drafts"] == {}
+    one, two = rec(11, 2.0, 5, 1.0), rec(21, 2.0, 10, 1.5)  # drafts by source pool over the prompts
+    one["drafts"] = {"heads": {"drafted": 8, "accepted": 3}}
+    two["drafts"] = {"heads": {"drafted": 4, "accepted": 1}, "prediction": {"drafted": 9, "accepted": 9}}
+    assert summarise([one, two])["drafts"] == {
+        "heads": {"drafted": 12, "accepted": 4},
+        "prediction": {"drafted": 9, "accepted": 9},
+    }
 
 
 def test_a_real_decode_reports_by_the_conventions():

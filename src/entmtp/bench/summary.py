@@ -80,8 +80,20 @@ def summarise(records: list[dict]) -> dict:
         "probe_ms_per_step": 1000 * sum(r["probe_seconds"] for r in records) / max(1, steps),
         "ms_per_step": 1000 * step_seconds / max(1, steps),
         "tree_usage": usage,
+        "drafts": _drafts(records),
         **_perplexity(records),
     }
+
+
+def _drafts(records: list[dict]) -> dict[str, dict[str, int]]:
+    """Drafted and accepted nodes by source (drafts.py), pooled over the records (a peer's: none)."""
+    out: dict[str, dict[str, int]] = {}
+    for r in records:
+        for source, n in r.get("drafts", {}).items():
+            pooled = out.setdefault(source, {"drafted": 0, "accepted": 0})
+            pooled["drafted"] += n["drafted"]
+            pooled["accepted"] += n["accepted"]
+    return out
 
 
 def speedup_interval(runs: list[dict], plain: list[dict], seed: int = 0) -> dict:
