@@ -24,7 +24,7 @@ import torch
 from .accept import ACCEPTANCE, GenerationOptions, GumbelNoise, Sampling, accept
 from .backends import base_for
 from .costs.curves import CostCurve, LatencyModel, relative_cost
-from .drafts import FORCED, HEADS, SourceCounts
+from .drafts import COPIED, FORCED, HEADS, SourceCounts
 from .errors import EntMTPError
 from .heads import Drafter, LazyProbe, Probe, taken
 from .interrupt import Interrupt
@@ -610,7 +610,7 @@ def step_record(
             forced=len(kept),
             drafts=drafts,
         )
-    lookup_path = tree.lookup[kept].tolist() if tree.num_lookup else []
+    lookup_path = [origins[i - 1] in COPIED for i in kept] if tree.num_lookup else []  # copied, from a source
     return Step(
         tree=tree.name,
         tree_nodes=tree.num_nodes,
