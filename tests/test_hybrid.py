@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -144,6 +145,67 @@ def test_a_chain_waits_until_its_first_token_is_surely_right_where_a_node_costs_
     assert lowered[0] < rates[0] and lowered[1:] == rates[1:]
     with pytest.raises(EntMTPError, match="caution must be >= 0"):
         Lookup(caution=-1.0)
+
+
+@dataclass
+class Offer:
+    """A cross source (drafts.CrossSource) that offers `chain` with `probs` (cumulative) after every text."""
+
+    chain: tuple[int, ...]
+    probs: tuple[float, ...]
+    match: int = 5
+
+    def draft(self, context, max_tokens):
+        return self
+
+    @property
+    def tokens(self):
+        return self.chain
+
+    def extend(self, tokens):
+        pass
+
+
+def _offered(probs, text=(1, 2, 3, 4, 5, 6, 7, 8, 9)):
+    """An index whose text has no n-gram match of its own and whose cross source offers a 10-token chain."""
+    return NgramIndex(list(text), max_ngram=3, cross=Offer(tuple(range(50, 60)), tuple(probs)))
+
+
+def test_a_sources_own_estimates_price_its_chain_from_the_first_step():
+    """A branch from a source that estimates its tokens (the suffix cache: how often each continued its context
+    before) starts at those estimates, not at the prior by match length: on a curve where a drafted node costs
+    1.84 plain steps (`DEAR`), a chain the source is sure of is drafted at the first step, as far as it stays
+    sure, and one it guesses at is not drafted at all."""
+    careful = Lookup(tokens=10)
+    index = _offered([1.0] * 6 + [0.3, 0.1, 0.05, 0.02])
+    assert index.ranked(index.tail(3), 1).origins == ["suffix"]
+    assert index.estimates() == pytest.approx([1.0] * 6 + [0.3, 1 / 3, 0.5, 0.4])
+    sure = HybridPolicy(StaticPolicy(Tree.root_only()), careful, DEAR).choose(_ctx(index)).tree
+    assert sure.num_lookup == 6  # the sure part of the chain, where its estimate falls the chain ends
+    guessed = _offered([0.3, 0.1, 0.05])
+    tree = HybridPolicy(StaticPolicy(Tree.root_only()), careful, DEAR).choose(_ctx(guessed)).tree
+    assert tree.num_lookup == 0
+    # the text's own n-grams have no estimates: the same match from the text is priced at the prior (plain here)
+    text = NgramIndex([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3], max_ngram=3)
+    assert HybridPolicy(StaticPolicy(Tree.root_only()), careful, DEAR).choose(_ctx(text)).tree.num_lookup == 0
+
+
+def test_each_source_is_priced_at_its_own_rates():
+    """A source's misses lower its own rates, not another's: after a run of steps where the suffix cache's chain
+    was wrong at its first token, the cache's next chain is not drafted though it still says it is sure, and the
+    text's own n-gram chains are priced at their prior, as before any step."""
+    policy = HybridPolicy(StaticPolicy(Tree.root_only()), Lookup(tokens=10), DEAR)
+    index = _offered([1.0] * 10)
+    prior = policy.copy[3].values()
+    lengths = []
+    for _ in range(8):
+        n = policy.choose(_ctx(index)).tree.num_lookup
+        lengths.append(n)
+        policy.observe(Step(f"L{n}", n, 0, 1, [0], lookup_nodes=n, sources={"heads": 0, "lookup": 0}))
+    assert lengths[0] == 10 and lengths[-1] == 0
+    assert policy.rates["suffix"][3].values()[0] < 0.5 * prior[0]
+    assert policy.copy[3].values() == prior  # the text's own rates: untouched
+    assert policy.rates["prediction"][3].values() == prior
 
 
 def test_hybrid_policy_keeps_the_heads_tree_when_the_heads_are_right():
@@ -387,8 +449,8 @@ def test_a_plain_step_reads_one_token_of_the_offered_chain_not_the_whole_chain()
     llama.cpp a share of every step where it took plain steps; with that put back this counts 11 queries."""
     index = NgramIndex([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3], max_ngram=3)
     queries = []
-    real = index.candidates
-    index.candidates = lambda *a, **k: queries.append(a) or real(*a, **k)
+    real = index.ranked  # every query (`candidates` is its view)
+    index.ranked = lambda *a, **k: queries.append(a) or real(*a, **k)
     policy = HybridPolicy(StaticPolicy(Tree.root_only()), Lookup(tokens=10), DEAR)
     prior = policy.copy[3].values()
     choice = policy.choose(_ctx(index))

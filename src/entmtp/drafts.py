@@ -18,9 +18,16 @@ lacks: little in an edit whose prompt holds the file it edits (there a predictio
 its request runs, prediction.with_prediction), all of it where the prompt does not hold the expected text.
 
 A source from outside the text (the suffix cache's `Session`; a new one: the same faces) is a `CrossSource`:
-told every token the text grows by, asked once per step for its continuation of the text, ended with the
+told every token the text grows by, asked once per step for its continuation of the text with its own estimate
+of each token (`CrossDraft.probs`: the suffix cache's empirical continuation probabilities), ended with the
 generation. The index ranks its token first where it continues a longer context than the text's own n-gram
-match (lookup.py), so the hybrid policy's lookup branch carries it, sized per step on the machine's curve.
+match (lookup.py), so the hybrid policy's lookup branch carries it.
+
+The hybrid (scheduler/hybrid.py) prices a step's branch as a branch from its source: the source of the branch's
+first token (`Candidates.origins[0]`) names the acceptance rates it is sized on, learned per source (the text's
+n-grams, a prediction and the suffix cache are right at different rates, and one source's misses say nothing of
+another's), each starting from the source's own estimate where it gives one (the suffix cache's, per token of
+its chain, `NgramIndex.estimates`), else from the prior by match length.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ COPIED = (LOOKUP, PREDICTION, SUFFIX)  # the sources a lookup node copies from (
 
 class CrossDraft(Protocol):
     tokens: Sequence[int]  # the continuation, first token first
+    probs: Sequence[float]  # the source's estimate that the continuation is right to each token (cumulative)
     match: int  # how many of the text's last tokens it continues
 
 

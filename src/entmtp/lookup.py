@@ -142,7 +142,9 @@ class NgramIndex:
         self.ends: dict[tuple[int, ...], list[int]] = {}
         self.start = 0  # where the text begins in `tokens` (after the prefix)
         self.cross = None
-        self._crossed: dict[int, dict[tuple[int, ...], int]] = {}  # size -> the cross chain's next tokens
+        # size -> the cross chain offered then: (its next token and context length by the tokens before it, the
+        # source's estimate that each of its tokens is right given the ones before it)
+        self._crossed: dict[int, tuple[dict[tuple[int, ...], tuple[int, int]], list[float]]] = {}
         self.extend(prefix)
         self.start = len(self.tokens)
         self.extend(tokens)
@@ -218,22 +220,44 @@ class NgramIndex:
                 return Candidates(tokens[:k], min(crossed[1], self.max_ngram), sources[:k])
         return Candidates(out[:k], match, origins[:k])
 
+    def estimates(self, size: int | None = None) -> list[float]:
+        """The `cross` source's own estimate, per token of the chain it offers after the text (as it was at
+        `size` tokens), that the token is right given the ones before it (the suffix cache's empirical
+        continuation probabilities); empty without a cross source or its chain. Read after `ranked` at that size
+        (which asks the source)."""
+        if self.cross is None:
+            return []
+        size = len(self.tokens) if size is None else size
+        return self._cross_chain(size)[1]
+
     def _cross_candidate(self, tail: Sequence[int], size: int) -> tuple[int, int] | None:
         """(the `cross` source's next token after `tail`, the length of the context it continues), where `tail`
         ends the text as it was at `size` tokens followed by a stretch of the chain the source offered there
         (asked once per size): the chain's j-th token continues a context of its match + j tokens."""
-        chain = self._crossed.get(size)
-        if chain is None:
+        return self._cross_chain(size)[0].get(tuple(tail[-self.max_ngram :]))
+
+    def _cross_chain(self, size: int) -> tuple[dict[tuple[int, ...], tuple[int, int]], list[float]]:
+        found = self._crossed.get(size)
+        if found is None:
             text = self.tokens[self.start : size]
             draft = self.cross.draft(text, MAX_CROSS_TOKENS)
             chain, seq = {}, text[-self.max_ngram :]
             for j, t in enumerate(draft.tokens):
                 chain.setdefault(tuple(seq[-self.max_ngram :]), (t, draft.match + j))
                 seq = seq + [t]
-            self._crossed[size] = chain
+            found = self._crossed[size] = (chain, conditional(draft.probs))
             for old in [n for n in self._crossed if n < size - 8]:  # the sizes a step may still ask about
                 del self._crossed[old]
-        return chain.get(tuple(tail[-self.max_ngram :]))
+        return found
+
+
+def conditional(cumulative: Sequence[float]) -> list[float]:
+    """Per token, the chance it is right given the ones before it, from the chance the chain is right to it."""
+    out, before = [], 1.0
+    for p in cumulative:
+        out.append(min(1.0, p / before) if before > 0 else 0.0)
+        before = p
+    return out
 
 
 def draft_lookup(

@@ -10,7 +10,9 @@ the one serving engines use, builds on a CPU, and answers a query in microsecond
 The drafts enter the step like prompt lookup's: a generation's `lookup.NgramIndex` asks its `cross` source
 for a node's candidates where its own n-grams have none, so the lookup branch of the hybrid policy copies from
 earlier requests where the text itself has no match, sized per step on the machine's curve
-(scheduler/hybrid.py). They are verified like any draft: the output is the output without the cache, token for
+(scheduler/hybrid.py): at the cache's own rates, learned apart from the text's, each step starting from the
+cache's empirical probability of each token of its chain, so a chain runs as far as earlier outputs agree (a
+JSON key every earlier output wrote) and stops where they part (the value after it). They are verified like any draft: the output is the output without the cache, token for
 token in greedy decoding, in distribution when sampling losslessly. Typical acceptance ignores them, as it
 ignores predictions (it would copy).
 

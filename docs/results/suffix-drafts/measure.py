@@ -73,20 +73,25 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="docs/results/suffix-drafts/extraction.json")
+    ap.add_argument("--task", default="extraction", help="the bench's task whose test prompts are sent")
+    ap.add_argument(
+        "--backends", default=",".join(BACKENDS), help="comma-separated, of " + ", ".join(BACKENDS)
+    )
+    ap.add_argument("--no-retries", action="store_true", help="the first pass only")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    prompts = load_prompts("extraction", "test", args.num_prompts)
+    prompts = load_prompts(args.task, "test", args.num_prompts)
     runs: dict = {}
     peer = LlamaCppPlain(n_threads=args.threads)
-    built = {b: engines(b, d, args.threads) for b, d in BACKENDS.items()}
+    built = {b: engines(b, BACKENDS[b], args.threads) for b in args.backends.split(",")}
     methods = [(b, name) for b in built for name in built[b]] + [("peer", "llama-cpp-python")]
-    for label in ("first pass", "retries"):
+    for label in ("first pass",) if args.no_retries else ("first pass", "retries"):
         for i, prompt in enumerate(track(prompts, description=label)):
             order = methods[i % len(methods) :] + methods[: i % len(methods)]
             outs = {}
             for backend, name in order:
                 if backend == "peer":
-                    ids = built["llama-cpp"]["plain"].encode(prompt, args.max_new_tokens)
+                    ids = next(iter(built.values()))["plain"].encode(prompt, args.max_new_tokens)
                     t0 = time.perf_counter()
                     r = peer.generate(ids, max_new_tokens=args.max_new_tokens)
                 else:
@@ -97,18 +102,20 @@ def main() -> int:
                 rec = runs.setdefault(label, {}).setdefault(f"{backend}/{name}", [])
                 steps = len(r.steps) or len(r.token_ids)
                 copied = sum(s.lookup_accepted for s in r.steps)
+                drafted = sum(s.tree_nodes for s in r.steps)
+                sources = r.drafts.to_json() if backend != "peer" else {}  # drafted and accepted by source
                 rec.append({"prompt": i, "tokens": len(r.token_ids), "seconds": seconds, "steps": steps,
-                            "copied": copied})  # fmt: skip
+                            "copied": copied, "drafted": drafted, "sources": sources})  # fmt: skip
             for backend in built:
                 for name in ("lookup", "lookup+suffix"):
                     runs[label][f"{backend}/{name}"][-1]["identical"] = (
                         outs[backend, name] == outs[backend, "plain"]
                     )
     table = Table(
-        title=f"extraction, {len(prompts)} requests x 2 passes, {args.max_new_tokens} new tokens, greedy"
+        title=f"{args.task}, {len(prompts)} requests x {len(runs)} passes, {args.max_new_tokens} new tokens, greedy"
     )
     for col in ("pass", "method", "tokens/s", "vs same backend plain", "vs llama-cpp-python", "tokens/step",
-                "copied", "identical"):  # fmt: skip
+                "drafted/step", "copied", "identical"):  # fmt: skip
         table.add_column(col, justify="right")
     summary: dict = {}
     for label, rows in runs.items():
@@ -122,16 +129,17 @@ def main() -> int:
                 "over_plain": speed[m] / base,
                 "over_llama_cpp_python": speed[m] / speed["peer/llama-cpp-python"],
                 "tokens_per_step": tokens / sum(r["steps"] for r in rs),
+                "drafted_per_step": sum(r["drafted"] for r in rs) / sum(r["steps"] for r in rs),
                 "copied_share": sum(r["copied"] for r in rs) / tokens,
                 "identical": sum(r.get("identical", True) for r in rs),
             }
             table.add_row(label, m, f"{row['tokens_per_second']:.1f}", f"{row['over_plain']:.2f}x",
                           f"{row['over_llama_cpp_python']:.2f}x", f"{row['tokens_per_step']:.2f}",
-                          f"{row['copied_share']:.0%}", f"{row['identical']}/{len(rs)}")  # fmt: skip
+                          f"{row['drafted_per_step']:.1f}", f"{row['copied_share']:.0%}", f"{row['identical']}/{len(rs)}")  # fmt: skip
     Console(width=150).print(table)
-    query_us = query_cost(built["transformers"]["lookup+suffix"], prompts)
+    query_us = query_cost(next(iter(built.values()))["lookup+suffix"], prompts)
     print(f"a suffix-cache query (the step's one): median {query_us:.1f} us over the run's cache")
-    meta = {"query_us": query_us, "num_prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "threads": args.threads,
+    meta = {"task": args.task, "query_us": query_us, "num_prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "threads": args.threads,
             "machine": record("cpu"), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
     Path(args.out).write_text(json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=1) + "\n")
     print(f"wrote {args.out}")

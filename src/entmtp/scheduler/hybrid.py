@@ -13,7 +13,11 @@ occurred before with a continuation; 0 = nothing to copy) and weighs, in expecte
 
 H_k = c_1 ... c_k: how often the heads' tree was right to depth k, from c_d, how often it was right at depth d
 when it was right to depth d - 1. L_k = q_1 ... q_k the same for the lookup chain after a match of length m
-(q_{m,d}, per match bucket). Copying is bursty: a chain is often wholly right (the text copies a span) or wrong
+(q_{m,d}, per match bucket), kept per source of the chain (drafts.py: the source of its first token, the text's
+own n-grams, a prediction or the suffix cache), so a source that copies well is not priced at another's
+misses; a source that estimates its own tokens (the suffix cache's empirical probabilities) gives the step's
+prior of each q_d, so the cache's near-certain chains are drafted from a generation's first step and its guesses
+are not. Copying is bursty: a chain is often wholly right (the text copies a span) or wrong
 at its first token, so q_1 is low and the deeper q_d near 1; a geometric chain (one rate r_m, L_k = r_m^k,
 what this policy took before) read that as r_m ~ 0.5 and kept branches short where long ones pay (Hydra
 dynamic+lookup on the 2-core EPYC, 3 prompts a task: RAG 2.10 -> 2.82 tokens/step, translation 2.19 -> 2.51). All are running estimates over
@@ -78,6 +82,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..costs.curves import HEADS_DRAFT_COST, CostCurve, LatencyModel, relative_cost
+from ..drafts import COPIED, LOOKUP, SUFFIX
 from ..heads import taken
 from ..lookup import Lookup, NgramIndex
 from ..policy import Choice, Menu, Settings, Stateful, TreePolicy, require_policy, static
@@ -128,18 +133,23 @@ class _DepthRates:
             s[i] = decay * s[i] + (tried and depth > i)
             t[i] = decay * t[i] + tried
 
-    def first(self, caution: float = 0.0) -> float:
-        """c_1 less `caution` standard errors of it (a binomial rate's, on its decayed evidence)."""
+    def first(self, caution: float = 0.0, prior: Sequence[float] = ()) -> float:
+        """c_1 less `caution` standard errors of it (a binomial rate's, on its decayed evidence). `prior`: this
+        step's prior of c_1, c_2, ... where a draft source estimates them (a source's own estimate of its
+        tokens, drafts.py), in place of the fixed one."""
         n = self.t[0] + self.weight
-        rate = (self.s[0] + self.weight * self.prior) / n
+        rate = (self.s[0] + self.weight * (prior[0] if prior else self.prior)) / n
         return max(0.0, rate - caution * math.sqrt(rate * (1.0 - rate) / n)) if caution else float(rate)
 
-    def values(self, caution: float = 0.0) -> list[float]:
-        """c_1 .. c_D; c_1 as `first` gives it."""
-        prior = self.weight * self.prior
-        rate = [(s + prior) / (t + self.weight) for s, t in zip(self.s, self.t, strict=True)]
+    def values(self, caution: float = 0.0, prior: Sequence[float] = ()) -> list[float]:
+        """c_1 .. c_D; c_1 as `first` gives it; `prior` as there (beyond its length, the fixed prior)."""
+        w, fixed = self.weight, self.weight * self.prior
+        rate = [
+            (s + (w * prior[i] if i < len(prior) else fixed)) / (t + w)
+            for i, (s, t) in enumerate(zip(self.s, self.t, strict=True))
+        ]
         if caution:
-            rate[0] = self.first(caution)
+            rate[0] = self.first(caution, prior)
         return rate
 
 
@@ -204,22 +214,32 @@ class HybridPolicy(Settings, Stateful):
     def reset(self) -> None:
         self.inner = self.inner.fresh()
         self.heads = _DepthRates(self.depth, HEADS_PRIOR)  # c_d, d = 1..D
-        # q_{m,d}, d = 1..Lookup.tokens, per match bucket m
-        self.copy = {m: _DepthRates(self.lookup.tokens, p) for m, p in LOOKUP_PRIOR.items()}
+        # q_{m,d}, d = 1..Lookup.tokens, per source of the branch (drafts.COPIED) and match bucket m
+        self.rates = {
+            s: {m: _DepthRates(self.lookup.tokens, p) for m, p in LOOKUP_PRIOR.items()} for s in COPIED
+        }
+        self._source = LOOKUP  # the running step's branch's source
         self.probe_yield = _Rate(PROBE_YIELD_PRIOR)  # tokens per cost of probed steps without a match
         self._chosen: tuple[int, int] = (0, 0)  # (match bucket, heads depth) of the running step
         self._unmatched: float | None = None  # the running step without a match: its cost (0: not probed)
         self._unverified: tuple[Tree, object] | None = None  # (inner tree, probe) when the heads were dropped
         self._offer: tuple | None = None  # (index, its size) whose match offered the running step a chain
 
+    @property
+    def copy(self) -> dict[int, _DepthRates]:
+        """q_{m,d} of the text's own n-grams (prompt lookup's), per match bucket m."""
+        return self.rates[LOOKUP]
+
     def choose(self, ctx: StepContext) -> Choice:
         index = ctx.lookup
-        match = 0
+        match, source, prior = 0, LOOKUP, ()
         if index is not None:
-            cands, match = index.candidates(index.tail(index.max_ngram), self.lookup.branches)
-            if not cands:
-                match = 0
+            found = index.ranked(index.tail(index.max_ngram), self.lookup.branches)
+            if found.tokens:  # a branch from the source of its first token, at that source's rates
+                match, source = found.match, found.origins[0]
+                prior = index.estimates() if source == SUFFIX else ()
         m = min(match, MAX_MATCH)
+        self._source, rates = source, self.rates[source][m]
         # the chain the match offers: `observe` reads as much of it as it judges (the index as it is now)
         self._offer = (index, len(index.tokens)) if m and self.counterfactual else None
         costs = self._cost(ctx)
@@ -229,12 +249,12 @@ class HybridPolicy(Settings, Stateful):
             self.lookup_only
             and self.lookup.adaptive
             and ctx.latency is None
-            and (not m or self.copy[m].first(self.lookup.caution) < self.pays_from)
+            and (not m or rates.first(self.lookup.caution, prior) < self.pays_from)
         )
         est = (
             None
             if plain
-            else Estimates(self.heads.values(), self.copy[m].values(self.lookup.caution), length)
+            else Estimates(self.heads.values(), rates.values(self.lookup.caution, prior), length)
         )
         skip = (
             self.lookup.adaptive and self.master is not None
@@ -354,7 +374,7 @@ class HybridPolicy(Settings, Stateful):
         if known:
             # right tokens before the first wrong one (or the end): q_d is tried where d <= the depth judged and
             # the chain was right to d - 1
-            self.copy[m].add(right, known, decay)
+            self.rates[self._source][m].add(right, known, decay)
         depth = step.sources["heads"] if step.sources else step.accepted
         if self._unmatched is not None:  # what probing paid on steps without a match (a skipped one ages it)
             self.probe_yield.add(step.tokens if self._unmatched else 0.0, self._unmatched, decay)
