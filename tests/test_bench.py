@@ -392,8 +392,15 @@ def test_bench_on_a_tiny_model_runs_every_task_and_writes_json_markdown_and_plot
         assert f"({name})" in report
     for task in TASKS:
         assert TASKS[task][1] in report
-    assert "| decode tokens/s | probe ms | choose ms | trees | identical |" in report
+    assert "| decode tokens/s | probe ms | choose ms | trees | drafts | identical |" in report
     assert "| heads/mc_sim_7b_63 |" in report and "mc_sim_7b_63 100%" in report  # its tree's share of steps
+    for name, r in data["summary"][
+        next(iter(TASKS))
+    ].items():  # drafts by source, as results.json counts them
+        row = next(line for line in report.split("\n") if line.startswith(f"| {name} |"))
+        said = ", ".join(f"{s} {c['accepted']}/{c['drafted']}" for s, c in r["drafts"].items())
+        assert row.split(" | ")[-2] == said
+    assert re.search(r"\| heads/static \|.*\| heads \d+/\d+ \|", report)
     assert sorted(p.name for p in out.iterdir()) == sorted(["results.json", "report.md", *images])
     assert data["compared_runs"] == 8 * 2 * len(TASKS)
 

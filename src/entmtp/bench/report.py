@@ -14,6 +14,7 @@ from rich.table import Table
 
 from .. import metrics
 from ..console import wide_console
+from ..drafts import SourceCounts
 from ..errors import EntMTPError
 from ..files import portable, write_text_atomic
 from ..machine import describe, describe_record, hardware, record, versions
@@ -207,7 +208,8 @@ def markdown(data: dict, labels: dict[str, str], command: str, images=()) -> str
         "bootstrap interval of the mean per-prompt speedup. Decode tokens/s leaves the prefill out. Probe ms = "
         "the heads' probe a scheduling policy reads before it chooses (the drafts reuse it), choose ms = the "
         "choice itself, per step. Trees: each tree's share of the steps (the three most "
-        "used). Identical = outputs equal to plain decoding's (T=0), with the first differing token of each "
+        "used). Drafts: accepted of drafted nodes by source (heads, the text's lookup, a prediction, the suffix "
+        "cache, a grammar's forced tokens). Identical = outputs equal to plain decoding's (T=0), with the first differing token of each "
         "that is not."
         + (" Perplexity: of the sampled continuations under the base model (T=1)." if sampled else ""),
     ]
@@ -224,7 +226,7 @@ def markdown(data: dict, labels: dict[str, str], command: str, images=()) -> str
         lines += [f"- `{name}`: {settings}" for name, settings in meta["peers"].items()]
     lines += never_slower_lines(data["summary"], meta.get("plans") or {})
     head = ["method", "tokens/s", "speedup", "per-prompt speedup (95% CI)", "tokens/step", "decode tokens/s"]
-    head += ["probe ms", "choose ms", "trees", "perplexity" if sampled else "identical"]
+    head += ["probe ms", "choose ms", "trees", "drafts", "perplexity" if sampled else "identical"]
     for task, rows in data["summary"].items():
         lines += ["", f"## {labels.get(task, task)} ({next(iter(rows.values()))['prompts']} prompts)", ""]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -317,8 +319,16 @@ def _markdown_cells(name: str, r: dict, sampled: bool) -> list[str]:
         f"{r.get('probe_ms_per_step', float('nan')):.2f}" if steps else "",
         f"{r['choose_ms_per_step']:.2f}" if steps else "",
         _usage(r.get("tree_usage", {})) if steps and name != "plain" else "",
+        _drafts(r.get("drafts") or {}),
         tail,
     ]
+
+
+def _drafts(counts: dict[str, dict[str, int]]) -> str:
+    """Accepted of drafted nodes by source (drafts.py), e.g. "heads 12/40, lookup 38/45"; none: empty."""
+    return SourceCounts(
+        {s: c["drafted"] for s, c in counts.items()}, {s: c["accepted"] for s, c in counts.items()}
+    ).describe()
 
 
 def _usage(usage: dict[str, int], most: int = 3) -> str:
