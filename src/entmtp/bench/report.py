@@ -209,8 +209,8 @@ def markdown(data: dict, labels: dict[str, str], command: str, images=()) -> str
         "the heads' probe a scheduling policy reads before it chooses (the drafts reuse it), choose ms = the "
         "choice itself, per step. Trees: each tree's share of the steps (the three most "
         "used). Drafts: accepted of drafted nodes by source (heads, the text's lookup, a prediction, the suffix "
-        "cache, a grammar's forced tokens). Identical = outputs equal to plain decoding's (T=0), with the first differing token of each "
-        "that is not."
+        "cache, a grammar's forced tokens). Identical = outputs equal to plain decoding's (T=0), with the "
+        "first differing token of each that is not."
         + (" Perplexity: of the sampled continuations under the base model (T=1)." if sampled else ""),
     ]
     if meta.get("date") or meta.get("commit"):
