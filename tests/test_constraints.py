@@ -12,14 +12,15 @@ import json
 import re
 
 import jsonschema
+import numpy as np
 import pytest
 import torch
 
 from conftest import ByteTokenizer, OracleHeads, tiny_model
 from entmtp.accept import GenerationOptions
 from entmtp.batch import generate_batch
-from entmtp.constraints import Constraint, ConstraintError
-from entmtp.engine import Engine
+from entmtp.constraints import Constraint, ConstraintError, one_token
+from entmtp.engine import Engine, Pending
 from entmtp.errors import EntMTPError
 from entmtp.heads import HeadsConfig, random_heads
 from entmtp.lookup import Lookup
@@ -192,6 +193,22 @@ def test_forced_tokens_are_drafted_as_chains_and_change_no_token(model, monkeypa
     without = engine(model).generate(PROMPT, **options)
     assert without.token_ids == got.token_ids
     assert len(got.steps) < len(without.steps) - 5
+
+
+def test_a_row_that_allows_one_token_is_one_no_verification_reads():
+    """`one_token`: the rows of a mask that allow exactly one token (any bit of any word, the sign bit too);
+    a step reads every other node's logits, and every node's where log-probabilities are asked for."""
+    masks = np.zeros((5, 4), dtype=np.int32)
+    masks[0, 0] = 1 << 5  # one token
+    masks[1, 3] = np.int32(-(2**31))  # one token: the word's top bit
+    masks[2, 1] = 0b11  # two tokens
+    masks[3, 0], masks[3, 2] = 1, 1  # two tokens, in two words
+    masks[4] = -1  # every token (an end-of-sequence node's row)
+    assert one_token(masks).tolist() == [True, True, False, False, False]
+    step = Pending(Tree.root_only(), torch.tensor([0]), {}, {}, None, masks=masks)
+    assert step.outputs(logprobs=False) == [False, False, True, True, True]
+    assert step.outputs(logprobs=True) is None
+    assert Pending(Tree.root_only(), torch.tensor([0]), {}, {}, None, masks=masks[2:]).outputs(False) is None
 
 
 def test_a_masked_distribution_gives_the_policies_finite_signals():

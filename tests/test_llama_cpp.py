@@ -167,6 +167,42 @@ def test_without_heads_no_decode_asks_for_hidden_states(f32, plain, monkeypatch)
     row[0].cache.release()
 
 
+def test_a_grammars_forced_nodes_are_verified_without_output_rows(f32, monkeypatch):
+    """Under a grammar, a tree node whose mask allows one token needs no logits (every acceptance rule takes that
+    token): llama.cpp decodes it without an output row, so no output head runs for it. The output is the output
+    without forced drafts, token for token; with log-probabilities asked for, every row is computed."""
+    from entmtp.backends.llama_cpp import LlamaCppBase
+    from entmtp.shaping import Shaping
+
+    model, tok = f32
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}},
+        "required": ["name", "age", "city"],
+        "additionalProperties": False,
+    }
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}
+    prompt = "Extract the person as JSON: Maria Garcia, 34, lives in Madrid."
+    engine = Engine(model, tok, heads=None, policy=static(Tree.root_only()))
+    skipped, real = [], LlamaCppBase.forward
+
+    def spy(self, tokens, tree, cache, **kw):
+        if tree is not None:
+            skipped.append(0 if kw.get("outputs") is None else kw["outputs"].count(False))
+        return real(self, tokens, tree, cache, **kw)
+
+    monkeypatch.setattr(LlamaCppBase, "forward", spy)
+    got = engine.generate(prompt, max_new_tokens=48, response_format=rf)
+    assert sum(skipped) >= 4  # the keys' forced tokens, decoded without their rows
+    with_logprobs = engine.generate(prompt, max_new_tokens=48, response_format=rf, logprobs=1)
+    assert with_logprobs.token_ids == got.token_ids
+    skipped.clear()
+    engine.generate(prompt, max_new_tokens=48, response_format=rf, logprobs=1)
+    assert skipped and not any(skipped)  # log-probabilities read every emitted token's own row
+    monkeypatch.setattr(Shaping, "forced", lambda self, cost, limit: [])
+    assert engine.generate(prompt, max_new_tokens=48, response_format=rf).token_ids == got.token_ids
+
+
 def test_logits_are_the_same_bits_with_hidden_states_on_or_off(f32):
     """What the heads' hidden states cost is their copy, not different numbers: a tree's logits with
     llama.cpp's embeddings on equal those with them off, bit for bit (F32 GGUF)."""

@@ -19,7 +19,10 @@ from the constrained distribution (tests/test_constraints.py, tests/test_lossles
 `forced()` is the grammar's forced continuation (llguidance's fast-forward tokens: a JSON key, a closing brace,
 a fixed tool-call wrapper): the engine offers it as a draft chain that is nearly always accepted
 (engine.forced_step). It is a draft like any other, verified against the masked logits: where the model would
-tokenize the forced text differently, the draft is rejected there and the output is still the model's.
+tokenize the forced text differently, the draft is rejected there and the output is still the model's. Where a
+node's mask allows one token (`one_token`: most of a forced chain, as llguidance allows one tokenization of a
+forced key), its logits decide nothing, so the engine asks the backend for no row there (`Pending.outputs`:
+llama.cpp then runs no output head for the node, ~a fifth of a token's work on a 135M model).
 
 JSON is compact (no whitespace between tokens, "," and ":" separators): a small model then cannot loop on
 whitespace, and the separators are forced tokens. llguidance was chosen over xgrammar by measurement
@@ -293,6 +296,17 @@ class Matcher:
         """[1, words] the allowed-token bits after the emitted tokens."""
         self._fill(self._row)
         return self._row[None].copy()
+
+
+def one_token(masks: np.ndarray) -> np.ndarray:
+    """[n] bool: which rows of `masks` [n, words] allow exactly one token (a forced token: its node's logits
+    decide nothing, since every acceptance rule then takes that token)."""
+    words = masks.view(np.uint32)
+    one = np.count_nonzero(words, axis=1) == 1
+    if one.any():
+        w = words[one].max(axis=1)  # the row's one non-zero word: one bit set?
+        one[one] = (w & (w - 1)) == 0
+    return one
 
 
 def apply_masks(logits: torch.Tensor, masks: np.ndarray) -> torch.Tensor:

@@ -23,6 +23,7 @@ import torch
 
 from .accept import ACCEPTANCE, GenerationOptions, GumbelNoise, Sampling, accept
 from .backends import base_for
+from .constraints import one_token
 from .costs.curves import CostCurve, LatencyModel, relative_cost
 from .drafts import COPIED, FORCED, HEADS, SourceCounts
 from .errors import EntMTPError
@@ -359,7 +360,10 @@ def decode(engine: Engine, state: DecodeState) -> Iterator[TokenEvent]:
         #     the replay of the graph captured for this tree size; batch.py verifies many rows at once)
         fwd = state.graphs.forward(step.tokens, step.tree) if state.graphs is not None else None
         if fwd is None:
-            fwd = engine.base.forward(step.tokens, step.tree, state.cache, hidden=state.reads_hidden)
+            outputs = step.outputs(state.logprobs is not None)
+            fwd = engine.base.forward(
+                step.tokens, step.tree, state.cache, hidden=state.reads_hidden, outputs=outputs
+            )
         step.times["verify"] = step.clock.lap()
         event = conclude(engine, state, step, fwd)  # (4) accept, (5) commit, (6) finish the step
         if step.chosen:  # ... and the policy observes the step it chose (not a grammar's forced chain)
@@ -426,6 +430,15 @@ class Pending:
     def chosen(self) -> bool:
         """Whether the policy chose this step's tree (and so observes the step)."""
         return not self.forced
+
+    def outputs(self, logprobs: bool) -> list[bool] | None:
+        """The nodes whose logits verification reads (None: every node's): under a grammar, not those whose mask
+        allows one token (the next token there is that one under every acceptance rule, whatever the logits),
+        unless log-probabilities are asked for (they are the model's own, read off every emitted token's row)."""
+        if self.masks is None or logprobs:
+            return None
+        read = ~one_token(self.masks)
+        return None if read.all() else read.tolist()
 
 
 def prepare(engine: Engine, state: DecodeState) -> Pending:

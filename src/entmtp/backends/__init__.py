@@ -19,6 +19,7 @@ says what `build` asks of each backend (which candidates, how to load them).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -62,11 +63,14 @@ class Base(Protocol):
         logits_to_keep: int = 0,
         hidden: bool = True,
         interrupt: Interrupt | None = None,
+        outputs: Sequence[bool] | None = None,
     ):
         """Logits (and, with `hidden`, the hidden states the heads read) of `tokens` as `tree` over `cache`.
         `hidden` False: the caller reads no hidden states, and a backend may return none (llama.cpp then
         keeps its embeddings off). `interrupt`: a prefill (`tree` None) stops part way once it is raised,
-        with `Preempted`, the cache as before the call (interrupt.py); a backend may also finish it."""
+        with `Preempted`, the cache as before the call (interrupt.py); a backend may also finish it.
+        `outputs` [n] (a tree's): the nodes whose logits the caller reads (None: all); the other rows may
+        hold anything finite (llama.cpp computes none of them: no output head, no copy)."""
 
     def commit(self, cache, path: list[int]) -> None: ...
 

@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import os
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -700,9 +701,12 @@ class LlamaCppBase:
         logits_to_keep: int = 0,
         hidden: bool = True,
         interrupt: Interrupt | None = None,
+        outputs: Sequence[bool] | None = None,
     ) -> Forward:
         """Tokens at positions cache.length + depth over `cache` (see the module docstring); a prefill (`tree`
         None) runs in chunks of N_BATCH tokens. `logits_to_keep` > 0: the logits of the last that many.
+        `outputs` (a tree's, without `hidden`): only those nodes are output rows (llama.cpp runs no output head
+        for the others, whose rows are zeros; with hidden states on, every token is an output row anyway).
         `hidden` False: the caller reads no hidden states (no heads), so llama.cpp computes and copies none
         (its embeddings stay off) and `Forward.hidden` is empty [0, H]. `interrupt` (a prefill's only): raised,
         it stops llama.cpp between two graph nodes (its abort callback, interrupt.py): `Preempted`, with the
@@ -721,7 +725,13 @@ class LlamaCppBase:
                     rt.seq_rm(cache.seq, past)
                     raise
         positions = (past + tree.depths).tolist()
-        logits, states = cache.runtime.decode(toks, positions, seqs, [True] * n, embeddings=hidden)
+        rows = [True] * n if outputs is None or hidden or all(outputs) else [bool(o) for o in outputs]
+        rows[-1] = rows[-1] or not any(rows)  # a decode with no output row: the last node's
+        logits, states = cache.runtime.decode(toks, positions, seqs, rows, embeddings=hidden)
+        if len(logits) < n:  # the rows not read: zeros
+            full = np.zeros((n, logits.shape[1]), dtype=logits.dtype)
+            full[np.flatnonzero(rows)] = logits
+            logits = full
         return self._forward(logits, states)
 
     def _prefill(

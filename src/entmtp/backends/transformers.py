@@ -133,12 +133,14 @@ class BaseModel:
         logits_to_keep: int = 0,
         hidden: bool = True,
         interrupt: Interrupt | None = None,
+        outputs=None,
     ) -> Forward:
         """Tokens at positions cache.length + depth, each attending to the committed prefix and to its own
         ancestors in the tree; their keys and values go into the cache's scratch slots (`commit` keeps the
         accepted ones). `logits_to_keep` > 0: logits of the last that many tokens only (a prefill needs the
         last one's: the LM head over every prompt position is up to a fifth of a long prompt's work).
-        `hidden` (the Base protocol's): the hidden states come with the logits either way here.
+        `hidden` and `outputs` (the Base protocol's): the hidden states come with the logits either way here,
+        and every row's logits (a row the caller skips costs a tree node little on this backend's curve).
         `interrupt` (a prefill's only): raised, it stops the forward before its next layer writes
         (`Preempted`; the cache's length unmoved, so nothing it wrote counts). transformers' own cache
         (`DynamicKV`) appends as it goes and is never interrupted."""
