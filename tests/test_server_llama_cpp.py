@@ -145,14 +145,32 @@ def test_a_json_schema_reply_validates_and_is_plain_constrained_greedy(client, p
     assert streamed == text
 
 
+# the person with bounded strings: every reply the grammar allows fits in SAMPLED_TOKENS (a token is at least
+# one character), so a sampled reply that rambles inside a string still closes its object before the limit
+BOUNDED = {
+    **PERSON,
+    "properties": {
+        **PERSON["properties"],
+        "name": {"type": "string", "maxLength": 24},
+        "city": {"type": "string", "maxLength": 24},
+        "languages": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4},
+    },
+}
+SAMPLED_TOKENS = 200
+
+
 def test_json_replies_validate_sampled_and_as_batch_rows(client):
+    bounded = {"type": "json_schema", "json_schema": {"name": "person", "schema": BOUNDED, "strict": True}}
     asks = [dict(temperature=t, seed=s) for t, s in ((0, None), (0.8, 1), (1.0, 2), (0.7, None))]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         replies = [
-            pool.submit(_chat, client, EXTRACT, max_tokens=80, response_format=JSON_FORMAT, **a) for a in asks
+            pool.submit(_chat, client, EXTRACT, max_tokens=SAMPLED_TOKENS, response_format=bounded, **a)
+            for a in asks
         ]
         for r in replies:
-            jsonschema.validate(json.loads(r.result().choices[0].message.content), PERSON)
+            choice = r.result().choices[0]
+            assert choice.finish_reason == "stop"
+            jsonschema.validate(json.loads(choice.message.content), BOUNDED)
     obj = _chat(client, EXTRACT, max_tokens=80, temperature=0, response_format={"type": "json_object"})
     assert isinstance(json.loads(obj.choices[0].message.content), dict)
 
