@@ -12,9 +12,9 @@ for a node's candidates where its own n-grams have none, so the lookup branch of
 earlier requests where the text itself has no match, sized per step on the machine's curve
 (scheduler/hybrid.py): at the cache's own rates, learned apart from the text's, each step starting from the
 cache's empirical probability of each token of its chain, so a chain runs as far as earlier outputs agree (a
-JSON key every earlier output wrote) and stops where they part (the value after it). They are verified like any draft: the output is the output without the cache, token for
-token in greedy decoding, in distribution when sampling losslessly. Typical acceptance ignores them, as it
-ignores predictions (it would copy).
+JSON key every earlier output wrote) and stops where they part (the value after it). They are verified like
+any draft: the output is the output without the cache, token for token in greedy decoding, in distribution when
+sampling losslessly. Typical acceptance ignores them, as it ignores predictions (it would copy).
 
 The cache is bounded: after each generation the oldest outputs are evicted until the tree's estimated memory is
 under `max_bytes`. One cache per engine (a server's: every request it serves); `SuffixCaches` keeps one per

@@ -83,6 +83,9 @@ def main() -> int:
     prompts = load_prompts(args.task, "test", args.num_prompts)
     runs: dict = {}
     peer = LlamaCppPlain(n_threads=args.threads)
+    unknown = sorted(set(args.backends.split(",")) - set(BACKENDS))
+    if unknown:
+        ap.error(f"--backends: unknown {', '.join(unknown)}; use some of {', '.join(BACKENDS)}")
     built = {b: engines(b, BACKENDS[b], args.threads) for b in args.backends.split(",")}
     methods = [(b, name) for b in built for name in built[b]] + [("peer", "llama-cpp-python")]
     for label in ("first pass",) if args.no_retries else ("first pass", "retries"):
