@@ -2,7 +2,9 @@
 accepted draft under the same. Per step the sources' drafted nodes add up to the tree's nodes and their accepted
 drafts to the step's; the lookup kinds (the text's own n-grams, a prediction, the suffix cache) add up to
 `lookup_accepted`. A right prediction's drafts are the prediction's, a warm suffix cache's the cache's, the text's
-own repeats lookup's, the heads' the heads'. (A grammar's forced tokens: tests/test_constraints.py; the server's
+own repeats lookup's, the heads' the heads'. The sources that draft from tokens (the text's lookup, a prediction,
+the suffix cache) are one protocol: begun over a prompt, told the emitted tokens, offering a continuation with
+their own estimate (or none), ended. (A grammar's forced tokens: tests/test_constraints.py; the server's
 metrics by source: tests/test_server.py.)"""
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import pytest
 import torch
 
 from conftest import ByteTokenizer, OracleHeads, tiny_model
+from entmtp import suffix
 from entmtp.batch import generate_batch
-from entmtp.drafts import COPIED, HEADS, LOOKUP, PREDICTION, SOURCES, SUFFIX, SourceCounts
+from entmtp.drafts import COPIED, HEADS, LOOKUP, PREDICTION, SOURCES, SUFFIX, Draft, SourceCounts
 from entmtp.engine import Engine
-from entmtp.lookup import Lookup, NgramIndex
+from entmtp.lookup import Lookup, NgramIndex, TextLookup
 from entmtp.policy import static
+from entmtp.prediction import Prediction
 from entmtp.scheduler.hybrid import hybrid
 
 PROMPT = "The cat sat on the mat. The cat sat on"
@@ -50,6 +54,30 @@ def test_the_index_names_each_candidates_source():
     assert found.tokens == [5, 9, 6] and found.match == 2
     assert found.origins == [LOOKUP, LOOKUP, PREDICTION]
     assert index.candidates([7, 8], 3) == (found.tokens, found.match)  # the same ranking, without sources
+
+
+def test_the_sources_that_copy_begin_offer_and_end_as_one_protocol():
+    """The text's lookup, a prediction and the suffix cache answer the same faces (drafts.DraftSource): each,
+    under its own name, begins a session over the prompt that is told the emitted tokens, offers its
+    continuation of the text as a `Draft` (with its estimate of each token, or none), and ends."""
+    prompt, out = [5, 1, 2, 3, 4, 9], [1, 2, 3]
+    sources = [TextLookup(3), Prediction([1, 2, 3, 4, 8])]
+    if suffix.available():
+        cache = suffix.SuffixCache()
+        earlier = cache.begin([7])
+        earlier.extend([1, 2, 3, 4, 6])
+        earlier.end()
+        sources.append(cache)
+    assert [s.name for s in sources] == [LOOKUP, PREDICTION, SUFFIX][: len(sources)]
+    for source in sources:
+        session = source.begin(prompt)
+        session.extend(out)
+        draft = session.draft(prompt + out, 4)
+        assert isinstance(draft, Draft) and draft.tokens[0] == 4 and draft.match >= 3, source.name
+        assert len(draft.probs) in (0, len(draft.tokens)), source.name
+        session.end()
+    estimated = [s.name for s in sources if s.begin(prompt).draft(prompt + out, 4).probs]
+    assert estimated == [PREDICTION, SUFFIX][: len(sources) - 1]  # the text's own n-grams give none
 
 
 def test_a_right_prediction_is_counted_as_the_predictions_drafts(model, plain):

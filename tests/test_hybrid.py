@@ -14,8 +14,9 @@ import torch
 from conftest import ProbeReadingPolicy
 from entmtp.errors import EntMTPError
 from entmtp.heads import LazyProbe, Probe
-from entmtp.lookup import Lookup, NgramIndex
+from entmtp.lookup import Lookup, NgramIndex, TextLookup
 from entmtp.policy import StaticPolicy
+from entmtp.prediction import Prediction
 from entmtp.records import Step, StepContext
 from entmtp.scheduler.hybrid import Estimates, HybridPolicy, chain_depth, copy_chain, counterfactual_depth
 from entmtp.scheduler.policies import LatencyModel
@@ -149,7 +150,7 @@ def test_a_chain_waits_until_its_first_token_is_surely_right_where_a_node_costs_
 
 @dataclass
 class Offer:
-    """A cross source (drafts.CrossSource) that offers `chain` with `probs` (cumulative) after every text."""
+    """A cross source (a drafts.Session) that offers `chain` with `probs` (cumulative) after every text."""
 
     chain: tuple[int, ...]
     probs: tuple[float, ...]
@@ -188,6 +189,20 @@ def test_a_sources_own_estimates_price_its_chain_from_the_first_step():
     # the text's own n-grams have no estimates: the same match from the text is priced at the prior (plain here)
     text = NgramIndex([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3], max_ngram=3)
     assert HybridPolicy(StaticPolicy(Tree.root_only()), careful, DEAR).choose(_ctx(text)).tree.num_lookup == 0
+
+
+def test_a_predictions_chain_is_priced_at_its_copy_rate_from_the_first_step():
+    """A branch from a prediction starts at the prediction's copy rate (prediction.PREDICTED_RATE), not at the
+    text's prior by match length: on a curve where drafted nodes are cheap (`COSTLY`) the same chain is drafted
+    longer from the first step when the prediction estimates it than when it does not."""
+    prediction = Prediction(list(range(20, 40)))
+    text = [9, 20, 21, 22]  # the text follows the prediction's first three tokens
+    policy = HybridPolicy(StaticPolicy(Tree.root_only()), Lookup(tokens=10), COSTLY)
+    estimated = TextLookup(3, prediction).begin(text)
+    assert estimated.ranked(estimated.tail(3), 1).origins == ["prediction"]
+    unestimated = NgramIndex(text, max_ngram=3, prefix=prediction.tokens)  # the same index, no session
+    lengths = [policy.fresh().choose(_ctx(i)).tree.num_lookup for i in (estimated, unestimated)]
+    assert lengths[0] > lengths[1] > 0, lengths
 
 
 def test_each_source_is_priced_at_its_own_rates():

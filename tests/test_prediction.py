@@ -1,8 +1,10 @@
 """Predicted Outputs (prediction.py): a request's expected output is drafted from, never emitted unverified.
 Greedy output with a prediction (right, wrong, partly right, empty) is the output without one, token for token
 in float32, alone and as batch rows, whatever the policy; the prediction's tokens join the lookup index ahead of
-the text without an n-gram crossing into it; usage counts the prediction's tokens found in the output; a bad
-prediction is named. Sampling with a prediction: tests/test_lossless.py."""
+the text without an n-gram crossing into it; as a draft source it offers its continuation after the longest
+stretch of the text it holds, estimated at its copy rate where the stretch says the text follows it; usage
+counts the prediction's tokens found in the output; a bad prediction is named. Sampling with a prediction:
+tests/test_lossless.py."""
 
 from __future__ import annotations
 
@@ -13,9 +15,17 @@ from conftest import ByteTokenizer, OracleHeads, tiny_model
 from entmtp.batch import generate_batch
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
-from entmtp.lookup import Lookup, NgramIndex
+from entmtp.lookup import Lookup, NgramIndex, TextLookup
 from entmtp.policy import static
-from entmtp.prediction import PREDICTION, PredictionUsage, prediction_ids, prediction_usage
+from entmtp.prediction import (
+    MIN_ALIGN,
+    PREDICTED_RATE,
+    PREDICTION,
+    Prediction,
+    PredictionUsage,
+    prediction_ids,
+    prediction_usage,
+)
 from entmtp.scheduler.hybrid import HybridPolicy, hybrid
 
 PROMPTS = ["def add(a, b):\n    return a + b\n# again:\n", "The cat sat on the mat. The cat sat on"]
@@ -105,6 +115,35 @@ def test_the_prediction_sits_ahead_of_the_text_and_no_ngram_crosses_into_it():
     index.extend([1, 2])
     assert index.candidates(index.tail(3), 2) == ([3], 2)  # the text meets the prediction: it copies on
     assert NgramIndex([1, 2, 3]).start == 0
+
+
+def test_a_prediction_offers_its_continuation_after_the_longest_stretch_it_holds_at_its_copy_rate():
+    source = Prediction([1, 2, 3, 4, 5, 6, 7, 2, 3, 9], rate=0.8)
+    session = source.begin([0, 0])
+    draft = session.draft([7, 1, 2, 3], 4)  # (1, 2, 3): the prediction's first stretch
+    assert draft.tokens == (4, 5, 6, 7) and draft.match == 3
+    assert draft.probs == pytest.approx((0.8, 0.8**2, 0.8**3, 0.8**4))  # right to each token, cumulative
+    assert session.draft([6, 7, 2, 3], 4).tokens == (9,)  # the longer stretch (7, 2, 3) places it
+    short = session.draft([5, 2, 3], 3)  # (2, 3) only: the earliest occurrence, and too short to estimate
+    assert short.tokens == (4, 5, 6) and short.match == 2 < MIN_ALIGN and short.probs == ()
+    assert (
+        session.draft([42], 4).tokens == () and session.draft([3, 9], 4).tokens == ()
+    )  # no stretch; the end
+    with pytest.raises(EntMTPError, match=r"copy rate is a probability in \[0, 1\], got 1.5"):
+        Prediction([1, 2], rate=1.5)
+
+
+def test_the_index_gives_a_chain_from_the_prediction_its_estimates_and_the_texts_own_none():
+    prediction = Prediction([1, 2, 3, 4, 5, 6, 7, 8], rate=PREDICTED_RATE)
+    index = TextLookup(3, prediction).begin([9, 1, 2, 3])
+    assert index.tokens[: index.start] == prediction.tokens and index.prediction is prediction
+    found = index.ranked(index.tail(3), 1)
+    assert found.tokens == [4] and found.origins == ["prediction"]
+    assert index.estimates(source="prediction") == pytest.approx([PREDICTED_RATE] * 5)  # 4 .. 8, each at q
+    assert index.estimates(source="lookup") == [] and index.estimates(source="suffix") == []
+    assert index.draft(index.tail(3), 10).tokens == (4, 5, 6, 7, 8)  # what a chain of lookup nodes drafts
+    index.extend([7])  # (2, 3, 7) is in no stretch of the prediction's 3 or more: its chain is not estimated
+    assert index.estimates(source="prediction") == []
 
 
 def test_usage_counts_the_predictions_tokens_found_in_the_output_in_order():

@@ -17,17 +17,31 @@ more recent: prompt lookup alone would have drafted it), so the prediction is cr
 lacks: little in an edit whose prompt holds the file it edits (there a prediction's gain is the longer branch
 its request runs, prediction.with_prediction), all of it where the prompt does not hold the expected text.
 
-A source from outside the text (the suffix cache's `Session`; a new one: the same faces) is a `CrossSource`:
-told every token the text grows by, asked once per step for its continuation of the text with its own estimate
-of each token (`CrossDraft.probs`: the suffix cache's empirical continuation probabilities), ended with the
-generation. The index ranks its token first where it continues a longer context than the text's own n-gram
-match (lookup.py), so the hybrid policy's lookup branch carries it.
+A source that drafts from tokens is a `DraftSource`: `begin(prompt)` opens a generation's `Session`, which is told
+every token the text grows by (`extend`), offers the continuation it expects after a context with its own
+estimate of each token (`draft` -> `Draft`: the tokens, the chance the chain is right to each, how many of the
+context's last tokens it continues; no estimate: no probs) and is closed with the generation (`end`):
+
+    lookup      lookup.TextLookup: its session is the generation's `lookup.NgramIndex` over prompt and output
+    prediction  prediction.Prediction: the predicted output, each token estimated at the rate predictions copy at
+    suffix      suffix.SuffixCache: earlier outputs, each token at arctic's empirical continuation probability
+
+The heads draft from the base model's hidden states, not from tokens: their session is `heads.Drafter` (opened
+by `MTPHeads.drafter`, told the accepted path's hidden states, drafting a tree of candidates per depth), and a
+grammar's forced tokens come from the generation's matcher (shaping.py), right with probability 1.
+
+The copied sessions meet in the text's index: a lookup node copies the best-ranked continuation of its branch
+whichever source holds it (the prediction's tokens are the index's prefix, the suffix cache's chain ranks first
+where it continues a longer context than the text's own match: lookup.py); the index tells the sessions it
+reads of every token the text grows by, names each node's source (`Candidates.origins`) and gives the estimate
+of a chain from a source (`NgramIndex.estimates`). The engine opens a generation's sessions in
+`Engine.new_state` and closes them with its result.
 
 The hybrid (scheduler/hybrid.py) prices a step's branch as a branch from its source: the source of the branch's
 first token (`Candidates.origins[0]`) names the acceptance rates it is sized on, learned per source (the text's
 n-grams, a prediction and the suffix cache are right at different rates, and one source's misses say nothing of
-another's), each starting from the source's own estimate where it gives one (the suffix cache's, per token of
-its chain, `NgramIndex.estimates`), else from the prior by match length.
+another's), each starting from the source's own estimate where it gives one (the suffix cache's and a
+prediction's, per token of its chain, `NgramIndex.estimates`), else from the prior by match length.
 """
 
 from __future__ import annotations
@@ -41,20 +55,32 @@ SOURCES = (HEADS, LOOKUP, PREDICTION, SUFFIX, FORCED)
 COPIED = (LOOKUP, PREDICTION, SUFFIX)  # the sources a lookup node copies from (lookup.NgramIndex)
 
 
-class CrossDraft(Protocol):
-    tokens: Sequence[int]  # the continuation, first token first
-    probs: Sequence[float]  # the source's estimate that the continuation is right to each token (cumulative)
-    match: int  # how many of the text's last tokens it continues
+@dataclass(frozen=True)
+class Draft:
+    """A continuation a source offers: its tokens (first first), the source's estimate that it is right to each
+    token (cumulative; empty: the source gives none), and how many of the context's last tokens it continues."""
+
+    tokens: tuple[int, ...]
+    probs: tuple[float, ...]
+    match: int
 
 
-class CrossSource(Protocol):
-    """Drafts from outside the text (the module docstring; suffix.Session is one)."""
+class Session(Protocol):
+    """One generation's view of a draft source (the module docstring)."""
 
     def extend(self, tokens: Sequence[int]) -> None: ...
 
-    def draft(self, context: Sequence[int], max_tokens: int) -> CrossDraft: ...
+    def draft(self, context: Sequence[int], max_tokens: int) -> Draft: ...
 
     def end(self) -> None: ...
+
+
+class DraftSource(Protocol):
+    """A source of drafts: `begin` opens a generation's session over its prompt (the module docstring)."""
+
+    name: str  # one of `SOURCES`
+
+    def begin(self, prompt: Sequence[int]) -> Session: ...
 
 
 @dataclass

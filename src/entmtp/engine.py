@@ -25,14 +25,14 @@ from .accept import ACCEPTANCE, GenerationOptions, GumbelNoise, Sampling, accept
 from .backends import base_for
 from .constraints import one_token
 from .costs.curves import CostCurve, LatencyModel, relative_cost
-from .drafts import COPIED, FORCED, HEADS, SourceCounts
+from .drafts import COPIED, FORCED, HEADS, SUFFIX, Session, SourceCounts
 from .errors import EntMTPError
 from .heads import Drafter, LazyProbe, Probe, taken
 from .interrupt import Interrupt
-from .lookup import Lookup, NgramIndex, draft_lookup, source_depths
+from .lookup import Lookup, NgramIndex, TextLookup, draft_lookup, source_depths
 from .model import check_request, context_window, encode_prompt, eos_token_ids
 from .policy import Choice, TreePolicy, require_policy, static
-from .prediction import PREDICTION, prediction_ids, prediction_usage, with_prediction
+from .prediction import PREDICTION, Prediction, prediction_ids, prediction_usage, with_prediction
 from .records import MAX_TOP_LOGPROBS, Result, Step, StepContext, TokenEvent, TokenLogprob
 from .shaping import Shaping, forced_chain
 from .shipped import bind_heads
@@ -227,8 +227,11 @@ class Engine:
         policy = self.policy_for(sampling, bool(predicted) or crossed) if policy is None else policy
         lookup = policy.lookup
         uses_lookup = lookup is not None or any(t.num_lookup for t in _trees(policy))
-        session = self.suffix.begin(ids) if crossed and uses_lookup else None
+        # the copied sources' sessions the text's index reads (drafts.py)
+        foreseen = Prediction(drafted).begin(ids) if uses_lookup and drafted else None
+        cross = self.suffix.begin(ids) if uses_lookup and crossed else None
         max_ngram = lookup.max_ngram if lookup is not None else Lookup.max_ngram
+        text = TextLookup(max_ngram, foreseen, {SUFFIX: cross} if cross is not None else None)
         drafts = any(t.heads_tree.num_nodes for t in _trees(policy))  # plain or lookup-only: no heads' state
         noise = None
         if sampling.rule.needs_noise:  # without a seed, one from the global RNG (a seeded torch repeats it)
@@ -247,7 +250,8 @@ class Engine:
             graphs=graphs,
             policy=policy.fresh(),
             drafter=self.heads.drafter(noise, temperature) if self.heads is not None and drafts else None,
-            index=NgramIndex(ids, max_ngram, prefix=drafted, cross=session) if uses_lookup else None,
+            index=text.begin(ids) if uses_lookup else None,
+            sessions=tuple(s for s in (foreseen, cross) if s is not None),
             text=Detokenizer(self.tokenizer, options.stop or [], incremental_text),
             logprobs=options.logprobs,
             noise=noise,
@@ -324,6 +328,7 @@ class DecodeState:
     steps: int = 0  # steps verified so far
     prediction: list[int] | None = None  # the request's predicted output's ids (None: none given)
     shaping: Shaping | None = None  # its grammar and sampling controls (shaping.py; None: the model's own)
+    sessions: tuple[Session, ...] = ()  # the draft sources' sessions `index` reads, closed with the result
 
     @property
     def reads_hidden(self) -> bool:
@@ -333,8 +338,8 @@ class DecodeState:
         return self.drafter is not None and getattr(self.drafter, "reads_hidden", True)
 
     def result(self, steps: list[Step], seconds: float, prefill_seconds: float, reason: str) -> Result:
-        if self.index is not None and self.index.cross is not None:
-            self.index.cross.end()  # the output stays in the suffix cache for later requests
+        for session in self.sessions:  # the suffix cache keeps the output for later requests
+            session.end()
         return Result(
             self.text.final_text(),
             self.out,

@@ -10,6 +10,10 @@ tokens that followed earlier occurrences of their longest matching suffix: the l
 often each continuation occurred, then by recency; shorter matches add candidates the longer ones lack. Node
 "L<r>" of a tree (tree.py) gets the rank-r candidate; a node with no candidate is dropped from the step's tree
 (`tree.prune`), so a lookup branch costs nothing where the context has no match.
+
+As a draft source (drafts.py) the text's own lookup is a `TextLookup`, whose session is the generation's index;
+the index also reads the other copied sources' sessions (a prediction as its prefix, the suffix cache as its
+`cross` source) and gives each one's estimates of its chain (`NgramIndex.estimates`).
 """
 
 from __future__ import annotations
@@ -17,16 +21,17 @@ from __future__ import annotations
 import argparse
 import bisect
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .drafts import LOOKUP, PREDICTION, SUFFIX
+from .drafts import LOOKUP, PREDICTION, SUFFIX, Draft, Session
 from .errors import EntMTPError
 from .settings import add_arguments, from_args, setting
 from .tree import Tree
 
 MAX_OCCURRENCES = 64  # most recent occurrences of an n-gram read per query (bounds a query on long contexts)
 MAX_CROSS_TOKENS = 32  # longest chain a `cross` source is asked for per step (a prediction's branch length)
+MAX_CROSS_CONTEXT = 64  # the most of the text a prediction's session is shown to align on (it reads up to 8)
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,22 @@ def lookup_from_args(args: argparse.Namespace) -> Lookup | None:
 
 
 @dataclass(frozen=True)
+class TextLookup:
+    """The text's own n-grams as a draft source (drafts.DraftSource): a generation's session is its `NgramIndex`
+    over the prompt, reading the generation's `prediction` session (its tokens the index's prefix) and its
+    `cross` sessions (the suffix cache's, by source name), where it has them."""
+
+    max_ngram: int = 3
+    prediction: Session | None = None  # a prediction.Prediction session
+    cross: Mapping[str, Session] | None = None  # {drafts.SUFFIX: a suffix.Session}
+    name = LOOKUP
+
+    def begin(self, prompt: Sequence[int]) -> NgramIndex:
+        prefix = self.prediction.tokens if self.prediction is not None else ()
+        return NgramIndex(prompt, self.max_ngram, prefix=prefix, cross=self.cross, prediction=self.prediction)
+
+
+@dataclass(frozen=True)
 class Candidates:
     """A query's ranked next tokens (best first), the longest suffix matched, and each token's source."""
 
@@ -130,25 +151,36 @@ class NgramIndex:
 
     `prefix`: tokens indexed ahead of the text but not part of it (a request's predicted output, prediction.py):
     their n-grams are found like the text's, and no n-gram or continuation crosses from them into the text.
-    `cross`: a source of continuations from outside the text (suffix.Session: earlier requests' outputs), asked
-    once per step; its token ranks first where it continues a longer context than the text's own n-gram match
-    (the text's candidates follow it); it is told every token the text grows by."""
+    `cross`: sessions of sources of continuations from outside the text (drafts.Session; by source name, or one
+    session, taken as the suffix cache's: earlier requests' outputs), each asked once per step; the token of
+    the one that continues the longest context ranks first where that is longer than the text's own n-gram match
+    (the text's candidates follow it); each is told every token the text grows by. `prediction`: the session
+    whose tokens are the prefix (prediction.Prediction), read for its estimates of a chain it offers."""
 
     def __init__(
-        self, tokens: Iterable[int] = (), max_ngram: int = 3, prefix: Iterable[int] = (), cross=None
+        self,
+        tokens: Iterable[int] = (),
+        max_ngram: int = 3,
+        prefix: Iterable[int] = (),
+        cross: Session | Mapping[str, Session] | None = None,
+        prediction: Session | None = None,
     ):
         self.max_ngram = max_ngram
         self.tokens: list[int] = []
         self.ends: dict[tuple[int, ...], list[int]] = {}
         self.start = 0  # where the text begins in `tokens` (after the prefix)
-        self.cross = None
-        # size -> the cross chain offered then: (its next token and context length by the tokens before it, the
-        # source's estimate that each of its tokens is right given the ones before it)
-        self._crossed: dict[int, tuple[dict[tuple[int, ...], tuple[int, int]], list[float]]] = {}
+        self.cross: dict[str, Session] = {}
+        # (source, size) -> the chain it offered then: (its next token and context length by the tokens before
+        # it, the source's estimate that each of its tokens is right given the ones before it)
+        self._crossed: dict[tuple[str, int], tuple[dict[tuple[int, ...], tuple[int, int]], list[float]]] = {}
         self.extend(prefix)
         self.start = len(self.tokens)
         self.extend(tokens)
-        self.cross = cross  # told of the tokens from here on (it holds the prompt already)
+        # told of the tokens from here on (each holds the prompt already)
+        self.cross = (
+            dict(cross) if isinstance(cross, Mapping) else {SUFFIX: cross} if cross is not None else {}
+        )
+        self.prediction = prediction
 
     def tail(self, n: int, size: int | None = None) -> list[int]:
         """The text's last `n` tokens (fewer where it is shorter: never the prefix's); `size`: of its first
@@ -158,9 +190,10 @@ class NgramIndex:
 
     def extend(self, new: Iterable[int]) -> None:
         toks, ends = self.tokens, self.ends
-        if self.cross is not None:
+        if self.cross:
             new = list(new)
-            self.cross.extend(new)
+            for session in self.cross.values():
+                session.extend(new)
         for t in new:
             toks.append(int(t))
             i = len(toks)
@@ -182,8 +215,8 @@ class NgramIndex:
 
     def ranked(self, tail: Sequence[int], k: int, size: int | None = None) -> Candidates:
         """`candidates`, with the source each token came from (drafts.py): the prediction where its most recent
-        occurrence under the longest match lies in the prefix, the `cross` source's where that ranks it, else
-        the text's own lookup."""
+        occurrence under the longest match lies in the prefix, a `cross` source's where that ranks it, else the
+        text's own lookup."""
         out: list[int] = []
         origins: list[str] = []
         match = 0
@@ -211,42 +244,69 @@ class NgramIndex:
                     origins.append(where[t])
             if len(out) >= k:
                 break
-        if self.cross is not None:
-            crossed = self._cross_candidate(tail, size)
-            if crossed is not None and crossed[1] > match:  # a longer context than the text's own n-grams
-                t = crossed[0]
-                rest = [(c, o) for c, o in zip(out, origins, strict=True) if c != t]
-                tokens, sources = [t, *(c for c, _ in rest)], [SUFFIX, *(o for _, o in rest)]
-                return Candidates(tokens[:k], min(crossed[1], self.max_ngram), sources[:k])
+        best, longest = None, match
+        for name in self.cross:
+            crossed = self._cross_candidate(name, tail, size)
+            if crossed is not None and crossed[1] > longest:  # a longer context than the text's own n-grams
+                best, longest = (name, crossed[0]), crossed[1]
+        if best is not None:
+            name, t = best
+            rest = [(c, o) for c, o in zip(out, origins, strict=True) if c != t]
+            tokens, sources = [t, *(c for c, _ in rest)], [name, *(o for _, o in rest)]
+            return Candidates(tokens[:k], min(longest, self.max_ngram), sources[:k])
         return Candidates(out[:k], match, origins[:k])
 
-    def estimates(self, size: int | None = None) -> list[float]:
-        """The `cross` source's own estimate, per token of the chain it offers after the text (as it was at
-        `size` tokens), that the token is right given the ones before it (the suffix cache's empirical
-        continuation probabilities); empty without a cross source or its chain. Read after `ranked` at that size
-        (which asks the source)."""
-        if self.cross is None:
-            return []
+    def estimates(self, size: int | None = None, source: str = SUFFIX) -> list[float]:
+        """A copied `source`'s own estimate, per token of the chain it offers after the text (as it was at
+        `size` tokens), that the token is right given the ones before it: a `cross` source's (the suffix
+        cache's empirical continuation probabilities; read after `ranked` at that size, which asks it) or the
+        prediction's (its copy rate); empty for the text's own n-grams, a source the index does not read, or no
+        chain."""
         size = len(self.tokens) if size is None else size
-        return self._cross_chain(size)[1]
+        if source in self.cross:
+            return self._cross_chain(source, size)[1]
+        if source == PREDICTION and self.prediction is not None:
+            text = self.tail(MAX_CROSS_CONTEXT, size)
+            return conditional(self.prediction.draft(text, MAX_CROSS_TOKENS).probs)
+        return []
 
-    def _cross_candidate(self, tail: Sequence[int], size: int) -> tuple[int, int] | None:
+    def draft(self, context: Sequence[int], max_tokens: int, size: int | None = None) -> Draft:
+        """The chain a run of lookup nodes drafts after `context` (each token the top-ranked continuation of the
+        tokens before it, the drafted ones included: draft_lookup), and the match it starts from; the index gives
+        no estimate of its own (the hybrid prices the text's chains on its prior by match length and its learned
+        rates). `size`: as `ranked`'s."""
+        tail, chain, match = list(context[-self.max_ngram :]), [], 0
+        while len(chain) < max_tokens:
+            found = self.ranked(tail[-self.max_ngram :], 1, size)
+            if not found.tokens:
+                break
+            match = match if chain else found.match
+            chain.append(found.tokens[0])
+            tail.append(found.tokens[0])
+        return Draft(tuple(chain), (), match)
+
+    def end(self) -> None:
+        """The text's index holds nothing past its generation (the sessions it reads end on their own)."""
+
+    def _cross_candidate(self, source: str, tail: Sequence[int], size: int) -> tuple[int, int] | None:
         """(the `cross` source's next token after `tail`, the length of the context it continues), where `tail`
         ends the text as it was at `size` tokens followed by a stretch of the chain the source offered there
         (asked once per size): the chain's j-th token continues a context of its match + j tokens."""
-        return self._cross_chain(size)[0].get(tuple(tail[-self.max_ngram :]))
+        return self._cross_chain(source, size)[0].get(tuple(tail[-self.max_ngram :]))
 
-    def _cross_chain(self, size: int) -> tuple[dict[tuple[int, ...], tuple[int, int]], list[float]]:
-        found = self._crossed.get(size)
+    def _cross_chain(
+        self, source: str, size: int
+    ) -> tuple[dict[tuple[int, ...], tuple[int, int]], list[float]]:
+        found = self._crossed.get((source, size))
         if found is None:
             text = self.tokens[self.start : size]
-            draft = self.cross.draft(text, MAX_CROSS_TOKENS)
+            draft = self.cross[source].draft(text, MAX_CROSS_TOKENS)
             chain, seq = {}, text[-self.max_ngram :]
             for j, t in enumerate(draft.tokens):
                 chain.setdefault(tuple(seq[-self.max_ngram :]), (t, draft.match + j))
                 seq = seq + [t]
-            found = self._crossed[size] = (chain, conditional(draft.probs))
-            for old in [n for n in self._crossed if n < size - 8]:  # the sizes a step may still ask about
+            found = self._crossed[source, size] = (chain, conditional(draft.probs))
+            for old in [key for key in self._crossed if key[1] < size - 8]:  # the sizes a step may ask about
                 del self._crossed[old]
         return found
 

@@ -11,6 +11,12 @@ keeps being right and verifying is cheap, none where it is wrong. Drafts are ver
 output is the output without a prediction: token for token in greedy decoding, in distribution when sampling
 losslessly. Typical acceptance, which is not lossless, would copy the prediction into the text: it ignores it.
 
+As a draft source (drafts.py) a prediction is a `Prediction`: its session offers the prediction's continuation
+after the longest stretch of a context found in it (`MAX_ALIGN` tokens at most), each token estimated right at
+`PREDICTED_RATE`, the rate predictions are copied at on edits, where the stretch is long enough to say the text
+follows the prediction (`MIN_ALIGN`), so the hybrid prices a branch from the prediction from its first step on
+that rate (learning the request's own from there) rather than on the text's prior by match length.
+
 Usage, as OpenAI's `completion_tokens_details` defines it: `accepted` = the prediction's tokens that appear in
 the completion (the matching blocks of the two token sequences, in order), `rejected` = the rest of the
 prediction's tokens.
@@ -22,6 +28,8 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .drafts import PREDICTION as NAME
+from .drafts import Draft
 from .errors import EntMTPError
 from .lookup import Lookup
 
@@ -32,6 +40,50 @@ PREDICTION = Lookup(tokens=32)
 # before it runs (routing.Promise): on the edits task (docs/results/predicted-outputs/) chains of up to 32 tokens
 # on transformers emitted 3.65-3.84 tokens a step, 1 / (1 - q) for q ~ 0.73-0.74
 PREDICTED_RATE = 0.75
+MAX_ALIGN = 8  # the longest stretch of the context a prediction's session aligns on
+# the shortest stretch whose alignment says the text follows the prediction (a shorter one, a newline or a
+# common word, is no such evidence: its chain comes without an estimate, priced on the prior by match length)
+MIN_ALIGN = 3
+
+
+class Prediction:
+    """A request's predicted output as a draft source (drafts.DraftSource); `rate`: the chance each of its
+    drafted tokens is right (its estimate)."""
+
+    name = NAME
+
+    def __init__(self, tokens: Sequence[int], rate: float = PREDICTED_RATE):
+        if not 0.0 <= rate <= 1.0:
+            raise EntMTPError(f"a prediction's copy rate is a probability in [0, 1], got {rate}")
+        self.tokens, self.rate = [int(t) for t in tokens], rate
+        # each stretch of up to MAX_ALIGN tokens -> where its earliest occurrence ends (the order an edit keeps)
+        self.ends: dict[tuple[int, ...], int] = {}
+        for end in range(len(self.tokens)):
+            for n in range(1, min(MAX_ALIGN, end + 1) + 1):
+                self.ends.setdefault(tuple(self.tokens[end + 1 - n : end + 1]), end)
+
+    def begin(self, prompt: Sequence[int]) -> Prediction:
+        """The generation's session: the prediction holds no state of the generation (a `draft` reads its
+        context), so it is its own session."""
+        return self
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        pass
+
+    def draft(self, context: Sequence[int], max_tokens: int) -> Draft:
+        """The prediction's tokens after the longest stretch ending `context` that it holds (the earliest such),
+        each estimated at `rate` given the ones before it where the stretch is `MIN_ALIGN` tokens or more (else
+        no estimate); nothing where it holds no stretch of it."""
+        for n in range(min(MAX_ALIGN, len(context)), 0, -1):
+            end = self.ends.get(tuple(context[len(context) - n :]))
+            if end is not None and end + 1 < len(self.tokens):
+                chain = tuple(self.tokens[end + 1 : end + 1 + max_tokens])
+                probs = tuple(self.rate ** (j + 1) for j in range(len(chain))) if n >= MIN_ALIGN else ()
+                return Draft(chain, probs, n)
+        return Draft((), (), 0)
+
+    def end(self) -> None:
+        pass
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ import itertools
 import threading
 import weakref
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 
+from .drafts import SUFFIX, Draft
 from .errors import EntMTPError
 
 MAX_DEPTH = 64  # longest suffix matched and longest continuation kept (arctic's max_tree_depth)
@@ -58,17 +58,11 @@ def available() -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class Draft:
-    """A continuation the cache offers: its tokens, each one's empirical probability, the matched length."""
-
-    tokens: tuple[int, ...]
-    probs: tuple[float, ...]
-    match: int
-
-
 class SuffixCache:
-    """Earlier outputs as a suffix tree, bounded by `max_bytes` (FIFO eviction of whole outputs)."""
+    """Earlier outputs as a suffix tree, bounded by `max_bytes` (FIFO eviction of whole outputs); a draft source
+    (drafts.DraftSource) whose sessions draft each token at its empirical continuation probability."""
+
+    name = SUFFIX
 
     def __init__(self, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH):
         if max_bytes < 1 or max_depth < 1:
@@ -117,7 +111,8 @@ class SuffixCache:
 
 
 class Session:
-    """One generation's view of a `SuffixCache`: `extend` with emitted tokens, `draft` a continuation."""
+    """One generation's view of a `SuffixCache` (a drafts.Session): `extend` with emitted tokens, `draft` a
+    continuation."""
 
     def __init__(self, owner: SuffixCache, req: Hashable):
         self.owner, self.req = owner, req

@@ -15,10 +15,10 @@ H_k = c_1 ... c_k: how often the heads' tree was right to depth k, from c_d, how
 when it was right to depth d - 1. L_k = q_1 ... q_k the same for the lookup chain after a match of length m
 (q_{m,d}, per match bucket), kept per source of the chain (drafts.py: the source of its first token, the text's
 own n-grams, a prediction or the suffix cache), so a source that copies well is not priced at another's
-misses; a source that estimates its own tokens (the suffix cache's empirical probabilities) gives the step's
-prior of each q_d, so the cache's near-certain chains are drafted from a generation's first step and its guesses
-are not. Copying is bursty: a chain is often wholly right (the text copies a span) or wrong
-at its first token, so q_1 is low and the deeper q_d near 1; a geometric chain (one rate r_m, L_k = r_m^k,
+misses; a source that estimates its own tokens (the suffix cache's empirical probabilities, a prediction's copy
+rate) gives the step's prior of each q_d, so the cache's near-certain chains are drafted from a generation's
+first step and its guesses are not. Copying is bursty: a chain is often wholly right (the text copies a span)
+or wrong at its first token, so q_1 is low and the deeper q_d near 1; a geometric chain (one rate r_m, L_k = r_m^k,
 what this policy took before) read that as r_m ~ 0.5 and kept branches short where long ones pay (Hydra
 dynamic+lookup on the 2-core EPYC, 3 prompts a task: RAG 2.10 -> 2.82 tokens/step, translation 2.19 -> 2.51). All are running estimates over
 this generation (steps decay with window `WINDOW`) started from priors (`HEADS_PRIOR`, `LOOKUP_PRIOR` at every
@@ -82,7 +82,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..costs.curves import HEADS_DRAFT_COST, CostCurve, LatencyModel, relative_cost
-from ..drafts import COPIED, LOOKUP, SUFFIX
+from ..drafts import COPIED, LOOKUP
 from ..heads import taken
 from ..lookup import Lookup, NgramIndex
 from ..policy import Choice, Menu, Settings, Stateful, TreePolicy, require_policy, static
@@ -237,7 +237,7 @@ class HybridPolicy(Settings, Stateful):
             found = index.ranked(index.tail(index.max_ngram), self.lookup.branches)
             if found.tokens:  # a branch from the source of its first token, at that source's rates
                 match, source = found.match, found.origins[0]
-                prior = index.estimates() if source == SUFFIX else ()
+                prior = index.estimates(source=source) if source != LOOKUP else ()
         m = min(match, MAX_MATCH)
         self._source, rates = source, self.rates[source][m]
         # the chain the match offers: `observe` reads as much of it as it judges (the index as it is now)
@@ -408,14 +408,7 @@ def copy_chain(index: NgramIndex, length: int, size: int | None = None) -> list[
     """The lookup chain of up to `length` tokens that `index` offers after its last tokens: each token the top
     continuation of the tokens before it, drafted ones included (what a chain of `length` lookup nodes drafts,
     lookup.draft_lookup). `size`: the chain the index offered when it held its first `size` tokens."""
-    tail, chain = index.tail(index.max_ngram, size), []
-    while len(chain) < length:
-        cands = index.candidates(tail[-index.max_ngram :], 1, size)[0]
-        if not cands:
-            break
-        chain.append(cands[0])
-        tail = [*tail, cands[0]]
-    return chain
+    return list(index.draft(index.tail(index.max_ngram, size), length, size).tokens)
 
 
 def chain_depth(chain: Sequence[int], emitted: Sequence[int], start: int, most: int) -> tuple[int, int]:
