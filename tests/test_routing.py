@@ -190,17 +190,51 @@ def test_the_copy_rate_is_learned_from_predicted_requests_and_moves_the_next_one
     )  # this EPYC's curves: at the prior rate, predictions stay on llama-cpp
     ids = list(range(5, 25))
     right = first.generate(ids, max_new_tokens=24).token_ids
-    assert router.copy_rate.value == PREDICTED_RATE
+    assert router.copy_rates["prediction"].value == PREDICTED_RATE
     said = []
     router.log = said.append
     assert router.generate(ids, max_new_tokens=24, prediction=right).token_ids == right
     assert said[-1].startswith("routed to llama-cpp") and "copies right 0.75 of the time" in said[-1]
-    assert router.copy_rate.value > 0.9  # every copied chain was right: only the prior's wrong ones remain
+    assert (
+        router.copy_rates["prediction"].value > 0.9
+    )  # every copied chain was right: only the prior's wrong ones remain
     again = router.generate(ids, max_new_tokens=24, prediction=right)
     assert (
         said[-1].startswith("routed to transformers")
         and again.token_ids == second.generate(ids, max_new_tokens=24).token_ids
     )
+
+
+def test_a_retry_of_a_prompt_the_shared_suffix_cache_answered_is_priced_by_that_answer():
+    """A prompt the suffix cache answered before promises about that answer's length, copied at the cache's own
+    learned rate: on a flat second verifier the retry moves there (a first request of it stayed on the fast
+    decode), gives that engine's own output, and the two lanes share one cache (what one wrote, the other drafts)."""
+    suffix = pytest.importorskip("entmtp.suffix")
+    pytest.importorskip(
+        "arctic_inference", reason="suffix drafts need arctic-inference (make setup installs it)"
+    )
+    first = Engine(tiny_model(seed=0), ByteTokenizer(), suffix=suffix.SuffixCache())
+    second = Engine(tiny_model(seed=1), ByteTokenizer(), suffix=suffix.SuffixCache())
+    alone = {
+        e: Engine(e.model, ByteTokenizer()).generate(list(range(5, 25)), max_new_tokens=24).token_ids
+        for e in (first, second)
+    }
+    router = _curved_router((first, second), second=(80.0, FLAT_CURVE))
+    assert second.suffix is first.suffix is router.suffix
+    ids, said = list(range(5, 25)), []
+    router.log = said.append
+    assert router.generate(ids, max_new_tokens=24).token_ids == alone[first]
+    assert said[-1].startswith("routed to llama-cpp: 20 prompt tokens, 24 new (expected")
+    retry = router.generate(ids, max_new_tokens=24)
+    assert said[-1].startswith(
+        "routed to transformers: 20 prompt tokens, 24 new, a prompt the suffix cache answered before in 24 tokens "
+        "(copies right 0.75 of the time"
+    )
+    assert (
+        retry.token_ids == alone[second] != alone[first]
+    )  # the lane's own output, the cache's drafts verified
+    assert router.copy_rates["suffix"].value != PREDICTED_RATE  # learned from it, apart from predictions'
+    assert router.copy_rates["prediction"].value == PREDICTED_RATE
 
 
 def test_the_copy_rate_is_a_censored_geometric_estimate():

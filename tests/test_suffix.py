@@ -1,8 +1,9 @@
 """Suffix drafts across requests (suffix.py): what earlier generations wrote is drafted, never emitted
 unverified. With a warm cache, greedy output equals plain greedy output token for token in float32, alone and as
 batch rows, whatever the policy, and seeded gumbel sampling writes plain sampling's tokens; the cache stays under
-its memory cap over 1,000 requests; callers kept apart stay apart; the index asks the cache only where the text's
-own n-grams have nothing. Sampling with a warm cache: tests/test_lossless.py."""
+its memory cap over 1,000 requests, and remembers which prompt each output it holds answered; callers kept apart
+stay apart; the index asks the cache only where the text's own n-grams have nothing. Sampling with a warm cache:
+tests/test_lossless.py."""
 
 from __future__ import annotations
 
@@ -86,6 +87,24 @@ def test_the_cache_stays_under_its_memory_cap_over_a_thousand_requests():
         evicted |= cache.cached() < i + 1
     assert peak <= cap and evicted
     assert cache.memory() > cap // 4  # it is used, not emptied
+
+
+def test_the_cache_knows_the_prompts_its_outputs_answered_until_they_are_evicted():
+    cache = SuffixCache()
+    for prompt, output in (([1, 2, 3], [4, 5, 6]), ([1, 2, 3], [7, 8]), ([9], [])):
+        session = cache.begin(prompt)
+        session.extend(output)
+        assert cache.answered(prompt) == (
+            3 if prompt == [1, 2, 3] and output == [7, 8] else 0
+        )  # not before its end
+        session.end()
+    assert cache.answered([1, 2, 3]) == 2  # the latest answer to it
+    assert cache.answered([1, 2]) == 0 and cache.answered([9]) == 0  # another prompt; an empty answer
+    small = SuffixCache(max_bytes=1)  # every finished output goes at once: so does what it answered
+    session = small.begin([1, 2, 3])
+    session.extend([4, 5, 6])
+    session.end()
+    assert small.answered([1, 2, 3]) == 0 and not small._prompts and not small._answers
 
 
 def test_a_live_generation_keeps_its_output_and_an_abandoned_one_ends():

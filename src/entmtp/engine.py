@@ -412,8 +412,6 @@ def prefill_chunk(
     if state.shaping is not None:  # the grammar's and the controls' distribution (shaping.py)
         logits = state.shaping.logits(logits, Tree.root_only(), chunk[-1:], state.shaping.root_masks())
     root = accept(Tree.root_only(), chunk[-1:], logits, state.sampling, state.generator, noise).bonus
-    if state.index is not None:
-        state.index.extend([root])
     state.root, state.root_logits = root, logits[-1].clone()  # [V] the root's distribution (a signal)
     return _emit(engine, state, None, [root], fwd.logits[-1:])
 
@@ -552,8 +550,6 @@ def conclude(engine: Engine, state: DecodeState, step: Pending, fwd) -> TokenEve
         state.drafter.extend(fwd.hidden[torch.tensor(acc.path, device=tokens.device)])  # [a, H]
     drafted = tokens.tolist() if len(acc.path) > 1 else []  # a plain step's path is the root alone
     new = [drafted[i] for i in acc.path[1:]] + [acc.bonus]
-    if state.index is not None:
-        state.index.extend(new)
     times["commit"] = clock.lap()
     # (6) finish the step (cut at max tokens, EOS or a stop string)
     root_logits = logits[acc.path[-1]]  # [V]
@@ -595,6 +591,8 @@ def _emit(
         new = new[:keep]
         logprobs = logprobs[:keep] if logprobs is not None else None
     state.out += new
+    if state.index is not None:  # the emitted tokens: what the drafts copy from (and the suffix cache keeps)
+        state.index.extend(new)
     if logprobs is not None:
         state.all_logprobs += logprobs
     step = None if verified is None else step_record(*verified, new)

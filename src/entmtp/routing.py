@@ -21,7 +21,11 @@ edits; at most its new tokens), each at the least expected ms per token of a cha
 tokens for the curve's ms at k nodes; k = 0 is a plain step). The rate starts at the edits task's
 (`prediction.PREDICTED_RATE`) and is learned from the router's own predicted requests as they finish
 (`CopyRate`), so a stream of edits that keep nearly all of their text moves to the backend where long chains
-are cheapest.
+are cheapest. A retry of a prompt the suffix cache has answered before (suffix.py: agents, extraction jobs and
+retries that repeat their requests) promises the same way: about as many tokens as that earlier answer, copied
+from the cache at a rate learned from the router's own such requests, apart from the predictions' (the two copy
+at different rates). The two lanes share the first lane's suffix cache, so a request drafts from what either
+lane wrote.
 
 The lanes share one tokenizer (the caller checks), so a prompt is encoded once, and a routed request's output is
 exactly what the chosen engine gives alone. `build` routes only between lanes that decode the same weights (with
@@ -44,9 +48,10 @@ import numpy as np
 from .accept import GenerationOptions
 from .costs.curves import LatencyModel
 from .costs.prefill import PrefillCost
-from .drafts import COPIED
+from .drafts import COPIED, PREDICTION, SUFFIX
 from .errors import EntMTPError
-from .prediction import PREDICTED_RATE, PREDICTION, prediction_ids
+from .prediction import PREDICTED_RATE, prediction_ids
+from .prediction import PREDICTION as PREDICTED_BRANCH
 from .records import Result, TokenEvent
 
 PLAN_NEW_TOKENS = 256  # the request size the plan states the rule at (`Router.describe`)
@@ -79,20 +84,28 @@ class CopyRate:
 
 @dataclass(frozen=True)
 class Promise:
-    """The drafts a request brings before it runs: up to `tokens` of its output drafted from its prediction, each
-    right with probability `rate` (the module docstring)."""
+    """The drafts a request brings before it runs: up to `tokens` of its output drafted from its `source` (its
+    prediction, or the suffix cache's earlier answer to its prompt), each right with probability `rate` (the
+    module docstring)."""
 
     tokens: int
     rate: float = PREDICTED_RATE
+    source: str = PREDICTION
 
     @classmethod
-    def of(cls, tokenizer, options: GenerationOptions, window: int, rate: float) -> Promise | None:
-        """The promise of a request under `options` (None: it brings no drafts, or its acceptance rule ignores
-        them: typical acceptance would copy a prediction, prediction.py)."""
-        if options.prediction is None or not options.sampling.rule.lossless:
+    def of(
+        cls, tokenizer, options: GenerationOptions, window: int, rates: dict[str, float], ids=(), suffix=None
+    ) -> Promise | None:
+        """The promise of a request of prompt `ids` under `options`, at the copy `rates` by source (None: it brings
+        no drafts, or its acceptance rule ignores them: typical acceptance would copy, prediction.py): its
+        prediction's, else the `suffix` cache's earlier answer to the same prompt's."""
+        if not options.sampling.rule.lossless:
             return None
-        n = len(prediction_ids(tokenizer, options.prediction, window))
-        return cls(n, rate) if n else None
+        if options.prediction is not None:
+            n = len(prediction_ids(tokenizer, options.prediction, window))
+            return cls(n, rates[PREDICTION]) if n else None
+        n = suffix.answered(ids) if suffix is not None else 0
+        return cls(n, rates[SUFFIX], SUFFIX) if n else None
 
 
 def chain_ms_per_token(latency: LatencyModel, rate: float, most: int) -> tuple[float, int]:
@@ -127,7 +140,7 @@ class Lane:
 
     def chain(self, promise: Promise) -> tuple[float, int]:
         """(ms per token, chain length) of the promise's drafts on this lane (`chain_ms_per_token`)."""
-        return chain_ms_per_token(self.latency, promise.rate, PREDICTION.tokens)
+        return chain_ms_per_token(self.latency, promise.rate, PREDICTED_BRANCH.tokens)
 
 
 class Router:
@@ -142,7 +155,11 @@ class Router:
         self.tokenizer = first.engine.tokenizer
         self.window = min(first.engine.window, second.engine.window)
         self.log = log
-        self.copy_rate = CopyRate()  # learned from the predicted requests it routed
+        # learned from the requests it routed on a promise, per source of the promise
+        self.copy_rates = {PREDICTION: CopyRate(), SUFFIX: CopyRate()}
+        self.suffix = getattr(first.engine, "suffix", None)
+        if self.suffix is not None and getattr(second.engine, "suffix", None) is not None:
+            second.engine.suffix = self.suffix  # one cache: a request drafts from what either lane wrote
 
     def lane_for(self, prompt_tokens: int, new_tokens: int, promise: Promise | None = None) -> Lane:
         first, second = self.lanes
@@ -160,13 +177,14 @@ class Router:
         """`Engine.stream` on the lane this request's length and drafts favour."""
         options = GenerationOptions.of(options, **fields)
         ids = self.encode(prompt, options.max_new_tokens, chat=chat, logprobs=options.logprobs)
-        promise = Promise.of(self.tokenizer, options, self.window, self.copy_rate.value)
+        rates = {source: rate.value for source, rate in self.copy_rates.items()}
+        promise = Promise.of(self.tokenizer, options, self.window, rates, ids, self.suffix)
         lane = self.lane_for(len(ids), options.max_new_tokens, promise)
         if self.log is not None:
             self.log(self._why(lane, len(ids), options.max_new_tokens, promise))
         for event in lane.engine.stream(ids, options):
             if event.result is not None and promise is not None:
-                self.copy_rate.observe(event.result.steps)
+                self.copy_rates[promise.source].observe(event.result.steps)
             yield event
 
     def _why(self, lane: Lane, prompt_tokens: int, new_tokens: int, promise: Promise | None) -> str:
@@ -185,7 +203,12 @@ class Router:
                 for ms, k in [x.chain(promise)]
             )
             rate = f"copies right {promise.rate:.2f} of the time"
-            drafts = f", a prediction of {promise.tokens} tokens ({rate}{'; ' + chains if chains else ''})"
+            what = (
+                f"a prediction of {promise.tokens} tokens"
+                if promise.source == PREDICTION
+                else f"a prompt the suffix cache answered before in {promise.tokens} tokens"
+            )
+            drafts = f", {what} ({rate}{'; ' + chains if chains else ''})"
         return (
             f"routed to {lane.backend}{weights}: {prompt_tokens} prompt tokens, {new_tokens} new{drafts} "
             f"(expected {expected})"

@@ -17,12 +17,18 @@ any draft: the output is the output without the cache, token for token in greedy
 sampling losslessly. Typical acceptance ignores them, as it ignores predictions (it would copy).
 
 The cache is bounded: after each generation the oldest outputs are evicted until the tree's estimated memory is
-under `max_bytes`. One cache per engine (a server's: every request it serves); `SuffixCaches` keeps one per
-key, for a server that separates its callers.
+under `max_bytes`. One cache per engine (a server's: every request it serves; a router's two lanes share one,
+routing.py); `SuffixCaches` keeps one per key, for a server that separates its callers.
+
+A cache also remembers which prompt each output it holds answered (`answered`): a retry of a prompt it has seen
+promises, before it runs, about as many tokens from the cache as the earlier answer had, which is what a router
+prices it by (routing.Promise).
 """
 
 from __future__ import annotations
 
+import array
+import hashlib
 import itertools
 import threading
 import weakref
@@ -72,6 +78,12 @@ class SuffixCache:
         self.max_bytes, self.max_depth = max_bytes, max_depth
         self._cache = arctic()(max_tree_depth=max_depth, max_cached_requests=-1)
         self._ids = itertools.count()
+        self._prompts: dict[
+            Hashable, tuple[bytes, int]
+        ] = {}  # request -> (its prompt's digest, tokens written)
+        self._answers: dict[
+            bytes, Hashable
+        ] = {}  # a prompt's digest -> the latest cached request answering it
         self._lock = (
             threading.Lock()
         )  # a server's generations begin and end on its loop, drafts on its stepper
@@ -79,8 +91,10 @@ class SuffixCache:
     def begin(self, prompt: Sequence[int]) -> Session:
         """A generation's session: its prompt joins its own tree, its output the shared one as it is written."""
         req = next(self._ids)
+        prompt = [int(t) for t in prompt]
         with self._lock:
-            self._cache.start_request(req, [int(t) for t in prompt])
+            self._cache.start_request(req, prompt)
+            self._prompts[req] = (_digest(prompt), 0)
         session = Session(self, req)
         session._finalizer = weakref.finalize(session, self._end, req)  # an abandoned generation ends too
         return session
@@ -94,10 +108,21 @@ class SuffixCache:
         """Earlier (and live) outputs the shared tree holds."""
         return len(self._cache.cached_requests)
 
+    def answered(self, prompt: Sequence[int]) -> int:
+        """How many tokens the latest output the cache still holds for this very prompt has (0: none)."""
+        with self._lock:
+            req = self._answers.get(_digest(prompt))
+            return self._prompts[req][1] if req is not None else 0
+
     def _end(self, req: Hashable) -> None:
         with self._lock:
             if req in self._cache.active_requests:
                 self._cache.stop_request(req)
+                prompt, written = self._prompts[req]
+                if written:
+                    self._answers[prompt] = req
+                else:  # nothing cached: nothing to answer with, nothing to evict
+                    del self._prompts[req]
             self._evict()
 
     def _evict(self) -> None:
@@ -108,6 +133,14 @@ class SuffixCache:
             if done is None:
                 return
             cache.evict_cached_response(done)
+            prompt, _ = self._prompts.pop(done, (b"", 0))
+            if self._answers.get(prompt) == done:
+                del self._answers[prompt]
+
+
+def _digest(prompt: Sequence[int]) -> bytes:
+    """A prompt's 16-byte digest (what the cache keeps of it)."""
+    return hashlib.blake2b(array.array("q", [int(t) for t in prompt]).tobytes(), digest_size=16).digest()
 
 
 class Session:
@@ -120,9 +153,12 @@ class Session:
 
     def extend(self, tokens: Sequence[int]) -> None:
         if tokens:
-            with self.owner._lock:
-                if self.req in self.owner._cache.active_requests:
-                    self.owner._cache.add_active_response(self.req, [int(t) for t in tokens])
+            owner = self.owner
+            with owner._lock:
+                if self.req in owner._cache.active_requests:
+                    owner._cache.add_active_response(self.req, [int(t) for t in tokens])
+                    prompt, written = owner._prompts[self.req]
+                    owner._prompts[self.req] = (prompt, written + len(tokens))
 
     def draft(self, context: Sequence[int], max_tokens: int) -> Draft:
         """The continuation of the longest suffix of `context` found in the prompt or in earlier outputs."""
