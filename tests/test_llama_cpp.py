@@ -167,6 +167,20 @@ def test_without_heads_no_decode_asks_for_hidden_states(f32, plain, monkeypatch)
     row[0].cache.release()
 
 
+PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}},
+    "required": ["name", "age", "city"],
+    "additionalProperties": False,
+}
+PERSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON_SCHEMA}}
+PEOPLE = [
+    "Extract the person as JSON: Maria Garcia, 34, lives in Madrid.",
+    "Extract the person as JSON: Tom Becker is 51 and lives in Hamburg.",
+    "Extract the person as JSON: Aiko Tanaka, a 27-year-old engineer from Osaka.",
+]
+
+
 def test_a_grammars_forced_nodes_are_verified_without_output_rows(f32, monkeypatch):
     """Under a grammar, a tree node whose mask allows one token needs no logits (every acceptance rule takes that
     token): llama.cpp decodes it without an output row, so no output head runs for it. The output is the output
@@ -175,14 +189,7 @@ def test_a_grammars_forced_nodes_are_verified_without_output_rows(f32, monkeypat
     from entmtp.shaping import Shaping
 
     model, tok = f32
-    schema = {
-        "type": "object",
-        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}},
-        "required": ["name", "age", "city"],
-        "additionalProperties": False,
-    }
-    rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}
-    prompt = "Extract the person as JSON: Maria Garcia, 34, lives in Madrid."
+    rf, prompt = PERSON_FORMAT, PEOPLE[0]
     engine = Engine(model, tok, heads=None, policy=static(Tree.root_only()))
     skipped, real = [], LlamaCppBase.forward
 
@@ -201,6 +208,45 @@ def test_a_grammars_forced_nodes_are_verified_without_output_rows(f32, monkeypat
     assert skipped and not any(skipped)  # log-probabilities read every emitted token's own row
     monkeypatch.setattr(Shaping, "forced", lambda self, cost, limit: [])
     assert engine.generate(prompt, max_new_tokens=48, response_format=rf).token_ids == got.token_ids
+
+
+def test_a_batchs_forced_nodes_are_verified_without_output_rows(f32, monkeypatch):
+    """In a continuous batch too, the forced nodes of each row's tree (its grammar's mask allows one token there)
+    are decoded without output rows in the batch's one llama_decode; each row's output is the same request's
+    decoded alone without forced drafts (every node's logits computed), token for token. With log-probabilities
+    asked for, every row of every batched decode is an output row, and the tokens are the same."""
+    from entmtp.backends.llama_cpp import LlamaCppBase
+    from entmtp.shaping import Shaping
+
+    model, tok = f32
+    engine = Engine(model, tok, heads=None, policy=static(Tree.root_only()))
+    batched = []  # (tokens, output rows) of each batched step's llama_decode
+    real_batch, real_decode, inside = LlamaCppBase.forward_batch, model.runtime.decode, []
+
+    def forward_batch(self, *args, **kw):
+        inside.append(True)
+        try:
+            return real_batch(self, *args, **kw)
+        finally:
+            inside.pop()
+
+    def decode(tokens, positions, seqs, outputs, embeddings=True):
+        if inside:
+            batched.append((len(tokens), len(tokens) if embeddings else sum(outputs)))
+        return real_decode(tokens, positions, seqs, outputs, embeddings)
+
+    monkeypatch.setattr(LlamaCppBase, "forward_batch", forward_batch)
+    monkeypatch.setattr(model.runtime, "decode", decode)
+    kwargs = dict(max_new_tokens=48, response_format=PERSON_FORMAT)
+    got = [r.token_ids for r in generate_batch(engine, PEOPLE, **kwargs)]
+    assert sum(n - rows for n, rows in batched) >= 4  # the keys' forced tokens, decoded without their rows
+    batched.clear()
+    with_logprobs = [r.token_ids for r in generate_batch(engine, PEOPLE, logprobs=1, **kwargs)]
+    assert batched and all(rows == n for n, rows in batched)  # log-probabilities read every row
+    assert with_logprobs == got
+    monkeypatch.setattr(Shaping, "forced", lambda self, cost, limit: [])
+    assert [engine.generate(p, **kwargs).token_ids for p in PEOPLE] == got
+    assert free_seqs_are_all_back(model)
 
 
 def test_logits_are_the_same_bits_with_hidden_states_on_or_off(f32):

@@ -335,7 +335,10 @@ class Batch:
             tokens, trees = [pending[r.id].tokens for r in rows], [pending[r.id].tree for r in rows]
             try:
                 hidden = any(r.state.reads_hidden for r in rows)
-                fwds = self.engine.base.forward_batch(tokens, trees, self.kv, hidden=hidden)
+                outputs = [
+                    _outputs(r, pending[r.id]) for r in rows
+                ]  # a grammar's forced nodes need no logits
+                fwds = self.engine.base.forward_batch(tokens, trees, self.kv, hidden=hidden, outputs=outputs)
                 return {r.id: f for r, f in zip(rows, fwds, strict=True)}
             except Exception:  # noqa: BLE001 - whose? each row's own forward says
                 pass
@@ -344,7 +347,9 @@ class Batch:
 
     def _own_forward(self, row: Row, p: Pending):
         """`row`'s tree verified by a forward of its own, as engine.decode does (None: it failed)."""
-        forward = functools.partial(self.engine.base.forward, hidden=row.state.reads_hidden)
+        forward = functools.partial(
+            self.engine.base.forward, hidden=row.state.reads_hidden, outputs=_outputs(row, p)
+        )
         return self._own(row, forward, p.tokens, p.tree, row.state.cache)
 
     def _own(self, row: Row, fn, *args):
@@ -440,6 +445,11 @@ def _probes(rows: list[Row], speculate: bool) -> dict[int, Probe]:
         probes = Drafter.probe_rows([r.state.drafter for r in group], master, roots)
         out.update({r.id: p for r, p in zip(group, probes, strict=True)})
     return out
+
+
+def _outputs(row: Row, p: Pending) -> list[bool] | None:
+    """The nodes of `row`'s tree whose logits verification reads, as engine.decode asks (Pending.outputs)."""
+    return p.outputs(row.state.logprobs is not None)
 
 
 def _gated(row: Row) -> bool:

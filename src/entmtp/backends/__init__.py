@@ -84,8 +84,17 @@ class Base(Protocol):
         """A continuous batch's caches for up to `rows` generations at once (None: not known)."""
 
     def forward_batch(
-        self, tokens: list[torch.Tensor], trees: list[Tree], batch, *, hidden: bool = True
-    ) -> list: ...
+        self,
+        tokens: list[torch.Tensor],
+        trees: list[Tree],
+        batch,
+        *,
+        hidden: bool = True,
+        outputs: Sequence[Sequence[bool] | None] | None = None,
+    ) -> list:
+        """Row b's `tokens[b]` as `trees[b]` over `batch.rows[b]`, every row in ONE forward; `hidden` and
+        `outputs[b]` (row b's nodes whose logits the caller reads; None: all, every row's) as `forward`'s,
+        each row's logits [n_b, V] either way."""
 
 
 def base_for(

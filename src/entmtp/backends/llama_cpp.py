@@ -770,25 +770,40 @@ class LlamaCppBase:
         cache.commit(path)
 
     def forward_batch(
-        self, tokens: list[torch.Tensor], trees: list[Tree], batch: LlamaBatch, *, hidden: bool = True
+        self,
+        tokens: list[torch.Tensor],
+        trees: list[Tree],
+        batch: LlamaBatch,
+        *,
+        hidden: bool = True,
+        outputs: Sequence[Sequence[bool] | None] | None = None,
     ) -> list[Forward]:
         """Row b's `tokens[b]` as `trees[b]` over `batch.rows[b]`, every row in ONE llama_decode; `hidden`:
-        `forward`'s (False: no row reads hidden states)."""
-        toks, positions, seqs, sizes = [], [], [], []
-        for t, tree, row in zip(tokens, trees, batch.rows, strict=True):
-            if row.length + t.numel() > row.capacity:
-                raise ValueError(
-                    f"{t.numel()} tokens after {row.length} overflow the KV cache of {row.capacity}"
-                )
+        `forward`'s (False: no row reads hidden states). `outputs[b]` (without `hidden`): row b's nodes that are
+        output rows, as `forward`'s `outputs` (the others' logits are zeros; each row's logits stay [n_b, V])."""
+        reads = outputs if outputs is not None and not hidden else [None] * len(tokens)
+        toks, positions, seqs, rows, sizes = [], [], [], [], []
+        for t, tree, row, read in zip(tokens, trees, batch.rows, reads, strict=True):
+            n = t.numel()
+            if row.length + n > row.capacity:
+                raise ValueError(f"{n} tokens after {row.length} overflow the KV cache of {row.capacity}")
+            if read is not None and len(read) != n:
+                raise ValueError(f"{len(read)} outputs for a row of {n} tokens")
             toks += t.tolist()
             positions += (row.length + tree.depths).tolist()
-            seqs += row.open_step(tree, t.numel())
-            sizes.append(t.numel())
+            seqs += row.open_step(tree, n)
+            rows += [True] * n if read is None else [bool(o) for o in read]
+            sizes.append(n)
         if len(toks) > N_BATCH:
             raise LlamaCppError(
                 f"a batched step of {len(toks)} tokens exceeds llama.cpp's batch of {N_BATCH}"
             )
-        logits, states = self.runtime.decode(toks, positions, seqs, [True] * len(toks), embeddings=hidden)
+        rows[-1] = rows[-1] or not any(rows)  # a decode with no output row: the last node's
+        logits, states = self.runtime.decode(toks, positions, seqs, rows, embeddings=hidden)
+        if len(logits) < len(toks):  # the rows not read: zeros
+            full = np.zeros((len(toks), logits.shape[1]), dtype=logits.dtype)
+            full[np.flatnonzero(rows)] = logits
+            logits = full
         out, start = [], 0
         for k in sizes:
             out.append(

@@ -191,12 +191,19 @@ class BaseModel:
         return Forward(logits=self.lm_head(keep), hidden=hidden)
 
     def forward_batch(
-        self, tokens: list[torch.Tensor], trees: list[Tree], batch: BatchKV, *, hidden: bool = True
+        self,
+        tokens: list[torch.Tensor],
+        trees: list[Tree],
+        batch: BatchKV,
+        *,
+        hidden: bool = True,
+        outputs=None,
     ) -> list[Forward]:
         """Verify row b's `tokens[b]` [n_b] as `trees[b]` over `batch.rows[b]`, every row in ONE forward: rows
         padded to the largest tree (padding tokens attend only to themselves and are never committed), row b
         at positions rows[b].length + depth, attending to its own prefix and its tree's ancestors. Forward b
-        has logits and hidden states of row b's n_b real tokens; `commit` on rows[b] keeps its path."""
+        has logits and hidden states of row b's n_b real tokens; `commit` on rows[b] keeps its path.
+        `hidden` and `outputs` (the Base protocol's): as `forward`, every row's hidden states and logits."""
         n = max(t.numel() for t in tokens)
         lengths = batch.begin(n)  # [B]
         kv_len = int(lengths.max()) + n
