@@ -48,11 +48,15 @@ def test_the_patch_applies_to_the_pinned_sdist_and_changes_only_the_tile_configu
     apply_patch(tmp_path)
     patched = (tmp_path / MMQ).read_text()
     removed = [line for line in original.splitlines() if line not in patched.splitlines()]
-    assert removed == ["    alignas(64) tile_config_t tc = {};"]  # the stack copy, and nothing else
+    # the stack copy, and the once-per-thread flag that skipped the load; nothing else
+    once = ["    static thread_local bool done = false;", "    if (done) {", "    done = true;"]
+    assert removed == [*once[:2], "    alignas(64) tile_config_t tc = {};", once[2]]
     body = patched[patched.index("inline void ggml_tile_config_init") :].split("\n}\n")[0]
     assert "alignas(64) static thread_local tile_config_t tc;" in body
     assert "syscall(SYS_arch_prctl, 0x1023, 18);" in body  # ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
     assert body.index('asm volatile("" ::: "memory");') < body.index("_tile_loadconfig(&tc);")
+    # loaded on every call: another library's TILERELEASE on the thread (oneDNN's) clears it between calls
+    assert "return;" not in body and "_tile_loadconfig(&tc);" in body.split("\n")[-1]
     with pytest.raises(BuildError, match=f"does not apply to llama-cpp-python {VERSION}'s source"):
         apply_patch(tmp_path)  # already applied: all or nothing, and it says so
     assert (tmp_path / MMQ).read_text() == patched

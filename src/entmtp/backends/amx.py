@@ -9,8 +9,14 @@ tile instruction runs on an invalid configuration (llama.cpp PR #26954, open; is
 `ggml_backend_amx_mul_mat` that happens on one machine and not another). Whether a given build crashes on a
 given machine cannot be read off the flags.
 
+A second fault, seen on a 2-core Xeon (Sapphire Rapids class) in entmtp's own process: llama.cpp configures
+each thread's tiles once and keeps a flag that it did, but PyTorch's oneDNN runs its bf16 matmuls (the heads')
+with AMX on the same OpenMP threads and ends each kernel with TILERELEASE, which clears the configuration; the
+next llama.cpp tile instruction then faults (SIGILL in `tilezero`, from a decode of two tokens or more after
+the heads ran). entmtp's patch also loads the configuration on every call.
+
 So on a CPU with an `amx*` flag, a child process loads the model with the repacked weights and decodes one,
-two and 64 tokens (the canary). If it exits cleanly the AMX kernels are used; if it dies (or hangs) they stay
+two and 64 tokens, then 64 more, with a PyTorch bf16 matmul on the same threads before each (the canary). If it exits cleanly the AMX kernels are used; if it dies (or hangs) they stay
 off, and one line says why. The verdict is cached per CPU, llama-cpp-python version and model file, so the
 canary runs once. The build is part of the key (`llama_build.build_tag`: entmtp's patched build, which `make setup`
 installs and which fixes the fault, or pip's own), so a changed build is tried again and a verdict of another build
@@ -34,6 +40,7 @@ CANARY_TIMEOUT_S = 180.0
 # The child: load with the repacked weights on, then decode 1, 2 and 64 tokens. Exit 0: the kernels ran.
 CANARY = """
 import os, sys
+import torch  # first, as in entmtp's own process: PyTorch and llama.cpp then share one OpenMP thread pool
 import llama_cpp.llama_cpp as lib
 quiet = lib.llama_log_callback(lambda level, text, data: None)  # kept referenced: llama.cpp calls it
 lib.llama_log_set(quiet, None)
@@ -45,11 +52,16 @@ assert model, "could not load the model"
 cp = lib.llama_context_default_params()
 cp.n_ctx, cp.n_batch, cp.n_ubatch = 256, 128, 128
 cp.n_threads = cp.n_threads_batch = max(2, min(os.cpu_count() or 2, 8))  # worker threads run tile code too
+torch.set_num_threads(cp.n_threads)
 ctx = lib.llama_init_from_model(model, cp)
 assert ctx, "could not make a context"
 batch = lib.llama_batch_init(128, 0, 1)
+x, w = torch.randn(64, 576, dtype=torch.bfloat16), torch.randn(576, 576, dtype=torch.bfloat16)
 pos = 0
-for n in (1, 2, 64):
+for n in (1, 2, 64, 64):
+    # PyTorch's own AMX work on the same threads between decodes (the heads' matmuls: oneDNN ends its tile
+    # kernels with TILERELEASE, which clears the tile configuration llama.cpp's kernels then need)
+    torch.nn.functional.linear(x, w)
     batch.n_tokens = n
     for i in range(n):
         batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = 1 + i, pos + i, 1, i == n - 1
