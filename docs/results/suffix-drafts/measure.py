@@ -6,7 +6,10 @@ Per backend (transformers bf16, llama.cpp on the shipped Q4_1 file), three engin
 prompt lookup (the n-gram hybrid, nothing across requests); and prompt lookup with a suffix cache (suffix.py), a
 fresh cache at the start of the run. Each request runs on the three in turn (the order rotating), so drift hits
 all alike, and llama-cpp-python's own plain decoding of the Q4_1 file runs beside them (the strongest plain
-baseline of the run). Greedy; every entmtp output is checked equal to its backend's plain output.
+baseline of the run). Greedy; every entmtp output is checked equal to its backend's plain output. With both
+backends, `routed`: a router (routing.py) over a lookup + suffix engine per backend sharing one fresh cache,
+each request to the lane it expects to finish sooner (a retry of a prompt the cache answered, priced by that
+answer on each lane's curve); its speed is compared with llama.cpp's plain steps, its lanes counted.
 
     python docs/results/suffix-drafts/measure.py --out docs/results/suffix-drafts/extraction.json
 
@@ -28,11 +31,13 @@ from rich.table import Table
 from entmtp.bench.peers import LlamaCppPlain
 from entmtp.build import EngineSpec, load_base
 from entmtp.costs import costs_for
+from entmtp.costs.prefill import prefill_for
 from entmtp.engine import Engine
 from entmtp.lookup import Lookup
 from entmtp.machine import record
 from entmtp.policy import static
 from entmtp.prompts import load_prompts
+from entmtp.routing import Lane, Router
 from entmtp.scheduler.hybrid import hybrid
 from entmtp.suffix import SuffixCache
 from entmtp.tree import Tree
@@ -51,6 +56,20 @@ def engines(backend: str, dtype: str, threads: int) -> dict[str, Engine]:
             model, tok, policy=hybrid(None, Lookup(), costs), costs=costs, suffix=SuffixCache()
         ),
     }
+
+
+def routed(built: dict[str, dict[str, Engine]]) -> Router:
+    """A router over a lookup + suffix engine per backend (llama.cpp first: ties go to the faster decode), one
+    fresh cache between them; each lane's decode speed without drafts is its plain step's."""
+    lanes = []
+    for backend in ("llama-cpp", "transformers"):
+        own = built[backend]["lookup+suffix"]
+        costs = own.costs
+        engine = Engine(own.model, own.tokenizer, policy=own.policy, costs=costs, suffix=SuffixCache())
+        lanes.append(
+            Lane(backend, engine, prefill_for(own.model), 1000 / costs.plain_ms, latency=costs.latency())
+        )
+    return Router(*lanes)
 
 
 def query_cost(engine: Engine, prompts: list[str], n: int = 2000) -> float:
@@ -88,6 +107,10 @@ def main() -> int:
         ap.error(f"--backends: unknown {', '.join(unknown)}; use some of {', '.join(BACKENDS)}")
     built = {b: engines(b, BACKENDS[b], args.threads) for b in args.backends.split(",")}
     methods = [(b, name) for b in built for name in built[b]] + [("peer", "llama-cpp-python")]
+    router, lanes = (routed(built), []) if len(built) == len(BACKENDS) else (None, [])
+    if router is not None:
+        router.log = lanes.append
+        methods.append(("routed", "lookup+suffix"))
     for label in ("first pass",) if args.no_retries else ("first pass", "retries"):
         for i, prompt in enumerate(track(prompts, description=label)):
             order = methods[i % len(methods) :] + methods[: i % len(methods)]
@@ -98,8 +121,9 @@ def main() -> int:
                     t0 = time.perf_counter()
                     r = peer.generate(ids, max_new_tokens=args.max_new_tokens)
                 else:
+                    engine = router if backend == "routed" else built[backend][name]
                     t0 = time.perf_counter()
-                    r = built[backend][name].generate(prompt, max_new_tokens=args.max_new_tokens)
+                    r = engine.generate(prompt, max_new_tokens=args.max_new_tokens)
                 seconds = time.perf_counter() - t0
                 outs[backend, name] = r.token_ids
                 rec = runs.setdefault(label, {}).setdefault(f"{backend}/{name}", [])
@@ -109,11 +133,17 @@ def main() -> int:
                 sources = r.drafts.to_json() if backend != "peer" else {}  # drafted and accepted by source
                 rec.append({"prompt": i, "tokens": len(r.token_ids), "seconds": seconds, "steps": steps,
                             "copied": copied, "drafted": drafted, "sources": sources})  # fmt: skip
+                if backend == "routed":  # the lane it took, and why (the router's -v line)
+                    rec[-1]["lane"] = lanes[-1].split(":")[0].removeprefix("routed to ").split(" ")[0]
+                    rec[-1]["why"] = lanes[-1]
             for backend in built:
                 for name in ("lookup", "lookup+suffix"):
                     runs[label][f"{backend}/{name}"][-1]["identical"] = (
                         outs[backend, name] == outs[backend, "plain"]
                     )
+            if router is not None:  # against the plain output of the lane it took
+                last = runs[label]["routed/lookup+suffix"][-1]
+                last["identical"] = outs["routed", "lookup+suffix"] == outs[last["lane"], "plain"]
     table = Table(
         title=f"{args.task}, {len(prompts)} requests x {len(runs)} passes, {args.max_new_tokens} new tokens, greedy"
     )
@@ -125,7 +155,7 @@ def main() -> int:
         speed = {m: sum(r["tokens"] for r in rs) / sum(r["seconds"] for r in rs) for m, rs in rows.items()}
         for m, rs in rows.items():
             backend = m.split("/")[0]
-            base = speed.get(f"{backend}/plain", speed[m])
+            base = speed.get(f"{backend if backend != 'routed' else 'llama-cpp'}/plain", speed[m])
             tokens = sum(r["tokens"] for r in rs)
             row = summary.setdefault(label, {})[m] = {
                 "tokens_per_second": speed[m],
@@ -136,10 +166,15 @@ def main() -> int:
                 "copied_share": sum(r["copied"] for r in rs) / tokens,
                 "identical": sum(r.get("identical", True) for r in rs),
             }
+            if backend == "routed":
+                row["lanes"] = {b: sum(r["lane"] == b for r in rs) for b in BACKENDS}
             table.add_row(label, m, f"{row['tokens_per_second']:.1f}", f"{row['over_plain']:.2f}x",
                           f"{row['over_llama_cpp_python']:.2f}x", f"{row['tokens_per_step']:.2f}",
                           f"{row['drafted_per_step']:.1f}", f"{row['copied_share']:.0%}", f"{row['identical']}/{len(rs)}")  # fmt: skip
     Console(width=150).print(table)
+    for label, rows in summary.items():
+        if "routed/lookup+suffix" in rows:
+            print(f"{label}: routed to {rows['routed/lookup+suffix']['lanes']}")
     query_us = query_cost(next(iter(built.values()))["lookup+suffix"], prompts)
     print(f"a suffix-cache query (the step's one): median {query_us:.1f} us over the run's cache")
     meta = {"task": args.task, "query_us": query_us, "num_prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "threads": args.threads,
