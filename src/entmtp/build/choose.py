@@ -16,6 +16,7 @@ from ..costs.candidates import choice_key, read_choices, route_key, save_choices
 from ..engine import Engine
 from ..model import DTYPES
 from ..routing import Lane, Router
+from ..scheduler.profiles import ProfileError
 from .composed import Composed, assemble, compose
 from .loaded import Loaded, Loader
 from .plan import Built, Plan, heads_words, reasons_for, unmixed, unprobed_costs, weights_key, weights_words
@@ -112,7 +113,14 @@ def _measure(loader: Loader, spec: EngineSpec, cands: list[str], bounds: dict, l
         budget = AUTO_BUDGET_S if len(cands) > 1 else None
         if cand in bounds:
             log(f"measuring {cand}'s step costs ({n} of {len(cands)}, at most {AUTO_BUDGET_S:.0f} s, once)")
-        options[cand] = _load(loader, spec, cand, budget, log)
+        try:
+            options[cand] = _load(loader, spec, cand, budget, log)
+        except ProfileError as e:  # a written weight format the heads' profile was not made for (F16's
+            if len(cands) == 1 or (n == len(cands) and not options):  # rounded embeddings): not compared
+                raise
+            log(
+                f"not comparing {cand}: the heads' scheduler profile was not made for its weights ({e.args[0][:80]}...)"
+            )
     return options
 
 
