@@ -335,9 +335,8 @@ class Batch:
             tokens, trees = [pending[r.id].tokens for r in rows], [pending[r.id].tree for r in rows]
             try:
                 hidden = any(r.state.reads_hidden for r in rows)
-                outputs = [
-                    _outputs(r, pending[r.id]) for r in rows
-                ]  # a grammar's forced nodes need no logits
+                # a grammar's forced nodes need no logits
+                outputs = [_outputs(r, pending[r.id]) for r in rows]
                 fwds = self.engine.base.forward_batch(tokens, trees, self.kv, hidden=hidden, outputs=outputs)
                 return {r.id: f for r, f in zip(rows, fwds, strict=True)}
             except Exception:  # noqa: BLE001 - whose? each row's own forward says

@@ -78,12 +78,10 @@ class SuffixCache:
         self.max_bytes, self.max_depth = max_bytes, max_depth
         self._cache = arctic()(max_tree_depth=max_depth, max_cached_requests=-1)
         self._ids = itertools.count()
-        self._prompts: dict[
-            Hashable, tuple[bytes, int]
-        ] = {}  # request -> (its prompt's digest, tokens written)
-        self._answers: dict[
-            bytes, Hashable
-        ] = {}  # a prompt's digest -> the latest cached request answering it
+        # request -> (its prompt's digest, tokens written); a prompt's digest -> the latest cached request
+        # answering it
+        self._prompts: dict[Hashable, tuple[bytes, int]] = {}
+        self._answers: dict[bytes, Hashable] = {}
         self._lock = (
             threading.Lock()
         )  # a server's generations begin and end on its loop, drafts on its stepper

@@ -16,8 +16,9 @@ next llama.cpp tile instruction then faults (SIGILL in `tilezero`, from a decode
 the heads ran). entmtp's patch also loads the configuration on every call.
 
 So on a CPU with an `amx*` flag, a child process loads the model with the repacked weights and decodes one,
-two and 64 tokens, then 64 more, with a PyTorch bf16 matmul on the same threads before each (the canary). If it exits cleanly the AMX kernels are used; if it dies (or hangs) they stay
-off, and one line says why. The verdict is cached per CPU, llama-cpp-python version and model file, so the
+two and 64 tokens, then 64 more, with a PyTorch bf16 matmul on the same threads before each (the canary). If
+it exits cleanly the AMX kernels are used; if it dies (or hangs) they stay off, and one line says why.
+The verdict is cached per CPU, llama-cpp-python version and model file, so the
 canary runs once. The build is part of the key (`llama_build.build_tag`: entmtp's patched build, which `make setup`
 installs and which fixes the fault, or pip's own), so a changed build is tried again and a verdict of another build
 is never reused. On CPUs without AMX the repacked weights are used, as llama.cpp does by default.
@@ -37,7 +38,8 @@ from .. import console
 
 CANARY_TIMEOUT_S = 180.0
 
-# The child: load with the repacked weights on, then decode 1, 2 and 64 tokens. Exit 0: the kernels ran.
+# The child: load with the repacked weights on, then decode 1, 2, 64 and 64 tokens, PyTorch's AMX work before
+# each. Exit 0: the kernels ran.
 CANARY = """
 import os, sys
 import torch  # first, as in entmtp's own process: PyTorch and llama.cpp then share one OpenMP thread pool

@@ -118,9 +118,8 @@ def _measure(loader: Loader, spec: EngineSpec, cands: list[str], bounds: dict, l
         except ProfileError as e:  # a written weight format the heads' profile was not made for (F16's
             if len(cands) == 1 or (n == len(cands) and not options):  # rounded embeddings): not compared
                 raise
-            log(
-                f"not comparing {cand}: the heads' scheduler profile was not made for its weights ({e.args[0][:80]}...)"
-            )
+            why = e.args[0][:80]
+            log(f"not comparing {cand}: the heads' scheduler profile was not made for its weights ({why}...)")
     return options
 
 
