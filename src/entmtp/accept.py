@@ -306,6 +306,9 @@ def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> int:
 
 
 def accept_greedy(tree: Tree, tokens: torch.Tensor, logits: torch.Tensor) -> Accepted:
+    if tree.num_nodes == 0 and logits.device.type == "cpu" and logits.dtype == torch.float32:
+        # a plain step on the CPU: its row's argmax, no tensor op (after a forward, each op runs on cold caches)
+        return Accepted([0], int(logits.detach().numpy()[0].argmax()))
     return accept_targets(tree, tokens, argmax_rows(logits))
 
 

@@ -277,6 +277,7 @@ class Runtime:
         self.n_ctx = lib.llama_n_ctx(self.ctx)
         self.n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self.model))
         self.n_embd = lib.llama_model_n_embd(self.model)
+        self._no_states = np.zeros((0, self.n_embd), dtype=np.float32)  # a decode's without hidden states
         self.batch = lib.llama_batch_init(N_BATCH, 0, MAX_SEQ)
         self._views = _BatchViews(self.batch)
         self.free_seqs = list(range(MAX_SEQ - 1, -1, -1))  # pop() hands out 0 first
@@ -402,7 +403,7 @@ class Runtime:
         k = sum(outputs)  # output rows (a Python sum: a numpy reduction over the batch view costs more)
         logits = _rows(self.lib.llama_get_logits(self.ctx), k, self.n_vocab)
         if not embeddings:
-            return logits, np.zeros((0, self.n_embd), dtype=np.float32)
+            return logits, self._no_states
         return logits, _rows(self.lib.llama_get_embeddings(self.ctx), k, self.n_embd)
 
 
@@ -671,6 +672,8 @@ class LlamaCppBase:
         self.vocab_size = model.runtime.n_vocab
         self.lm_head = model.lm_head
         self.dtype = model.dtype
+        # the hidden states of a forward that reads none, made once (empty: nothing to write into)
+        self._no_hidden = torch.empty(0, model.runtime.n_embd, dtype=model.dtype)
 
     def new_cache(self, capacity: int, *, private: bool = False) -> LlamaSeq:
         """A generation's cache in the shared context, or (`private`) in a context of its own
@@ -724,7 +727,9 @@ class LlamaCppBase:
                 except Preempted:  # drop what an earlier llama_decode of this call wrote too
                     rt.seq_rm(cache.seq, past)
                     raise
-        positions = (past + tree.depths).tolist()
+        # positions past + depth; a chain's (a plain step's) in Python: a tensor op costs ~10x more after a decode
+        chain = tree.num_nodes == tree.depth
+        positions = list(range(past, past + n)) if chain else (past + tree.depths).tolist()
         rows = [True] * n if outputs is None or hidden or all(outputs) else [bool(o) for o in outputs]
         rows[-1] = rows[-1] or not any(rows)  # a decode with no output row: the last node's
         logits, states = cache.runtime.decode(toks, positions, seqs, rows, embeddings=hidden)
@@ -761,9 +766,7 @@ class LlamaCppBase:
 
     def _forward(self, logits: np.ndarray, hidden: np.ndarray) -> Forward:
         if not hidden.size:  # no hidden states asked for: no conversion (a plain step's `.to` cost ~0.05 ms)
-            return Forward(
-                logits=torch.from_numpy(logits), hidden=torch.empty(0, hidden.shape[1], dtype=self.dtype)
-            )
+            return Forward(logits=torch.from_numpy(logits), hidden=self._no_hidden)
         return Forward(logits=torch.from_numpy(logits), hidden=torch.from_numpy(hidden).to(self.dtype))
 
     def commit(self, cache: LlamaSeq, path: list[int]) -> None:
