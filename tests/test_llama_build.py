@@ -189,7 +189,7 @@ def test_on_an_amx_cpu_the_bench_runs_pips_plain_decoding_and_the_patched_builds
     assert not peers["llama-cpp"].llm.model_params.use_extra_bufts
     assert "repacked weights off, as pip's build runs them" in peers["llama-cpp"].settings
     assert peers["llama-cpp-amx"].llm.model_params.use_extra_bufts  # its canary passed
-    assert peers["llama-cpp-amx"].settings.endswith("repacked weights on")
+    assert "; repacked weights on; flash attention " in peers["llama-cpp-amx"].settings  # both said
     assert [p.name for p in peers.values()] == ["llama-cpp", "llama-cpp-amx"]
 
     # without AMX the patched build is pip's build: one row, and the other is skipped with the reason

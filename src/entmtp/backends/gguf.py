@@ -120,11 +120,15 @@ class LlamaCpp(Backend):
         """llama.cpp runs its own kernels: each build, weights format and repacking its own curve."""
         from .llama_build import build_tag
 
+        runtime = getattr(model, "runtime", None)
         return {
             "backend": self.name,
             "weights": self.weights_format(model),  # Q4_1, Q8_0, float16...
             "build": build_tag(),  # entmtp's patched llama-cpp-python or pip's
-            "repacked": bool(getattr(getattr(model, "runtime", None), "extra_bufts", False)),  # AMX's kernels
+            "repacked": bool(getattr(runtime, "extra_bufts", False)),  # AMX's kernels
+            "flash_attention": bool(
+                getattr(runtime, "flash_attn", False)
+            ),  # its kernel on or off (attention.py)
         }
 
 

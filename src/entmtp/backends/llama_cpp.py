@@ -35,6 +35,7 @@ from ..errors import EntMTPError
 from ..interrupt import Interrupt, Preempted, strlen_address
 from ..tree import Tree
 from .amx import extra_bufts_safe  # on a CPU with AMX: the canary's verdict (amx.py)
+from .attention import flash_attention  # llama.cpp's flash attention on or off: timed once (attention.py)
 
 LLAMA_CPP_HINT = (
     "python -m entmtp.backends.llama_build (llama-cpp-python 0.3.36 with entmtp's AMX patch, built for this CPU, "
@@ -43,9 +44,6 @@ LLAMA_CPP_HINT = (
 MAX_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ: sequence ids per context (home rows + borrowed leaf ids)
 N_BATCH = 512  # tokens per llama_decode call: a longer prefill runs in chunks of this many
 KV_TYPES = {"f16": 1, "f32": 0}  # ggml types of the KV cache
-FLASH_ATTN = True  # llama.cpp's flash attention: its default ("auto") turns it on for the CPU; measured ~5-9%
-# cheaper a one-token decode here than off. llama-cpp-python's `Llama` defaults to off, and the two round
-# differently (other greedy texts on the Q4_1 model): the bench's llama.cpp peer is given this setting too
 ROW_SCRATCH = 256  # KV cells per batch row past its window: room for the nodes of its largest tree
 _LEAF_SEQS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Tree -> per node, its leaves' indices
 
@@ -249,7 +247,11 @@ class Runtime:
         self.path, self.threads, self.kv_type = path, threads, kv_type
         self.parent = parent  # a private context's: the runtime whose model it shares (kept alive)
         if parent is not None:
-            self.model, self.extra_bufts = parent.model, parent.extra_bufts
+            self.model, self.extra_bufts, self.flash_attn = (
+                parent.model,
+                parent.extra_bufts,
+                parent.flash_attn,
+            )
         else:
             _quiet(lib)
             lib.llama_backend_init()
@@ -262,6 +264,9 @@ class Runtime:
                 raise LlamaCppError(
                     f"llama.cpp could not load {path}: check that it is a complete GGUF model file"
                 )
+            self.flash_attn = flash_attention(
+                lib, self.model, Path(path), threads, self._flash_params, repacked=self.extra_bufts
+            )  # its kernel or the plain one, whichever decodes faster here (attention.py)
         owned = self._owned = self.model if parent is None else None  # freed with this runtime
         self.ctx = lib.llama_init_from_model(self.model, self._params(n_ctx))
         if not self.ctx:
@@ -286,6 +291,10 @@ class Runtime:
         self._finalizer = weakref.finalize(self, _free, lib, self.ctx, owned, self.batch)
 
     def _params(self, n_ctx: int):
+        return self._flash_params(n_ctx, self.flash_attn)
+
+    def _flash_params(self, n_ctx: int, flash: bool):
+        """This runtime's context parameters for `n_ctx` cells, with llama.cpp's flash attention on or off."""
         lib, cp = self.lib, self.lib.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, N_BATCH, N_BATCH, MAX_SEQ
         cp.n_threads = cp.n_threads_batch = self.threads
@@ -293,7 +302,7 @@ class Runtime:
         cp.pooling_type = lib.LLAMA_POOLING_TYPE_UNSPECIFIED  # a causal LM's: none (one state per token)
         cp.type_k = cp.type_v = KV_TYPES[self.kv_type]
         cp.flash_attn_type = (
-            lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if FLASH_ATTN else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
         return cp
 

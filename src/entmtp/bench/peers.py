@@ -17,7 +17,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from ..accept import Sampling
-from ..backends.llama_cpp import FLASH_ATTN, LLAMA_CPP_HINT
+from ..backends.llama_cpp import LLAMA_CPP_HINT
 from ..errors import EntMTPError
 from ..model import check_request, context_window, embedded_gguf, eos_token_ids
 from ..records import Result
@@ -231,6 +231,18 @@ def llama_cpp_available() -> bool:
     return available()
 
 
+def _flash_attention(path: Path, threads: int, repacked: bool) -> bool:
+    """The backend's flash-attention setting for this file (backends/attention.py): its cached verdict, else
+    timed on a runtime loaded as the backend loads it."""
+    from ..backends.attention import verdict
+    from ..backends.llama_cpp import N_BATCH, Runtime
+
+    known = verdict(path, threads, repacked)
+    if known is None:
+        known = Runtime(path, threads=threads, n_ctx=N_BATCH, extra_bufts=repacked).flash_attn
+    return known
+
+
 @contextlib.contextmanager
 def _extra_bufts(llama_cpp, on: bool):
     """llama-cpp-python's `Llama` with llama.cpp's extra buffer types (repacked weights) on or off; `Llama`
@@ -296,17 +308,19 @@ class LlamaCppPlain:
         else:
             repacked = extra_bufts_safe(path)
             how = "repacked weights " + ("on" if repacked else "off (the AMX canary crashed)")
-        self.settings = f"{describe_build()}; {how}"
         # the backend's settings (backends/llama_cpp.py), so that this is its plain decoding without entmtp's
-        # loop: its attention kernels (same rounding, same greedy tokens) and one thread count for prefill and
-        # decode (`Llama` would prefill on every core); n_ctx 0: the model's context window, as the backend's
+        # loop: its attention kernel, timed as the faster here (same rounding, same greedy tokens), and one
+        # thread count for prefill and decode (`Llama` would prefill on every core); n_ctx 0: the model's
+        # context window, as the backend's
+        flash = _flash_attention(path, n_threads or torch.get_num_threads(), repacked)
+        self.settings = f"{describe_build()}; {how}; flash attention {'on' if flash else 'off'}"
         with _extra_bufts(llama_cpp, repacked):
             self.llm = llama_cpp.Llama(
                 model_path=str(path),
                 n_ctx=n_ctx,
                 n_threads=n_threads,
                 n_threads_batch=n_threads,
-                flash_attn=FLASH_ATTN,
+                flash_attn=flash,
                 verbose=False,
             )
         self.n_ctx = self.llm.n_ctx()

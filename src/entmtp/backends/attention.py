@@ -1,0 +1,171 @@
+"""Whether llama.cpp runs its flash-attention kernel: both timed on this CPU once, the faster kept.
+
+llama.cpp's default ("auto") turns flash attention on for the CPU, and entmtp kept it on, measured ~5-9% cheaper
+a one-token decode than off on short prompts on a 2-core EPYC. On a 2-core Xeon with AMX (2026-12-07,
+docs/results/llama-cpp-attention) the kernel was the costliest part of a step past a short context: after 512
+tokens, a one-token decode took 13.8 ms with it and 8.7 ms without, a verified chain of 8 tokens 56.7 against 20.2,
+of 32 tokens 211 against 51; after 64 tokens it was ahead by ~10% on one token, and in a prefill by 15-20%. What
+wins is a property of the CPU, the build and the model's shapes, not of a flag: so it is timed.
+
+Both settings are timed on the model as loaded (two scratch contexts, the backend's settings otherwise): a
+one-token decode and a verified chain of `CHAIN` tokens after each of `CONTEXTS` tokens of context, alternating
+between the settings, the median of `REPS` each; the setting whose steps take less in sum is kept. A context has
+one setting for its life (llama.cpp lays out its V cache another way without flash attention), so the decoding
+steps decide, not the prefill. About 2-3 s, once: the verdict is cached per CPU, llama-cpp-python build, model
+file and thread count. `ENTMTP_LLAMA_FLASH_ATTN=1` or `0` decides instead. The two settings round differently
+(other greedy texts on the Q4_1 model), so the bench's llama.cpp peer reads the same verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from .. import console
+from ..errors import EntMTPError
+
+ENV = "ENTMTP_LLAMA_FLASH_ATTN"
+CONTEXTS = (128, 512)  # tokens of context before the timed steps: a short prompt's, a longer one's
+CHAIN = 8  # tokens of the timed verification (a lookup chain's, a small tree's)
+REPS = 5  # timed decodes of each shape and setting (after one untimed)
+PROMPT_CHUNK = 256  # tokens per prefill decode (the backend's batch holds 512)
+
+
+def flash_attention(
+    lib,
+    model,
+    path: Path,
+    threads: int,
+    params: Callable[[int, bool], object],
+    *,
+    repacked: bool,
+    say=None,
+) -> bool:
+    """Whether llama.cpp's contexts for `model` (loaded from `path`, its weights `repacked` for the CPU's
+    kernels or not) decode with flash attention on `threads` threads: `ENTMTP_LLAMA_FLASH_ATTN` when set, else
+    the cached verdict, else both timed now (`measure`, with one line to `say`, default stderr).
+    `params(n_ctx, flash)`: the backend's context parameters."""
+    known = verdict(path, threads, repacked)
+    if known is not None:
+        return known
+    cache, key = _verdicts_path(), _key(path, threads, repacked)
+    verdicts = _read(cache)
+    (say or console.say)(
+        "timing llama.cpp's attention kernels on this CPU, with and without flash attention (once, ~3 s)"
+    )
+    t0 = time.perf_counter()
+    ms = measure(lib, model, params)
+    on = ms["on"] <= ms["off"]
+    (say or console.say)(
+        f"llama.cpp's flash attention {'on' if on else 'off'}: the timed steps took {ms['on']:.1f} ms with it, "
+        f"{ms['off']:.1f} ms without ({time.perf_counter() - t0:.1f} s; {ENV}=1 or 0 decides instead)"
+    )
+    from ..files import write_text_atomic
+    from .llama_build import build_tag
+
+    verdicts[key] = {
+        "on": on, "ms": ms, "file": path.name, "threads": threads, "repacked": repacked, "build": build_tag(),
+    }  # fmt: skip
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(cache, json.dumps(verdicts, indent=1) + "\n")
+    return on
+
+
+def verdict(path: Path, threads: int, repacked: bool) -> bool | None:
+    """`ENTMTP_LLAMA_FLASH_ATTN` when set, else the cached verdict for the file at `path` (None: not timed yet)."""
+    forced = os.environ.get(ENV, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    found = _read(_verdicts_path()).get(_key(path, threads, repacked))
+    return None if found is None else bool(found["on"])
+
+
+def measure(lib, model, params: Callable[[int, bool], object]) -> dict:
+    """{"on": ms, "off": ms, "rows": [...]}: per setting, the sum over `CONTEXTS` of the median one-token and
+    `CHAIN`-token decode after that context, timed in alternation on two scratch contexts of `model`."""
+    n_ctx = max(CONTEXTS) + CHAIN + PROMPT_CHUNK
+    ctxs = {}
+    batch = lib.llama_batch_init(PROMPT_CHUNK, 0, 1)
+    try:
+        for flash in (True, False):
+            ctx = lib.llama_init_from_model(model, params(n_ctx, flash))
+            if not ctx:
+                raise EntMTPError(
+                    f"llama.cpp could not make a context of {n_ctx} cells to time its attention"
+                )
+            ctxs[flash] = ctx
+        rows, filled = [], 0
+        for context in CONTEXTS:
+            prompt = [
+                100 + (i * 7919) % 30000 for i in range(filled, context)
+            ]  # any tokens: the cost is alike
+            for ctx in ctxs.values():
+                for s in range(0, len(prompt), PROMPT_CHUNK):
+                    _decode(lib, ctx, batch, prompt[s : s + PROMPT_CHUNK], filled + s)
+            filled = context
+            for n in (1, CHAIN):
+                times: dict[bool, list[float]] = {True: [], False: []}
+                for rep in range(REPS + 1):
+                    for flash, ctx in ctxs.items():
+                        seconds = _decode(lib, ctx, batch, [500 + (rep + i) % 97 for i in range(n)], context)
+                        lib.llama_memory_seq_rm(
+                            lib.llama_get_memory(ctx), 0, context, -1
+                        )  # back to the context
+                        if rep:
+                            times[flash].append(seconds)
+                on, off = (1000 * statistics.median(times[f]) for f in (True, False))
+                rows.append({"context": context, "tokens": n, "on_ms": on, "off_ms": off})
+        return {
+            "on": sum(r["on_ms"] for r in rows),
+            "off": sum(r["off_ms"] for r in rows),
+            "rows": rows,
+        }
+    finally:
+        lib.llama_batch_free(batch)
+        for ctx in ctxs.values():
+            lib.llama_free(ctx)
+
+
+def _decode(lib, ctx, batch, tokens: list[int], start: int) -> float:
+    """Seconds of one llama_decode of `tokens`, a causal chain at positions start.. of sequence 0."""
+    n = len(tokens)
+    for i, t in enumerate(tokens):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = t, start + i, 1, i == n - 1
+        batch.seq_id[i][0] = 0
+    batch.n_tokens = n
+    t0 = time.perf_counter()
+    rc = lib.llama_decode(ctx, batch)
+    seconds = time.perf_counter() - t0
+    if rc != 0:
+        raise EntMTPError(f"llama_decode failed ({rc}) while timing llama.cpp's attention")
+    return seconds
+
+
+def _key(path: Path, threads: int, repacked: bool) -> str:
+    import llama_cpp
+
+    from ..machine import cpu_info, digest
+    from .llama_build import build_tag
+
+    stat = path.stat()
+    return digest(
+        {"cpu": cpu_info(), "llama_cpp": llama_cpp.__version__, "build": build_tag(), "file": str(path.resolve()),
+         "size": stat.st_size, "mtime": int(stat.st_mtime), "threads": threads, "repacked": repacked}
+    )  # fmt: skip
+
+
+def _verdicts_path() -> Path:
+    from ..model import cache_dir
+
+    return cache_dir() / "llama-attention.json"
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return {}

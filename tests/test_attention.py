@@ -1,0 +1,65 @@
+"""llama.cpp's flash attention is on or off as it decodes faster on this CPU: both timed once, the verdict
+cached per file, threads and weights; the environment decides instead (backends/attention.py)."""
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from entmtp.backends import attention  # noqa: E402
+from entmtp.backends.attention import CHAIN, CONTEXTS, ENV, flash_attention, measure, verdict  # noqa: E402
+from entmtp.model import embedded_gguf  # noqa: E402
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
+    monkeypatch.delenv(ENV, raising=False)
+    return tmp_path
+
+
+def timed(on: float, off: float, calls: list):
+    def fake(lib, model, params):
+        calls.append((on, off))
+        return {"on": on, "off": off, "rows": []}
+
+    return fake
+
+
+def test_the_faster_setting_is_kept_and_timed_once_per_file_threads_and_weights(own_cache, monkeypatch):
+    path, calls, said = embedded_gguf(), [], []
+    monkeypatch.setattr(attention, "measure", timed(10.0, 4.0, calls))
+    assert verdict(path, 2, True) is None  # nothing timed yet
+    assert flash_attention(None, None, path, 2, None, repacked=True, say=said.append) is False
+    assert flash_attention(None, None, path, 2, None, repacked=True, say=said.append) is False
+    assert len(calls) == 1 and verdict(path, 2, True) is False  # the second read the cache
+    assert any("off" in line and ENV in line for line in said)  # says which, and how to decide instead
+    monkeypatch.setattr(attention, "measure", timed(3.0, 4.0, calls))  # flash attention the faster
+    assert flash_attention(None, None, path, 3, None, repacked=True, say=said.append) is True
+    assert flash_attention(None, None, path, 2, None, repacked=False, say=said.append) is True
+    assert len(calls) == 3 and verdict(path, 2, True) is False  # each its own verdict, the first kept
+    assert (own_cache / "llama-attention.json").is_file()
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("0", False)])
+def test_the_environment_decides_without_timing(own_cache, monkeypatch, value, on):
+    monkeypatch.setenv(ENV, value)
+    monkeypatch.setattr(attention, "measure", None)  # called: a TypeError
+    assert flash_attention(None, None, embedded_gguf(), 2, None, repacked=True) is on
+    assert not (own_cache / "llama-attention.json").exists()
+
+
+def test_both_settings_are_timed_on_the_loaded_model_at_each_context_and_size(own_cache, monkeypatch):
+    from entmtp.backends.llama_cpp import Runtime
+
+    monkeypatch.setenv(ENV, "0")  # the runtime's own context: no timing at load
+    rt = Runtime(embedded_gguf(), threads=2, n_ctx=512)
+    ms = measure(rt.lib, rt.model, rt._flash_params)
+    rows = ms["rows"]
+    assert [(r["context"], r["tokens"]) for r in rows] == [(c, n) for c in CONTEXTS for n in (1, CHAIN)]
+    assert all(r["on_ms"] > 0 and r["off_ms"] > 0 for r in rows)
+    assert ms["on"] == pytest.approx(sum(r["on_ms"] for r in rows))
+    assert ms["off"] == pytest.approx(sum(r["off_ms"] for r in rows))
+    # a verified chain costs more than one token, with either kernel (the steps timed are the ones named)
+    for c in CONTEXTS:
+        one, chain = (next(r for r in rows if (r["context"], r["tokens"]) == (c, n)) for n in (1, CHAIN))
+        assert chain["on_ms"] > one["on_ms"] and chain["off_ms"] > one["off_ms"]
