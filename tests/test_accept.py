@@ -8,7 +8,16 @@ import math
 import pytest
 import torch
 
-from entmtp.accept import GREEDY_BELOW, GumbelNoise, Sampling, accept, accept_greedy, gumbel_targets
+from entmtp.accept import (
+    GREEDY_BELOW,
+    GumbelNoise,
+    Sampling,
+    accept,
+    accept_greedy,
+    accept_targets,
+    gumbel_targets,
+    tree_targets,
+)
 from entmtp.errors import EntMTPError
 from entmtp.tree import Tree
 
@@ -39,6 +48,28 @@ def test_greedy_rejects_everything_and_keeps_the_bonus():
 def test_root_only_tree():
     acc = accept_greedy(Tree.root_only(), torch.tensor([3]), onehot_logits([1]))
     assert acc.path == [0] and acc.bonus == 1
+
+
+def test_a_chain_is_accepted_as_any_tree_is():
+    """A chain (a lookup's, a grammar's forced one) is walked in Python, a plain step read off numpy: the same
+    path and bonus as the tensor walk of any tree, on random chains of every depth with every first miss, and
+    on float32 logits greedy's argmax (the first maximum on ties)."""
+    g = torch.Generator().manual_seed(0)
+    for depth in range(0, 9):
+        chain = Tree(f"c{depth}", tuple((0,) * d for d in range(1, depth + 1))) if depth else Tree.root_only()
+        for miss in range(depth + 2):  # the first wrong draft's depth (depth + 1: none wrong)
+            target = torch.randint(0, 5, (depth + 1,), generator=g)
+            tokens = torch.cat([torch.tensor([7]), target[:-1]])  # each draft the target at its parent
+            if miss <= depth and miss > 0:
+                tokens[miss] = (target[miss - 1] + 1) % 5
+            got, want = accept_targets(chain, tokens, target), tree_targets(chain, tokens, target)
+            assert (got.path, got.bonus) == (want.path, want.bonus)
+            assert len(got.path) == (miss if 0 < miss <= depth else depth + 1)
+            logits = torch.randn(depth + 1, V, generator=g)
+            logits[:, 2] = logits[:, 4] = 50.0  # a tie: the first maximum
+            got = accept_greedy(chain, tokens, logits)
+            want = tree_targets(chain, tokens, logits.argmax(-1))
+            assert (got.path, got.bonus) == (want.path, want.bonus) and got.bonus == 2
 
 
 def _target_probs(seed=0):
