@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import ProbeReadingPolicy
+from entmtp.costs.curves import CONTEXT_BUCKET
 from entmtp.errors import EntMTPError
 from entmtp.heads import LazyProbe, Probe
 from entmtp.lookup import Lookup, NgramIndex, TextLookup
@@ -203,6 +204,34 @@ def test_a_predictions_chain_is_priced_at_its_copy_rate_from_the_first_step():
     unestimated = NgramIndex(text, max_ngram=3, prefix=prediction.tokens)  # the same index, no session
     lengths = [policy.fresh().choose(_ctx(i)).tree.num_lookup for i in (estimated, unestimated)]
     assert lengths[0] > lengths[1] > 0, lengths
+
+
+def test_a_chain_is_priced_on_the_curve_at_the_steps_own_context():
+    """Where the machine's curve was measured at several contexts, a step's options are priced on the curve at
+    its own context (LatencyModel.at): on a curve whose drafted nodes are dear after a short prompt (DEAR's
+    multiples) and cheap after a long one (COSTLY's), the prediction's chain is drafted shorter after 100 tokens
+    than after 2,000, and the curve's mean prices neither context's steps."""
+    nodes = [0, 1, 2, 4, 8, 16, 32]
+    short, long = DEAR(nodes), COSTLY(nodes)
+    curve = LatencyModel(nodes, (short + long) / 2, contexts=[128, 2048], by_context=[short, long])
+    assert curve.at(0)(nodes) == pytest.approx(short) and curve.at(9000)(nodes) == pytest.approx(long)
+    assert curve.at(1000) is curve.at(1000 + CONTEXT_BUCKET - 1000 % CONTEXT_BUCKET - 1)  # one per bucket
+    assert DEAR.at(5000) is DEAR  # measured at one context: itself
+    prediction = Prediction(list(range(20, 40)))
+    index = TextLookup(3, prediction).begin([9, 20, 21, 22])
+    policy = HybridPolicy(StaticPolicy(Tree.root_only()), Lookup(tokens=10), curve)
+    lengths = [
+        policy.fresh().choose(StepContext(0, at, 100, None, lookup=index)).tree.num_lookup
+        for at in (100, 2000)
+    ]
+    assert lengths[0] < lengths[1], lengths
+    flat = HybridPolicy(
+        StaticPolicy(Tree.root_only()), Lookup(tokens=10), LatencyModel(nodes, (short + long) / 2)
+    )
+    mean = [
+        flat.fresh().choose(StepContext(0, at, 100, None, lookup=index)).tree.num_lookup for at in (100, 2000)
+    ]
+    assert mean[0] == mean[1]  # without contexts every step is priced on the mean
 
 
 def test_each_source_is_priced_at_its_own_rates():

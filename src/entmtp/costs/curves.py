@@ -50,17 +50,48 @@ class CostsError(EntMTPError):
     """A cost curve file is corrupt or does not belong to this machine."""
 
 
+CONTEXT_BUCKET = 64  # tokens of context per step of `LatencyModel.at` (its curves are kept per bucket)
+
+
 class LatencyModel:
     """Measured step latency (ms, drafting included) against tree nodes, interpolated between measurements;
     `ms_of` prefers a tree's own measurement when it has one (`measured`: tree name -> entry)."""
 
-    def __init__(self, nodes: Sequence[int], ms: Sequence[float], measured: dict[str, dict] | None = None):
+    def __init__(
+        self,
+        nodes: Sequence[int],
+        ms: Sequence[float],
+        measured: dict[str, dict] | None = None,
+        *,
+        contexts: Sequence[int] = (),
+        by_context: Sequence[Sequence[float]] = (),
+    ):
         if len(nodes) == 0 or len(nodes) != len(ms):
             raise EntMTPError("a latency profile needs as many step times as tree sizes, at least one")
         order = np.argsort(nodes)
         self.nodes = np.asarray(nodes, dtype=float)[order]
         self.ms = np.maximum.accumulate(np.asarray(ms, dtype=float)[order])  # more nodes never cost less
         self.measured = measured or {}
+        # the curve at each measured context (tokens in the cache), where it was measured at several
+        rows = [r for r in by_context if len(r) == len(nodes)]
+        self.contexts = np.asarray(contexts, dtype=float) if len(rows) == len(contexts) > 1 else np.zeros(0)
+        self._by_context = np.asarray(rows, dtype=float)[:, order] if self.contexts.size else None
+        self._at: dict[int, LatencyModel] = {}
+
+    def at(self, position: int) -> LatencyModel:
+        """The curve at `position` tokens of context: interpolated between the measured contexts (the nearest
+        one's outside them); this curve itself where it was measured at one context or fewer. A step after a
+        short prompt costs other multiples of a plain step than one after a long one (llama.cpp: 1.8x and 1.45x
+        for a drafted token after 200 and 768 tokens on the AMX Xeon)."""
+        if self._by_context is None:
+            return self
+        bucket = int(position) // CONTEXT_BUCKET
+        found = self._at.get(bucket)
+        if found is None:
+            x = (bucket + 0.5) * CONTEXT_BUCKET
+            ms = [np.interp(x, self.contexts, self._by_context[:, i]) for i in range(len(self.nodes))]
+            found = self._at[bucket] = LatencyModel(self.nodes, ms)
+        return found
 
     @classmethod
     def from_measured(cls, measured: dict[str, dict]) -> LatencyModel:
@@ -143,8 +174,8 @@ class CostCurve(CostRecord):
         return self.step_ms[0]
 
     def latency(self) -> LatencyModel:
-        """The curve as the policies read it (interpolated, non-decreasing in nodes)."""
-        return LatencyModel(self.nodes, self.step_ms)
+        """The curve as the policies read it (interpolated, non-decreasing in nodes; `at` a context)."""
+        return LatencyModel(self.nodes, self.step_ms, contexts=self.contexts, by_context=self.by_context)
 
     def relative(self, nodes) -> np.ndarray:
         """Step cost in plain steps."""
@@ -198,10 +229,16 @@ class CostCurve(CostRecord):
         )
 
     def with_points(self, updates: dict[int, float]) -> CostCurve:
-        """The curve with some sizes' step times replaced (a correction)."""
+        """The curve with some sizes' step times replaced (a correction; each context's time of such a size scaled
+        alike, so the curve at a context moves with its mean)."""
         step = tuple(updates.get(n, ms) for n, ms in zip(self.nodes, self.step_ms, strict=True))
+        scale = [new / old if old > 0 else 1.0 for new, old in zip(step, self.step_ms, strict=True)]
+        by_context = tuple(
+            tuple(ms * k for ms, k in zip(row, scale, strict=True)) if len(row) == len(scale) else row
+            for row in self.by_context
+        )
         return CostCurve(
-            self.nodes, step, self.draft_ms, self.contexts, self.by_context, self.prefill_ms_per_token,
+            self.nodes, step, self.draft_ms, self.contexts, by_context, self.prefill_ms_per_token,
             self.key, "corrected", self.seconds, self.machine,
         )  # fmt: skip
 

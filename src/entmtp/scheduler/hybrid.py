@@ -203,13 +203,18 @@ class HybridPolicy(Settings, Stateful):
             cost = relative_cost(latency)(n)
             self.draft_cost = HEADS_DRAFT_COST if draft_cost is None else draft_cost
         self.cost: list[float] = cost.tolist()  # [n] a step's cost in plain steps by drafted nodes
+        # the curve at each step's context, where it was measured at several (LatencyModel.at): its costs there
+        self.latency = latency if lookup.node_cost is None else None
+        self._costs_at: dict[int, list[float]] = {}  # id(the curve at a context) -> its costs
         # lookup alone (no heads' tree ever): a chain of n tokens takes at most 1 + n q_1 tokens (every L_k <= q_1),
         # so below this first-token rate no chain pays and the step is plain without weighing the options
         self.lookup_only = self.master is None and all(t.num_nodes == 0 for t in self.trees)
-        self.pays_from = min(
-            (c - self.draft_cost - 1.0) / n for n, c in enumerate(self.cost[: lookup.tokens + 1]) if n
-        )
+        self.pays_from = self._pays_from(self.cost)
         self.reset()
+
+    def _pays_from(self, cost: list[float]) -> float:
+        """The first-token rate below which no lookup chain pays on `cost` (see `lookup_only`)."""
+        return min((c - self.draft_cost - 1.0) / n for n, c in enumerate(cost[: self.lookup.tokens + 1]) if n)
 
     def reset(self) -> None:
         self.inner = self.inner.fresh()
@@ -249,7 +254,7 @@ class HybridPolicy(Settings, Stateful):
             self.lookup_only
             and self.lookup.adaptive
             and ctx.latency is None
-            and (not m or rates.first(self.lookup.caution, prior) < self.pays_from)
+            and (not m or rates.first(self.lookup.caution, prior) < self._pays_from(costs))
         )
         est = (
             None
@@ -334,10 +339,18 @@ class HybridPolicy(Settings, Stateful):
         return costs[n] - (self.draft_cost if not keep or not tree.num_nodes else 0.0)
 
     def _cost(self, ctx: StepContext) -> list[float]:
-        """Step cost in plain steps by drafted nodes: the policy's own, or in a batched step the whole step's at
-        that batch size (`ctx.latency`)."""
-        if ctx.latency is None or self.lookup.node_cost is not None:
+        """Step cost in plain steps by drafted nodes: the policy's own at this step's context (its curve's, where
+        measured at several contexts), or in a batched step the whole step's at that batch size (`ctx.latency`)."""
+        if self.lookup.node_cost is not None:
             return self.cost
+        if ctx.latency is None:
+            if self.latency is None or not self.latency.contexts.size:
+                return self.cost
+            curve = self.latency.at(ctx.position)
+            cost = self._costs_at.get(id(curve))
+            if cost is None:
+                cost = self._costs_at[id(curve)] = relative_cost(curve)(np.arange(len(self.cost))).tolist()
+            return cost
         ms = ctx.latency(np.arange(len(self.cost)))
         return (ms / ms[0]).tolist()
 
