@@ -15,6 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from entmtp.backends.attention import timed_decode
 from entmtp.backends.llama_cpp import Runtime, import_llama_cpp
 from entmtp.bench.peers import embedded_gguf
 from entmtp.machine import cpu_info
@@ -24,33 +25,20 @@ SIZES = (1, 8, 32)
 CHUNK = 256  # prompt tokens per llama_decode (the backend's batch is 512)
 
 
-def context(lib, model, threads: int, flash: bool):
-    cp = lib.llama_context_default_params()
-    # the backend's settings (backends/llama_cpp.py) but the flash attention
-    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = 4096, 512, 512, 256
-    cp.n_threads = cp.n_threads_batch = threads
-    cp.embeddings, cp.kv_unified = False, True
-    cp.type_k = cp.type_v = 1  # f16
-    cp.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    ctx = lib.llama_init_from_model(model, cp)
+def context(runtime: Runtime, flash: bool):
+    """A scratch context of 4096 cells on the runtime's model: the backend's settings, flash attention as given."""
+    ctx = runtime.lib.llama_init_from_model(runtime.model, runtime._flash_params(4096, flash))
     assert ctx, "llama.cpp could not make the context"
     return ctx
 
 
 def decode(lib, ctx, tokens: list[int], start: int) -> float:
     """Seconds of one llama_decode of `tokens` at positions start.. (a causal chain in sequence 0)."""
-    n = len(tokens)
-    batch = lib.llama_batch_init(n, 0, 1)
-    for i, t in enumerate(tokens):
-        batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = t, start + i, 1, i == n - 1
-        batch.seq_id[i][0] = 0
-    batch.n_tokens = n
-    t0 = time.perf_counter()
-    rc = lib.llama_decode(ctx, batch)
-    seconds = time.perf_counter() - t0
-    lib.llama_batch_free(batch)
-    assert rc == 0, f"llama_decode failed ({rc})"
-    return seconds
+    batch = lib.llama_batch_init(len(tokens), 0, 1)
+    try:
+        return timed_decode(lib, ctx, batch, tokens, start)
+    finally:
+        lib.llama_batch_free(batch)
 
 
 def prefill(lib, ctx, c: int) -> float:
@@ -68,7 +56,7 @@ def main() -> None:
     lib = import_llama_cpp()
     path = embedded_gguf()
     runtime = Runtime(path, threads=args.threads, n_ctx=512)  # loads the model (repacked weights where safe)
-    ctxs = {flash: context(lib, runtime.model, args.threads, flash) for flash in (True, False)}
+    ctxs = {flash: context(runtime, flash) for flash in (True, False)}
     mem = {flash: lib.llama_get_memory(ctx) for flash, ctx in ctxs.items()}
     rows = []
     for c in CONTEXTS:

@@ -105,13 +105,15 @@ def measure(lib, model, params: Callable[[int, bool], object]) -> dict:
             ]  # any tokens: the cost is alike
             for ctx in ctxs.values():
                 for s in range(0, len(prompt), PROMPT_CHUNK):
-                    _decode(lib, ctx, batch, prompt[s : s + PROMPT_CHUNK], filled + s)
+                    timed_decode(lib, ctx, batch, prompt[s : s + PROMPT_CHUNK], filled + s)
             filled = context
             for n in (1, CHAIN):
                 times: dict[bool, list[float]] = {True: [], False: []}
                 for rep in range(REPS + 1):
                     for flash, ctx in ctxs.items():
-                        seconds = _decode(lib, ctx, batch, [500 + (rep + i) % 97 for i in range(n)], context)
+                        seconds = timed_decode(
+                            lib, ctx, batch, [500 + (rep + i) % 97 for i in range(n)], context
+                        )
                         lib.llama_memory_seq_rm(
                             lib.llama_get_memory(ctx), 0, context, -1
                         )  # back to the context
@@ -130,7 +132,7 @@ def measure(lib, model, params: Callable[[int, bool], object]) -> dict:
             lib.llama_free(ctx)
 
 
-def _decode(lib, ctx, batch, tokens: list[int], start: int) -> float:
+def timed_decode(lib, ctx, batch, tokens: list[int], start: int) -> float:
     """Seconds of one llama_decode of `tokens`, a causal chain at positions start.. of sequence 0."""
     n = len(tokens)
     for i, t in enumerate(tokens):
