@@ -3,8 +3,8 @@
 llama.cpp's default ("auto") turns flash attention on for the CPU, and entmtp kept it on, measured ~5-9% cheaper
 a one-token decode than off on short prompts on a 2-core EPYC. On a 2-core Xeon with AMX (2026-12-07,
 docs/results/llama-cpp-attention) the kernel was the costliest part of a step past a short context: after 512
-tokens, a one-token decode took 13.8 ms with it and 8.7 ms without, a verified chain of 8 tokens 56.7 against 20.2,
-of 32 tokens 211 against 51; after 64 tokens it was ahead by ~10% on one token, and in a prefill by 15-20%. What
+tokens, a one-token decode took 13.7 ms with it and 8.5 ms without, a verified chain of 8 tokens 55.2 against 19.7,
+of 32 tokens 203 against 50; after 64 tokens it was ahead by 13% on one token, and in a prefill by 15-20%. What
 wins is a property of the CPU, the build and the model's shapes, not of a flag: so it is timed.
 
 Both settings are timed on the model as loaded (two scratch contexts, the backend's settings otherwise): a
