@@ -187,6 +187,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=str(HERE / "epyc"))
     ap.add_argument("--backend", default="llama-cpp", choices=["llama-cpp", "transformers"])
+    ap.add_argument(
+        "--patched-peer",
+        action="store_true",
+        help="llama-cpp-python as entmtp's patched build runs it (an AMX CPU: its repacked weights on), "
+        "not as pip's build runs there",
+    )
     args = ap.parse_args()
     torch.set_num_threads(2)
     timer = Timed()
@@ -196,7 +202,7 @@ def main() -> None:
     plain = Engine(
         default.model, default.tokenizer
     )  # plain steps, unconstrained: what a mask's time is a share of
-    peer = LlamaCppPlain(n_threads=2)
+    peer = LlamaCppPlain(n_threads=2, as_patched=args.patched_peer)
     forced = shaping.Shaping.forced
     loads = workloads(args.prompts, default.tokenizer)
     runs: dict[str, dict[str, list]] = {}
@@ -251,7 +257,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(dict(
         command="python docs/results/structured-outputs/run.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "out"),
-        machine=cpu_info(), versions=versions(), threads=2, plain_step_ms=plain_ms, summary=summary, runs=runs,
+        machine=cpu_info(), versions=versions(), threads=2, peer=peer.settings, plain_step_ms=plain_ms,
+        summary=summary, runs=runs,
     ), indent=1) + "\n")  # fmt: skip
 
 
