@@ -205,7 +205,8 @@ class HybridPolicy(Settings, Stateful):
         self.cost: list[float] = cost.tolist()  # [n] a step's cost in plain steps by drafted nodes
         # the curve at each step's context, where it was measured at several (LatencyModel.at): its costs there
         self.latency = latency if lookup.node_cost is None else None
-        self._costs_at: dict[int, list[float]] = {}  # id(the curve at a context) -> its costs
+        # id(the curve at a context) -> its costs and their `pays_from`
+        self._costs_at: dict[int, tuple[list[float], float]] = {}
         # lookup alone (no heads' tree ever): a chain of n tokens takes at most 1 + n q_1 tokens (every L_k <= q_1),
         # so below this first-token rate no chain pays and the step is plain without weighing the options
         self.lookup_only = self.master is None and all(t.num_nodes == 0 for t in self.trees)
@@ -247,14 +248,14 @@ class HybridPolicy(Settings, Stateful):
         self._source, rates = source, self.rates[source][m]
         # the chain the match offers: `observe` reads as much of it as it judges (the index as it is now)
         self._offer = (index, len(index.tokens)) if m and self.counterfactual else None
-        costs = self._cost(ctx)
+        costs, pays_from = self._priced(ctx)
         length = self.lookup.tokens if m else 0
         # lookup alone where no chain can pay at the first token's rate: a plain step, nothing weighed
         plain = (
             self.lookup_only
             and self.lookup.adaptive
             and ctx.latency is None
-            and (not m or rates.first(self.lookup.caution, prior) < self._pays_from(costs))
+            and (not m or rates.first(self.lookup.caution, prior) < pays_from)
         )
         est = (
             None
@@ -338,21 +339,24 @@ class HybridPolicy(Settings, Stateful):
             return costs[n]
         return costs[n] - (self.draft_cost if not keep or not tree.num_nodes else 0.0)
 
-    def _cost(self, ctx: StepContext) -> list[float]:
-        """Step cost in plain steps by drafted nodes: the policy's own at this step's context (its curve's, where
-        measured at several contexts), or in a batched step the whole step's at that batch size (`ctx.latency`)."""
+    def _priced(self, ctx: StepContext) -> tuple[list[float], float]:
+        """(step cost in plain steps by drafted nodes, its `pays_from`): the policy's own at this step's context
+        (its curve's, where measured at several contexts; each context's worked out once), or in a batched step
+        the whole step's at that batch size (`ctx.latency`)."""
         if self.lookup.node_cost is not None:
-            return self.cost
+            return self.cost, self.pays_from
         if ctx.latency is None:
             if self.latency is None or not self.latency.contexts.size:
-                return self.cost
+                return self.cost, self.pays_from
             curve = self.latency.at(ctx.position)
-            cost = self._costs_at.get(id(curve))
-            if cost is None:
-                cost = self._costs_at[id(curve)] = relative_cost(curve)(np.arange(len(self.cost))).tolist()
-            return cost
+            found = self._costs_at.get(id(curve))
+            if found is None:
+                cost = relative_cost(curve)(np.arange(len(self.cost))).tolist()
+                found = self._costs_at[id(curve)] = (cost, self._pays_from(cost))
+            return found
         ms = ctx.latency(np.arange(len(self.cost)))
-        return (ms / ms[0]).tolist()
+        cost = (ms / ms[0]).tolist()
+        return cost, self._pays_from(cost)
 
     def _options(self, tree: Tree, est: Estimates, length: int) -> list[tuple[bool, int, int, float]]:
         """(keep the heads' tree?, lookup tokens, drafted nodes, expected tokens) of every option: the heads'
