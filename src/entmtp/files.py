@@ -1,8 +1,10 @@
-"""Atomic file writes (a temp file beside the target, then one rename, so no reader ever sees half a file), and
-paths as records name them (`portable`: never one machine's absolute path)."""
+"""Atomic file writes (a temp file beside the target, then one rename, so no reader ever sees half a file), a cache
+file of verdicts read as nothing where it cannot be read, and paths as records name them (`portable`: never one
+machine's absolute path)."""
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from pathlib import Path
@@ -22,6 +24,15 @@ def write_text_atomic(path: Path, text: str) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def read_json_or_empty(path: Path) -> dict:
+    """The JSON object in a cache file of verdicts (keyed by what they were measured on), or {} where the file is
+    missing or unreadable: every verdict is then measured again and the file written afresh."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return {}
 
 
 def save_tensors_atomic(

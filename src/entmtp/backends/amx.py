@@ -110,17 +110,16 @@ def extra_bufts_safe(path: str | os.PathLike[str] | None = None, *, say=None, ca
 
 def canary_verdict(path: Path, canary: str = CANARY) -> tuple[bool, str]:
     """(whether the repacked weights ran `path` in a child process, how it ended), cached."""
+    from ..files import read_json_or_empty, write_text_atomic
     from .llama_build import build_tag
 
     cache = _verdicts_path()
     key = _key(path)
-    verdicts = _read(cache)
+    verdicts = read_json_or_empty(cache)
     if key in verdicts:
         return verdicts[key]["works"], verdicts[key]["how"]
     works, how = run_canary(path, canary)
     verdicts[key] = {"works": works, "how": how, "file": str(path), "build": build_tag()}
-    from ..files import write_text_atomic
-
     cache.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(cache, json.dumps(verdicts, indent=1) + "\n")
     return works, how
@@ -166,10 +165,3 @@ def _verdicts_path() -> Path:
     from ..model import cache_dir
 
     return cache_dir() / "llama-amx.json"
-
-
-def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return {}

@@ -49,11 +49,13 @@ def flash_attention(
     kernels or not) decode with flash attention on `threads` threads: `ENTMTP_LLAMA_FLASH_ATTN` when set, else
     the cached verdict, else both timed now (`measure`, with one line to `say`, default stderr).
     `params(n_ctx, flash)`: the backend's context parameters."""
+    from ..files import read_json_or_empty, write_text_atomic
+
     known = verdict(path, threads, repacked)
     if known is not None:
         return known
     cache, key = _verdicts_path(), _key(path, threads, repacked)
-    verdicts = _read(cache)
+    verdicts = read_json_or_empty(cache)
     (say or console.say)(
         "timing llama.cpp's attention kernels on this CPU, with and without flash attention (once, ~3 s)"
     )
@@ -64,7 +66,6 @@ def flash_attention(
         f"llama.cpp's flash attention {'on' if on else 'off'}: the timed steps took {ms['on']:.1f} ms with it, "
         f"{ms['off']:.1f} ms without ({time.perf_counter() - t0:.1f} s; {ENV}=1 or 0 decides instead)"
     )
-    from ..files import write_text_atomic
     from .llama_build import build_tag
 
     verdicts[key] = {
@@ -77,10 +78,12 @@ def flash_attention(
 
 def verdict(path: Path, threads: int, repacked: bool) -> bool | None:
     """`ENTMTP_LLAMA_FLASH_ATTN` when set, else the cached verdict for the file at `path` (None: not timed yet)."""
+    from ..files import read_json_or_empty
+
     forced = os.environ.get(ENV, "").strip()
     if forced in ("0", "1"):
         return forced == "1"
-    found = _read(_verdicts_path()).get(_key(path, threads, repacked))
+    found = read_json_or_empty(_verdicts_path()).get(_key(path, threads, repacked))
     return None if found is None else bool(found["on"])
 
 
@@ -100,9 +103,8 @@ def measure(lib, model, params: Callable[[int, bool], object]) -> dict:
             ctxs[flash] = ctx
         rows, filled = [], 0
         for context in CONTEXTS:
-            prompt = [
-                100 + (i * 7919) % 30000 for i in range(filled, context)
-            ]  # any tokens: the cost is alike
+            # any tokens: the cost is alike
+            prompt = [100 + (i * 7919) % 30000 for i in range(filled, context)]
             for ctx in ctxs.values():
                 for s in range(0, len(prompt), PROMPT_CHUNK):
                     timed_decode(lib, ctx, batch, prompt[s : s + PROMPT_CHUNK], filled + s)
@@ -114,9 +116,8 @@ def measure(lib, model, params: Callable[[int, bool], object]) -> dict:
                         seconds = timed_decode(
                             lib, ctx, batch, [500 + (rep + i) % 97 for i in range(n)], context
                         )
-                        lib.llama_memory_seq_rm(
-                            lib.llama_get_memory(ctx), 0, context, -1
-                        )  # back to the context
+                        # back to the context
+                        lib.llama_memory_seq_rm(lib.llama_get_memory(ctx), 0, context, -1)
                         if rep:
                             times[flash].append(seconds)
                 on, off = (1000 * statistics.median(times[f]) for f in (True, False))
@@ -164,10 +165,3 @@ def _verdicts_path() -> Path:
     from ..model import cache_dir
 
     return cache_dir() / "llama-attention.json"
-
-
-def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return {}

@@ -126,9 +126,8 @@ class LlamaCpp(Backend):
             "weights": self.weights_format(model),  # Q4_1, Q8_0, float16...
             "build": build_tag(),  # entmtp's patched llama-cpp-python or pip's
             "repacked": bool(getattr(runtime, "extra_bufts", False)),  # AMX's kernels
-            "flash_attention": bool(
-                getattr(runtime, "flash_attn", False)
-            ),  # its kernel on or off (attention.py)
+            # llama.cpp's flash-attention kernel on or off (attention.py)
+            "flash_attention": bool(getattr(runtime, "flash_attn", False)),
         }
 
 
