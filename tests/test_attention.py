@@ -63,3 +63,12 @@ def test_both_settings_are_timed_on_the_loaded_model_at_each_context_and_size(ow
     for c in CONTEXTS:
         one, chain = (next(r for r in rows if (r["context"], r["tokens"]) == (c, n)) for n in (1, CHAIN))
         assert chain["on_ms"] > one["on_ms"] and chain["off_ms"] > one["off_ms"]
+
+
+def test_a_setting_that_is_neither_1_nor_0_is_named_with_the_fix(own_cache, monkeypatch):
+    from entmtp.errors import EntMTPError
+
+    monkeypatch.setenv(ENV, "yes")
+    monkeypatch.setattr(attention, "measure", None)  # never reached
+    with pytest.raises(EntMTPError, match=r"ENTMTP_LLAMA_FLASH_ATTN='yes': give 1 .* or 0 .*unset it"):
+        flash_attention(None, None, embedded_gguf(), 2, None, repacked=True)

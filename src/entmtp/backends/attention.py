@@ -83,6 +83,10 @@ def verdict(path: Path, threads: int, repacked: bool) -> bool | None:
     forced = os.environ.get(ENV, "").strip()
     if forced in ("0", "1"):
         return forced == "1"
+    if forced:
+        raise EntMTPError(
+            f"{ENV}={forced!r}: give 1 (flash attention on) or 0 (off), or unset it to have both timed once"
+        )
     found = read_json_or_empty(_verdicts_path()).get(_key(path, threads, repacked))
     return None if found is None else bool(found["on"])
 
