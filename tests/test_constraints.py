@@ -19,7 +19,7 @@ import torch
 from conftest import ByteTokenizer, OracleHeads, tiny_model
 from entmtp.accept import GenerationOptions
 from entmtp.batch import generate_batch
-from entmtp.constraints import Constraint, ConstraintError, one_token
+from entmtp.constraints import Constraint, ConstraintError, apply_masks, one_token
 from entmtp.engine import Engine, Pending
 from entmtp.errors import EntMTPError
 from entmtp.heads import HeadsConfig, random_heads
@@ -209,6 +209,32 @@ def test_a_row_that_allows_one_token_is_one_no_verification_reads():
     assert step.outputs(logprobs=False) == [False, False, True, True, True]
     assert step.outputs(logprobs=True) is None
     assert Pending(Tree.root_only(), torch.tensor([0]), {}, {}, None, masks=masks[2:]).outputs(False) is None
+
+
+@pytest.mark.parametrize("vocab", [100, 128, 140])
+def test_a_mask_keeps_the_allowed_logits_and_nothing_else(vocab):
+    """`apply_masks`: each row keeps its logit where the token's bit is set and is -inf elsewhere (ids past the
+    masks' vocabulary too), whether the row allows one token (the bit in any word, the sign bit, a bit past the
+    logits' vocabulary), many, none or all; the logits are not changed."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(9, vocab, generator=g)
+    before = logits.clone()
+    masks = np.zeros((9, 4), dtype=np.int32)
+    masks[0, 0] = 1 << 5  # one token
+    masks[1, 3] = np.int32(-(2**31))  # one token, the top bit: id 127 (past a vocabulary of 100)
+    masks[2, 1] = 0b11  # two tokens
+    masks[3, 0], masks[3, 2] = 1, 1  # two tokens, in two words
+    masks[4] = -1  # every token
+    masks[5, 2] = 1 << 7  # one token: id 71
+    masks[6] = np.frombuffer(np.random.default_rng(1).bytes(16), dtype=np.int32)  # many
+    masks[8, 1] = 1 << 0  # one token: id 32
+    expected = torch.full_like(logits, float("-inf"))
+    for row in range(9):
+        for t in range(min(vocab, 128)):
+            if (int(masks[row, t // 32]) >> (t % 32)) & 1:
+                expected[row, t] = logits[row, t]
+    got = apply_masks(logits, masks)
+    assert torch.equal(got, expected) and torch.equal(logits, before)
 
 
 def test_a_masked_distribution_gives_the_policies_finite_signals():
