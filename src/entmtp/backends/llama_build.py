@@ -3,9 +3,14 @@ per CPU and kept.
 
 `make setup` runs `python -m entmtp.backends.llama_build`:
 1. the sdist, from pip (kept in the cache; its sha256 checked against `SDIST_SHA256`);
-2. `patches/llama-cpp-python-0.3.36-amx.patch` applied to its vendored llama.cpp (`ggml_tile_config_init` in
-   ggml-cpu/amx/mmq.cpp: the tile configuration off the stack, and each thread asks for the AMX tile-data
-   permission; without it 0.3.36 segfaults on some AMX Xeons once a decode holds two tokens: backends/amx.py);
+2. `patches/llama-cpp-python-0.3.36-amx.patch` applied to its vendored llama.cpp (ggml-cpu/amx/mmq.cpp):
+   - `ggml_tile_config_init`: the tile configuration off the stack, and each thread asks for the AMX tile-data
+     permission; without it 0.3.36 segfaults on some AMX Xeons once a decode holds two tokens (backends/amx.py);
+   - a few rows of Q4_1 or Q8_0 weights (2 to 6 and 2 to 3: a speculative step's drafted tokens) by the
+     one-row kernels' arithmetic, each block of weights unpacked once for all the rows, instead of the AMX
+     tiles, which pad the rows to 16 and unpack every block into tiles: a 2-token decode of the shipped Q4_1
+     model costs ~1.25x a 1-token one instead of ~1.5x, 4 tokens ~1.5x instead of ~1.8x
+     (docs/results/llama-cpp-rows);
 3. a record of the build (`llama_cpp/entmtp_build.json`: version, the sdist's and the patch's sha256) written
    into the package, so that the runtime can say which build runs and the AMX canary's verdict is keyed by it;
 4. `pip wheel` (llama.cpp compiled for this CPU: GGML_NATIVE), the wheel kept in the cache under a key of the
