@@ -20,7 +20,7 @@ from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
 from entmtp.policy import StaticPolicy
 from entmtp.prediction import PREDICTED_RATE
-from entmtp.routing import CopyRate, Lane, Promise, Router, chain_ms_per_token
+from entmtp.routing import CopyRate, Lane, Promise, Router, chain_ms_per_token, middle
 from entmtp.tree import Tree
 
 # this EPYC's shape: llama.cpp decodes fast and prefills slowly, transformers the other way round
@@ -161,6 +161,30 @@ def test_a_request_whose_prediction_covers_its_output_goes_to_the_flatter_verifi
     assert "a short prompt whose prediction covers its output to llama-cpp" in router.describe()
     flat = _curved_router(second=(80.0, FLAT_CURVE))
     assert "a short prompt whose prediction covers its output to transformers" in flat.describe()
+
+
+def test_a_promises_chains_are_priced_at_the_requests_own_context():
+    """A drafted token's share of a step depends on the context (llama.cpp: 1.8x a plain step after ~200
+    tokens, 1.45x after 768): a lane prices a promise's chains on its curve at the request's middle (its prompt
+    and half of what it writes), not on the mean of the measured contexts, which would send this short edit to
+    the other lane."""
+    cheap_early = (6.0, 7.0, 9.0, 12.0, 18.0, 30.0)  # after 128 tokens: drafted nodes cost little
+    dear_late = (20.0, 40.0, 80.0, 140.0, 260.0, 500.0)  # after 2048: they cost much
+    mean = tuple((a + b) / 2 for a, b in zip(cheap_early, dear_late, strict=True))
+    nodes = (0, 1, 4, 8, 16, 32)
+    curve = LatencyModel(nodes, mean, contexts=(128, 2048), by_context=(cheap_early, dear_late))
+    llama = Lane("llama-cpp", _FakeEngine(), LLAMA_PREFILL, 110.0, latency=curve)
+    router = Router(llama, _curved_router().lanes[1])
+    edit = Promise(200, rate=0.95)
+    assert llama.chain(edit, middle(100, 200)) == chain_ms_per_token(curve.at(200), 0.95, 32)
+    assert llama.chain(edit, 100)[1] > llama.chain(edit, 3000)[1]  # longer chains where nodes are cheap
+    assert llama.expected_ms(100, 200, edit) == pytest.approx(
+        LLAMA_PREFILL(100) + 200 * min(llama.chain(edit, 200)[0], 1000 / 110)
+    )
+    assert router.lane_for(100, 200, edit) is llama
+    # priced on the mean curve (as before), the same request would go to transformers
+    mean_ms = LLAMA_PREFILL(100) + 200 * min(llama.chain(edit)[0], 1000 / 110)
+    assert mean_ms > router.lanes[1].expected_ms(100, 200, edit) > llama.expected_ms(100, 200, edit)
 
 
 def test_a_routed_request_with_a_prediction_gives_the_chosen_engines_own_output():

@@ -17,8 +17,9 @@ nearly certain chains, and the backends price those differently: llama.cpp's ver
 CPU (8 drafted nodes cost 3-6 plain steps), transformers' in bf16 much flatter. Such a request is priced by its
 `Promise`: it is expected to write about as many tokens as its prediction holds (an edit returns the file it
 edits; at most its new tokens), each at the least expected ms per token of a chain on the lane's own cost curve
-(`chain_ms_per_token`: k drafted tokens each right with the promise's rate emit (1 - rate^(k+1)) / (1 - rate)
-tokens for the curve's ms at k nodes; k = 0 is a plain step). The rate starts at the edits task's
+at the request's middle (its prompt and half its output: a drafted token costs a larger share of a step after a
+short context than after a long one on llama.cpp) (`chain_ms_per_token`: k drafted tokens each right with the
+promise's rate emit (1 - rate^(k+1)) / (1 - rate) tokens for the curve's ms at k nodes; k = 0 is a plain step). The rate starts at the edits task's
 (`prediction.PREDICTED_RATE`) and is learned from the router's own predicted requests as they finish
 (`CopyRate`), so a stream of edits that keep nearly all of their text moves to the backend where long chains
 are cheapest. A retry of a prompt the suffix cache has answered before (suffix.py: agents, extraction jobs and
@@ -118,6 +119,11 @@ def chain_ms_per_token(latency: LatencyModel, rate: float, most: int) -> tuple[f
     return float(per_token[best]), best
 
 
+def middle(prompt_tokens: int, written: int) -> int:
+    """The context a request's chains are priced at: its prompt and half of what it writes."""
+    return prompt_tokens + written // 2
+
+
 @dataclass(frozen=True)
 class Lane:
     """One backend's engine and what a request costs on it."""
@@ -131,16 +137,23 @@ class Lane:
 
     def expected_ms(self, prompt_tokens: int, new_tokens: int, promise: Promise | None = None) -> float:
         """Prefill and decode of a request; one with a `promise` writes about its prediction's length (at most
-        `new_tokens`), each token at the cheaper of its chains and the decode speed."""
+        `new_tokens`), each token at the cheaper of its chains (priced at the request's middle, `middle`) and
+        the decode speed."""
         decode = 1000 / self.tokens_per_second  # ms per token without the request's own drafts
         if promise is None:
             return self.prefill(prompt_tokens) + new_tokens * decode
-        per_token = min(self.chain(promise)[0], decode) if self.latency is not None else decode
-        return self.prefill(prompt_tokens) + min(promise.tokens, new_tokens) * per_token
+        written = min(promise.tokens, new_tokens)
+        if self.latency is None:
+            return self.prefill(prompt_tokens) + written * decode
+        per_token = min(self.chain(promise, middle(prompt_tokens, written))[0], decode)
+        return self.prefill(prompt_tokens) + written * per_token
 
-    def chain(self, promise: Promise) -> tuple[float, int]:
-        """(ms per token, chain length) of the promise's drafts on this lane (`chain_ms_per_token`)."""
-        return chain_ms_per_token(self.latency, promise.rate, PREDICTED_BRANCH.tokens)
+    def chain(self, promise: Promise, context: int | None = None) -> tuple[float, int]:
+        """(ms per token, chain length) of the promise's drafts on this lane (`chain_ms_per_token`), on its
+        curve at `context` tokens (None: the mean of the measured contexts). A drafted token's share of a step
+        depends on the context: on llama.cpp 1.8x a plain step after ~200 tokens against 1.45x after 768."""
+        latency = self.latency if context is None else self.latency.at(context)
+        return chain_ms_per_token(latency, promise.rate, PREDICTED_BRANCH.tokens)
 
 
 class Router:
@@ -200,7 +213,7 @@ class Router:
                 f"{x.backend} chains of {k} at {ms:.1f} ms/token"
                 for x in self.lanes
                 if x.latency is not None
-                for ms, k in [x.chain(promise)]
+                for ms, k in [x.chain(promise, middle(prompt_tokens, min(promise.tokens, new_tokens)))]
             )
             rate = f"copies right {promise.rate:.2f} of the time"
             what = (
