@@ -298,6 +298,43 @@ def test_where_every_tree_loses_the_default_decodes_plain_steps_only():
     assert not isinstance(forced, Tree)
 
 
+def test_the_heads_trees_must_also_beat_a_plain_step_without_heads():
+    """An engine with heads pays for them on every step (on llama.cpp: the embeddings on, every token an output
+    row): a tree that beats the heads' own plain step by less than that is slower than plain steps without
+    heads, and the default then runs none (measured on the AMX Xeon: the shipped Q4_1 model's best tree
+    116.8 tokens/s, 112.6 plain with heads, 118.9 without). The curve without heads is measured only where a
+    tree wins on the heads' curve."""
+    profile = resolve_profile("mixed", "hydra")
+    with_heads = curve([10.0, 11.0, 11.5, 12.5, 15.0, 20.0, 30.0, 50.0])  # nodes cheap: a tree beats plain
+    best_tree = max(
+        v for k, v in profile.static_speeds("greedy", with_heads.latency()).items() if k != "none"
+    )
+    asked = []
+
+    def without(plain_ms):
+        def measure():
+            asked.append(plain_ms)
+            return curve([plain_ms] + [plain_ms * 2] * 7)
+
+        return measure
+
+    cheaper = 1000.0 / best_tree * 0.98  # a plain step without heads that beats the best tree
+    chosen, why, expected = scheduled_policy(
+        profile, "greedy", with_heads.latency(), heads_less=without(cheaper)
+    )
+    assert isinstance(chosen, Tree) and chosen.num_nodes == 0 and "without heads" in why
+    assert expected == pytest.approx(1000.0 / cheaper)
+    dearer = 1000.0 / best_tree * 1.02  # one that does not: the heads stay
+    chosen, _, _ = scheduled_policy(profile, "greedy", with_heads.latency(), heads_less=without(dearer))
+    assert not isinstance(chosen, Tree)
+    dear = curve(
+        [10.0] + [10.0 * (2 + n) for n in (1, 2, 4, 8, 16, 32, 64)]
+    )  # no tree wins: nothing measured
+    scheduled_policy(profile, "greedy", dear.latency(), heads_less=without(1.0))
+    forced, _, _ = scheduled_policy(profile, "greedy", with_heads.latency(), "dynamic", without(1.0))
+    assert not isinstance(forced, Tree) and asked == [cheaper, dearer]  # a named policy: as asked
+
+
 def test_every_machine_curve_names_its_machine():
     """A replay's figure is only as good as knowing whose curve it is: each file names its CPU and the flags
     that decide its kernels (two "AMD EPYC" machines here differ 2x in what a tree costs)."""

@@ -166,7 +166,9 @@ def _policy(spec: EngineSpec, loaded: Loaded, profile, log):
         profile.check(model, heads, warn_hardware=costs is None)
     rule = Sampling(spec.temperature, spec.acceptance).rule
     mode = profile.mode_for_rule(rule)
-    policy, name, reason, expected = section_policy(profile, mode, costs, spec.policy)
+    # the heads' trees against a plain step without them too (its curve measured only where a tree wins)
+    heads_less = loaded.curve_without_heads
+    policy, name, reason, expected = section_policy(profile, mode, costs, spec.policy, heads_less)
     others, built = {}, {}  # rules that share a section (gumbel runs sample's) share its policy
     for other in ACCEPTANCE:
         other_mode = profile.mode_for_rule(other)
@@ -174,7 +176,7 @@ def _policy(spec: EngineSpec, loaded: Loaded, profile, log):
             continue
         if other_mode not in built:
             try:
-                built[other_mode] = section_policy(profile, other_mode, costs, spec.policy)[:2]
+                built[other_mode] = section_policy(profile, other_mode, costs, spec.policy, heads_less)[:2]
             except ProfileError as e:  # a forced --policy this section cannot build: the rule runs `policy`
                 log(f"{other} acceptance runs the {rule} policy: {e}")
                 continue

@@ -13,6 +13,9 @@ cost on the curve (`Profile.static_speeds`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from .. import metrics
 from ..costs.curves import CostCurve, LatencyModel
 from ..policy import StaticPolicy
 from ..tree import Tree
@@ -66,16 +69,34 @@ def _threshold_policy(profile: Profile, name: str, thresholds: Thresholds, trees
     return LadderPolicy([trees[n] for n in th.trees], th.signal, th.thresholds, window=th.window)
 
 
-def scheduled_policy(profile: Profile, mode: str, latency: LatencyModel, name: str | None = None):
+def scheduled_policy(
+    profile: Profile,
+    mode: str,
+    latency: LatencyModel,
+    name: str | None = None,
+    heads_less: Callable[[], CostCurve | None] | None = None,
+):
     """(policy or the root-only tree, why, expected tokens/s) of a profile on a machine's `latency` curve:
     the policy `name`, or by default plain steps when no bank tree is expected to beat a plain step here, else
     the profile's recommended policy (`dynamic` in place of binary and ladder, whose thresholds were tuned
-    on the calibration machine's latencies)."""
+    on the calibration machine's latencies). `heads_less`: the machine's curve without heads (measured when
+    first called): the heads' trees must also beat a plain step of an engine without heads, whose steps are
+    cheaper (on llama.cpp the heads keep the embeddings on: every token an output row with its hidden state;
+    on the AMX Xeon the shipped Q4_1 model's best tree 116.8 tokens/s against 112.6 plain with heads, 118.9
+    without)."""
     speeds = profile.static_speeds(mode, latency)
     best = max(speeds, key=speeds.get)
     if best == "none" and name is None:
         why = f"no tree of the {profile.task} profile beats a plain step on this machine's costs"
         return Tree.root_only(), why, speeds[best]
+    if name is None and heads_less is not None and (plain := heads_less()) is not None:
+        without = metrics.replay_tokens_per_second(1, plain.plain_ms)
+        if without >= speeds[best]:
+            why = (
+                f"no tree of the {profile.task} profile beats a plain step without heads on this machine's "
+                f"costs ({best} {speeds[best]:.1f} tokens/s, plain without heads {without:.1f})"
+            )
+            return Tree.root_only(), why, without
     if name is None:
         name = profile.recommended_policy(mode)
         if name in THRESHOLD_POLICIES:  # tuned on the calibration machine's latencies: they do not transfer
@@ -84,12 +105,19 @@ def scheduled_policy(profile: Profile, mode: str, latency: LatencyModel, name: s
     return profile_policy(profile, name, mode, latency=latency), why, speeds[best]
 
 
-def section_policy(profile: Profile, mode: str, costs: CostCurve | None, name: str | None = None):
+def section_policy(
+    profile: Profile,
+    mode: str,
+    costs: CostCurve | None,
+    name: str | None = None,
+    heads_less: Callable[[], CostCurve | None] | None = None,
+):
     """(policy, its name, why, expected tokens/s) from `profile`'s section `mode`: the policy `name` (None:
-    the machine's choice, `scheduled_policy`) on the curve `costs`; None: the profile's stored latencies."""
+    the machine's choice, `scheduled_policy`, against `heads_less`'s plain step too) on the curve `costs`;
+    None: the profile's stored latencies."""
     name_or_recommended = name or profile.recommended_policy(mode)
     if costs is None:
         policy = profile_policy(profile, name_or_recommended, mode)
         return policy, name_or_recommended, "the profile's stored latencies (no probe)", 0.0
-    policy, reason, expected = scheduled_policy(profile, mode, costs.latency(), name)
+    policy, reason, expected = scheduled_policy(profile, mode, costs.latency(), name, heads_less)
     return policy, ("plain" if isinstance(policy, Tree) else name_or_recommended), reason, expected
