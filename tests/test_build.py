@@ -203,6 +203,26 @@ def test_no_probe_without_a_cached_curve_says_the_lookup_branch_is_sized_on_anot
 # ---- a model of the user's own: the shipped heads only where they fit (issue #69) ---------------------------
 
 
+def test_the_embedded_model_in_a_rewritten_format_without_the_shipped_heads_is_named_by_its_file():
+    """The embedded model in a weight format entmtp wrote (`--dtype auto` measures Q8_0/F16/BF16 files on an AMX
+    CPU) has other token embeddings than the shipped heads were trained on: the line names its file, not the
+    model the user gave (none: it said "no heads for None ... --model None")."""
+    from types import SimpleNamespace
+
+    from entmtp import shipped
+
+    said = []
+    model = SimpleNamespace(config=SimpleNamespace(_name_or_path="/cache/smollm2-135m-instruct-q8_0.gguf"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(shipped, "fits_shipped", lambda m: False)
+        mp.setattr(shipped, "default_heads", lambda: "hydra")
+        assert shipped.default_heads_for(model, None, said.append) == "none"
+        assert shipped.default_heads_for(model, "mine", said.append) == "none"
+    assert said[0].startswith("no heads for the embedded model as smollm2-135m-instruct-q8_0.gguf: its token")
+    assert "None" not in said[0] and "/cache" not in said[0]
+    assert said[1].startswith("no heads for mine: the shipped hydra heads") and "--model mine" in said[1]
+
+
 def test_your_own_model_decodes_without_the_shipped_heads_and_says_why(tmp_path, capsys):
     """`entmtp generate --model DIR` with no --heads: a model of another width gets no heads (prompt lookup and
     plain steps, as any model), one line says why and how to train some; it used to fail binding SmolLM2's."""

@@ -78,6 +78,13 @@ def default_heads_for(model, name: str | None, say) -> str:
     kind = default_heads()
     if kind == "none" or fits_shipped(model):
         return kind
+    if name is None:  # the embedded model in a weight format entmtp wrote (its embeddings rounded otherwise)
+        file = Path(str(getattr(model.config, "_name_or_path", "") or "its file")).name
+        say(
+            f"no heads for the embedded model as {file}: its token embeddings are not those the shipped {kind} "
+            "heads were trained on, so it decodes without heads (prompt-lookup drafts still on)"
+        )
+        return "none"
     say(
         f"no heads for {name}: the shipped {kind} heads were trained for the embedded SmolLM2-135M-Instruct, "
         f"so it decodes without heads (prompt-lookup drafts still on); train heads for it with `entmtp "
