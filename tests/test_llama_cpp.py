@@ -424,7 +424,7 @@ def test_a_chain_decoded_at_once_gives_each_row_its_one_token_decode(fmt):
             at_once, _ = rt.decode(tokens, positions, [[seq]] * k, [True] * k, embeddings=False)
             rt.seq_rm(seq, 64)
             one_by_one = []
-            for t, pos in zip(tokens, positions):
+            for t, pos in zip(tokens, positions, strict=True):
                 logits, _ = rt.decode([t], [pos], [[seq]], [True], embeddings=False)
                 one_by_one.append(logits[0])
             rt.seq_rm(seq, 64)
