@@ -124,6 +124,32 @@ def test_a_default_that_drafts_with_no_head_prices_its_lookup_on_the_curve_witho
     assert kept.uses_heads and kept.costs is dear and kept.policy.cost[1] == pytest.approx(3.0)
 
 
+def test_a_rule_that_drafts_with_no_head_prices_its_lookup_without_heads_beside_one_that_does(monkeypatch):
+    """A generation whose policy drafts with no head runs without the heads (the engine builds no drafter for
+    it), also where another rule's policy drafts with them: its lookup branch is sized on the curve without
+    heads. (On the AMX Xeon the profile's typical section kept the heads while greedy ran plain steps and
+    lookup, and greedy's chains were sized on the heads' steeper curve: 1-token chains where lookup alone,
+    sized without heads, took 2-5.)"""
+    from entmtp.build import composed as composed_mod
+
+    nodes = (0, 1, 2, 4, 8, 16, 32, 64)
+    with_heads = CostCurve(
+        nodes, (10.0, 13.5, 15, 20, 27, 40, 80, 140), (0.0,) * 8, key={"k": 1}, source="probe"
+    )
+    without = CostCurve(nodes, (9.0, 11, 12, 13, 14, 15, 16, 17), (0.0,) * 8, key={"k": 2}, source="probe")
+    loaded = Loaded(EngineSpec(), None, None, HEADS, "hydra", with_heads, heads_less=without)
+    heads_tree = static("tree_4")
+    monkeypatch.setattr(
+        composed_mod,
+        "_policy",
+        lambda *a: (None, "plain", "test", 1.0, {"typical": (heads_tree, "tree tree_4")}),
+    )
+    c = compose(loaded, EngineSpec(lookup=Lookup(typical=True)))
+    assert c.uses_heads and c.costs is without  # the greedy rule's curve: without heads
+    assert c.policy.cost[:3] == pytest.approx([1.0, 11 / 9, 12 / 9])  # greedy's lookup: without heads
+    assert c.policies["typical"].cost[1] == pytest.approx(1.35)  # typical's, which drafts heads: theirs
+
+
 def test_a_tree_name_becomes_a_policy_in_one_place():
     """`static` makes a tree name or a `Tree` the policy verifying it every step; `compose` makes a spec's
     tree name that policy (no tree, no heads: plain decoding), the one place a user's name becomes a policy;

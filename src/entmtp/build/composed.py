@@ -32,8 +32,8 @@ class Composed:
     lookup_rules: tuple[str, ...]  # rules whose trees get prompt-lookup drafts
     uses_heads: bool  # whether any policy drafts with the heads (else the engine runs without them)
     observers: tuple = ()  # told each generation's steps: the cost curve's corrector (costs.CostCorrector)
-    # the curve the policies were sized on: the engine's own (`loaded.costs`, or without heads where no policy
-    # drafts with them: `Loaded.curve_without_heads`)
+    # the curve the spec's rule's policy was sized on, the engine's own: `loaded.costs`, or the curve without heads
+    # where that policy drafts with none (`Loaded.curve_without_heads`; each rule's lookup branch is sized so)
     costs: CostCurve | None = None
 
     @property
@@ -52,10 +52,14 @@ def compose(loaded: Loaded, spec: EngineSpec = EngineSpec(), *, profile=None, lo
     inners = {r: _as_policy(others[r][0]) if r in others else main for r in ACCEPTANCE}
     uses_heads = loaded.heads is not None and any(_drafts(p) for p in inners.values())
     lookup = spec.lookup
-    # priced as the engine runs: without heads, where no policy drafts with them (and a lookup branch is sized)
-    costs = loaded.costs
-    if not uses_heads and lookup is not None:
-        costs = loaded.curve_without_heads() or loaded.costs
+
+    def priced(policy: TreePolicy) -> CostCurve | None:
+        """The curve a rule's lookup branch is sized on: as its generations run, without heads where its policy
+        drafts with none (the engine builds no drafter for them: engine.py), even where another rule's does."""
+        if lookup is not None and loaded.heads is not None and not _drafts(policy):
+            return loaded.curve_without_heads() or loaded.costs
+        return loaded.costs
+
     # typical acceptance gets lookup drafts only when asked (Lookup.typical) or without heads
     rules = tuple(
         r for r in ACCEPTANCE if lookup is not None and (r.exclusive or not uses_heads or lookup.typical)
@@ -63,9 +67,10 @@ def compose(loaded: Loaded, spec: EngineSpec = EngineSpec(), *, profile=None, lo
     wrapped: dict[int, TreePolicy] = {}  # id(inner) -> its wrap: rules that share a policy share its wrap
     for r in rules:
         if id(inners[r]) not in wrapped:
-            wrapped[id(inners[r])] = hybrid(inners[r], lookup, costs)
+            wrapped[id(inners[r])] = hybrid(inners[r], lookup, priced(inners[r]))
     policies = {r: wrapped[id(inners[r])] if r in rules else inners[r] for r in ACCEPTANCE}
     rule = Sampling(spec.temperature, spec.acceptance).rule
+    costs = priced(inners[rule])  # the engine's curve (forced chains, the corrector): the spec's rule's
     names = {r: n for r, (_, n) in others.items()}
     corrector = CostCorrector.for_curve(costs) if costs is not None and loaded.probed else None
     observers = (corrector,) if corrector is not None else ()
