@@ -13,20 +13,20 @@ policy's expected tokens/s on that backend's cost curve (trees and lookup drafts
 first lane (the backend `auto` chose by decode speed).
 
 A request that brings its own drafts (a prediction: OpenAI's Predicted Outputs, prediction.py) promises long,
-nearly certain chains, and the backends price those differently: llama.cpp's verification is compute-bound on a
-CPU (8 drafted nodes cost 3-6 plain steps), transformers' in bf16 much flatter. Such a request is priced by its
-`Promise`: it is expected to write about as many tokens as its prediction holds (an edit returns the file it
-edits; at most its new tokens), each at the least expected ms per token of a chain on the lane's own cost curve
-at the request's middle (its prompt and half its output: a drafted token costs a larger share of a step after a
-short context than after a long one on llama.cpp) (`chain_ms_per_token`: k drafted tokens each right with the
-promise's rate emit (1 - rate^(k+1)) / (1 - rate) tokens for the curve's ms at k nodes; k = 0 is a plain step). The rate starts at the edits task's
-(`prediction.PREDICTED_RATE`) and is learned from the router's own predicted requests as they finish
-(`CopyRate`), so a stream of edits that keep nearly all of their text moves to the backend where long chains
-are cheapest. A retry of a prompt the suffix cache has answered before (suffix.py: agents, extraction jobs and
-retries that repeat their requests) promises the same way: about as many tokens as that earlier answer, copied
-from the cache at a rate learned from the router's own such requests, apart from the predictions' (the two copy
-at different rates). The two lanes share the first lane's suffix cache, so a request drafts from what either
-lane wrote.
+nearly certain chains, and the backends price those differently: llama.cpp's verification is compute-bound on a CPU
+(8 drafted nodes cost 3-6 plain steps), transformers' in bf16 much flatter. Such a request is priced by its
+`Promise`: it is expected to write about as many tokens as its prediction holds (an edit returns the file it edits;
+at most its new tokens), each at the least expected ms per token of a chain on the lane's own cost curve at the
+request's middle (its prompt and half its output: a drafted token costs a larger share of a step after a short
+context than after a long one on llama.cpp) (`chain_ms_per_token`: k drafted tokens each right with the promise's
+rate emit (1 - rate^(k+1)) / (1 - rate) tokens for the curve's ms at k nodes; k = 0 is a plain step). The rate
+starts at the edits task's (`prediction.PREDICTED_RATE`) and is learned from the router's own predicted requests as
+they finish (`CopyRate`), so a stream of edits that keep nearly all of their text moves to the backend where long
+chains are cheapest. A retry of a prompt the suffix cache has answered before (suffix.py: agents, extraction jobs
+and retries that repeat their requests) promises the same way: about as many tokens as that earlier answer, copied
+from the cache at a rate learned from the router's own such requests, apart from the predictions' (the two copy at
+different rates). The two lanes share the first lane's suffix cache, so a request drafts from what either lane
+wrote.
 
 The lanes share one tokenizer (the caller checks), so a prompt is encoded once, and a routed request's output is
 exactly what the chosen engine gives alone. `build` routes only between lanes that decode the same weights (with
