@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import weakref
 from collections.abc import Sequence
@@ -35,7 +36,10 @@ from ..errors import EntMTPError
 from ..interrupt import Interrupt, Preempted, strlen_address
 from ..tree import Tree
 from .amx import extra_bufts_safe  # on a CPU with AMX: the canary's verdict (amx.py)
-from .attention import flash_attention  # llama.cpp's flash attention on or off: timed once (attention.py)
+from .attention import (  # llama.cpp's flash attention on or off: timed once (attention.py)
+    attention_shapes,
+    flash_attention,
+)
 
 LLAMA_CPP_HINT = (
     "python -m entmtp.backends.llama_build (llama-cpp-python 0.3.36 with entmtp's AMX patch, built for this CPU, "
@@ -86,16 +90,9 @@ class GGUFInfo:
 
 def read_gguf(path: Path) -> GGUFInfo:
     """The config and the embedding and output matrices of a GGUF file, checked; a clear error otherwise."""
-    import gguf
     from transformers import LlamaConfig
 
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:  # the reader raises ValueError, struct errors, OSError... on a corrupt file
-        raise LlamaCppError(
-            f"{path} is not a readable GGUF file ({type(e).__name__}: {e}): check the file (a partial "
-            "download?) or give another .gguf"
-        ) from e
+    reader = gguf_reader(path, fix="check the file (a partial download?) or give another .gguf")
 
     def field(key: str, default=None):
         f = reader.fields.get(key)
@@ -146,13 +143,28 @@ WRITTEN_FORMATS = ("Q8_0", "F16", "BF16")  # what the embedded model's Q4_1 file
 def gguf_weights(path: str | os.PathLike[str]) -> str:
     """The weights' format of a GGUF file as llama.cpp names it (general.file_type): "Q4_1", "F32", "BF16"...;
     the most common tensor type where the file does not say."""
+    return _file_type(gguf_reader(path))
+
+
+def gguf_reader(path: str | os.PathLike[str], fix: str = ""):
+    """gguf's reader of the file at `path`, made once per process while the file is unchanged (its size and
+    mtime): parsing a header with a 49k-token vocabulary takes ~1.8 s on a 2-core Xeon, and a first run under
+    `--dtype auto` reads each candidate's file two or three times (its format, its header, its load). A file
+    that is not a GGUF: a clear error (`fix`: what to do, appended)."""
+    try:
+        stat = Path(path).stat()
+        return _reader(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+    except Exception as e:  # the reader raises ValueError, struct errors, OSError... on a corrupt file
+        raise LlamaCppError(
+            f"{path} is not a readable GGUF file ({type(e).__name__}: {e})" + (f": {fix}" if fix else "")
+        ) from e
+
+
+@functools.lru_cache(maxsize=8)  # the model's file, the written formats' and a user's: a first run reads ~5
+def _reader(path: str, size: int, mtime_ns: int):
     import gguf
 
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:  # see read_gguf
-        raise LlamaCppError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from e
-    return _file_type(reader)
+    return gguf.GGUFReader(path)
 
 
 def _file_type(reader) -> str:
@@ -188,7 +200,7 @@ def write_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], kind: s
     if kind not in _FILE_TYPES:
         raise LlamaCppError(f"cannot write a {kind} GGUF: use one of {', '.join(_FILE_TYPES)}")
     qtype = gguf.GGMLQuantizationType[kind]
-    reader = gguf.GGUFReader(str(src))
+    reader = gguf_reader(src)
     arch = reader.fields["general.architecture"].contents()
     dst = Path(dst)
     tmp = dst.with_name(dst.name + ".tmp")
@@ -264,8 +276,9 @@ class Runtime:
                 raise LlamaCppError(
                     f"llama.cpp could not load {path}: check that it is a complete GGUF model file"
                 )
+            shapes = attention_shapes(lib, self.model)
             self.flash_attn = flash_attention(
-                lib, self.model, Path(path), threads, self._flash_params, repacked=self.extra_bufts
+                lib, self.model, shapes, threads, self._flash_params, repacked=self.extra_bufts
             )  # its kernel or the plain one, whichever decodes faster here (attention.py)
         owned = self._owned = self.model if parent is None else None  # freed with this runtime
         self.ctx = lib.llama_init_from_model(self.model, self._params(n_ctx))
