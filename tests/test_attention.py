@@ -1,12 +1,21 @@
 """llama.cpp's flash attention is on or off as it decodes faster on this CPU: both timed once, the verdict
-cached per file, threads and weights; the environment decides instead (backends/attention.py)."""
+cached per model shapes, threads and weights' layout; the environment decides instead (backends/attention.py)."""
 
 import pytest
 
 pytest.importorskip("llama_cpp")
 
 from entmtp.backends import attention  # noqa: E402
-from entmtp.backends.attention import CHAIN, CONTEXTS, ENV, flash_attention, measure, verdict  # noqa: E402
+from entmtp.backends.attention import (  # noqa: E402
+    CHAIN,
+    CONTEXTS,
+    ENV,
+    attention_shapes,
+    file_shapes,
+    flash_attention,
+    measure,
+    verdict,
+)
 from entmtp.model import embedded_gguf  # noqa: E402
 
 
@@ -25,8 +34,11 @@ def timed(on: float, off: float, calls: list):
     return fake
 
 
-def test_the_faster_setting_is_kept_and_timed_once_per_file_threads_and_weights(own_cache, monkeypatch):
-    path, calls, said = embedded_gguf(), [], []
+SMOLLM2 = {"layers": 30, "heads": 9, "kv_heads": 3, "width": 576}  # the embedded model's attention
+
+
+def test_the_faster_setting_is_kept_and_timed_once_per_shapes_threads_and_weights(own_cache, monkeypatch):
+    path, calls, said = SMOLLM2, [], []
     monkeypatch.setattr(attention, "measure", timed(10.0, 4.0, calls))
     assert verdict(path, 2, True) is None  # nothing timed yet
     assert flash_attention(None, None, path, 2, None, repacked=True, say=said.append) is False
@@ -37,14 +49,28 @@ def test_the_faster_setting_is_kept_and_timed_once_per_file_threads_and_weights(
     assert flash_attention(None, None, path, 3, None, repacked=True, say=said.append) is True
     assert flash_attention(None, None, path, 2, None, repacked=False, say=said.append) is True
     assert len(calls) == 3 and verdict(path, 2, True) is False  # each its own verdict, the first kept
+    deeper = {**SMOLLM2, "layers": 32}
+    assert verdict(deeper, 2, True) is None and flash_attention(None, None, deeper, 2, None, repacked=True)
+    assert len(calls) == 4  # another model: timed
     assert (own_cache / "llama-attention.json").is_file()
+
+
+def test_every_format_of_one_model_shares_a_verdict(own_cache, monkeypatch):
+    """The weights' format moves both settings' steps alike, so the Q4_1 file and the same model written in
+    another format (the candidates of `--dtype auto` on an AMX CPU) read one verdict: the shapes come from the
+    loaded model, and the bench's peer reads them from the file's header."""
+    from entmtp.backends.llama_cpp import Runtime
+
+    monkeypatch.setenv(ENV, "0")  # no timing at load
+    rt = Runtime(embedded_gguf(), threads=2, n_ctx=512)
+    assert attention_shapes(rt.lib, rt.model) == file_shapes(embedded_gguf()) == SMOLLM2
 
 
 @pytest.mark.parametrize("value, on", [("1", True), ("0", False)])
 def test_the_environment_decides_without_timing(own_cache, monkeypatch, value, on):
     monkeypatch.setenv(ENV, value)
     monkeypatch.setattr(attention, "measure", None)  # called: a TypeError
-    assert flash_attention(None, None, embedded_gguf(), 2, None, repacked=True) is on
+    assert flash_attention(None, None, SMOLLM2, 2, None, repacked=True) is on
     assert not (own_cache / "llama-attention.json").exists()
 
 
@@ -71,4 +97,4 @@ def test_a_setting_that_is_neither_1_nor_0_is_named_with_the_fix(own_cache, monk
     monkeypatch.setenv(ENV, "yes")
     monkeypatch.setattr(attention, "measure", None)  # never reached
     with pytest.raises(EntMTPError, match=r"ENTMTP_LLAMA_FLASH_ATTN='yes': give 1 .* or 0 .*unset it"):
-        flash_attention(None, None, embedded_gguf(), 2, None, repacked=True)
+        flash_attention(None, None, SMOLLM2, 2, None, repacked=True)

@@ -11,8 +11,11 @@ Both settings are timed on the model as loaded (two scratch contexts, the backen
 one-token decode and a verified chain of `CHAIN` tokens after each of `CONTEXTS` tokens of context, alternating
 between the settings, the median of `REPS` each; the setting whose steps take less in sum is kept. A context has
 one setting for its life (llama.cpp lays out its V cache another way without flash attention), so the decoding
-steps decide, not the prefill. About 2-3 s, once: the verdict is cached per CPU, llama-cpp-python build, model
-file and thread count. `ENTMTP_LLAMA_FLASH_ATTN=1` or `0` decides instead. The two settings round differently
+steps decide, not the prefill. About 2-3 s, once: the verdict is cached per CPU, llama-cpp-python build, the
+model's attention shapes (layers, heads, key-value heads, width) and thread count, not per file: the weights'
+format moves both settings' steps alike (the AMX Xeon, 2026-12-07: with and without it took 85.9 and 42.2 ms on
+the Q4_1 file, 93.9 and 48.6 on Q8_0, 157.8 and 112.1 on BF16, 150.4 and 106.0 on F16), and a first run under
+`--dtype auto` on a CPU with AMX loads four formats of the embedded model. `ENTMTP_LLAMA_FLASH_ATTN=1` or `0` decides instead. The two settings round differently
 (other greedy texts on the Q4_1 model), so the bench's llama.cpp peer reads the same verdict.
 """
 
@@ -38,23 +41,23 @@ PROMPT_CHUNK = 256  # tokens per prefill decode (the backend's batch holds 512)
 def flash_attention(
     lib,
     model,
-    path: Path,
+    shapes: dict,
     threads: int,
     params: Callable[[int, bool], object],
     *,
     repacked: bool,
     say=None,
 ) -> bool:
-    """Whether llama.cpp's contexts for `model` (loaded from `path`, its weights `repacked` for the CPU's
-    kernels or not) decode with flash attention on `threads` threads: `ENTMTP_LLAMA_FLASH_ATTN` when set, else
-    the cached verdict, else both timed now (`measure`, with one line to `say`, default stderr).
-    `params(n_ctx, flash)`: the backend's context parameters."""
+    """Whether llama.cpp's contexts for `model` (its attention `shapes`: `attention_shapes`; its weights
+    `repacked` for the CPU's kernels or not) decode with flash attention on `threads` threads:
+    `ENTMTP_LLAMA_FLASH_ATTN` when set, else the cached verdict, else both timed now (`measure`, with one line
+    to `say`, default stderr). `params(n_ctx, flash)`: the backend's context parameters."""
     from ..files import read_json_or_empty, write_text_atomic
 
-    known = verdict(path, threads, repacked)
+    known = verdict(shapes, threads, repacked)
     if known is not None:
         return known
-    cache, key = _verdicts_path(), _key(path, threads, repacked)
+    cache, key = _verdicts_path(), _key(shapes, threads, repacked)
     verdicts = read_json_or_empty(cache)
     (say or console.say)(
         "timing llama.cpp's attention kernels on this CPU, with and without flash attention (once, ~3 s)"
@@ -69,15 +72,40 @@ def flash_attention(
     from .llama_build import build_tag
 
     verdicts[key] = {
-        "on": on, "ms": ms, "file": path.name, "threads": threads, "repacked": repacked, "build": build_tag(),
+        "on": on, "ms": ms, "shapes": shapes, "threads": threads, "repacked": repacked, "build": build_tag(),
     }  # fmt: skip
     cache.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(cache, json.dumps(verdicts, indent=1) + "\n")
     return on
 
 
-def verdict(path: Path, threads: int, repacked: bool) -> bool | None:
-    """`ENTMTP_LLAMA_FLASH_ATTN` when set, else the cached verdict for the file at `path` (None: not timed yet)."""
+def attention_shapes(lib, model) -> dict:
+    """What the verdict is kept for, of a loaded llama.cpp `model`: its layers, query and key-value heads and
+    width (the attention's work per token of context; the weights' format is not in it)."""
+    return {
+        "layers": lib.llama_model_n_layer(model),
+        "heads": lib.llama_model_n_head(model),
+        "kv_heads": lib.llama_model_n_head_kv(model),
+        "width": lib.llama_model_n_embd(model),
+    }
+
+
+def file_shapes(path) -> dict:
+    """`attention_shapes` of the GGUF file at `path`, read from its header (nothing loaded)."""
+    from .llama_cpp import read_gguf
+
+    config = read_gguf(path).config
+    return {
+        "layers": config.num_hidden_layers,
+        "heads": config.num_attention_heads,
+        "kv_heads": config.num_key_value_heads,
+        "width": config.hidden_size,
+    }
+
+
+def verdict(shapes: dict, threads: int, repacked: bool) -> bool | None:
+    """`ENTMTP_LLAMA_FLASH_ATTN` when set, else the cached verdict for a model of these attention `shapes`
+    (None: not timed yet)."""
     from ..files import read_json_or_empty
 
     forced = os.environ.get(ENV, "").strip()
@@ -87,7 +115,7 @@ def verdict(path: Path, threads: int, repacked: bool) -> bool | None:
         raise EntMTPError(
             f"{ENV}={forced!r}: give 1 (flash attention on) or 0 (off), or unset it to have both timed once"
         )
-    found = read_json_or_empty(_verdicts_path()).get(_key(path, threads, repacked))
+    found = read_json_or_empty(_verdicts_path()).get(_key(shapes, threads, repacked))
     return None if found is None else bool(found["on"])
 
 
@@ -152,16 +180,15 @@ def timed_decode(lib, ctx, batch, tokens: list[int], start: int) -> float:
     return seconds
 
 
-def _key(path: Path, threads: int, repacked: bool) -> str:
+def _key(shapes: dict, threads: int, repacked: bool) -> str:
     import llama_cpp
 
     from ..machine import cpu_info, digest
     from .llama_build import build_tag
 
-    stat = path.stat()
     return digest(
-        {"cpu": cpu_info(), "llama_cpp": llama_cpp.__version__, "build": build_tag(), "file": str(path.resolve()),
-         "size": stat.st_size, "mtime": int(stat.st_mtime), "threads": threads, "repacked": repacked}
+        {"cpu": cpu_info(), "llama_cpp": llama_cpp.__version__, "build": build_tag(), "shapes": shapes,
+         "threads": threads, "repacked": repacked}
     )  # fmt: skip
 
 
