@@ -410,23 +410,62 @@ def test_prefill_costs_are_measured_at_each_length_once_and_cached_beside_the_cu
 def test_auto_measures_only_the_candidates_that_can_still_win(fake_build, monkeypatch):
     """Before any curve, each candidate's best case (its plain step timed, every tree priced as one plain step:
     `_best_cases`); the most promising is measured first, and a candidate whose best case is below the
-    measured leader is not measured at all (one line says why). The fake best cases: llama.cpp at most 150
-    (measured 90), float32 at most 95 (measured 30), bf16 at most 60."""
+    measured leader is not measured at all (one line says why); one whose best case is not gets a tighter
+    bound first (`_floor_case`: its steps timed briefly at a few sizes). The fake best cases: llama.cpp at
+    most 150 (measured 90); float32 at most 95, then at most 80 by its steps' sizes; bf16 at most 60."""
     loaded, _ = fake_build
     bounds = {
         "transformers/bfloat16": (30.0, 60.0),
         "transformers/float32": (35.0, 95.0),
         "llama-cpp/bfloat16": (8.0, 150.0),
     }
+    floors = []
+    low = build_mod.CostCurve((0, 1), (34.0, 40.0), (0.0, 0.0))
+
+    def floor_case(loader, spec, cand):
+        floors.append(cand)
+        return low, (34.0, 80.0)
+
     monkeypatch.setattr(build_mod, "_best_cases", lambda *a: bounds)
+    monkeypatch.setattr(build_mod, "_floor_case", floor_case)
     said: list[str] = []
     built = build_mod.build(build_mod.EngineSpec(), log=said.append, route=False)
-    assert loaded == ["llama-cpp/bfloat16", "transformers/float32"]  # bf16 could not reach 90
+    assert loaded == ["llama-cpp/bfloat16"]  # neither could reach 90
+    assert floors == ["transformers/float32"]  # bf16's first bound was enough
     assert built.plan.backend == "llama-cpp"
-    assert "not measuring transformers/bfloat16: at most 60.0 tokens/s here" in "\n".join(said)
-    assert "below llama-cpp/bfloat16's 90.0" in "\n".join(said)
+    text = "\n".join(said)
+    assert "not measuring transformers/bfloat16: at most 60.0 tokens/s here (its plain step 30.0 ms" in text
+    assert "not measuring transformers/float32: at most 80.0 tokens/s here (its steps timed briefly" in text
+    assert "below llama-cpp/bfloat16's 90.0" in text
     assert "measuring llama-cpp/bfloat16's step costs (1 of 3" in said[0]
-    assert built.plan.backend_reason.endswith("; not measured, at most: transformers/bfloat16 60.0")
+    assert built.plan.backend_reason.endswith(
+        "; not measured, at most: transformers/bfloat16 60.0, transformers/float32 80.0"
+    )
+
+
+def test_a_candidate_whose_tighter_bound_still_reaches_the_leader_is_measured(fake_build, monkeypatch):
+    loaded, _ = fake_build
+    bounds = {"transformers/float32": (35.0, 95.0), "llama-cpp/bfloat16": (8.0, 150.0)}
+    low = build_mod.CostCurve((0, 1), (34.0, 40.0), (0.0, 0.0))
+    monkeypatch.setattr(build_mod, "candidates", lambda spec, probe: list(bounds))
+    monkeypatch.setattr(build_mod, "_best_cases", lambda *a: bounds)
+    monkeypatch.setattr(build_mod, "_floor_case", lambda loader, spec, cand: (low, (34.0, 91.0)))
+    build_mod.build(build_mod.EngineSpec(), log=lambda m: None, route=False)
+    assert loaded == ["llama-cpp/bfloat16", "transformers/float32"]
+
+
+def test_the_floor_prices_each_size_at_the_least_it_could_cost():
+    """A step costs no less for more nodes, but where between two measured sizes it climbs is unknown: the
+    floor holds each measured cost (shaved to its margin over a plain step) up to the next measured size, so
+    it never exceeds a curve that climbs anywhere in between; interpolating would."""
+    measured = build_mod.CostCurve((0, 1, 4, 8), (10.0, 14.0, 16.0, 30.0), (0.0,) * 4)
+    low = build_mod.floor(measured, margin=0.5)
+    sizes = range(0, 12)
+    assert [float(low.latency()(n)) for n in sizes] == [10, 12, 12, 12, 13, 13, 13, 13, 20, 20, 20, 20]
+    climbs_late = [10, 14, 14, 14, 16, 16, 16, 16, 30, 30, 30, 30]  # the same measured points, steps at them
+    assert all(low.latency()(n) <= c for n, c in zip(sizes, climbs_late, strict=True))
+    noisy = build_mod.CostCurve((0, 1, 2), (10.0, 14.0, 13.0), (0.0,) * 3)  # 2 nodes measured below 1's
+    assert float(build_mod.floor(noisy, margin=1.0).latency()(2)) == 14.0
 
 
 def test_the_best_case_is_skipped_where_a_route_needs_both_backends_or_there_is_one_candidate():

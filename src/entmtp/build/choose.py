@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..backends import describe_kernels
@@ -24,6 +25,13 @@ from .spec import EngineSpec, candidates, check_spec, heads_spec
 
 AUTO_BUDGET_S = 12.0  # per dtype candidate when `auto` measures two (one probe: costs.BUDGET_S)
 QUICK_PROBE_S = 1.0  # a candidate's plain step, timed before any curve: its best case (`_best_cases`)
+# a candidate whose best case beats the leader: its steps timed briefly at a few sizes, each size between them
+# priced at the cheapest measured size below it (`floor`), a bound that prices a tree as what its size costs at
+# the least: on the AMX Xeon the Q8_0 and BF16 files' best cases (every tree one plain step) beat Q4_1's
+# measured 116-120 tokens/s, so both curves were measured (2 x 18 s of a 104 s first run)
+FLOOR_SIZES = (0, 1, 2, 4, 8, 16, 32, 64)
+FLOOR_PROBE_S = 2.0
+FLOOR_MARGIN = 0.85  # of each size's measured cost over a plain step: a brief probe's ratios err by ~5%
 
 
 def build_engine(spec: EngineSpec = EngineSpec(), *, log=None) -> Engine | Router:
@@ -92,8 +100,9 @@ def build(
 
 def _measure(loader: Loader, spec: EngineSpec, cands: list[str], bounds: dict, log) -> dict:
     """candidate -> `_Option` for each candidate that may still win: the most promising first (`bounds`:
-    `_best_cases`), each skipped once its best case is below the leader's measured speed, or once a second
-    copy of the model would not fit in memory."""
+    `_best_cases`), each skipped once its best case is below the leader's measured speed (where it is not, a
+    tighter one first: `_floor_case`, written into `bounds`), or once a second copy of the model would not fit
+    in memory."""
     if bounds:  # the most promising first, so that the others can stop at their bound
         cands = sorted(cands, key=lambda c: -bounds[c][1] if c in bounds else float("-inf"))
     options: dict[str, _Option] = {}
@@ -103,13 +112,16 @@ def _measure(loader: Loader, spec: EngineSpec, cands: list[str], bounds: dict, l
             log(f"not comparing {cand}: a second copy of the model would not fit in free memory")
             break
         leader = max(options, key=lambda c: options[c].composed.expected, default=None)
-        if cand in bounds and leader is not None and bounds[cand][1] < options[leader].composed.expected:
-            log(
-                f"not measuring {cand}: at most {bounds[cand][1]:.1f} tokens/s here (its plain step "
-                f"{bounds[cand][0]:.1f} ms, every tree priced as one), below {leader}'s "
-                f"{options[leader].composed.expected:.1f}"
-            )
-            continue
+        if cand in bounds and leader is not None:
+            lead = options[leader].composed.expected
+            how = f"its plain step {bounds[cand][0]:.1f} ms, every tree priced as one"
+            if bounds[cand][1] >= lead:  # a tighter bound, from a brief probe of its steps' sizes
+                floor, bounds[cand] = _floor_case(loader, spec, cand)
+                how = f"its steps timed briefly, {floor.summary()}, each tree priced at the least its size costs"
+            if bounds[cand][1] < lead:
+                log(f"not measuring {cand}: at most {bounds[cand][1]:.1f} tokens/s here ({how}), below "
+                    f"{leader}'s {lead:.1f}")  # fmt: skip
+                continue
         budget = AUTO_BUDGET_S if len(cands) > 1 else None
         if cand in bounds:
             log(f"measuring {cand}'s step costs ({n} of {len(cands)}, at most {AUTO_BUDGET_S:.0f} s, once)")
@@ -151,12 +163,43 @@ def _best_cases(loader: Loader, spec: EngineSpec, candidates: list[str], route: 
         first = first or bare
         if bare.costs is not None:
             continue  # its curve is cached: measuring it costs nothing
-        plain = measured.measure(bare.model, bare.heads, sizes=(0,), contexts=(128,), budget_s=QUICK_PROBE_S,
+        # without heads: a plain step with them costs more (llama.cpp's embeddings on), and one without may win
+        plain = measured.measure(bare.model, None, sizes=(0,), contexts=(128,), budget_s=QUICK_PROBE_S,
                                  progress=False).plain_ms  # fmt: skip
         flat = CostCurve((0, 64), (plain, plain), (0.0, 0.0), source="best case")
         best = compose(replace(bare, costs=flat), spec, log=lambda _: None).expected
         out[cand] = (plain, best)
     return out
+
+
+def _floor_case(loader: Loader, spec: EngineSpec, cand: str) -> tuple[CostCurve, tuple[float, float]]:
+    """(the floor curve, (its plain step's ms, the most expected tokens/s `cand` could reach)): its steps timed
+    briefly at `FLOOR_SIZES` without heads (heads only add to a step), each tree priced by `floor`."""
+    from ..costs import measured
+
+    bare = loader.load(replace(at(spec, cand), probe=False))
+    quick = measured.measure(bare.model, None, sizes=FLOOR_SIZES, contexts=(128,), budget_s=FLOOR_PROBE_S,
+                             progress=False)  # fmt: skip
+    low = floor(quick)
+    return low, (low.plain_ms, compose(replace(bare, costs=low), spec, log=lambda _: None).expected)
+
+
+def floor(curve: CostCurve, margin: float = FLOOR_MARGIN) -> CostCurve:
+    """The least a step of each size could cost, from a curve measured at a few sizes: a size between two
+    measured ones at the smaller one's cost (a step costs no less for more nodes, but it may climb anywhere
+    between them, so interpolating is no bound), each measured cost over a plain step shaved to `margin` of
+    it. No drafting cost, one context."""
+    plain = curve.plain_ms
+    ms = [plain + margin * (m - plain) for m in np.maximum.accumulate(curve.step_ms)]
+    nodes, step = [], []
+    for i, (n, m) in enumerate(zip(curve.nodes, ms, strict=True)):
+        nodes.append(n)
+        step.append(m)
+        following = curve.nodes[i + 1] if i + 1 < len(curve.nodes) else n
+        if following - 1 > n:  # held flat to the next measured size
+            nodes.append(following - 1)
+            step.append(m)
+    return CostCurve(tuple(nodes), tuple(step), (0.0,) * len(nodes), source="best case")
 
 
 def _load(loader: Loader, spec: EngineSpec, cand: str, budget, log) -> _Option:
