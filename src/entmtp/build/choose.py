@@ -28,7 +28,11 @@ QUICK_PROBE_S = 1.0  # a candidate's plain step, timed before any curve: its bes
 # a candidate whose best case beats the leader: its steps timed briefly at a few sizes, each size between them
 # priced at the cheapest measured size below it (`floor`), a bound that prices a tree as what its size costs at
 # the least: on the AMX Xeon the Q8_0 and BF16 files' best cases (every tree one plain step) beat Q4_1's
-# measured 116-120 tokens/s, so both curves were measured (2 x 18 s of a 104 s first run)
+# measured 116-120 tokens/s, so both curves were measured (2 x 18 s of a 104 s first run). After a short
+# context and without heads (a step after a longer one, or with heads, costs more): a bound, at a loose one's
+# price. Now BF16 is skipped (at most ~60); Q8_0 is not (at most ~150 after 128 tokens without heads, where it
+# measures 105 on its curve against Q4_1's 117-123): after both of a curve's contexts and with its heads, its
+# bound was 116-120, too close to the leader to skip it, in twice the time (tried: 2026-12-07, AMX Xeon)
 FLOOR_SIZES = (0, 1, 2, 4, 8, 16, 32, 64)
 FLOOR_PROBE_S = 2.0
 FLOOR_MARGIN = 0.85  # of each size's measured cost over a plain step: a brief probe's ratios err by ~5%
