@@ -215,11 +215,11 @@ def test_a_row_that_allows_one_token_is_one_no_verification_reads():
 def test_a_mask_keeps_the_allowed_logits_and_nothing_else(vocab):
     """`apply_masks`: each row keeps its logit where the token's bit is set and is -inf elsewhere (ids past the
     masks' vocabulary too), whether the row allows one token (the bit in any word, the sign bit, a bit past the
-    logits' vocabulary), many, none or all; the logits are not changed."""
+    logits' vocabulary), many, none, all, or all but a few; the logits are not changed."""
     g = torch.Generator().manual_seed(0)
-    logits = torch.randn(9, vocab, generator=g)
+    logits = torch.randn(11, vocab, generator=g)
     before = logits.clone()
-    masks = np.zeros((9, 4), dtype=np.int32)
+    masks = np.zeros((11, 4), dtype=np.int32)
     masks[0, 0] = 1 << 5  # one token
     masks[1, 3] = np.int32(-(2**31))  # one token, the top bit: id 127 (past a vocabulary of 100)
     masks[2, 1] = 0b11  # two tokens
@@ -228,13 +228,29 @@ def test_a_mask_keeps_the_allowed_logits_and_nothing_else(vocab):
     masks[5, 2] = 1 << 7  # one token: id 71
     masks[6] = np.frombuffer(np.random.default_rng(1).bytes(16), dtype=np.int32)  # many
     masks[8, 1] = 1 << 0  # one token: id 32
+    masks[9], masks[9, 1] = -1, ~(1 << 3)  # every token but one: id 35
+    masks[10], masks[10, 0], masks[10, 3] = -1, 0, np.int32(2**31 - 1)  # all but a word and the top id, 127
     expected = torch.full_like(logits, float("-inf"))
-    for row in range(9):
+    for row in range(11):
         for t in range(min(vocab, 128)):
             if (int(masks[row, t // 32]) >> (t % 32)) & 1:
                 expected[row, t] = logits[row, t]
     got = apply_masks(logits, masks)
     assert torch.equal(got, expected) and torch.equal(logits, before)
+    wide = torch.randn(3, 49152, generator=g)  # the embedded vocabulary: rows of many words
+    masks = np.full((3, 1536), -1, dtype=np.int32)
+    masks[0, 7] = ~(1 << 4)  # every token but id 228
+    masks[1, :1000] = 0  # the first 32000 ids forbidden
+    masks[2] = 0
+    masks[2, 1535] = np.int32(-(2**31))  # the last id, 49151
+    expected = torch.where(torch.from_numpy(_bits(masks, 49152)), wide, -torch.inf)
+    assert torch.equal(apply_masks(wide, masks), expected)
+
+
+def _bits(masks: np.ndarray, vocab: int) -> np.ndarray:
+    """[n, vocab] bool, bit by bit: the reference of what `masks` allows."""
+    ids = np.arange(vocab)
+    return ((masks[:, ids // 32].astype(np.int64) >> (ids % 32)) & 1).astype(bool)
 
 
 def test_a_masked_distribution_gives_the_policies_finite_signals():
