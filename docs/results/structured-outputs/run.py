@@ -21,8 +21,8 @@ against the same peer.)
 
 Per engine: every output parsed and validated (jsonschema), seconds per request (prefill included: a request's
 whole time), tokens/s (its own tokens; the peer's JSON has spaces, ours none), steps, forced tokens accepted,
-and the grammar's own time (masks, pruning, consuming: shaping.Shaping's methods, timed) per token against the
-plain step. Prints a table, writes results.json (and the outputs) into --out.
+and the grammar's own time (masks, pruning, consuming, forced tokens: shaping.Shaping's methods, timed) per
+token against the plain step, and of it the masks' (computed per node and applied to the logits). Prints a table, writes results.json (and the outputs) into --out.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 import jsonschema
 import torch
 
-from entmtp import shaping
+from entmtp import constraints, shaping
 from entmtp.bench.peers import LlamaCppPlain
 from entmtp.build import build_engine
 from entmtp.engine import Engine
@@ -122,21 +122,24 @@ def peer_grammar(request: dict):
 
 
 class Timed:
-    """Seconds spent in shaping.Shaping's per-step methods (the grammar's and the controls' own work)."""
+    """Seconds spent in shaping.Shaping's per-step methods (the grammar's and the controls' own work:
+    `seconds`) and, within them, in computing and applying masks (llguidance's mask of a node,
+    `constraints.Matcher._fill`; a step's masks on its logits, `apply_masks`: `mask_seconds`)."""
 
     def __init__(self):
-        self.seconds = 0.0
+        self.seconds = self.mask_seconds = 0.0
         for name in ("draft", "logits", "consume", "forced", "root_masks"):
-            real = getattr(shaping.Shaping, name)
-            setattr(shaping.Shaping, name, self._wrap(real))
+            setattr(shaping.Shaping, name, self._wrap(getattr(shaping.Shaping, name), "seconds"))
+        constraints.Matcher._fill = self._wrap(constraints.Matcher._fill, "mask_seconds")
+        shaping.apply_masks = self._wrap(shaping.apply_masks, "mask_seconds")
 
-    def _wrap(self, fn):
+    def _wrap(self, fn, into: str):
         def timed(*args, **kwargs):
             t = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.seconds += time.perf_counter() - t
+                setattr(self, into, getattr(self, into) + time.perf_counter() - t)
 
         return timed
 
@@ -155,9 +158,9 @@ def report(runs: dict, plain_ms: dict) -> tuple[dict, dict]:
     """The table (printed) and its figures per workload and engine; the plain step's ms per workload."""
     summary = {}
     print(
-        "| workload | engine | valid | s per request | tokens/s | tokens | steps | forced tokens | grammar ms / token (share of a plain step) | time vs llama-cpp-python | tokens/s vs llama-cpp-python |"
+        "| workload | engine | valid | s per request | tokens/s | tokens | steps | forced tokens | grammar ms / token (share of a plain step) | of it masks | time vs llama-cpp-python | tokens/s vs llama-cpp-python |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, by_engine in runs.items():
         peer = by_engine["llama-cpp-python"]
         base = sum(r["seconds"] for r in peer)
@@ -165,17 +168,20 @@ def report(runs: dict, plain_ms: dict) -> tuple[dict, dict]:
         for label, rows in by_engine.items():
             seconds, tokens = sum(r["seconds"] for r in rows), sum(r["tokens"] for r in rows)
             shaping_ms = 1e3 * sum(r["shaping_s"] for r in rows) / max(1, tokens)
+            mask_ms = 1e3 * sum(r.get("mask_s", 0.0) for r in rows) / max(1, tokens)
             s = dict(
                 valid=f"{sum(r['valid'] for r in rows)}/{len(rows)}", seconds_per_request=seconds / len(rows),
                 tokens_per_second=tokens / seconds, tokens=tokens, steps=sum(r["steps"] for r in rows),
                 forced=sum(r["forced"] for r in rows), shaping_ms_per_token=shaping_ms,
-                shaping_share=shaping_ms / plain_ms[name], speedup=base / seconds,
+                shaping_share=shaping_ms / plain_ms[name], mask_ms_per_token=mask_ms,
+                mask_share=mask_ms / plain_ms[name], speedup=base / seconds,
                 rate_ratio=tokens / seconds / base_rate,
             )  # fmt: skip
             summary.setdefault(name, {})[label] = s
             print(
                 f"| {name} | {label} | {s['valid']} | {s['seconds_per_request']:.2f} | {s['tokens_per_second']:.1f} | "
                 f"{tokens} | {s['steps']} | {s['forced']} | {shaping_ms:.3f} ({100 * s['shaping_share']:.2f}%) | "
+                f"{mask_ms:.3f} ({100 * s['mask_share']:.2f}%) | "
                 f"{s['speedup']:.2f}x | {s['rate_ratio']:.2f}x |"
             )
     return summary, plain_ms
@@ -209,13 +215,14 @@ def main() -> None:
 
     def entmtp_run(engine, request, with_forced=True):
         shaping.Shaping.forced = forced if with_forced else (lambda self, cost, limit: [])
-        before = timer.seconds
+        before, masks_before = timer.seconds, timer.mask_seconds
         r = engine.generate(
             request["ids"], max_new_tokens=request["max"], response_format=request["constraint"]
         )
         shaping.Shaping.forced = forced
         return dict(text=r.text, tokens=len(r.token_ids), seconds=r.seconds, steps=r.num_steps,
                     forced=sum(s.forced for s in r.steps), shaping_s=timer.seconds - before,
+                    mask_s=timer.mask_seconds - masks_before,
                     plain_ms=None)  # fmt: skip
 
     def peer_run(request):
@@ -256,7 +263,9 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(dict(
-        command="python docs/results/structured-outputs/run.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "out"),
+        command="python docs/results/structured-outputs/run.py " + " ".join(
+            f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+            for k, v in vars(args).items() if k != "out" and v is not False),
         machine=cpu_info(), versions=versions(), threads=2, peer=peer.settings, plain_step_ms=plain_ms,
         summary=summary, runs=runs,
     ), indent=1) + "\n")  # fmt: skip
