@@ -124,6 +124,38 @@ def test_a_default_that_drafts_with_no_head_prices_its_lookup_on_the_curve_witho
     assert kept.uses_heads and kept.costs is dear and kept.policy.cost[1] == pytest.approx(3.0)
 
 
+@pytest.mark.parametrize("heads_ms", [0.2, 1.0, 3.0])
+def test_a_candidates_heads_priced_on_its_curve_without_heads_bound_what_its_curves_give(
+    heads_ms, monkeypatch
+):
+    """`--dtype auto` skips a candidate once even its heads' trees priced on its curve without heads (which a
+    step with heads costs more than: their drafting, llama.cpp's embeddings) cannot reach the leader: that
+    price bounds what the candidate's own curves give, and where the heads' trees win it is above it (a
+    bound priced on the heads' own curve would equal it)."""
+    from entmtp.build import choose
+
+    nodes = (0, 1, 2, 4, 8, 16, 32, 64)
+    without = CostCurve(nodes, (9.0, 10, 10.5, 11, 12, 14, 18, 26), (0.0,) * 8, key={"k": 2}, source="probe")
+    with_heads = CostCurve(
+        nodes, tuple(m + heads_ms * (1 + n / 8) for n, m in zip(nodes, without.step_ms, strict=True)),
+        (0.0,) * 8, key={"k": 1}, source="probe",
+    )  # fmt: skip
+    loaded = Loaded(EngineSpec(), None, None, HEADS, "hydra", with_heads, heads_less=without)
+    spec, profile = EngineSpec(lookup=Lookup()), resolve_profile("mixed", "hydra")
+    true = compose(loaded, spec, profile=profile, log=lambda _: None)
+    monkeypatch.setattr(choose, "compose", lambda *a, log: compose(*a, profile=profile, log=log))
+
+    class OneModel:
+        def load(self, spec):
+            return loaded
+
+    curve, (plain, bound) = choose._heads_less_case(OneModel(), spec, "llama-cpp/bfloat16")
+    assert curve is without and plain == 9.0
+    assert bound >= true.expected
+    if true.uses_heads:
+        assert bound > true.expected
+
+
 def test_a_rule_that_drafts_with_no_head_prices_its_lookup_without_heads_beside_one_that_does(monkeypatch):
     """A generation whose policy drafts with no head runs without the heads (the engine builds no drafter for
     it), also where another rule's policy drafts with them: its lookup branch is sized on the curve without

@@ -443,15 +443,26 @@ def test_auto_measures_only_the_candidates_that_can_still_win(fake_build, monkey
     )
 
 
-def test_a_candidate_whose_tighter_bound_still_reaches_the_leader_is_measured(fake_build, monkeypatch):
+@pytest.mark.parametrize("without_heads, measured", [(None, True), (91.0, True), (85.0, False)])
+def test_a_candidate_whose_tighter_bounds_still_reach_the_leader_is_measured(
+    fake_build, monkeypatch, without_heads, measured
+):
+    """float32's brief probe still reaches llama.cpp's 90 (91): its curve without heads is measured next and its
+    heads' trees priced on it (None: a candidate without heads, which has no such step); measured fully only
+    where that too reaches the leader."""
     loaded, _ = fake_build
     bounds = {"transformers/float32": (35.0, 95.0), "llama-cpp/bfloat16": (8.0, 150.0)}
     low = build_mod.CostCurve((0, 1), (34.0, 40.0), (0.0, 0.0))
     monkeypatch.setattr(build_mod, "candidates", lambda spec, probe: list(bounds))
     monkeypatch.setattr(build_mod, "_best_cases", lambda *a: bounds)
-    monkeypatch.setattr(build_mod, "_floor_case", lambda loader, spec, cand: (low, (34.0, 91.0)))
-    build_mod.build(build_mod.EngineSpec(), log=lambda m: None, route=False)
-    assert loaded == ["llama-cpp/bfloat16", "transformers/float32"]
+    monkeypatch.setattr(build_mod, "_floor_case", lambda *a: (low, (34.0, 91.0)))
+    found = None if without_heads is None else (low, (34.0, without_heads))
+    monkeypatch.setattr(build_mod, "_heads_less_case", lambda *a: found)
+    said: list[str] = []
+    build_mod.build(build_mod.EngineSpec(), log=said.append, route=False)
+    assert loaded == ["llama-cpp/bfloat16"] + (["transformers/float32"] if measured else [])
+    if not measured:
+        assert "at most 85.0 tokens/s here (its curve without heads measured" in "\n".join(said)
 
 
 def test_the_floor_prices_each_size_at_the_least_it_could_cost():

@@ -105,8 +105,8 @@ def build(
 def _measure(loader: Loader, spec: EngineSpec, cands: list[str], bounds: dict, log) -> dict:
     """candidate -> `_Option` for each candidate that may still win: the most promising first (`bounds`:
     `_best_cases`), each skipped once its best case is below the leader's measured speed (where it is not, a
-    tighter one first: `_floor_case`, written into `bounds`), or once a second copy of the model would not fit
-    in memory."""
+    tighter one first: `_bound`, written into `bounds`), or once a second copy of the model would not fit in
+    memory."""
     if bounds:  # the most promising first, so that the others can stop at their bound
         cands = sorted(cands, key=lambda c: -bounds[c][1] if c in bounds else float("-inf"))
     options: dict[str, _Option] = {}
@@ -118,10 +118,7 @@ def _measure(loader: Loader, spec: EngineSpec, cands: list[str], bounds: dict, l
         leader = max(options, key=lambda c: options[c].composed.expected, default=None)
         if cand in bounds and leader is not None:
             lead = options[leader].composed.expected
-            how = f"its plain step {bounds[cand][0]:.1f} ms, every tree priced as one"
-            if bounds[cand][1] >= lead:  # a tighter bound, from a brief probe of its steps' sizes
-                floor, bounds[cand] = _floor_case(loader, spec, cand)
-                how = f"its steps timed briefly, {floor.summary()}, each tree priced at the least its size costs"
+            how = _bound(loader, spec, cand, bounds, lead)
             if bounds[cand][1] < lead:
                 log(f"not measuring {cand}: at most {bounds[cand][1]:.1f} tokens/s here ({how}), below "
                     f"{leader}'s {lead:.1f}")  # fmt: skip
@@ -174,6 +171,37 @@ def _best_cases(loader: Loader, spec: EngineSpec, candidates: list[str], route: 
         best = compose(replace(bare, costs=flat), spec, log=lambda _: None).expected
         out[cand] = (plain, best)
     return out
+
+
+def _bound(loader: Loader, spec: EngineSpec, cand: str, bounds: dict, lead: float) -> str:
+    """How `cand`'s best case in `bounds` (plain ms, tokens/s) was found, tightened while it still reaches
+    `lead` (the leader's measured tokens/s), each step dearer than the last: every tree priced as one plain step
+    (`_best_cases`); its steps timed briefly, each size at the least it could cost (`_floor_case`); its curve
+    without heads measured and its heads' trees priced on it (`_heads_less_case`)."""
+    how = f"its plain step {bounds[cand][0]:.1f} ms, every tree priced as one"
+    if bounds[cand][1] >= lead:
+        low, bounds[cand] = _floor_case(loader, spec, cand)
+        how = f"its steps timed briefly, {low.summary()}, each tree priced at the least its size costs"
+    if bounds[cand][1] >= lead and (found := _heads_less_case(loader, spec, cand)) is not None:
+        curve, bounds[cand] = found
+        how = f"its curve without heads measured, {curve.summary()}, its heads' trees priced on it"
+    return how
+
+
+def _heads_less_case(
+    loader: Loader, spec: EngineSpec, cand: str
+) -> tuple[CostCurve, tuple[float, float]] | None:
+    """(its curve without heads, (that plain step's ms, the most expected tokens/s `cand` could reach)) for a
+    candidate with heads: that curve measured (`HEADS_LESS_BUDGET_S`, and cached, so that the candidate's own
+    measurement reads it, as it would measure it where a tree wins), its heads' trees priced on it, which they
+    cost more than (their drafting; llama.cpp's embeddings on). On the AMX Xeon the Q8_0 file: its heads' curve
+    took 12 s only to come out below Q4_1. None for a candidate without heads (its curve is all there is)."""
+    bare = loader.load(replace(at(spec, cand), probe=False))
+    if bare.heads is None:
+        return None
+    curve = replace(bare, probed=True).curve_without_heads()
+    option = replace(bare, costs=curve, heads_less=curve)
+    return curve, (curve.plain_ms, compose(option, spec, log=lambda _: None).expected)
 
 
 def _floor_case(loader: Loader, spec: EngineSpec, cand: str) -> tuple[CostCurve, tuple[float, float]]:
