@@ -20,6 +20,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for path in sorted(HERE.glob("*.json")):
         run = json.loads(path.read_text())
+        if "rows" not in run:  # outside_decode.py's files: another table
+            continue
         for backend in ("llama-cpp", "transformers"):
             d, p = run["rows"][f"default@{backend}"], run["rows"][f"plain@{backend}"]
             dn, pn = sum(d[k] for k in PHASES), sum(p[k] for k in PHASES)
