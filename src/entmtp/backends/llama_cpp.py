@@ -170,6 +170,13 @@ def _reader(path: str, size: int, mtime_ns: int):
     return read_header(path) or gguf.GGUFReader(path)
 
 
+@functools.lru_cache(maxsize=2)  # the embedded Q4_1 file, which a first run on AMX writes in three formats
+def _full_reader(path: str, size: int, mtime_ns: int):
+    import gguf
+
+    return gguf.GGUFReader(path)
+
+
 def _file_type(reader) -> str:
     import gguf
 
@@ -203,7 +210,8 @@ def write_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], kind: s
     if kind not in _FILE_TYPES:
         raise LlamaCppError(f"cannot write a {kind} GGUF: use one of {', '.join(_FILE_TYPES)}")
     qtype = gguf.GGMLQuantizationType[kind]
-    reader = gguf.GGUFReader(str(src))  # every field, its arrays too (the tokenizer's)
+    stat = Path(src).stat()  # every field, its arrays too (the tokenizer's): gguf's reader, once per process
+    reader = _full_reader(str(Path(src).resolve()), stat.st_size, stat.st_mtime_ns)
     arch = reader.fields["general.architecture"].contents()
     dst = Path(dst)
     tmp = dst.with_name(dst.name + ".tmp")
