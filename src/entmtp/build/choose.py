@@ -25,14 +25,13 @@ from .spec import EngineSpec, candidates, check_spec, heads_spec
 
 AUTO_BUDGET_S = 12.0  # per dtype candidate when `auto` measures two (one probe: costs.BUDGET_S)
 QUICK_PROBE_S = 1.0  # a candidate's plain step, timed before any curve: its best case (`_best_cases`)
-# a candidate whose best case beats the leader: its steps timed briefly at a few sizes, each size between them
-# priced at the cheapest measured size below it (`floor`), a bound that prices a tree as what its size costs at
-# the least: on the AMX Xeon the Q8_0 and BF16 files' best cases (every tree one plain step) beat Q4_1's
-# measured 116-120 tokens/s, so both curves were measured (2 x 18 s of a 104 s first run). After a short
-# context and without heads (a step after a longer one, or with heads, costs more): a bound, at a loose one's
-# price. Now BF16 is skipped (at most ~60); Q8_0 is not (at most ~150 after 128 tokens without heads, where it
-# measures 105 on its curve against Q4_1's 117-123): after both of a curve's contexts and with its heads, its
-# bound was 116-120, too close to the leader to skip it, in twice the time (tried: 2026-12-07, AMX Xeon)
+# a candidate whose best case beats the leader: its steps timed briefly at a few sizes after a short context and
+# without heads (a step after a longer one, or with heads, costs more), each size between them priced at the
+# cheapest measured size below it (`floor`): on the AMX Xeon the Q8_0 and BF16 files' best cases (every tree one
+# plain step) beat Q4_1's measured 117-123 tokens/s, so both curves were measured (2 x 18 s of a 104 s first
+# run); now BF16 stops here (at most ~60), Q8_0 (at most ~150 here, 105 on its curve) at its curve without heads
+# (`_heads_less_case`: at most 112-115). A bound after both contexts with the heads was tried in its place: 116-120
+# for Q8_0, too close to the leader, in ~7 s (2026-12-07)
 FLOOR_SIZES = (0, 1, 2, 4, 8, 16, 32, 64)
 FLOOR_PROBE_S = 2.0
 FLOOR_MARGIN = 0.85  # of each size's measured cost over a plain step: a brief probe's ratios err by ~5%
