@@ -214,13 +214,13 @@ def test_the_copy_rate_is_learned_from_predicted_requests_and_moves_the_next_one
     )  # this EPYC's curves: at the prior rate, predictions stay on llama-cpp
     ids = list(range(5, 25))
     right = first.generate(ids, max_new_tokens=24).token_ids
-    assert router.copy_rates["prediction"].value == PREDICTED_RATE
+    assert router.copy_rate("prediction", router.lanes[0]).value == PREDICTED_RATE
     said = []
     router.log = said.append
     assert router.generate(ids, max_new_tokens=24, prediction=right).token_ids == right
     assert said[-1].startswith("routed to llama-cpp") and "copies right 0.75 of the time" in said[-1]
     assert (
-        router.copy_rates["prediction"].value > 0.9
+        router.copy_rate("prediction", router.lanes[0]).value > 0.9
     )  # every copied chain was right: only the prior's wrong ones remain
     again = router.generate(ids, max_new_tokens=24, prediction=right)
     assert (
@@ -257,8 +257,39 @@ def test_a_retry_of_a_prompt_the_shared_suffix_cache_answered_is_priced_by_that_
     assert (
         retry.token_ids == alone[second] != alone[first]
     )  # the lane's own output, the cache's drafts verified
-    assert router.copy_rates["suffix"].value != PREDICTED_RATE  # learned from it, apart from predictions'
-    assert router.copy_rates["prediction"].value == PREDICTED_RATE
+    assert (
+        router.copy_rate("suffix", router.lanes[1]).value != PREDICTED_RATE
+    )  # learned, apart from predictions'
+    assert router.copy_rate("prediction", router.lanes[1]).value == PREDICTED_RATE
+
+
+def test_a_retry_is_priced_at_the_copy_rate_of_the_weights_each_lane_decodes():
+    """The suffix cache holds what the lanes wrote, so a lane that decodes other weights copies the other's
+    answers less often: its retries' rate is learned apart, per weights, and stays at the prior until it runs
+    some; lanes of the same weights share one. A prediction (the user's text) copies alike on any lane."""
+    from entmtp.drafts import SUFFIX
+
+    def router(weights):
+        return Router(
+            Lane("llama-cpp", _FakeEngine(), LLAMA_PREFILL, 110.0, weights[0], latency=LLAMA_CURVE),
+            Lane("transformers", _FakeEngine(), TORCH_PREFILL, 30.0, weights[1], latency=TORCH_CURVE),
+        )
+
+    retry = Promise(200, PREDICTED_RATE, SUFFIX)
+    mixed, same = router(("Q4_1 GGUF", "bfloat16")), router(("bfloat16", "bfloat16"))
+    for r in (mixed, same):  # the llama.cpp lane's retries copied every token right
+        r.copy_rate(SUFFIX, r.lanes[0]).right += 200
+        r.copy_rate("prediction", r.lanes[0]).right += 200
+    llama, torch_lane = (p.rate for p in mixed.offers(retry))
+    assert llama > 0.95 and torch_lane == PREDICTED_RATE  # bf16 wrote none of those answers
+    assert [p.rate for p in same.offers(retry)] == [llama, llama]
+    edit = Promise(200, PREDICTED_RATE)
+    assert [p.rate for p in mixed.offers(edit)] == [llama, llama]
+    # the flatter verifier takes the retries only where its own rate is the learned one
+    assert same._choose(20, 200, same.offers(retry)) is same.lanes[1]
+    assert mixed._choose(20, 200, mixed.offers(retry)) is mixed.lanes[0]
+    said = mixed._why(mixed.lanes[0], 20, 200, mixed.offers(retry))
+    assert "copies right 1.00 of the time on llama-cpp, 0.75 of the time on transformers" in said
 
 
 def test_the_copy_rate_is_a_censored_geometric_estimate():

@@ -25,7 +25,8 @@ they finish (`CopyRate`), so a stream of edits that keep nearly all of their tex
 chains are cheapest. A retry of a prompt the suffix cache has answered before (suffix.py: agents, extraction jobs
 and retries that repeat their requests) promises the same way: about as many tokens as that earlier answer, copied
 from the cache at a rate learned from the router's own such requests, apart from the predictions' (the two copy at
-different rates). The two lanes share the first lane's suffix cache, so a request drafts from what either lane
+different rates) and per weights decoded (the cache holds what the lanes wrote: a lane that decodes other weights
+writes other text, so it copies the other lane's answers less often). The two lanes share the first lane's suffix cache, so a request drafts from what either lane
 wrote.
 
 The lanes share one tokenizer (the caller checks), so a prompt is encoded once, and a routed request's output is
@@ -42,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -168,16 +169,38 @@ class Router:
         self.tokenizer = first.engine.tokenizer
         self.window = min(first.engine.window, second.engine.window)
         self.log = log
-        # learned from the requests it routed on a promise, per source of the promise
-        self.copy_rates = {PREDICTION: CopyRate(), SUFFIX: CopyRate()}
+        # learned from the requests it routed on a promise: a prediction's per router (the user's text, copied
+        # alike on any lane); the suffix cache's per weights decoded (`_rate`)
+        self.copy_rates: dict = {PREDICTION: CopyRate()}
         self.suffix = getattr(first.engine, "suffix", None)
         if self.suffix is not None and getattr(second.engine, "suffix", None) is not None:
             second.engine.suffix = self.suffix  # one cache: a request drafts from what either lane wrote
 
     def lane_for(self, prompt_tokens: int, new_tokens: int, promise: Promise | None = None) -> Lane:
+        """The lane a request is expected to finish on sooner, its `promise` (if any) the same on both."""
+        return self._choose(prompt_tokens, new_tokens, (promise, promise))
+
+    def _choose(self, prompt_tokens: int, new_tokens: int, offers: tuple) -> Lane:
         first, second = self.lanes
-        times = [lane.expected_ms(prompt_tokens, new_tokens, promise) for lane in self.lanes]
+        times = [
+            lane.expected_ms(prompt_tokens, new_tokens, offer)
+            for lane, offer in zip(self.lanes, offers, strict=True)
+        ]
         return second if times[1] < times[0] else first
+
+    def copy_rate(self, source: str, lane: Lane) -> CopyRate:
+        """The copy rate of `source`'s promises on `lane`: a prediction's one for the router; the suffix cache's
+        one per weights decoded, since the cache holds what the lanes wrote and a lane that decodes other
+        weights writes other text (on the AMX Xeon transformers' bf16 retries of answers llama.cpp's Q4_1 wrote,
+        priced at llama.cpp's own learned rate, went to transformers and ran at half llama.cpp's speed)."""
+        key = source if source == PREDICTION else (source, lane.weights)
+        return self.copy_rates.setdefault(key, CopyRate())
+
+    def offers(self, promise: Promise | None) -> tuple:
+        """`promise` on each lane, at that lane's copy rate of its source (`copy_rate`)."""
+        if promise is None:
+            return (None, None)
+        return tuple(replace(promise, rate=self.copy_rate(promise.source, lane).value) for lane in self.lanes)
 
     def encode(self, prompt, max_new_tokens: int, *, chat: bool = True, logprobs: int | None = None):
         """The prompt's token ids (`Engine.encode`), checked against the smaller window of the two."""
@@ -190,32 +213,41 @@ class Router:
         """`Engine.stream` on the lane this request's length and drafts favour."""
         options = GenerationOptions.of(options, **fields)
         ids = self.encode(prompt, options.max_new_tokens, chat=chat, logprobs=options.logprobs)
-        rates = {source: rate.value for source, rate in self.copy_rates.items()}
+        rates = dict.fromkeys((PREDICTION, SUFFIX), PREDICTED_RATE)  # each lane's own: `_on`
         promise = Promise.of(self.tokenizer, options, self.window, rates, ids, self.suffix)
-        lane = self.lane_for(len(ids), options.max_new_tokens, promise)
+        offers = self.offers(promise)
+        lane = self._choose(len(ids), options.max_new_tokens, offers)
         if self.log is not None:
-            self.log(self._why(lane, len(ids), options.max_new_tokens, promise))
+            self.log(self._why(lane, len(ids), options.max_new_tokens, offers))
         for event in lane.engine.stream(ids, options):
             if event.result is not None and promise is not None:
-                self.copy_rates[promise.source].observe(event.result.steps)
+                self.copy_rate(promise.source, lane).observe(event.result.steps)
             yield event
 
-    def _why(self, lane: Lane, prompt_tokens: int, new_tokens: int, promise: Promise | None) -> str:
-        """The `-v` line of a routed request: its lane, its sizes and each lane's expected time."""
+    def _why(self, lane: Lane, prompt_tokens: int, new_tokens: int, offers: tuple) -> str:
+        """The `-v` line of a routed request: its lane, its sizes and each lane's expected time (`offers`: its
+        promise on each lane, or Nones)."""
         expected = " vs ".join(
-            f"{x.backend} {x.expected_ms(prompt_tokens, new_tokens, promise) / 1000:.2f} s"
-            for x in self.lanes
+            f"{x.backend} {x.expected_ms(prompt_tokens, new_tokens, p) / 1000:.2f} s"
+            for x, p in zip(self.lanes, offers, strict=True)
         )
         weights = f" ({lane.weights})" if lane.weights else ""
-        drafts = ""
+        drafts, promise = "", offers[0]
         if promise is not None:
+            written = min(promise.tokens, new_tokens)
             chains = ", ".join(
                 f"{x.backend} chains of {k} at {ms:.1f} ms/token"
-                for x in self.lanes
+                for x, p in zip(self.lanes, offers, strict=True)
                 if x.latency is not None
-                for ms, k in [x.chain(promise, middle(prompt_tokens, min(promise.tokens, new_tokens)))]
+                for ms, k in [x.chain(p, middle(prompt_tokens, written))]
             )
-            rate = f"copies right {promise.rate:.2f} of the time"
+            if offers[0].rate == offers[1].rate:
+                rate = f"copies right {promise.rate:.2f} of the time"
+            else:
+                rate = "copies right " + ", ".join(
+                    f"{p.rate:.2f} of the time on {x.backend}"
+                    for x, p in zip(self.lanes, offers, strict=True)
+                )
             what = (
                 f"a prediction of {promise.tokens} tokens"
                 if promise.source == PREDICTION
