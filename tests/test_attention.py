@@ -11,7 +11,6 @@ from entmtp.backends.attention import (  # noqa: E402
     CONTEXTS,
     ENV,
     attention_shapes,
-    file_shapes,
     flash_attention,
     measure,
     verdict,
@@ -59,11 +58,11 @@ def test_every_format_of_one_model_shares_a_verdict(own_cache, monkeypatch):
     """The weights' format moves both settings' steps alike, so the Q4_1 file and the same model written in
     another format (the candidates of `--dtype auto` on an AMX CPU) read one verdict: the shapes come from the
     loaded model, and the bench's peer reads them from the file's header."""
-    from entmtp.backends.llama_cpp import Runtime
+    from entmtp.backends.llama_cpp import Runtime, gguf_attention_shapes
 
     monkeypatch.setenv(ENV, "0")  # no timing at load
     rt = Runtime(embedded_gguf(), threads=2, n_ctx=512)
-    assert attention_shapes(rt.lib, rt.model) == file_shapes(embedded_gguf()) == SMOLLM2
+    assert attention_shapes(rt.lib, rt.model) == gguf_attention_shapes(embedded_gguf()) == SMOLLM2
 
 
 @pytest.mark.parametrize("value, on", [("1", True), ("0", False)])

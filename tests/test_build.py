@@ -132,7 +132,7 @@ def test_a_candidates_heads_priced_on_its_curve_without_heads_bound_what_its_cur
     step with heads costs more than: their drafting, llama.cpp's embeddings) cannot reach the leader: that
     price bounds what the candidate's own curves give, and where the heads' trees win it is above it (a
     bound priced on the heads' own curve would equal it)."""
-    from entmtp.build import choose
+    from entmtp.build import bounds
 
     nodes = (0, 1, 2, 4, 8, 16, 32, 64)
     without = CostCurve(nodes, (9.0, 10, 10.5, 11, 12, 14, 18, 26), (0.0,) * 8, key={"k": 2}, source="probe")
@@ -143,13 +143,13 @@ def test_a_candidates_heads_priced_on_its_curve_without_heads_bound_what_its_cur
     loaded = Loaded(EngineSpec(), None, None, HEADS, "hydra", with_heads, heads_less=without)
     spec, profile = EngineSpec(lookup=Lookup()), resolve_profile("mixed", "hydra")
     true = compose(loaded, spec, profile=profile, log=lambda _: None)
-    monkeypatch.setattr(choose, "compose", lambda *a, log: compose(*a, profile=profile, log=log))
+    monkeypatch.setattr(bounds, "compose", lambda *a, log: compose(*a, profile=profile, log=log))
 
     class OneModel:
         def load(self, spec):
             return loaded
 
-    curve, (plain, bound) = choose._heads_less_case(OneModel(), spec, "llama-cpp/bfloat16")
+    curve, (plain, bound) = bounds.heads_less_case(OneModel(), spec, "llama-cpp/bfloat16")
     assert curve is without and plain == 9.0
     assert bound >= true.expected
     if true.uses_heads:

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import ByteTokenizer, tiny_model
 from entmtp.accept import ACCEPTANCE
+from entmtp.build import bounds as bounds_mod
 from entmtp.build import choose as build_mod
 from entmtp.costs import PrefillCost
 from entmtp.costs.cache import costs_dir, read_record
@@ -442,7 +443,7 @@ def test_auto_measures_only_the_candidates_that_can_still_win(fake_build, monkey
     """Before any curve, each candidate's best case (its plain step timed, every tree priced as one plain step:
     `_best_cases`); the most promising is measured first, and a candidate whose best case is below the
     measured leader is not measured at all (one line says why); one whose best case is not gets a tighter
-    bound first (`_floor_case`: its steps timed briefly at a few sizes). The fake best cases: llama.cpp at
+    bound first (`bounds.floor_case`: its steps timed briefly at a few sizes). The fake best cases: llama.cpp at
     most 150 (measured 90); float32 at most 95, then at most 80 by its steps' sizes; bf16 at most 60."""
     loaded, _ = fake_build
     bounds = {
@@ -458,7 +459,7 @@ def test_auto_measures_only_the_candidates_that_can_still_win(fake_build, monkey
         return low, (34.0, 80.0)
 
     monkeypatch.setattr(build_mod, "_best_cases", lambda *a: bounds)
-    monkeypatch.setattr(build_mod, "_floor_case", floor_case)
+    monkeypatch.setattr(bounds_mod, "floor_case", floor_case)
     said: list[str] = []
     built = build_mod.build(build_mod.EngineSpec(), log=said.append, route=False)
     assert loaded == ["llama-cpp/bfloat16"]  # neither could reach 90
@@ -486,9 +487,9 @@ def test_a_candidate_whose_tighter_bounds_still_reach_the_leader_is_measured(
     low = build_mod.CostCurve((0, 1), (34.0, 40.0), (0.0, 0.0))
     monkeypatch.setattr(build_mod, "candidates", lambda spec, probe: list(bounds))
     monkeypatch.setattr(build_mod, "_best_cases", lambda *a: bounds)
-    monkeypatch.setattr(build_mod, "_floor_case", lambda *a: (low, (34.0, 91.0)))
+    monkeypatch.setattr(bounds_mod, "floor_case", lambda *a: (low, (34.0, 91.0)))
     found = None if without_heads is None else (low, (34.0, without_heads))
-    monkeypatch.setattr(build_mod, "_heads_less_case", lambda *a: found)
+    monkeypatch.setattr(bounds_mod, "heads_less_case", lambda *a: found)
     said: list[str] = []
     build_mod.build(build_mod.EngineSpec(), log=said.append, route=False)
     assert loaded == ["llama-cpp/bfloat16"] + (["transformers/float32"] if measured else [])
@@ -501,13 +502,13 @@ def test_the_floor_prices_each_size_at_the_least_it_could_cost():
     floor holds each measured cost (shaved to its margin over a plain step) up to the next measured size, so
     it never exceeds a curve that climbs anywhere in between; interpolating would."""
     measured = build_mod.CostCurve((0, 1, 4, 8), (10.0, 14.0, 16.0, 30.0), (0.0,) * 4)
-    low = build_mod.floor(measured, margin=0.5)
+    low = bounds_mod.floor(measured, margin=0.5)
     sizes = range(0, 12)
     assert [float(low.latency()(n)) for n in sizes] == [10, 12, 12, 12, 13, 13, 13, 13, 20, 20, 20, 20]
     climbs_late = [10, 14, 14, 14, 16, 16, 16, 16, 30, 30, 30, 30]  # the same measured points, steps at them
     assert all(low.latency()(n) <= c for n, c in zip(sizes, climbs_late, strict=True))
     noisy = build_mod.CostCurve((0, 1, 2), (10.0, 14.0, 13.0), (0.0,) * 3)  # 2 nodes measured below 1's
-    assert float(build_mod.floor(noisy, margin=1.0).latency()(2)) == 14.0
+    assert float(bounds_mod.floor(noisy, margin=1.0).latency()(2)) == 14.0
 
 
 def test_the_best_case_is_skipped_where_a_route_needs_both_backends_or_there_is_one_candidate():

@@ -90,19 +90,6 @@ def attention_shapes(lib, model) -> dict:
     }
 
 
-def file_shapes(path) -> dict:
-    """`attention_shapes` of the GGUF file at `path`, read from its header (nothing loaded)."""
-    from .llama_cpp import read_gguf
-
-    config = read_gguf(path).config
-    return {
-        "layers": config.num_hidden_layers,
-        "heads": config.num_attention_heads,
-        "kv_heads": config.num_key_value_heads,
-        "width": config.hidden_size,
-    }
-
-
 def verdict(shapes: dict, threads: int, repacked: bool) -> bool | None:
     """`ENTMTP_LLAMA_FLASH_ATTN` when set, else the cached verdict for a model of these attention `shapes`
     (None: not timed yet)."""

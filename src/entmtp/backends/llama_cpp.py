@@ -140,6 +140,18 @@ _FILE_TYPES = {
 WRITTEN_FORMATS = ("Q8_0", "F16", "BF16")  # what the embedded model's Q4_1 file may also be decoded as (AMX)
 
 
+def gguf_attention_shapes(path: str | os.PathLike[str]) -> dict:
+    """`attention.attention_shapes` of the GGUF file at `path`, read from its header (nothing loaded): what the
+    bench's llama.cpp peer reads its flash-attention verdict by."""
+    config = read_gguf(path).config
+    return {
+        "layers": config.num_hidden_layers,
+        "heads": config.num_attention_heads,
+        "kv_heads": config.num_key_value_heads,
+        "width": config.hidden_size,
+    }
+
+
 def gguf_weights(path: str | os.PathLike[str]) -> str:
     """The weights' format of a GGUF file as llama.cpp names it (general.file_type): "Q4_1", "F32", "BF16"...;
     the most common tensor type where the file does not say."""

@@ -234,10 +234,10 @@ def llama_cpp_available() -> bool:
 def _flash_attention(path: Path, threads: int, repacked: bool) -> bool:
     """The backend's flash-attention setting for this file (backends/attention.py): the cached verdict for its
     shapes, else timed on a runtime loaded as the backend loads it."""
-    from ..backends.attention import file_shapes, verdict
-    from ..backends.llama_cpp import N_BATCH, Runtime
+    from ..backends.attention import verdict
+    from ..backends.llama_cpp import N_BATCH, Runtime, gguf_attention_shapes
 
-    known = verdict(file_shapes(path), threads, repacked)
+    known = verdict(gguf_attention_shapes(path), threads, repacked)
     if known is None:
         known = Runtime(path, threads=threads, n_ctx=N_BATCH, extra_bufts=repacked).flash_attn
     return known

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..backends import describe_kernels
@@ -18,6 +17,7 @@ from ..engine import Engine
 from ..model import DTYPES
 from ..routing import Lane, Router
 from ..scheduler.profiles import ProfileError
+from .bounds import tighten
 from .composed import Composed, assemble, compose
 from .loaded import Loaded, Loader
 from .plan import Built, Plan, heads_words, reasons_for, unmixed, unprobed_costs, weights_key, weights_words
@@ -25,16 +25,6 @@ from .spec import EngineSpec, candidates, check_spec, heads_spec
 
 AUTO_BUDGET_S = 12.0  # per dtype candidate when `auto` measures two (one probe: costs.BUDGET_S)
 QUICK_PROBE_S = 1.0  # a candidate's plain step, timed before any curve: its best case (`_best_cases`)
-# a candidate whose best case beats the leader: its steps timed briefly at a few sizes after a short context and
-# without heads (a step after a longer one, or with heads, costs more), each size between them priced at the
-# cheapest measured size below it (`floor`): on the AMX Xeon the Q8_0 and BF16 files' best cases (every tree one
-# plain step) beat Q4_1's measured 117-123 tokens/s, so both curves were measured (2 x 18 s of a 104 s first
-# run); now BF16 stops here (at most ~60), Q8_0 (at most ~150 here, 105 on its curve) at its curve without heads
-# (`_heads_less_case`: at most 112-115). A bound after both contexts with the heads was tried in its place: 116-120
-# for Q8_0, too close to the leader, in ~7 s (2026-12-07)
-FLOOR_SIZES = (0, 1, 2, 4, 8, 16, 32, 64)
-FLOOR_PROBE_S = 2.0
-FLOOR_MARGIN = 0.85  # of each size's measured cost over a plain step: a brief probe's ratios err by ~5%
 
 
 def build_engine(spec: EngineSpec = EngineSpec(), *, log=None) -> Engine | Router:
@@ -104,7 +94,7 @@ def build(
 def _measure(loader: Loader, spec: EngineSpec, cands: list[str], bounds: dict, log) -> dict:
     """candidate -> `_Option` for each candidate that may still win: the most promising first (`bounds`:
     `_best_cases`), each skipped once its best case is below the leader's measured speed (where it is not, a
-    tighter one first: `_bound`, written into `bounds`), or once a second copy of the model would not fit in
+    tighter one first: `bounds.tighten`, written into `bounds`), or once a second copy of the model would not fit in
     memory."""
     if bounds:  # the most promising first, so that the others can stop at their bound
         cands = sorted(cands, key=lambda c: -bounds[c][1] if c in bounds else float("-inf"))
@@ -117,7 +107,7 @@ def _measure(loader: Loader, spec: EngineSpec, cands: list[str], bounds: dict, l
         leader = max(options, key=lambda c: options[c].composed.expected, default=None)
         if cand in bounds and leader is not None:
             lead = options[leader].composed.expected
-            how = _bound(loader, spec, cand, bounds, lead)
+            how = tighten(loader, spec, cand, bounds, lead)
             if bounds[cand][1] < lead:
                 log(f"not measuring {cand}: at most {bounds[cand][1]:.1f} tokens/s here ({how}), below "
                     f"{leader}'s {lead:.1f}")  # fmt: skip
@@ -170,67 +160,6 @@ def _best_cases(loader: Loader, spec: EngineSpec, candidates: list[str], route: 
         best = compose(replace(bare, costs=flat), spec, log=lambda _: None).expected
         out[cand] = (plain, best)
     return out
-
-
-def _bound(loader: Loader, spec: EngineSpec, cand: str, bounds: dict, lead: float) -> str:
-    """How `cand`'s best case in `bounds` (plain ms, tokens/s) was found, tightened while it still reaches
-    `lead` (the leader's measured tokens/s), each step dearer than the last: every tree priced as one plain step
-    (`_best_cases`); its steps timed briefly, each size at the least it could cost (`_floor_case`); its curve
-    without heads measured and its heads' trees priced on it (`_heads_less_case`)."""
-    how = f"its plain step {bounds[cand][0]:.1f} ms, every tree priced as one"
-    if bounds[cand][1] >= lead:
-        low, bounds[cand] = _floor_case(loader, spec, cand)
-        how = f"its steps timed briefly, {low.summary()}, each tree priced at the least its size costs"
-    if bounds[cand][1] >= lead and (found := _heads_less_case(loader, spec, cand)) is not None:
-        curve, bounds[cand] = found
-        how = f"its curve without heads measured, {curve.summary()}, its heads' trees priced on it"
-    return how
-
-
-def _heads_less_case(
-    loader: Loader, spec: EngineSpec, cand: str
-) -> tuple[CostCurve, tuple[float, float]] | None:
-    """(its curve without heads, (that plain step's ms, the most expected tokens/s `cand` could reach)) for a
-    candidate with heads: that curve measured (`HEADS_LESS_BUDGET_S`, and cached, so that the candidate's own
-    measurement reads it, as it would measure it where a tree wins), its heads' trees priced on it, which they
-    cost more than (their drafting; llama.cpp's embeddings on). On the AMX Xeon the Q8_0 file: its heads' curve
-    took 12 s only to come out below Q4_1. None for a candidate without heads (its curve is all there is)."""
-    bare = loader.load(replace(at(spec, cand), probe=False))
-    if bare.heads is None:
-        return None
-    curve = replace(bare, probed=True).curve_without_heads()
-    option = replace(bare, costs=curve, heads_less=curve)
-    return curve, (curve.plain_ms, compose(option, spec, log=lambda _: None).expected)
-
-
-def _floor_case(loader: Loader, spec: EngineSpec, cand: str) -> tuple[CostCurve, tuple[float, float]]:
-    """(the floor curve, (its plain step's ms, the most expected tokens/s `cand` could reach)): its steps timed
-    briefly at `FLOOR_SIZES` without heads (heads only add to a step), each tree priced by `floor`."""
-    from ..costs import measured
-
-    bare = loader.load(replace(at(spec, cand), probe=False))
-    quick = measured.measure(bare.model, None, sizes=FLOOR_SIZES, contexts=(128,), budget_s=FLOOR_PROBE_S,
-                             progress=False)  # fmt: skip
-    low = floor(quick)
-    return low, (low.plain_ms, compose(replace(bare, costs=low), spec, log=lambda _: None).expected)
-
-
-def floor(curve: CostCurve, margin: float = FLOOR_MARGIN) -> CostCurve:
-    """The least a step of each size could cost, from a curve measured at a few sizes: a size between two
-    measured ones at the smaller one's cost (a step costs no less for more nodes, but it may climb anywhere
-    between them, so interpolating is no bound), each measured cost over a plain step shaved to `margin` of
-    it. No drafting cost, one context."""
-    plain = curve.plain_ms
-    ms = [plain + margin * (m - plain) for m in np.maximum.accumulate(curve.step_ms)]
-    nodes, step = [], []
-    for i, (n, m) in enumerate(zip(curve.nodes, ms, strict=True)):
-        nodes.append(n)
-        step.append(m)
-        following = curve.nodes[i + 1] if i + 1 < len(curve.nodes) else n
-        if following - 1 > n:  # held flat to the next measured size
-            nodes.append(following - 1)
-            step.append(m)
-    return CostCurve(tuple(nodes), tuple(step), (0.0,) * len(nodes), source="best case")
 
 
 def _load(loader: Loader, spec: EngineSpec, cand: str, budget, log) -> _Option:
