@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
+from entmtp.backends import describe_weights
 from entmtp.bench.peers import LlamaCppPlain
 from entmtp.build import EngineSpec, load_base
 from entmtp.costs import costs_for
@@ -60,14 +61,22 @@ def engines(backend: str, dtype: str, threads: int) -> dict[str, Engine]:
 
 def routed(built: dict[str, dict[str, Engine]]) -> Router:
     """A router over a lookup + suffix engine per backend (llama.cpp first: ties go to the faster decode), one
-    fresh cache between them; each lane's decode speed without drafts is its plain step's."""
+    fresh cache between them; each lane's decode speed without drafts is its plain step's, its weights named as
+    `build` names them (a retry's copy rate is learned per weights: routing.Router.copy_rate)."""
     lanes = []
     for backend in ("llama-cpp", "transformers"):
         own = built[backend]["lookup+suffix"]
         costs = own.costs
         engine = Engine(own.model, own.tokenizer, policy=own.policy, costs=costs, suffix=SuffixCache())
         lanes.append(
-            Lane(backend, engine, prefill_for(own.model), 1000 / costs.plain_ms, latency=costs.latency())
+            Lane(
+                backend,
+                engine,
+                prefill_for(own.model),
+                1000 / costs.plain_ms,
+                describe_weights(own.model),
+                latency=costs.latency(),
+            )  # fmt: skip
         )
     return Router(*lanes)
 
