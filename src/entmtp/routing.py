@@ -26,8 +26,8 @@ chains are cheapest. A retry of a prompt the suffix cache has answered before (s
 and retries that repeat their requests) promises the same way: about as many tokens as that earlier answer, copied
 from the cache at a rate learned from the router's own such requests, apart from the predictions' (the two copy at
 different rates) and per weights decoded (the cache holds what the lanes wrote: a lane that decodes other weights
-writes other text, so it copies the other lane's answers less often). The two lanes share the first lane's suffix cache, so a request drafts from what either lane
-wrote.
+writes other text, so it copies the other lane's answers less often). The two lanes share the first lane's suffix
+cache, so a request drafts from what either lane wrote.
 
 The lanes share one tokenizer (the caller checks), so a prompt is encoded once, and a routed request's output is
 exactly what the chosen engine gives alone. `build` routes only between lanes that decode the same weights (with
@@ -170,7 +170,7 @@ class Router:
         self.window = min(first.engine.window, second.engine.window)
         self.log = log
         # learned from the requests it routed on a promise: a prediction's per router (the user's text, copied
-        # alike on any lane); the suffix cache's per weights decoded (`_rate`)
+        # alike on any lane); the suffix cache's per weights decoded (`copy_rate`)
         self.copy_rates: dict = {PREDICTION: CopyRate()}
         self.suffix = getattr(first.engine, "suffix", None)
         if self.suffix is not None and getattr(second.engine, "suffix", None) is not None:
@@ -213,7 +213,7 @@ class Router:
         """`Engine.stream` on the lane this request's length and drafts favour."""
         options = GenerationOptions.of(options, **fields)
         ids = self.encode(prompt, options.max_new_tokens, chat=chat, logprobs=options.logprobs)
-        rates = dict.fromkeys((PREDICTION, SUFFIX), PREDICTED_RATE)  # each lane's own: `_on`
+        rates = dict.fromkeys((PREDICTION, SUFFIX), PREDICTED_RATE)  # each lane's own rate: `offers`
         promise = Promise.of(self.tokenizer, options, self.window, rates, ids, self.suffix)
         offers = self.offers(promise)
         lane = self._choose(len(ids), options.max_new_tokens, offers)

@@ -15,8 +15,9 @@ steps decide, not the prefill. About 2-3 s, once: the verdict is cached per CPU,
 model's attention shapes (layers, heads, key-value heads, width) and thread count, not per file: the weights'
 format moves both settings' steps alike (the AMX Xeon, 2026-12-07: with and without it took 85.9 and 42.2 ms on
 the Q4_1 file, 93.9 and 48.6 on Q8_0, 157.8 and 112.1 on BF16, 150.4 and 106.0 on F16), and a first run under
-`--dtype auto` on a CPU with AMX loads four formats of the embedded model. `ENTMTP_LLAMA_FLASH_ATTN=1` or `0` decides instead. The two settings round differently
-(other greedy texts on the Q4_1 model), so the bench's llama.cpp peer reads the same verdict.
+`--dtype auto` on a CPU with AMX loads four formats of the embedded model. `ENTMTP_LLAMA_FLASH_ATTN=1` or `0`
+decides instead. The two settings round differently (other greedy texts on the Q4_1 model), so the bench's
+llama.cpp peer reads the same verdict (`llama_cpp.gguf_attention_shapes`: the shapes from the file's header).
 """
 
 from __future__ import annotations
@@ -79,15 +80,20 @@ def flash_attention(
     return on
 
 
+def shapes(layers: int, heads: int, kv_heads: int, width: int) -> dict:
+    """What the verdict is kept for: a model's layers, query and key-value heads and width (the attention's work
+    per token of context; the weights' format is not in it)."""
+    return {"layers": int(layers), "heads": int(heads), "kv_heads": int(kv_heads), "width": int(width)}
+
+
 def attention_shapes(lib, model) -> dict:
-    """What the verdict is kept for, of a loaded llama.cpp `model`: its layers, query and key-value heads and
-    width (the attention's work per token of context; the weights' format is not in it)."""
-    return {
-        "layers": lib.llama_model_n_layer(model),
-        "heads": lib.llama_model_n_head(model),
-        "kv_heads": lib.llama_model_n_head_kv(model),
-        "width": lib.llama_model_n_embd(model),
-    }
+    """`shapes` of a loaded llama.cpp `model`."""
+    return shapes(
+        lib.llama_model_n_layer(model),
+        lib.llama_model_n_head(model),
+        lib.llama_model_n_head_kv(model),
+        lib.llama_model_n_embd(model),
+    )
 
 
 def verdict(shapes: dict, threads: int, repacked: bool) -> bool | None:

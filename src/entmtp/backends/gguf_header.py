@@ -1,4 +1,5 @@
-"""A GGUF file's metadata and tensors, read fast: what `llama_cpp.read_gguf` needs of a file before llama.cpp loads it.
+"""A GGUF file's metadata and tensors, read fast: what `llama_cpp.read_gguf` needs of a file before llama.cpp
+loads it.
 
 gguf's `GGUFReader` parses every metadata array into numpy views, one per element: the embedded model's
 49,152-token vocabulary and its merges took ~1.8 s a file on a 2-core Xeon, paid on every load of a GGUF (and

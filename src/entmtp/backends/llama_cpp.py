@@ -39,6 +39,7 @@ from .amx import extra_bufts_safe  # on a CPU with AMX: the canary's verdict (am
 from .attention import (  # llama.cpp's flash attention on or off: timed once (attention.py)
     attention_shapes,
     flash_attention,
+    shapes,
 )
 
 LLAMA_CPP_HINT = (
@@ -141,15 +142,10 @@ WRITTEN_FORMATS = ("Q8_0", "F16", "BF16")  # what the embedded model's Q4_1 file
 
 
 def gguf_attention_shapes(path: str | os.PathLike[str]) -> dict:
-    """`attention.attention_shapes` of the GGUF file at `path`, read from its header (nothing loaded): what the
-    bench's llama.cpp peer reads its flash-attention verdict by."""
-    config = read_gguf(path).config
-    return {
-        "layers": config.num_hidden_layers,
-        "heads": config.num_attention_heads,
-        "kv_heads": config.num_key_value_heads,
-        "width": config.hidden_size,
-    }
+    """`attention.shapes` of the GGUF file at `path`, read from its header (nothing loaded): what the bench's
+    llama.cpp peer reads its flash-attention verdict by."""
+    c = read_gguf(path).config
+    return shapes(c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.hidden_size)
 
 
 def gguf_weights(path: str | os.PathLike[str]) -> str:
@@ -165,12 +161,17 @@ def gguf_reader(path: str | os.PathLike[str], fix: str = ""):
     reads each candidate's file two or three times (its format, its header, its load). A file that is not a
     GGUF: a clear error (`fix`: what to do, appended)."""
     try:
-        stat = Path(path).stat()
-        return _reader(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+        return _reader(*_file_key(path))
     except Exception as e:  # the reader raises ValueError, struct errors, OSError... on a corrupt file
         raise LlamaCppError(
             f"{path} is not a readable GGUF file ({type(e).__name__}: {e})" + (f": {fix}" if fix else "")
         ) from e
+
+
+def _file_key(path: str | os.PathLike[str]) -> tuple[str, int, int]:
+    """(resolved path, size, mtime in ns): a file once read, until it changes (the readers' cache key)."""
+    stat = Path(path).stat()
+    return str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns
 
 
 @functools.lru_cache(maxsize=8)  # the model's file, the written formats' and a user's: a first run reads ~5
@@ -222,8 +223,7 @@ def write_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], kind: s
     if kind not in _FILE_TYPES:
         raise LlamaCppError(f"cannot write a {kind} GGUF: use one of {', '.join(_FILE_TYPES)}")
     qtype = gguf.GGMLQuantizationType[kind]
-    stat = Path(src).stat()  # every field, its arrays too (the tokenizer's): gguf's reader, once per process
-    reader = _full_reader(str(Path(src).resolve()), stat.st_size, stat.st_mtime_ns)
+    reader = _full_reader(*_file_key(src))  # every field, its arrays too (the tokenizer's): gguf's reader
     arch = reader.fields["general.architecture"].contents()
     dst = Path(dst)
     tmp = dst.with_name(dst.name + ".tmp")

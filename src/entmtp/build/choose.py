@@ -94,8 +94,8 @@ def build(
 def _measure(loader: Loader, spec: EngineSpec, cands: list[str], bounds: dict, log) -> dict:
     """candidate -> `_Option` for each candidate that may still win: the most promising first (`bounds`:
     `_best_cases`), each skipped once its best case is below the leader's measured speed (where it is not, a
-    tighter one first: `bounds.tighten`, written into `bounds`), or once a second copy of the model would not fit in
-    memory."""
+    tighter one first: `bounds.tighten`, written into `bounds`), or once a second copy of the model would not
+    fit in memory."""
     if bounds:  # the most promising first, so that the others can stop at their bound
         cands = sorted(cands, key=lambda c: -bounds[c][1] if c in bounds else float("-inf"))
     options: dict[str, _Option] = {}
