@@ -1,7 +1,7 @@
 # Two entry points: `make demo` (set up + run the main job) and `make test` (set up + lint + tests).
 PY ?= python3
 TORCH ?= torch==2.13.0# CPU build on this project's machines; override for CUDA (e.g. TORCH=torch)
-LLAMA_CPP ?= patched# the llama-cpp backend: llama-cpp-python 0.3.36 with entmtp's AMX patch (empty: not installed)
+LLAMA_CPP ?= patched# the llama-cpp backend: llama-cpp-python 0.3.36 with entmtp's patch (empty: not installed)
 VENV := .venv
 BIN := $(VENV)/bin
 PROMPT ?= Write a Python function that checks whether a number is prime.
@@ -11,7 +11,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[test]"
-	# the llama-cpp backend: llama-cpp-python's sdist (hash checked) with entmtp's AMX patch, built for this CPU
+	# the llama-cpp backend: llama-cpp-python's sdist (hash checked) with entmtp's patch, built for this CPU
 	# without its multimodal library (~5 min once; the wheel is kept in the entmtp cache, so a second setup takes
 	# seconds): src/entmtp/backends/llama_build.py. `make LLAMA_CPP= setup` skips it
 	$(if $(LLAMA_CPP),$(BIN)/python -m entmtp.backends.llama_build)

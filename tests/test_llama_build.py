@@ -1,5 +1,5 @@
 """The llama.cpp build entmtp runs (backends/llama_build.py): llama-cpp-python 0.3.36's sdist, checked by hash,
-with entmtp's AMX patch applied and recorded in the installed package; the wheel kept per sources, CMake
+with entmtp's patch applied and recorded in the installed package; the wheel kept per sources, CMake
 arguments and CPU; the AMX canary's verdict keyed by the build; the bench's peers saying which build each ran."""
 
 from __future__ import annotations
@@ -26,26 +26,34 @@ from entmtp.backends.llama_build import (
 )
 
 MMQ = "vendor/llama.cpp/ggml/src/ggml-cpu/amx/mmq.cpp"
+SGEMM = "vendor/llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp"
 AMX_XEON = {"name": "Xeon", "flags": ["avx512f", "amx_bf16", "amx_int8", "amx_tile"]}
 PASS = "print('ok')"  # a canary whose child exits cleanly
 CRASH = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"  # one that dies like the AMX fault
 
 
-def unpacked_mmq(into: Path) -> Path:
-    """The pinned sdist's mmq.cpp alone, at its path under `into` (the patch's -p1 root)."""
+def unpacked(into: Path) -> None:
+    """The pinned sdist's two files the patch changes, at their paths under `into` (the patch's -p1 root)."""
     sdist = llama_build.fetch_sdist()  # kept by make setup; else downloaded and checked
     with tarfile.open(sdist) as tar:
-        member = tar.getmember(f"llama_cpp_python-{VERSION}/{MMQ}")
-        data = tar.extractfile(member).read()
-    (into / MMQ).parent.mkdir(parents=True)
-    (into / MMQ).write_bytes(data)
-    return into / MMQ
+        for path in (MMQ, SGEMM):
+            data = tar.extractfile(tar.getmember(f"llama_cpp_python-{VERSION}/{path}")).read()
+            (into / path).parent.mkdir(parents=True)
+            (into / path).write_bytes(data)
 
 
 @pytest.mark.slow
 def test_the_patch_applies_to_the_pinned_sdist_and_changes_only_the_tile_configuration(tmp_path):
-    original = unpacked_mmq(tmp_path).read_text()
+    """In mmq.cpp (AMX) it removes only the tile configuration's lines (its row kernels are additions); in
+    sgemm.cpp it only adds: the Q4_1 tiles and their case."""
+    unpacked(tmp_path)
+    original = (tmp_path / MMQ).read_text()
+    original_sgemm = (tmp_path / SGEMM).read_text()
     apply_patch(tmp_path)
+    sgemm = (tmp_path / SGEMM).read_text()
+    assert [line for line in original_sgemm.splitlines() if line not in sgemm.splitlines()] == []
+    for added in ("class tinyBLAS_Q4_1_AVX2 {", "    case GGML_TYPE_Q4_1: {"):
+        assert added in sgemm and added not in original_sgemm
     patched = (tmp_path / MMQ).read_text()
     removed = [line for line in original.splitlines() if line not in patched.splitlines()]
     # the stack copy, and the once-per-thread flag that skipped the load; nothing else
@@ -90,8 +98,8 @@ def test_the_installed_llama_cpp_python_is_the_patched_build_and_records_it():
         "patch": PATCH.name,
         "patch_sha256": patch_sha256(),
     }
-    assert llama_build.build_tag() == f"entmtp-amx-{patch_sha256()[:12]}"
-    assert "entmtp's build: AMX patch" in llama_build.describe_build()
+    assert llama_build.build_tag() == f"entmtp-{patch_sha256()[:12]}"
+    assert "entmtp's build: patch" in llama_build.describe_build()
 
 
 def test_the_wheel_is_kept_per_sources_cmake_arguments_and_cpu(monkeypatch, tmp_path):
@@ -160,12 +168,12 @@ def test_the_canary_verdict_of_another_build_is_never_reused(monkeypatch, tmp_pa
     said = []
     assert not amx.extra_bufts_safe(path, say=said.append, canary=CRASH)
     assert "make setup" in said[0]  # pip's build: the fix is entmtp's build
-    tag["now"] = "entmtp-amx-0123456789ab"
+    tag["now"] = "entmtp-0123456789ab"
     assert amx.extra_bufts_safe(path, say=said.append, canary=PASS)  # tried again for the new build
     tag["now"] = "stock"
     assert not amx.extra_bufts_safe(path, say=said.append, canary=PASS)  # its own verdict, cached
     verdicts = json.loads((tmp_path / "llama-amx.json").read_text())
-    assert sorted(v["build"] for v in verdicts.values()) == ["entmtp-amx-0123456789ab", "stock"]
+    assert sorted(v["build"] for v in verdicts.values()) == ["entmtp-0123456789ab", "stock"]
     assert runs == [CRASH, PASS]  # the third verdict was read, not measured
 
 
@@ -182,7 +190,7 @@ def test_on_an_amx_cpu_the_bench_runs_pips_plain_decoding_and_the_patched_builds
 
     monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path))
     monkeypatch.delenv("ENTMTP_LLAMA_EXTRA_BUFTS", raising=False)
-    monkeypatch.setattr(llama_build, "build_tag", lambda: "entmtp-amx-0123456789ab")
+    monkeypatch.setattr(llama_build, "build_tag", lambda: "entmtp-0123456789ab")
     monkeypatch.setattr(machine, "cpu_info", lambda: AMX_XEON)
     peers = build_peers(["llama-cpp"], None, None)
     assert list(peers) == ["llama-cpp", "llama-cpp-amx"]

@@ -399,8 +399,9 @@ def test_the_quantized_gguf_drafts_and_accepts():
     assert len(result.token_ids) == N and len(result.steps) < N - 1
 
 
+@pytest.mark.parametrize("repacked", ["as chosen", "off"])
 @pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0"])
-def test_a_chain_decoded_at_once_gives_each_row_its_one_token_decode(fmt):
+def test_a_chain_decoded_at_once_gives_each_row_its_one_token_decode(fmt, repacked, monkeypatch):
     """A speculative step decodes its drafted tokens in one llama_decode; each row must be what decoding the
     tokens one at a time gives, up to the rounding of a many-token decode (the attention's kernels differ by
     batch size: measured on the AMX Xeon, a row's mean |difference| up to 0.37, its largest 1.02, many rows
@@ -408,8 +409,12 @@ def test_a_chain_decoded_at_once_gives_each_row_its_one_token_decode(fmt):
     the runtime chooses: on an AMX CPU entmtp's patch decodes 2 to 6 rows of Q4_1 weights and 2 to 3 of Q8_0
     by the one-row kernels (llama_build.py), more by the AMX tiles, so a row mixed up or dropped in either shows
     here as a row far from its one-token decode (a mutant that reads the first row's activations for every row
-    fails it: NaN rows)."""
+    fails it: NaN rows). With the repacked weights off, the path of the CPUs without AMX: the patch's Q4_1 tiles
+    (each column bit for bit its one-column product: test_llama_kernels.py) and llama.cpp's own Q8_0 ones."""
     from entmtp.backends.gguf import embedded_in_format as _embedded_in_format
+
+    if repacked == "off":
+        monkeypatch.setenv("ENTMTP_LLAMA_EXTRA_BUFTS", "0")
     from entmtp.model import embedded_gguf, embedded_model_dir
 
     path = embedded_gguf() if fmt == "Q4_1" else _embedded_in_format(fmt)

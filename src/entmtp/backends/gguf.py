@@ -95,7 +95,7 @@ class LlamaCpp(Backend):
         return f"{model.weights} GGUF ({name}) on llama.cpp"
 
     def describe_kernels(self, model) -> str:
-        """The build and whether its AMX kernels run: "llama-cpp-python 0.3.36 (entmtp's build: AMX patch
+        """The build and whether its AMX kernels run: "llama-cpp-python 0.3.36 (entmtp's build: patch
         1a2b3c4d); AMX kernels in use"."""
         from .amx import has_amx
         from .llama_build import describe_build

@@ -1,24 +1,30 @@
-"""The llama.cpp build entmtp runs: llama-cpp-python 0.3.36 from its sdist with entmtp's AMX patch, built once
-per CPU and kept.
+"""The llama.cpp build entmtp runs: llama-cpp-python 0.3.36 from its sdist with entmtp's patch, built once per
+CPU and kept.
 
 `make setup` runs `python -m entmtp.backends.llama_build`:
 1. the sdist, from pip (kept in the cache; its sha256 checked against `SDIST_SHA256`);
-2. `patches/llama-cpp-python-0.3.36-amx.patch` applied to its vendored llama.cpp (ggml-cpu/amx/mmq.cpp):
-   - `ggml_tile_config_init`: the tile configuration off the stack, and each thread asks for the AMX tile-data
-     permission; without it 0.3.36 segfaults on some AMX Xeons once a decode holds two tokens (backends/amx.py);
-   - a few rows of Q4_1 or Q8_0 weights (2 to 6 and 2 to 3: a speculative step's drafted tokens) by the
-     one-row kernels' arithmetic, each block of weights unpacked once for all the rows, instead of the AMX
-     tiles, which pad the rows to 16 and unpack every block into tiles: a 2-token decode of the shipped Q4_1
-     model costs ~1.25x a 1-token one instead of ~1.5x, 4 tokens ~1.5x instead of ~1.8x
-     (docs/results/llama-cpp-rows);
+2. `patches/llama-cpp-python-0.3.36-entmtp.patch` applied to its vendored llama.cpp, kernels for a speculative
+   step's few drafted tokens and one fix:
+   - AMX (ggml-cpu/amx/mmq.cpp), `ggml_tile_config_init`: the tile configuration off the stack, and each thread
+     asks for the AMX tile-data permission; without it 0.3.36 segfaults on some AMX Xeons once a decode holds
+     two tokens (backends/amx.py);
+   - AMX: a few rows of Q4_1 or Q8_0 weights (2 to 6 and 2 to 3) by the one-row kernels' arithmetic, each block
+     of weights unpacked once for all the rows, instead of the AMX tiles, which pad the rows to 16 and unpack
+     every block into tiles: a 2-token decode of the shipped Q4_1 model costs ~1.25x a 1-token one instead of
+     ~1.5x, 4 tokens ~1.5x instead of ~1.8x (docs/results/llama-cpp-rows);
+   - every AVX2 CPU (ggml-cpu/llamafile/sgemm.cpp): Q4_1 weights times 2 or more columns by tiles of up to 4
+     weight rows by 4 columns, each block of weights unpacked once per tile, where llama.cpp's generic path
+     (the one CPUs without AMX run) takes one row's dot product with one column at a time; each column's
+     result bit for bit the one-column kernel's (tests/test_llama_kernels.py); on the AMX Xeon with its repacked
+     weights off, 8 tokens ~2x a 1-token decode instead of ~2.8x (docs/results/llama-cpp-rows);
 3. a record of the build (`llama_cpp/entmtp_build.json`: version, the sdist's and the patch's sha256) written
    into the package, so that the runtime can say which build runs and the AMX canary's verdict is keyed by it;
 4. `pip wheel` (llama.cpp compiled for this CPU: GGML_NATIVE), the wheel kept in the cache under a key of the
    sources, the CMake arguments and this CPU, so that the next `make setup` installs it in seconds;
 5. `pip install` of the wheel.
 
-The patch changes code that is compiled only for a CPU with AMX: on every other CPU the build is llama.cpp's
-own, and `make setup` takes the same path everywhere.
+The AMX parts compile only for a CPU with AMX, the Q4_1 tiles for one with AVX2; one decoding one token runs
+llama.cpp's own kernels everywhere, and `make setup` takes the same path on every CPU.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from ..errors import EntMTPError
 VERSION = "0.3.36"
 SDIST = f"llama_cpp_python-{VERSION}.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-PATCH = Path(__file__).with_name("patches") / f"llama-cpp-python-{VERSION}-amx.patch"
+PATCH = Path(__file__).with_name("patches") / f"llama-cpp-python-{VERSION}-entmtp.patch"
 RECORD = "entmtp_build.json"  # in the installed llama_cpp package
 CMAKE_ARGS = "-DLLAVA_BUILD=OFF"  # no multimodal library
 
@@ -73,10 +79,10 @@ def build_record() -> dict | None:
 
 
 def build_tag() -> str:
-    """A short name of the build that runs, for cache keys: "entmtp-amx-<patch sha256, 12>" or "stock"."""
+    """A short name of the build that runs, for cache keys: "entmtp-<patch sha256, 12>" or "stock"."""
     record = build_record()
     if record and record.get("patch_sha256"):
-        return f"entmtp-amx-{str(record['patch_sha256'])[:12]}"
+        return f"entmtp-{str(record['patch_sha256'])[:12]}"
     return "stock"
 
 
@@ -90,8 +96,8 @@ def describe_build() -> str:
         return "llama-cpp-python not installed"
     tag = build_tag()
     if tag == "stock":
-        return f"llama-cpp-python {installed} (pip's build, without entmtp's AMX patch)"
-    return f"llama-cpp-python {installed} (entmtp's build: AMX patch {tag.removeprefix('entmtp-amx-')[:8]})"
+        return f"llama-cpp-python {installed} (pip's build, without entmtp's patch)"
+    return f"llama-cpp-python {installed} (entmtp's build: patch {tag.removeprefix('entmtp-')[:8]})"
 
 
 # ---- the build ---------------------------------------------------------------------------------------------
@@ -199,7 +205,7 @@ def apply_patch(source: Path, patch: Path = PATCH) -> None:
         if done.returncode != 0:
             why = (done.stdout + done.stderr).strip().splitlines()[:1] or ["no message"]
             raise BuildError(
-                f"entmtp's AMX patch ({patch.name}) does not apply to llama-cpp-python {VERSION}'s source "
+                f"entmtp's patch ({patch.name}) does not apply to llama-cpp-python {VERSION}'s source "
                 f"({why[0]}): the sdist is not {VERSION} as released"
             )
 
@@ -227,7 +233,7 @@ def build_wheel(cmake_args: str = CMAKE_ARGS, say=print) -> Path:
     nothing in the cache."""
     kept = cached_wheel(cmake_args)
     if kept is not None:
-        say(f"llama-cpp-python {VERSION} with entmtp's AMX patch: the wheel built before for this CPU")
+        say(f"llama-cpp-python {VERSION} with entmtp's patch: the wheel built before for this CPU")
         return kept
     sdist = fetch_sdist()
     folder = build_dir() / f"wheel-{wheel_key(cmake_args)}"
@@ -237,7 +243,7 @@ def build_wheel(cmake_args: str = CMAKE_ARGS, say=print) -> Path:
         apply_patch(source)
         write_record(source)
         out = Path(tmp) / "wheel"
-        say(f"building llama-cpp-python {VERSION} with entmtp's AMX patch for this CPU (a few minutes, once)")
+        say(f"building llama-cpp-python {VERSION} with entmtp's patch for this CPU (a few minutes, once)")
         env = {**os.environ, "CMAKE_ARGS": cmake_args}
         _run(
             [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-q", "-w", str(out)],
@@ -290,7 +296,7 @@ def _run(cmd: list[str], what: str, *, env=None, progress: str | None = None) ->
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m entmtp.backends.llama_build",
-        description=f"Build llama-cpp-python {VERSION} with entmtp's AMX patch for this CPU (kept), and install it.",
+        description=f"Build llama-cpp-python {VERSION} with entmtp's patch for this CPU (kept), and install it.",
     )
     parser.add_argument("--cmake-args", default=CMAKE_ARGS, help=f"CMake arguments (default: {CMAKE_ARGS})")
     parser.add_argument(

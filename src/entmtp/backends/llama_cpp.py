@@ -43,7 +43,7 @@ from .attention import (  # llama.cpp's flash attention on or off: timed once (a
 )
 
 LLAMA_CPP_HINT = (
-    "python -m entmtp.backends.llama_build (llama-cpp-python 0.3.36 with entmtp's AMX patch, built for this CPU, "
+    "python -m entmtp.backends.llama_build (llama-cpp-python 0.3.36 with entmtp's patch, built for this CPU, "
     "a few minutes once; `make setup` runs it; a plain `pip install llama-cpp-python` works too)"
 )
 MAX_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ: sequence ids per context (home rows + borrowed leaf ids)
