@@ -146,6 +146,24 @@ def test_the_index_gives_a_chain_from_the_prediction_its_estimates_and_the_texts
     assert index.estimates(source="prediction") == []
 
 
+def test_a_prediction_aligned_on_more_than_the_texts_ngrams_drafts_its_own_continuation():
+    """A list's items: the text's last n-grams (".0, ") recur after every item, and the continuation they hold
+    most often is the item just written, which is what prompt lookup alone would draft. The prediction, aligned
+    on up to MAX_ALIGN tokens, knows the next one; its continuation ranks first where its alignment is longer
+    than the text's own match, and a chain follows it item after item (each node placed in the chain by its
+    depth, not by its last n-gram, which every item ends alike)."""
+    dot, zero, comma = 60, 61, 62
+    items = [t for d in (1, 2, 3, 4, 5) for t in (d, dot, zero, comma)]
+    text = [9, *items[:8]]  # "1.0, 2.0, " written so far
+    n_grams = NgramIndex(text, max_ngram=3, prefix=items)
+    assert n_grams.candidates(n_grams.tail(3), 1)[0] == [2]  # the n-grams alone: the item just written
+    index = TextLookup(3, Prediction(items)).begin(text)
+    found = index.ranked(index.tail(3), 2, depth=0)
+    assert found.tokens[0] == 3 and found.origins[0] == "prediction" and found.match == 3
+    assert index.draft(index.tail(3), 12).tokens == tuple(items[8:])  # 3.0, 4.0, 5.0,
+    assert index.estimates(source="prediction") == pytest.approx([PREDICTED_RATE] * 12)
+
+
 def test_usage_counts_the_predictions_tokens_found_in_the_output_in_order():
     assert prediction_usage([1, 2, 3, 4, 5], [1, 2, 9, 4, 5, 6]) == PredictionUsage(4, 1)
     assert prediction_usage([1, 2, 3], [1, 2, 3]) == PredictionUsage(3, 0)

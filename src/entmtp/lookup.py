@@ -170,9 +170,11 @@ class NgramIndex:
         self.ends: dict[tuple[int, ...], list[int]] = {}
         self.start = 0  # where the text begins in `tokens` (after the prefix)
         self.cross: dict[str, Session] = {}
-        # (source, size) -> the chain it offered then: (its next token and context length by the tokens before
-        # it, the source's estimate that each of its tokens is right given the ones before it)
-        self._crossed: dict[tuple[str, int], tuple[dict[tuple[int, ...], tuple[int, int]], list[float]]] = {}
+        # (source, size) -> the chain it offered then: (its next token and context length by its depth and the
+        # tokens before it, the source's estimate that each of its tokens is right given the ones before it)
+        self._crossed: dict[
+            tuple[str, int], tuple[dict[tuple[int, tuple[int, ...]], tuple[int, int]], list[float]]
+        ] = {}
         self.extend(prefix)
         self.start = len(self.tokens)
         self.extend(tokens)
@@ -181,6 +183,10 @@ class NgramIndex:
             dict(cross) if isinstance(cross, Mapping) else {SUFFIX: cross} if cross is not None else {}
         )
         self.prediction = prediction
+        if (
+            prediction is not None
+        ):  # its own alignment (prediction.MAX_ALIGN tokens) ranks as a cross source's
+            self.cross = {PREDICTION: prediction, **self.cross}
 
     def tail(self, n: int, size: int | None = None) -> list[int]:
         """The text's last `n` tokens (fewer where it is shorter: never the prefix's); `size`: of its first
@@ -213,10 +219,14 @@ class NgramIndex:
         found = self.ranked(tail, k, size)
         return found.tokens, found.match
 
-    def ranked(self, tail: Sequence[int], k: int, size: int | None = None) -> Candidates:
+    def ranked(
+        self, tail: Sequence[int], k: int, size: int | None = None, depth: int | None = None
+    ) -> Candidates:
         """`candidates`, with the source each token came from (drafts.py): the prediction where its most recent
         occurrence under the longest match lies in the prefix, a `cross` source's where that ranks it, else the
-        text's own lookup."""
+        text's own lookup. `depth`: how many of `tail`'s last tokens are drafted ones past the text (a node's
+        depth below the step's root), which places a cross source's chain where its tokens repeat (the items of
+        a list); None: the earliest place in the chain that `tail` ends."""
         out: list[int] = []
         origins: list[str] = []
         match = 0
@@ -246,7 +256,7 @@ class NgramIndex:
                 break
         best, longest = None, match
         for name in self.cross:
-            crossed = self._cross_candidate(name, tail, size)
+            crossed = self._cross_candidate(name, tail, size, depth)
             if crossed is not None and crossed[1] > longest:  # a longer context than the text's own n-grams
                 best, longest = (name, crossed[0]), crossed[1]
         if best is not None:
@@ -277,7 +287,7 @@ class NgramIndex:
         rates). `size`: as `ranked`'s."""
         tail, chain, match = list(context[-self.max_ngram :]), [], 0
         while len(chain) < max_tokens:
-            found = self.ranked(tail[-self.max_ngram :], 1, size)
+            found = self.ranked(tail[-self.max_ngram :], 1, size, depth=len(chain))
             if not found.tokens:
                 break
             match = match if chain else found.match
@@ -288,22 +298,29 @@ class NgramIndex:
     def end(self) -> None:
         """The text's index holds nothing past its generation (the sessions it reads end on their own)."""
 
-    def _cross_candidate(self, source: str, tail: Sequence[int], size: int) -> tuple[int, int] | None:
+    def _cross_candidate(
+        self, source: str, tail: Sequence[int], size: int, depth: int | None = None
+    ) -> tuple[int, int] | None:
         """(the `cross` source's next token after `tail`, the length of the context it continues), where `tail`
-        ends the text as it was at `size` tokens followed by a stretch of the chain the source offered there
-        (asked once per size): the chain's j-th token continues a context of its match + j tokens."""
-        return self._cross_chain(source, size)[0].get(tuple(tail[-self.max_ngram :]))
+        ends the text as it was at `size` tokens followed by the first `depth` tokens of the chain the source
+        offered there (asked once per size; `depth` None: the first stretch of it that `tail` ends): the chain's
+        j-th token continues a context of its match + j tokens."""
+        chain = self._cross_chain(source, size)[0]
+        key = tuple(tail[-self.max_ngram :])
+        if depth is not None:
+            return chain.get((depth, key))
+        return next((found for (_, k), found in chain.items() if k == key), None)
 
     def _cross_chain(
         self, source: str, size: int
-    ) -> tuple[dict[tuple[int, ...], tuple[int, int]], list[float]]:
+    ) -> tuple[dict[tuple[int, tuple[int, ...]], tuple[int, int]], list[float]]:
         found = self._crossed.get((source, size))
         if found is None:
             text = self.tokens[self.start : size]
             draft = self.cross[source].draft(text, MAX_CROSS_TOKENS)
             chain, seq = {}, text[-self.max_ngram :]
-            for j, t in enumerate(draft.tokens):
-                chain.setdefault(tuple(seq[-self.max_ngram :]), (t, draft.match + j))
+            for j, t in enumerate(draft.tokens):  # (depth, the tokens before it) -> the chain's j-th token
+                chain[j, tuple(seq[-self.max_ngram :])] = (t, draft.match + j)
                 seq = seq + [t]
             found = self._crossed[source, size] = (chain, conditional(draft.probs))
             for old in [key for key in self._crossed if key[1] < size - 8]:  # the sizes a step may ask about
@@ -341,7 +358,7 @@ def draft_lookup(
             cands = found.get(p)
             if cands is None:
                 tail = (context + branch[p])[-n_tail:]
-                cands = found[p] = index.ranked(tail, widths[p])
+                cands = found[p] = index.ranked(tail, widths[p], depth=len(branch[p]))
             if ranks[i] >= len(cands.tokens):
                 continue
             tokens[i] = cands.tokens[ranks[i]]

@@ -4,7 +4,10 @@ An edit's answer is mostly the file being edited: the caller knows it before the
 prediction's tokens join the generation's prompt-lookup index ahead of the prompt (`lookup.NgramIndex`'s
 `prefix`: no n-gram or continuation crosses from the prediction into the text), so every lookup node can copy
 from it: a branch follows the prediction from the current match and, after a rejected stretch (an inserted or
-deleted line), re-aligns at the next n-gram the output shares with it. A request with a prediction runs its
+deleted line), re-aligns at the next n-gram the output shares with it. Where the prediction's own alignment
+(up to `MAX_ALIGN` tokens) is longer than the text's n-gram match, its continuation ranks first, as a cross
+source's does (lookup.NgramIndex): the n-grams of a list's items or a table's rows recur with every item, and
+the most frequent continuation of the last three tokens is rarely the next item. A request with a prediction runs its
 acceptance rule's policy with a lookup branch of up to `PREDICTION.tokens` tokens (`with_prediction`), sized
 per step on this machine's cost curve like any lookup branch (scheduler/hybrid.py): long where the prediction
 keeps being right and verifying is cheap, none where it is wrong. Drafts are verified like any others, so the

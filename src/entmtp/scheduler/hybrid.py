@@ -240,7 +240,7 @@ class HybridPolicy(Settings, Stateful):
         index = ctx.lookup
         match, source, prior = 0, LOOKUP, ()
         if index is not None:
-            found = index.ranked(index.tail(index.max_ngram), self.lookup.branches)
+            found = index.ranked(index.tail(index.max_ngram), self.lookup.branches, depth=0)
             if found.tokens:  # a branch from the source of its first token, at that source's rates
                 match, source = found.match, found.origins[0]
                 prior = index.estimates(source=source) if source != LOOKUP else ()
