@@ -575,6 +575,44 @@ def test_on_a_cpu_without_amx_the_repacked_weights_are_used_without_a_canary(mon
     assert not extra_bufts_safe(embedded_gguf())
 
 
+def test_several_files_are_tried_in_one_child_and_each_alone_where_that_child_dies(monkeypatch, tmp_path):
+    """A first run under --dtype auto on an AMX CPU loads four formats of one model: their canaries run in one
+    child (its start, mostly `import torch`, is most of a canary's time). A child that dies says nothing of which
+    file killed it, so each is then tried alone: every verdict is its own file's, and cached."""
+    from entmtp import machine
+    from entmtp.backends.amx import canary_verdicts, prewarm
+
+    log = tmp_path / "children.log"
+    canary = (
+        "import os, signal, sys\n"
+        f"open({str(log)!r}, 'a').write(' '.join(os.path.basename(a) for a in sys.argv[1:]) + '\\n')\n"
+        "if any(a.endswith('bad.gguf') for a in sys.argv[1:]): os.kill(os.getpid(), signal.SIGSEGV)\n"
+    )
+    monkeypatch.setenv("ENTMTP_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("ENTMTP_LLAMA_EXTRA_BUFTS", raising=False)
+    monkeypatch.setattr(machine, "cpu_info", lambda: AMX_XEON)
+    a, b, c, bad = (tmp_path / f"{n}.gguf" for n in ("a", "b", "c", "bad"))
+    for f in (a, b, c, bad):
+        f.write_bytes(f.name.encode())
+    children = lambda: log.read_text().splitlines() if log.exists() else []  # noqa: E731
+
+    assert [w for w, _ in canary_verdicts([a, b], canary)] == [True, True]
+    assert children() == ["a.gguf b.gguf"]
+    assert [w for w, _ in canary_verdicts([b, a], canary)] == [True, True] and len(children()) == 1  # cached
+    verdicts = canary_verdicts([c, bad], canary)
+    assert verdicts == [(True, "a clean exit"), (False, "killed by SIGSEGV")]
+    assert children()[1:] == ["c.gguf bad.gguf", "c.gguf", "bad.gguf"]
+    prewarm([a, tmp_path / "missing.gguf", tmp_path / "d.gguf"], canary)  # only files that exist, not cached
+    assert len(children()) == 4
+    (tmp_path / "d.gguf").write_bytes(b"d")
+    monkeypatch.setenv("ENTMTP_LLAMA_EXTRA_BUFTS", "0")  # decided by the user: no canary
+    prewarm([tmp_path / "d.gguf"], canary)
+    assert len(children()) == 4
+    monkeypatch.delenv("ENTMTP_LLAMA_EXTRA_BUFTS")
+    prewarm([tmp_path / "d.gguf"], canary)
+    assert children()[4:] == ["d.gguf"]
+
+
 def test_the_canary_decodes_with_the_repacked_weights_in_a_child_process():
     """The real canary loads the model with the extra buffer types and decodes 1, 2 and 64 tokens. On a CPU
     without AMX nothing is known to crash, so it must come back clean (a broken canary would keep AMX off
@@ -585,6 +623,9 @@ def test_the_canary_decodes_with_the_repacked_weights_in_a_child_process():
     works, how = run_canary(embedded_gguf())
     if not has_amx():
         assert (works, how) == (True, "a clean exit")
+    several = run_canary([embedded_gguf(), embedded_gguf()])  # each file loaded, decoded and freed in turn
+    if not has_amx():
+        assert several == (True, "a clean exit")
 
 
 # ---- choosing the backend ----------------------------------------------------------------------------------

@@ -38,8 +38,8 @@ from .. import console
 
 CANARY_TIMEOUT_S = 180.0
 
-# The child: load with the repacked weights on, then decode 1, 2, 64 and 64 tokens, PyTorch's AMX work before
-# each. Exit 0: the kernels ran.
+# The child: for each file named, load it with the repacked weights on, then decode 1, 2, 64 and 64 tokens,
+# PyTorch's AMX work before each. Exit 0: the kernels ran on every file.
 CANARY = """
 import os, sys
 import torch  # first, as in entmtp's own process: PyTorch and llama.cpp then share one OpenMP thread pool
@@ -47,29 +47,34 @@ import llama_cpp.llama_cpp as lib
 quiet = lib.llama_log_callback(lambda level, text, data: None)  # kept referenced: llama.cpp calls it
 lib.llama_log_set(quiet, None)
 lib.llama_backend_init()
-mp = lib.llama_model_default_params()
-mp.n_gpu_layers, mp.use_extra_bufts = 0, True
-model = lib.llama_model_load_from_file(sys.argv[1].encode(), mp)
-assert model, "could not load the model"
-cp = lib.llama_context_default_params()
-cp.n_ctx, cp.n_batch, cp.n_ubatch = 256, 128, 128
-cp.n_threads = cp.n_threads_batch = max(2, min(os.cpu_count() or 2, 8))  # worker threads run tile code too
-torch.set_num_threads(cp.n_threads)
-ctx = lib.llama_init_from_model(model, cp)
-assert ctx, "could not make a context"
-batch = lib.llama_batch_init(128, 0, 1)
+threads = max(2, min(os.cpu_count() or 2, 8))  # worker threads run tile code too
+torch.set_num_threads(threads)
 x, w = torch.randn(64, 576, dtype=torch.bfloat16), torch.randn(576, 576, dtype=torch.bfloat16)
-pos = 0
-for n in (1, 2, 64, 64):
-    # PyTorch's own AMX work on the same threads between decodes (the heads' matmuls: oneDNN ends its tile
-    # kernels with TILERELEASE, which clears the tile configuration llama.cpp's kernels then need)
-    torch.nn.functional.linear(x, w)
-    batch.n_tokens = n
-    for i in range(n):
-        batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = 1 + i, pos + i, 1, i == n - 1
-        batch.seq_id[i][0] = 0
-    assert lib.llama_decode(ctx, batch) == 0, f"llama_decode of {n} tokens failed"
-    pos += n
+for path in sys.argv[1:]:
+    mp = lib.llama_model_default_params()
+    mp.n_gpu_layers, mp.use_extra_bufts = 0, True
+    model = lib.llama_model_load_from_file(path.encode(), mp)
+    assert model, "could not load the model"
+    cp = lib.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = 256, 128, 128
+    cp.n_threads = cp.n_threads_batch = threads
+    ctx = lib.llama_init_from_model(model, cp)
+    assert ctx, "could not make a context"
+    batch = lib.llama_batch_init(128, 0, 1)
+    pos = 0
+    for n in (1, 2, 64, 64):
+        # PyTorch's own AMX work on the same threads between decodes (the heads' matmuls: oneDNN ends its tile
+        # kernels with TILERELEASE, which clears the tile configuration llama.cpp's kernels then need)
+        torch.nn.functional.linear(x, w)
+        batch.n_tokens = n
+        for i in range(n):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = 1 + i, pos + i, 1, i == n - 1
+            batch.seq_id[i][0] = 0
+        assert lib.llama_decode(ctx, batch) == 0, f"llama_decode of {n} tokens failed"
+        pos += n
+    lib.llama_batch_free(batch)
+    lib.llama_free(ctx)
+    lib.llama_model_free(model)
 print("ok")
 """
 
@@ -110,26 +115,50 @@ def extra_bufts_safe(path: str | os.PathLike[str] | None = None, *, say=None, ca
 
 def canary_verdict(path: Path, canary: str = CANARY) -> tuple[bool, str]:
     """(whether the repacked weights ran `path` in a child process, how it ended), cached."""
+    return canary_verdicts([path], canary)[0]
+
+
+def canary_verdicts(paths: list[Path], canary: str = CANARY) -> list[tuple[bool, str]]:
+    """`canary_verdict` of each of `paths`, the ones not cached tried in one child process (its start, mostly
+    `import torch`, is most of a canary's ~1.5 s); where that child fails, each is tried alone, so a verdict is
+    always its own file's."""
     from ..files import read_json_or_empty, write_text_atomic
     from .llama_build import build_tag
 
     cache = _verdicts_path()
-    key = _key(path)
+    keys = [_key(p) for p in paths]
     verdicts = read_json_or_empty(cache)
-    if key in verdicts:
-        return verdicts[key]["works"], verdicts[key]["how"]
-    works, how = run_canary(path, canary)
-    verdicts[key] = {"works": works, "how": how, "file": str(path), "build": build_tag()}
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(cache, json.dumps(verdicts, indent=1) + "\n")
-    return works, how
+    todo = [(p, k) for p, k in zip(paths, keys, strict=True) if k not in verdicts]
+    if todo:
+        works, how = run_canary([p for p, _ in todo], canary) if len(todo) > 1 else (False, "")
+        found = (
+            {k: (True, f"a clean exit (with {len(todo)} files in one child)") for _, k in todo}
+            if works
+            else {k: run_canary(p, canary) for p, k in todo}
+        )
+        for p, k in todo:
+            verdicts[k] = {"works": found[k][0], "how": found[k][1], "file": str(p), "build": build_tag()}
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(cache, json.dumps(verdicts, indent=1) + "\n")
+    return [(verdicts[k]["works"], verdicts[k]["how"]) for k in keys]
 
 
-def run_canary(path: Path, canary: str = CANARY) -> tuple[bool, str]:
-    """Run `canary` on `path` in a child Python: (exited cleanly, how it ended)."""
+def prewarm(paths: list[str | os.PathLike[str]], canary: str = CANARY) -> None:
+    """On a CPU with AMX (and no ENTMTP_LLAMA_EXTRA_BUFTS), the canary's verdicts of the files of `paths` that
+    exist, in one child: a first run under --dtype auto loads four formats of one model, each else tried in a
+    child of its own."""
+    if os.environ.get("ENTMTP_LLAMA_EXTRA_BUFTS", "").strip() in ("0", "1") or not has_amx():
+        return
+    canary_verdicts([Path(p) for p in paths if Path(p).is_file()], canary)
+
+
+def run_canary(path: Path | list[Path], canary: str = CANARY) -> tuple[bool, str]:
+    """Run `canary` on `path` (or on each of a list of paths, in one child) in a child Python: (exited
+    cleanly, how it ended)."""
+    paths = path if isinstance(path, list) else [path]
     try:
         done = subprocess.run(
-            [sys.executable, "-c", canary, str(path)],
+            [sys.executable, "-c", canary, *map(str, paths)],
             capture_output=True,
             text=True,
             timeout=CANARY_TIMEOUT_S,

@@ -175,11 +175,12 @@ def gguf_formats(spec) -> tuple[str, ...]:
     AMX kernels run (a float or 8-bit format's batch curve is flatter there, so trees may pay), each of
     WRITTEN_FORMATS, measured like a dtype; elsewhere none (the Q4_1 file as given)."""
     from ..model import embedded_gguf
-    from .amx import extra_bufts_safe, has_amx
-    from .llama_cpp import WRITTEN_FORMATS
+    from .amx import extra_bufts_safe, has_amx, prewarm
+    from .llama_cpp import WRITTEN_FORMATS, embedded_gguf_path
 
     if spec.dtype != "auto" or not is_embedded(spec.model) or not has_amx():
         return ()
+    prewarm([embedded_gguf(), *(embedded_gguf_path(f) for f in WRITTEN_FORMATS)])  # the files written before
     return WRITTEN_FORMATS if extra_bufts_safe(embedded_gguf()) else ()
 
 

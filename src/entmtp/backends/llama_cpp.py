@@ -874,13 +874,20 @@ def embedded_gguf_in(dtype: str) -> Path:
 def embedded_gguf_as(kind: str) -> Path:
     """The embedded model's weights as a GGUF of `kind` (F32, F16, BF16, Q8_0) in the user cache, written once
     from its Q4_1 file (`write_gguf`)."""
-    from ..model import cache_dir, embedded_gguf
+    from ..model import embedded_gguf
 
-    path = cache_dir() / "models" / f"smollm2-135m-instruct-{kind.lower()}.gguf"
+    path = embedded_gguf_path(kind)
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         write_gguf(embedded_gguf(), path, kind)
     return path
+
+
+def embedded_gguf_path(kind: str) -> Path:
+    """Where `embedded_gguf_as(kind)` keeps its file (written or not)."""
+    from ..model import cache_dir
+
+    return cache_dir() / "models" / f"smollm2-135m-instruct-{kind.lower()}.gguf"
 
 
 def embedded_f32_gguf() -> Path:
