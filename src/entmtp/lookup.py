@@ -31,7 +31,6 @@ from .tree import Tree
 
 MAX_OCCURRENCES = 64  # most recent occurrences of an n-gram read per query (bounds a query on long contexts)
 MAX_CROSS_TOKENS = 32  # longest chain a `cross` source is asked for per step (a prediction's branch length)
-MAX_CROSS_CONTEXT = 64  # the most of the text a prediction's session is shown to align on (it reads up to 8)
 
 
 @dataclass(frozen=True)
@@ -183,9 +182,8 @@ class NgramIndex:
             dict(cross) if isinstance(cross, Mapping) else {SUFFIX: cross} if cross is not None else {}
         )
         self.prediction = prediction
-        if (
-            prediction is not None
-        ):  # its own alignment (prediction.MAX_ALIGN tokens) ranks as a cross source's
+        # the prediction's own alignment (up to prediction.MAX_ALIGN tokens) ranks as a cross source's does
+        if prediction is not None:
             self.cross = {PREDICTION: prediction, **self.cross}
 
     def tail(self, n: int, size: int | None = None) -> list[int]:
@@ -269,15 +267,11 @@ class NgramIndex:
     def estimates(self, size: int | None = None, source: str = SUFFIX) -> list[float]:
         """A copied `source`'s own estimate, per token of the chain it offers after the text (as it was at
         `size` tokens), that the token is right given the ones before it: a `cross` source's (the suffix
-        cache's empirical continuation probabilities; read after `ranked` at that size, which asks it) or the
-        prediction's (its copy rate); empty for the text's own n-grams, a source the index does not read, or no
-        chain."""
+        cache's empirical continuation probabilities, the prediction's copy rate); empty for the text's own
+        n-grams, a source the index does not read, or no chain."""
         size = len(self.tokens) if size is None else size
         if source in self.cross:
             return self._cross_chain(source, size)[1]
-        if source == PREDICTION and self.prediction is not None:
-            text = self.tail(MAX_CROSS_CONTEXT, size)
-            return conditional(self.prediction.draft(text, MAX_CROSS_TOKENS).probs)
         return []
 
     def draft(self, context: Sequence[int], max_tokens: int, size: int | None = None) -> Draft:

@@ -90,9 +90,9 @@ def extra_bufts_safe(path: str | os.PathLike[str] | None = None, *, say=None, ca
     file `path` here: yes on a CPU without AMX; with AMX, what the cached canary found for this file (no
     `path`: no, as nothing can be tried). `say(str)`: the one line when the canary keeps them off (default:
     stderr). `ENTMTP_LLAMA_EXTRA_BUFTS=1` or `0` decides instead."""
-    forced = os.environ.get("ENTMTP_LLAMA_EXTRA_BUFTS", "").strip()
-    if forced in ("0", "1"):
-        return forced == "1"
+    forced = _forced()
+    if forced is not None:
+        return forced
     if not has_amx():
         return True
     if path is None:
@@ -130,10 +130,10 @@ def canary_verdicts(paths: list[Path], canary: str = CANARY) -> list[tuple[bool,
     verdicts = read_json_or_empty(cache)
     todo = [(p, k) for p, k in zip(paths, keys, strict=True) if k not in verdicts]
     if todo:
-        works, how = run_canary([p for p, _ in todo], canary) if len(todo) > 1 else (False, "")
+        together = len(todo) > 1 and run_canary([p for p, _ in todo], canary)[0]
         found = (
             {k: (True, f"a clean exit (with {len(todo)} files in one child)") for _, k in todo}
-            if works
+            if together
             else {k: run_canary(p, canary) for p, k in todo}
         )
         for p, k in todo:
@@ -147,7 +147,7 @@ def prewarm(paths: list[str | os.PathLike[str]], canary: str = CANARY) -> None:
     """On a CPU with AMX (and no ENTMTP_LLAMA_EXTRA_BUFTS), the canary's verdicts of the files of `paths` that
     exist, in one child: a first run under --dtype auto loads four formats of one model, each else tried in a
     child of its own."""
-    if os.environ.get("ENTMTP_LLAMA_EXTRA_BUFTS", "").strip() in ("0", "1") or not has_amx():
+    if _forced() is not None or not has_amx():
         return
     canary_verdicts([Path(p) for p in paths if Path(p).is_file()], canary)
 
@@ -171,6 +171,12 @@ def run_canary(path: Path | list[Path], canary: str = CANARY) -> tuple[bool, str
         return False, f"killed by {signal.Signals(-done.returncode).name}"
     last = (done.stderr.strip().splitlines() or ["no message"])[-1]
     return False, f"exit code {done.returncode}: {last[:200]}"
+
+
+def _forced() -> bool | None:
+    """What `ENTMTP_LLAMA_EXTRA_BUFTS=1` or `0` decides; None where it is not set to either."""
+    forced = os.environ.get("ENTMTP_LLAMA_EXTRA_BUFTS", "").strip()
+    return forced == "1" if forced in ("0", "1") else None
 
 
 def _key(path: Path) -> str:

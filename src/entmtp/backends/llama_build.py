@@ -23,7 +23,7 @@ CPU and kept.
    sources, the CMake arguments and this CPU, so that the next `make setup` installs it in seconds;
 5. `pip install` of the wheel.
 
-The AMX parts compile only for a CPU with AMX, the Q4_1 tiles for one with AVX2; one decoding one token runs
+The AMX parts compile only for a CPU with AMX, the Q4_1 tiles for one with AVX2; a one-token decode runs
 llama.cpp's own kernels everywhere, and `make setup` takes the same path on every CPU.
 """
 
