@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -27,29 +28,40 @@ from entmtp.backends.llama_build import (
 
 MMQ = "vendor/llama.cpp/ggml/src/ggml-cpu/amx/mmq.cpp"
 SGEMM = "vendor/llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp"
+OPS = "vendor/llama.cpp/ggml/src/ggml-cpu/ops.cpp"
 AMX_XEON = {"name": "Xeon", "flags": ["avx512f", "amx_bf16", "amx_int8", "amx_tile"]}
 PASS = "print('ok')"  # a canary whose child exits cleanly
 CRASH = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"  # one that dies like the AMX fault
 
 
 def unpacked(into: Path) -> None:
-    """The pinned sdist's two files the patch changes, at their paths under `into` (the patch's -p1 root)."""
+    """The pinned sdist's three files the patch changes, at their paths under `into` (the patch's -p1 root)."""
     sdist = llama_build.fetch_sdist()  # kept by make setup; else downloaded and checked
     with tarfile.open(sdist) as tar:
-        for path in (MMQ, SGEMM):
+        for path in (MMQ, SGEMM, OPS):
             data = tar.extractfile(tar.getmember(f"llama_cpp_python-{VERSION}/{path}")).read()
-            (into / path).parent.mkdir(parents=True)
+            (into / path).parent.mkdir(parents=True, exist_ok=True)
             (into / path).write_bytes(data)
 
 
 @pytest.mark.slow
-def test_the_patch_applies_to_the_pinned_sdist_and_changes_only_the_tile_configuration(tmp_path):
+def test_the_patch_applies_to_the_pinned_sdist_and_changes_only_what_it_names(tmp_path):
     """In mmq.cpp (AMX) it removes only the tile configuration's lines (its row kernels are additions); in
-    sgemm.cpp it only adds: the Q4_1 tiles and their case."""
+    sgemm.cpp it only adds: the Q4_1 tiles and their case; in ops.cpp it changes only how set_rows shares its
+    rows among threads (one-element rows by destination cache line)."""
     unpacked(tmp_path)
     original = (tmp_path / MMQ).read_text()
     original_sgemm = (tmp_path / SGEMM).read_text()
+    original_ops = (tmp_path / OPS).read_text()
     apply_patch(tmp_path)
+    ops = (tmp_path / OPS).read_text()
+    removed = Counter(original_ops.splitlines()) - Counter(ops.splitlines())  # lines other ops share too
+    assert removed == Counter(
+        ["    const int64_t dr = (nr + nth - 1)/nth;", "    const int64_t ir0 = dr*ith;"]
+    )
+    changed = ops[ops.index("static void ggml_compute_forward_set_rows_impl(") :].split("\n}\n")[0]
+    assert "const bool scatter = nc == 1 && nth > 1;" in changed and "% nth != (uintptr_t) ith" in changed
+    assert len(ops.splitlines()) - len(original_ops.splitlines()) == 10  # nothing beyond set_rows'
     sgemm = (tmp_path / SGEMM).read_text()
     assert [line for line in original_sgemm.splitlines() if line not in sgemm.splitlines()] == []
     for added in ("class tinyBLAS_Q4_1_AVX2 {", "    case GGML_TYPE_Q4_1: {"):
