@@ -127,6 +127,21 @@ def test_profile_round_trips(tiny_profile):
     )
 
 
+def test_a_profile_file_is_read_once_a_process_and_again_once_written_again(tiny_profile, tmp_path):
+    """A first run composes about ten candidates on one shipped profile: each composition reads the same
+    object, not the file again; a file written since is read anew, even at the same size."""
+    _, _, path, _ = tiny_profile
+    copy = tmp_path / "p.json"
+    copy.write_text(path.read_text())
+    first = load_profile(copy)
+    assert load_profile(copy) is first
+    doc = json.loads(copy.read_text())
+    doc["task"] = "tinz"  # same length
+    copy.write_text(json.dumps(doc, indent=1) + "\n")
+    assert copy.stat().st_size == path.stat().st_size
+    assert load_profile(copy).task == "tinz" and first.task == "tiny"
+
+
 @pytest.mark.parametrize("name", ["static", "binary", "ladder", "cost", "dynamic"])
 def test_policies_from_a_profile_are_lossless(tiny_profile, fitted, name):
     model, heads, path, _ = tiny_profile

@@ -81,6 +81,7 @@ version, but a reader refuses a field it does not know, naming it. `Profile.from
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import warnings
@@ -526,6 +527,11 @@ class Profile:
 # ---- files -------------------------------------------------------------------------------------------------------
 
 
+# (path, the file's sha256) -> the profile read from it: a process reads and validates each file once (a first
+# run composes ~10 candidates on the shipped profile, ~0.3 s a read); a file written again is read again
+_READ: dict[tuple[str, str], Profile] = {}
+
+
 def load_profile(path: str | os.PathLike[str]) -> Profile:
     """Read and validate a profile file; clear errors for missing, truncated or foreign files."""
     p = Path(path)
@@ -535,7 +541,15 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
             f"profile {p} {what}: give a profile JSON written by `entmtp calibrate`, or a task name "
             f"({', '.join(PROFILE_TASKS)}) for a shipped one"
         )
-    data = _read_document(p)
+    raw = p.read_bytes()
+    key = (str(p), hashlib.sha256(raw).hexdigest())
+    if key not in _READ:
+        _READ[key] = _validated(p, raw)
+    return _READ[key]
+
+
+def _validated(p: Path, raw: bytes) -> Profile:
+    data = _read_document(p, raw)
     try:
         profile = Profile.from_json(data, p)
         for mode in profile.modes:
@@ -551,11 +565,11 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
     return profile
 
 
-def _read_document(p: Path) -> dict:
-    """The JSON object of a profile file of this format and a version this entmtp reads, with every top-level
-    section."""
+def _read_document(p: Path, raw: bytes) -> dict:
+    """The JSON object of a profile file's bytes, of this format and a version this entmtp reads, with every
+    top-level section."""
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ProfileError(
             f"profile {p} is corrupt or truncated ({e}): calibrate again with `entmtp calibrate`"
