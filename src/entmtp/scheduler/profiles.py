@@ -527,9 +527,10 @@ class Profile:
 # ---- files -------------------------------------------------------------------------------------------------------
 
 
-# (path, the file's sha256) -> the profile read from it: a process reads and validates each file once (a first
-# run composes ~10 candidates on the shipped profile, ~0.3 s a read); a file written again is read again
-_READ: dict[tuple[str, str], Profile] = {}
+# path -> (the file's sha256, the profile read from it): a process reads and validates each file once (a first
+# run composes ~10 candidates on the shipped profile, ~0.3 s a read); a file written again is read again, and
+# replaces what was kept for its path
+_READ: dict[str, tuple[str, Profile]] = {}
 
 
 def load_profile(path: str | os.PathLike[str]) -> Profile:
@@ -542,10 +543,11 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
             f"({', '.join(PROFILE_TASKS)}) for a shipped one"
         )
     raw = p.read_bytes()
-    key = (str(p), hashlib.sha256(raw).hexdigest())
-    if key not in _READ:
-        _READ[key] = _validated(p, raw)
-    return _READ[key]
+    digest = hashlib.sha256(raw).hexdigest()
+    kept = _READ.get(str(p))
+    if kept is None or kept[0] != digest:
+        kept = _READ[str(p)] = (digest, _validated(p, raw))
+    return kept[1]
 
 
 def _validated(p: Path, raw: bytes) -> Profile:
