@@ -48,7 +48,7 @@ def unpacked(into: Path) -> None:
 def test_the_patch_applies_to_the_pinned_sdist_and_changes_only_what_it_names(tmp_path):
     """In mmq.cpp (AMX) it removes only the tile configuration's lines (its row kernels are additions); in
     sgemm.cpp it only adds: the Q4_1 tiles and their case; in ops.cpp it changes only how set_rows shares its
-    rows among threads (one-element rows by destination cache line)."""
+    rows among threads (one-element rows by destination cache line, up to 16 threads)."""
     unpacked(tmp_path)
     original = (tmp_path / MMQ).read_text()
     original_sgemm = (tmp_path / SGEMM).read_text()
@@ -60,8 +60,9 @@ def test_the_patch_applies_to_the_pinned_sdist_and_changes_only_what_it_names(tm
         ["    const int64_t dr = (nr + nth - 1)/nth;", "    const int64_t ir0 = dr*ith;"]
     )
     changed = ops[ops.index("static void ggml_compute_forward_set_rows_impl(") :].split("\n}\n")[0]
-    assert "const bool scatter = nc == 1 && nth > 1;" in changed and "% nth != (uintptr_t) ith" in changed
-    assert len(ops.splitlines()) - len(original_ops.splitlines()) == 10  # nothing beyond set_rows'
+    assert "const bool scatter = nc == 1 && nth > 1 && nth <= 16;" in changed
+    assert "% nth != (uintptr_t) ith" in changed
+    assert len(ops.splitlines()) - len(original_ops.splitlines()) == 11  # nothing beyond set_rows'
     sgemm = (tmp_path / SGEMM).read_text()
     assert [line for line in original_sgemm.splitlines() if line not in sgemm.splitlines()] == []
     for added in ("class tinyBLAS_Q4_1_AVX2 {", "    case GGML_TYPE_Q4_1: {"):

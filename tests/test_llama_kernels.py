@@ -152,7 +152,7 @@ def test_a_q4_1_product_is_the_dequantized_product(ggml):
     assert np.abs(got - want).max() < 0.02 * np.abs(want).max()
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("threads", [1, 2, 3, 17])  # past 16 threads, llama.cpp's own split by rows
 @pytest.mark.parametrize("tokens", [1, 2, 7, 16])
 def test_a_steps_values_reach_the_transposed_v_cache_each_element_once_where_its_index_says(
     ggml, threads, tokens

@@ -17,6 +17,10 @@ CPU and kept.
      (the one CPUs without AMX run) takes one row's dot product with one column at a time; each column's
      result bit for bit the one-column kernel's (tests/test_llama_kernels.py); on the AMX Xeon with its repacked
      weights off, 8 tokens ~2x a 1-token decode instead of ~2.8x (docs/results/llama-cpp-rows);
+   - every CPU (ggml-cpu/ops.cpp, `set_rows`): a step's values reach the transposed V cache (flash attention
+     off) by the thread that owns each destination cache line, not by halves of the tokens, which had two
+     threads write every line (8- and 16-token decodes 4-9% faster with 2 threads); up to 16 threads, past
+     which every thread's reading of every row's index would outweigh the lines' traffic;
 3. a record of the build (`llama_cpp/entmtp_build.json`: version, the sdist's and the patch's sha256) written
    into the package, so that the runtime can say which build runs and the AMX canary's verdict is keyed by it;
 4. `pip wheel` (llama.cpp compiled for this CPU: GGML_NATIVE), the wheel kept in the cache under a key of the
