@@ -220,3 +220,8 @@ def test_on_an_amx_cpu_the_bench_runs_pips_plain_decoding_and_the_patched_builds
     assert "skipping peer llama-cpp-amx: llama-cpp-amx decodes as llama-cpp here (no AMX on this CPU" in (
         capsys.readouterr().out
     )
+
+    # the repacked weights turned off by hand are said to be, not blamed on the canary
+    monkeypatch.setenv("ENTMTP_LLAMA_EXTRA_BUFTS", "0")
+    peers = build_peers(["llama-cpp"], None, None)
+    assert "; repacked weights off (ENTMTP_LLAMA_EXTRA_BUFTS=0);" in peers["llama-cpp"].settings

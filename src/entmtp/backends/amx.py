@@ -90,7 +90,7 @@ def extra_bufts_safe(path: str | os.PathLike[str] | None = None, *, say=None, ca
     file `path` here: yes on a CPU without AMX; with AMX, what the cached canary found for this file (no
     `path`: no, as nothing can be tried). `say(str)`: the one line when the canary keeps them off (default:
     stderr). `ENTMTP_LLAMA_EXTRA_BUFTS=1` or `0` decides instead."""
-    forced = _forced()
+    forced = extra_bufts_forced()
     if forced is not None:
         return forced
     if not has_amx():
@@ -147,7 +147,7 @@ def prewarm(paths: list[str | os.PathLike[str]], canary: str = CANARY) -> None:
     """On a CPU with AMX (and no ENTMTP_LLAMA_EXTRA_BUFTS), the canary's verdicts of the files of `paths` that
     exist, in one child: a first run under --dtype auto loads four formats of one model, each else tried in a
     child of its own."""
-    if _forced() is not None or not has_amx():
+    if extra_bufts_forced() is not None or not has_amx():
         return
     canary_verdicts([Path(p) for p in paths if Path(p).is_file()], canary)
 
@@ -173,7 +173,7 @@ def run_canary(path: Path | list[Path], canary: str = CANARY) -> tuple[bool, str
     return False, f"exit code {done.returncode}: {last[:200]}"
 
 
-def _forced() -> bool | None:
+def extra_bufts_forced() -> bool | None:
     """What `ENTMTP_LLAMA_EXTRA_BUFTS=1` or `0` decides; None where it is not set to either."""
     forced = os.environ.get("ENTMTP_LLAMA_EXTRA_BUFTS", "").strip()
     return forced == "1" if forced in ("0", "1") else None

@@ -284,7 +284,7 @@ class LlamaCppPlain:
         *,
         as_patched: bool = False,
     ):
-        from ..backends.amx import extra_bufts_safe, has_amx
+        from ..backends.amx import extra_bufts_forced, extra_bufts_safe, has_amx
         from ..backends.llama_build import build_tag, describe_build
 
         llama_cpp = _import_llama_cpp()
@@ -307,7 +307,8 @@ class LlamaCppPlain:
             )
         else:
             repacked = extra_bufts_safe(path)
-            how = "repacked weights " + ("on" if repacked else "off (the AMX canary crashed)")
+            why = "ENTMTP_LLAMA_EXTRA_BUFTS=0" if extra_bufts_forced() is False else "the AMX canary crashed"
+            how = "repacked weights " + ("on" if repacked else f"off ({why})")
         # the backend's settings (backends/llama_cpp.py), so that this is its plain decoding without entmtp's
         # loop: its attention kernel, timed as the faster here (same rounding, same greedy tokens), and one
         # thread count for prefill and decode (`Llama` would prefill on every core); n_ctx 0: the model's
