@@ -16,8 +16,10 @@ from entmtp.batch import generate_batch
 from entmtp.engine import Engine
 from entmtp.errors import EntMTPError
 from entmtp.lookup import Lookup, NgramIndex, TextLookup
-from entmtp.policy import static
+from entmtp.policy import StaticPolicy, static
 from entmtp.prediction import (
+    FOLLOWED,
+    FOLLOWED_WEIGHT,
     MIN_ALIGN,
     PREDICTED_RATE,
     PREDICTION,
@@ -26,7 +28,10 @@ from entmtp.prediction import (
     prediction_ids,
     prediction_usage,
 )
+from entmtp.records import StepContext
 from entmtp.scheduler.hybrid import HybridPolicy, hybrid
+from entmtp.scheduler.policies import LatencyModel
+from entmtp.tree import Tree
 
 PROMPTS = ["def add(a, b):\n    return a + b\n# again:\n", "The cat sat on the mat. The cat sat on"]
 N = 40
@@ -131,6 +136,44 @@ def test_a_prediction_offers_its_continuation_after_the_longest_stretch_it_holds
     )  # no stretch; the end
     with pytest.raises(EntMTPError, match=r"copy rate is a probability in \[0, 1\], got 1.5"):
         Prediction([1, 2], rate=1.5)
+
+
+def test_where_the_text_follows_the_prediction_its_chain_is_priced_at_the_rate_the_text_kept_to_it():
+    """A chain from where the text's last FOLLOWED tokens lie in the prediction is estimated at the rate the text
+    has kept to the prediction from such alignments in this generation (from the flat rate, FOLLOWED_WEIGHT
+    pseudo-tokens behind it); a chain the text has just re-aligned on (3 tokens) at the flat rate; a new
+    generation's session starts again."""
+    source = Prediction(list(range(100, 160)), rate=0.75)
+    session = source.begin([1, 2])
+    text = [1, 2, *range(100, 100 + FOLLOWED)]
+    assert session.draft(text, 3).probs == pytest.approx((0.75, 0.75**2, 0.75**3))  # nothing seen yet
+    session.extend(range(100, 100 + FOLLOWED + 20))  # the text keeps to it: 20 tokens emitted while followed
+    kept = (20 + FOLLOWED_WEIGHT * 0.75) / (20 + FOLLOWED_WEIGHT)
+    assert session.followed == pytest.approx(kept)
+    text = [1, 2, *range(100, 100 + FOLLOWED + 20)]
+    assert session.draft(text, 3).probs == pytest.approx((kept, kept**2, kept**3))
+    assert session.draft([7, 130, 131, 132], 3).probs == pytest.approx((0.75, 0.75**2, 0.75**3))  # re-aligned
+    session.extend([7] * 10)  # the text leaves it where it followed it (one token), then follows nothing
+    assert session.followed == pytest.approx((20 + FOLLOWED_WEIGHT * 0.75) / (21 + FOLLOWED_WEIGHT))
+    assert source.begin([1, 2]).followed == 0.75
+
+
+def test_a_chain_the_text_has_followed_is_drafted_longer_than_before_any_evidence():
+    """On a curve where drafted nodes are cheap (llama.cpp's AMX path here: 16 tokens ~3x a one-token decode),
+    the hybrid drafts a followed prediction's chain as long as the text has kept to it: after 40 tokens of it,
+    longer than the flat copy rate allows."""
+    nodes = [0, 1, 2, 3, 5, 7, 11, 15, 23, 31]
+    curve = LatencyModel(nodes, [6.0 * r for r in (1, 1.12, 1.26, 1.42, 1.82, 2.34, 2.77, 3.06, 4.56, 5.71)])
+    lengths = []
+    for followed in (0, 40):
+        source = Prediction(list(range(100, 200)))
+        index = TextLookup(3, source.begin([1, 2])).begin([1, 2])
+        index.extend(range(100, 100 + FOLLOWED + followed))
+        policy = HybridPolicy(StaticPolicy(Tree.root_only()), PREDICTION, curve)
+        lengths.append(
+            policy.choose(StepContext(0, len(index.tokens), 100, None, lookup=index)).tree.num_lookup
+        )
+    assert lengths[1] > 2 * lengths[0] > 0, lengths
 
 
 def test_the_index_gives_a_chain_from_the_prediction_its_estimates_and_the_texts_own_none():

@@ -23,7 +23,8 @@ estimate of each token (`draft` -> `Draft`: the tokens, the chance the chain is 
 context's last tokens it continues; no estimate: no probs) and is closed with the generation (`end`):
 
     lookup      lookup.TextLookup: its session is the generation's `lookup.NgramIndex` over prompt and output
-    prediction  prediction.Prediction: the predicted output, each token estimated at the rate predictions copy at
+    prediction  prediction.Prediction: the predicted output, each token estimated at the rate predictions copy at,
+                or where the text follows it at the rate the text has kept to it (PredictionSession)
     suffix      suffix.SuffixCache: earlier outputs, each token at arctic's empirical continuation probability
 
 The heads draft from the base model's hidden states, not from tokens: their session is `heads.Drafter` (opened
