@@ -133,7 +133,7 @@ class PredictionSession:
             if n >= FOLLOWED:
                 self.followed_tokens += 1
                 self.kept += self.tokens[end + 1] == t
-            self.tail = [*self.tail[1 - MAX_ALIGN :], int(t)] if MAX_ALIGN > 1 else [int(t)]
+            self.tail = [*self.tail[1 - MAX_ALIGN :], int(t)]  # the last MAX_ALIGN tokens
 
     def draft(self, context: Sequence[int], max_tokens: int) -> Draft:
         n, _ = self.prediction.align(context)

@@ -142,12 +142,21 @@ def main() -> None:
                 "command": f"python docs/results/predicted-outputs/followed/replay.py --out {args.out}",
                 "machine": cpu_info(),
                 "versions": versions(),
-                "curve": args.curve,
+                "curve": _shown(args.curve),
                 "report": report,
             },
             indent=1,
         )
     )
+
+
+def _shown(path: str) -> str:
+    """A path as the results record it: relative to docs/results/predicted-outputs where it lies there, else its
+    name (no machine's absolute path)."""
+    try:
+        return str(Path(path).resolve().relative_to(HERE.parent.resolve()))
+    except ValueError:
+        return Path(path).name
 
 
 if __name__ == "__main__":
