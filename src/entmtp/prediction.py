@@ -90,15 +90,16 @@ class Prediction:
                 return n, end
         return 0, -1
 
-    def draft(self, context: Sequence[int], max_tokens: int, rate: float | None = None) -> Draft:
+    def draft(self, context: Sequence[int], max_tokens: int, followed: float | None = None) -> Draft:
         """The prediction's tokens after the longest stretch ending `context` that it holds (the earliest such),
-        each estimated at `rate` (default: its own) given the ones before it where the stretch is `MIN_ALIGN`
-        tokens or more (else no estimate); nothing where it holds no stretch of it."""
+        each estimated at its `rate` given the ones before it where the stretch is `MIN_ALIGN` tokens or more
+        (else no estimate), at `followed` where given and the stretch is `FOLLOWED`; nothing where it holds no
+        stretch of it."""
         n, end = self.align(context)
         if not n:
             return Draft((), (), 0)
         chain = tuple(self.tokens[end + 1 : end + 1 + max_tokens])
-        q = self.rate if rate is None else rate
+        q = followed if followed is not None and n >= FOLLOWED else self.rate
         probs = tuple(q ** (j + 1) for j in range(len(chain))) if n >= MIN_ALIGN else ()
         return Draft(chain, probs, n)
 
@@ -117,15 +118,14 @@ class PredictionSession:
     name = NAME
 
     def __init__(self, prediction: Prediction, prompt: Sequence[int]):
-        self.prediction, self.tokens, self.rate = prediction, prediction.tokens, prediction.rate
+        self.prediction, self.tokens = prediction, prediction.tokens
         self.tail = [int(t) for t in prompt[-MAX_ALIGN:]]
-        self.kept = self.followed_tokens = (
-            0  # tokens emitted where the text followed it, and those it predicted
-        )
+        # tokens emitted where the text followed the prediction, and those of them it predicted
+        self.followed_tokens = self.kept = 0
 
     @property
     def followed(self) -> float:
-        return (self.kept + FOLLOWED_WEIGHT * self.rate) / (self.followed_tokens + FOLLOWED_WEIGHT)
+        return (self.kept + FOLLOWED_WEIGHT * self.prediction.rate) / (self.followed_tokens + FOLLOWED_WEIGHT)
 
     def extend(self, tokens: Sequence[int]) -> None:
         for t in tokens:
@@ -136,8 +136,7 @@ class PredictionSession:
             self.tail = [*self.tail[1 - MAX_ALIGN :], int(t)]  # the last MAX_ALIGN tokens
 
     def draft(self, context: Sequence[int], max_tokens: int) -> Draft:
-        n, _ = self.prediction.align(context)
-        return self.prediction.draft(context, max_tokens, self.followed if n >= FOLLOWED else None)
+        return self.prediction.draft(context, max_tokens, self.followed)
 
     def end(self) -> None:
         pass
