@@ -30,6 +30,7 @@ import pytest
 import torch
 
 import entmtp.accept as accept_mod
+import entmtp.engine as engine_mod
 import entmtp.shaping as shaping_mod
 from conftest import ByteTokenizer, OracleHeads, tiny_model
 from entmtp.batch import generate_batch
@@ -449,6 +450,32 @@ def test_a_broken_shaping_fails_the_check(
         assert "matcher failed" in str(e) and name == "mask of the parent's path"
         return
     assert p < ALPHA, f"the check missed a broken shaping ({name}): p={p:.2g}"
+
+
+# the mask applied to the drawn token only: every rule reads the unmasked (penalised) logits, and a token the
+# grammar forbids, once drawn, is set right by the allowed token the model likes best
+DRAWN_ONLY = {
+    "logits = state.shaping.logits(logits, tree, tokens, step.masks)": (
+        "logits, masked = state.shaping.logits(logits, tree, tokens, None), "
+        "state.shaping.logits(logits, tree, tokens, step.masks)"
+    ),
+    "acc = accept(tree, tokens, logits, state.sampling, state.generator, noise)": (
+        "acc = accept(tree, tokens, logits, state.sampling, state.generator, noise)\n"
+        "    if state.shaping is not None and not torch.isfinite(masked[acc.path[-1], acc.bonus]):\n"
+        "        acc = dataclasses.replace(acc, bonus=int(masked[acc.path[-1]].argmax()))"
+    ),
+}
+
+
+@pytest.mark.parametrize("tree", ["plain", "wide"])
+def test_a_mask_applied_to_the_drawn_token_only_fails_the_check(shaped_engines, monkeypatch, tree):
+    """The grammar shapes the distribution every rule draws from, not the token drawn: an engine that samples
+    from the unmasked logits and mends a forbidden draw afterwards (here: with the best allowed token) writes only
+    valid text, yet not plain constrained sampling's. (Mending it by a draw from the masked distribution would be
+    exact: a rejection sampler of the masked distribution, so that mutant would rightly pass.)"""
+    monkeypatch.setattr(engine_mod, "conclude", mutant(engine_mod.conclude, DRAWN_ONLY, engine_mod))
+    p, _ = check(shaped_engines["model"], shaped_engines[tree], 1.0, "sample", False, shaped="both")
+    assert p < ALPHA, f"the check missed a mask applied to the drawn token only ({tree}): p={p:.2g}"
 
 
 def test_typical_acceptance_is_lossy_and_the_check_says_how_far(model, engines):
