@@ -124,6 +124,23 @@ def test_a_default_that_drafts_with_no_head_prices_its_lookup_on_the_curve_witho
     assert kept.uses_heads and kept.costs is dear and kept.policy.cost[1] == pytest.approx(3.0)
 
 
+def test_each_curve_a_first_run_measures_names_its_candidate_and_whether_with_heads(monkeypatch):
+    """A first run under --dtype auto measures several curves one after another: each progress line says whose
+    (the candidate, with its heads or without) rather than "this machine's step costs" each time."""
+    from entmtp.build import loaded as loaded_mod
+
+    asked = []
+    monkeypatch.setattr(
+        loaded_mod, "costs_for", lambda model, heads, **kw: asked.append(kw["what"]) or _curve()
+    )
+    spec = EngineSpec(backend="llama-cpp", dtype="bfloat16", gguf_format="Q8_0")
+    ready = loaded_mod._ready(replace(spec, heads="none"), None, None, True, 12.0)
+    assert asked == ["llama-cpp/bfloat16:Q8_0's step costs"] and ready.costs == _curve()
+    with_heads = Loaded(spec, None, None, HEADS, "hydra", _curve())
+    with_heads.curve_without_heads()
+    assert asked[1] == "llama-cpp/bfloat16:Q8_0's step costs without heads"
+
+
 @pytest.mark.parametrize("heads_ms", [0.2, 1.0, 3.0])
 def test_a_candidates_heads_priced_on_its_curve_without_heads_bound_what_its_curves_give(
     heads_ms, monkeypatch

@@ -443,7 +443,9 @@ def test_generate_measures_the_machine_once_and_says_what_it_chose(tmp_path, mon
     ]
     assert main([*args, "--dtype", "float32", "--threads", "1"]) == 0
     err = capsys.readouterr().err
-    assert "measuring this machine's step costs" in err and "step costs (probe): plain" in err
+    # the progress line names what it measures and how long it may take
+    assert "measuring transformers/float32's step costs (once, at most 3 s)" in err
+    assert "step costs (probe): plain" in err
     assert "weights: float32 on transformers (as asked)" in err
     curves = [json.loads(p.read_text()) for p in (tmp_path / "cache" / "costs").glob("*.json")]
     assert [c["machine"] for c in curves if "nodes" in c] == [record("cpu")]  # where it was measured
@@ -467,9 +469,8 @@ def test_generate_measures_the_machine_once_and_says_what_it_chose(tmp_path, mon
 
 def _small(measure):
     def run(model, heads=None, **kw):
-        return measure(
-            model, heads, sizes=(0, 1, 4), contexts=(16,), budget_s=3.0, progress=kw.get("progress", True)
-        )
+        told = {k: kw[k] for k in ("progress", "what") if k in kw}
+        return measure(model, heads, sizes=(0, 1, 4), contexts=(16,), budget_s=3.0, **told)
 
     return run
 

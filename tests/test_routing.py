@@ -469,7 +469,8 @@ def test_auto_measures_only_the_candidates_that_can_still_win(fake_build, monkey
     assert "not measuring transformers/bfloat16: at most 60.0 tokens/s here (its plain step 30.0 ms" in text
     assert "not measuring transformers/float32: at most 80.0 tokens/s here (its steps timed briefly" in text
     assert "below llama-cpp/bfloat16's 90.0" in text
-    assert "measuring llama-cpp/bfloat16's step costs (1 of 3" in said[0]
+    assert "weighing llama-cpp/bfloat16, candidate 1 of 3" in said[0]
+    assert "timing transformers/float32's steps briefly (~2 s): can it reach 90.0 tokens/s?" in text
     assert built.plan.backend_reason.endswith(
         "; not measured, at most: transformers/bfloat16 60.0, transformers/float32 80.0"
     )

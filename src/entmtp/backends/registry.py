@@ -34,6 +34,11 @@ def split(cand: str) -> tuple[str, str]:
     return name, dtype.partition(":")[0]
 
 
+def name_of(spec) -> str:
+    """The candidate a concrete `spec` is ("backend/dtype[:format]"): what `at` made it from."""
+    return f"{spec.backend}/{spec.dtype}" + (f":{spec.gguf_format}" if spec.gguf_format else "")
+
+
 def at(spec, cand: str):
     """`spec` with candidate `cand`'s backend, dtype and weights format."""
     name, dtype = split(cand)

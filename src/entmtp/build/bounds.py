@@ -26,13 +26,16 @@ FLOOR_PROBE_S = 2.0
 FLOOR_MARGIN = 0.85  # of each size's measured cost over a plain step: a brief probe's ratios err by ~5%
 
 
-def tighten(loader: Loader, spec: EngineSpec, cand: str, bounds: dict, lead: float) -> str:
+def tighten(loader: Loader, spec: EngineSpec, cand: str, bounds: dict, lead: float, log=None) -> str:
     """How `cand`'s best case in `bounds` (plain ms, tokens/s) was found, tightened while it still reaches
     `lead` (the leader's measured tokens/s), each step dearer than the last: every tree priced as one plain step
     (`choose._best_cases`); its steps timed briefly, each size at the least it could cost (`floor_case`); its curve
-    without heads measured and its heads' trees priced on it (`heads_less_case`)."""
+    without heads measured and its heads' trees priced on it (`heads_less_case`). `log(str)`: a line before
+    each measurement (the curve's own progress line names itself)."""
     how = f"its plain step {bounds[cand][0]:.1f} ms, every tree priced as one"
     if bounds[cand][1] >= lead:
+        if log is not None:
+            log(f"timing {cand}'s steps briefly (~{FLOOR_PROBE_S:.0f} s): can it reach {lead:.1f} tokens/s?")
         low, bounds[cand] = floor_case(loader, spec, cand)
         how = f"its steps timed briefly, {low.summary()}, each tree priced at the least its size costs"
     if bounds[cand][1] >= lead and (found := heads_less_case(loader, spec, cand)) is not None:

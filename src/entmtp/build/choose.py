@@ -61,7 +61,7 @@ def build(
     second = choices.get(route_key(key)) if cached is not None else None
     if cached is not None and second is not None:  # the route's other candidate too ("": none), to route
         cands = [cached] + ([second] if route and second in cands and second != cached else [])
-    bounds = _best_cases(loader, spec, cands, route) if probe and cached is None else {}
+    bounds = _best_cases(loader, spec, cands, route, log) if probe and cached is None else {}
     options = _measure(loader, spec, cands, bounds, log)
     speeds = {c: option.composed.expected for c, option in options.items()}
     chosen = cached if cached in speeds else max(speeds, key=speeds.get)
@@ -107,14 +107,14 @@ def _measure(loader: Loader, spec: EngineSpec, cands: list[str], bounds: dict, l
         leader = max(options, key=lambda c: options[c].composed.expected, default=None)
         if cand in bounds and leader is not None:
             lead = options[leader].composed.expected
-            how = tighten(loader, spec, cand, bounds, lead)
+            how = tighten(loader, spec, cand, bounds, lead, log)
             if bounds[cand][1] < lead:
                 log(f"not measuring {cand}: at most {bounds[cand][1]:.1f} tokens/s here ({how}), below "
                     f"{leader}'s {lead:.1f}")  # fmt: skip
                 continue
         budget = AUTO_BUDGET_S if len(cands) > 1 else None
         if cand in bounds:
-            log(f"measuring {cand}'s step costs ({n} of {len(cands)}, at most {AUTO_BUDGET_S:.0f} s, once)")
+            log(f"weighing {cand}, candidate {n} of {len(cands)} (once: later runs read the choice)")
         try:
             options[cand] = _load(loader, spec, cand, budget, log)
         except ProfileError as e:  # a written weight format the heads' profile was not made for (F16's
@@ -133,13 +133,17 @@ class _Option:
     composed: Composed
 
 
-def _best_cases(loader: Loader, spec: EngineSpec, candidates: list[str], route: bool) -> dict:
+def _best_cases(loader: Loader, spec: EngineSpec, candidates: list[str], route: bool, log=None) -> dict:
     """candidate -> (its plain step's ms, the most expected tokens/s it could reach) for each candidate whose
     curve is not cached, before any curve is measured: the plain step timed briefly (QUICK_PROBE_S) and every
     tree priced as if verifying it cost one plain step, which no tree beats. None where nothing may be skipped:
-    one candidate, or a route that needs the other backend measured (named dtype, --mixed-weights)."""
+    one candidate, or a route that needs the other backend measured (named dtype, --mixed-weights). `log(str)`:
+    the line that says so before the candidates load."""
     if len(candidates) < 2 or (route and (spec.mixed_weights or spec.dtype != "auto")):
         return {}
+    if log is not None:
+        log(f"loading {len(candidates)} candidates and timing each one's plain step briefly, to measure only "
+            "those that can win here (once)")  # fmt: skip
     from ..costs import measured
 
     out, first = {}, None

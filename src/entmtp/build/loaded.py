@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..accept import Sampling
-from ..backends.registry import REGISTRY, backend_of
+from ..backends.registry import REGISTRY, backend_of, name_of
 from ..console import say
 from ..costs import CostCurve, cached_curve, costs_for, probing_disabled, surface_for
 from ..model import DTYPES
@@ -42,7 +42,8 @@ class Loaded:
             sampling = Sampling(self.spec.temperature, self.spec.acceptance)
             kw = dict(graphs=self.spec.graphs, sampling=sampling)
             if self.probed:  # briefly: a first run measures the heads' curve already (the issue's ~20 s)
-                curve = costs_for(self.model, None, budget_s=HEADS_LESS_BUDGET_S, **kw)
+                what = f"{name_of(self.spec)}'s step costs without heads"
+                curve = costs_for(self.model, None, budget_s=HEADS_LESS_BUDGET_S, what=what, **kw)
             else:
                 curve = cached_curve(self.model, None, **kw)
             self.heads_less = curve
@@ -121,7 +122,8 @@ def _ready(spec: EngineSpec, model, tokenizer, probe: bool, budget_s: float | No
     kwargs = {} if budget_s is None else {"budget_s": budget_s}
     sampling = Sampling(spec.temperature, spec.acceptance)  # steps priced under the rule they will run
     if probe:
-        costs = costs_for(model, heads, graphs=spec.graphs, sampling=sampling, **kwargs)
+        what = f"{name_of(spec)}'s step costs" + (" with its heads" if heads is not None else "")
+        costs = costs_for(model, heads, graphs=spec.graphs, sampling=sampling, what=what, **kwargs)
     else:  # nothing measured: this machine's curve if it was measured before
         costs = cached_curve(model, heads, graphs=spec.graphs, sampling=sampling)
     return Loaded(spec, model, tokenizer, heads, heads_spec, costs, None, probe)

@@ -39,6 +39,7 @@ from .probe import Probe
 # 1.48 and 1.41); sparser above
 SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)
 CONTEXTS = (128, 768)  # committed tokens before the measured steps: a short and a long context
+STEP_COSTS = "this machine's step costs"  # what a progress line names, unless told
 BUDGET_S = 20.0  # the whole measurement; sizes past it are extrapolated from the last two measured
 MIN_REPS, MAX_REPS = 3, 9  # timed rounds per context (a round: one step of every size), after a warm-up round
 WARMUP_STEPS = 3  # plain steps before any timing (then the untimed round of every size, `_rounds`)
@@ -93,15 +94,16 @@ def costs_for(
     progress: bool = True,
     graphs: bool = True,
     sampling: Sampling | None = None,
+    what: str = STEP_COSTS,
 ) -> CostCurve:
     """This machine's cost curve for (model, heads) under `sampling`'s acceptance rule (None: greedy): the
     cached one, or measured now and cached. `graphs`: as the engine's (`Engine(graphs=...)`); they are used on
-    CUDA only. The heads come bound to the model, and packed when it is."""
+    CUDA only. The heads come bound to the model, and packed when it is. `what`: the progress line's name for
+    it (e.g. a `--dtype auto` candidate's)."""
     graphs = uses_graphs(model, graphs)
     key = cost_key(model, heads, graphs, sampling, SIZES)
-    timed = partial(
-        measure, model, heads, budget_s=budget_s, progress=progress, graphs=graphs, sampling=sampling
-    )
+    kw = dict(budget_s=budget_s, progress=progress, graphs=graphs, sampling=sampling, what=what)
+    timed = partial(measure, model, heads, **kw)
     return cached_or_measured(CostCurve, cost_path(key), key, timed, refresh=refresh)
 
 
@@ -126,18 +128,20 @@ def measure(
     progress: bool = True,
     graphs: bool | None = None,
     sampling: Sampling | None = None,
+    what: str = STEP_COSTS,
 ) -> CostCurve:
     """Time the engine's decode steps of synthetic trees of each size (`SIZES` when None) at each context length
     (probe.py). Sizes are timed in rounds of one step each (`_rounds`), so the machine's speed changing while
     it is measured moves every size alike. Within `budget_s`, shared among the contexts: sizes whose rounds
-    would not fit are extrapolated, and a context without time left for a useful row is not measured."""
+    would not fit are extrapolated, and a context without time left for a useful row is not measured. The
+    progress line names `what` and the budget (how long it may take)."""
     t_start = time.perf_counter()
     sizes = tuple(SIZES if sizes is None else sizes)
     graphs = uses_graphs(model) if graphs is None else graphs
     probe = Probe(model, heads, sizes, sampling, graphs)
     room = probe.room(len(sizes) * (MAX_REPS + 1) + WARMUP_STEPS)
     contexts = _clamp(contexts, probe.engine.window, room)
-    line = _Line("measuring this machine's step costs (once)", MAX_REPS * len(contexts), progress)
+    line = _Line(f"measuring {what} (once, at most {budget_s:.0f} s)", MAX_REPS * len(contexts), progress)
     rows: list[dict[int, float]] = []  # per context: ms per step by size (the sizes measured in time)
     drafts: dict[int, list[float]] = {n: [] for n in sizes}  # ms of the heads' drafting per timed step
     order = torch.Generator().manual_seed(0)  # each round's order of sizes
