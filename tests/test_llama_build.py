@@ -29,16 +29,17 @@ from entmtp.backends.llama_build import (
 MMQ = "vendor/llama.cpp/ggml/src/ggml-cpu/amx/mmq.cpp"
 SGEMM = "vendor/llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp"
 OPS = "vendor/llama.cpp/ggml/src/ggml-cpu/ops.cpp"
+BATCH = "vendor/llama.cpp/src/llama-batch.cpp"
 AMX_XEON = {"name": "Xeon", "flags": ["avx512f", "amx_bf16", "amx_int8", "amx_tile"]}
 PASS = "print('ok')"  # a canary whose child exits cleanly
 CRASH = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"  # one that dies like the AMX fault
 
 
 def unpacked(into: Path) -> None:
-    """The pinned sdist's three files the patch changes, at their paths under `into` (the patch's -p1 root)."""
+    """The pinned sdist's four files the patch changes, at their paths under `into` (the patch's -p1 root)."""
     sdist = llama_build.fetch_sdist()  # kept by make setup; else downloaded and checked
     with tarfile.open(sdist) as tar:
-        for path in (MMQ, SGEMM, OPS):
+        for path in (MMQ, SGEMM, OPS, BATCH):
             data = tar.extractfile(tar.getmember(f"llama_cpp_python-{VERSION}/{path}")).read()
             (into / path).parent.mkdir(parents=True, exist_ok=True)
             (into / path).write_bytes(data)
@@ -48,12 +49,23 @@ def unpacked(into: Path) -> None:
 def test_the_patch_applies_to_the_pinned_sdist_and_changes_only_what_it_names(tmp_path):
     """In mmq.cpp (AMX) it removes only the tile configuration's lines (its row kernels are additions); in
     sgemm.cpp it only adds: the Q4_1 tiles and their case; in ops.cpp it changes only how set_rows shares its
-    rows among threads (one-element rows by destination cache line, up to 16 threads)."""
+    rows among threads (one-element rows by destination cache line, up to 16 threads); in llama-batch.cpp only
+    which pairs of sequences the check of coupled ones walks (those of the batch, where a token has several)."""
     unpacked(tmp_path)
     original = (tmp_path / MMQ).read_text()
     original_sgemm = (tmp_path / SGEMM).read_text()
     original_ops = (tmp_path / OPS).read_text()
+    original_batch = (tmp_path / BATCH).read_text()
     apply_patch(tmp_path)
+    batch = (tmp_path / BATCH).read_text()
+    assert Counter(original_batch.splitlines()) - Counter(batch.splitlines()) == Counter(
+        [
+            "    if (mem) {",
+            "        for (uint32_t s0 = 0; s0 < n_seq_max; ++s0) {",
+            "            for (uint32_t s1 = 0; s1 < n_seq_max; ++s1) {",
+        ]
+    )
+    assert "    if (mem && has_cpl) {" in batch and "for (const llama_seq_id s1 : seq_id_unq) {" in batch
     ops = (tmp_path / OPS).read_text()
     removed = Counter(original_ops.splitlines()) - Counter(ops.splitlines())  # lines other ops share too
     assert removed == Counter(

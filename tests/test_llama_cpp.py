@@ -269,6 +269,26 @@ def test_logits_are_the_same_bits_with_hidden_states_on_or_off(f32):
         rt.give_seq(seq)
 
 
+def test_a_token_of_two_sequences_that_have_diverged_is_still_refused(f32):
+    """llama.cpp refuses a token that belongs to two sequences unless both hold the same positions (a tree's
+    branches share their parents' cells so). The patch's fifth part makes that check walk only the sequences of
+    the batch, where a token has several, instead of every pair of the context's 256: the check still holds."""
+    rt = f32[0].runtime
+    a, b, c = rt.take_seq(), rt.take_seq(), rt.take_seq()
+    try:
+        rt.decode(list(range(100, 116)), list(range(16)), [[a]] * 16, [False] * 15 + [True], False)
+        rt.seq_cp(a, b)  # positions 0-15, as a's
+        rt.seq_cp(a, c, 4)  # positions 4-15: the same last one, another first
+        rt.decode([7], [16], [[a, b]], [True], False)  # coupled and alike: decoded
+        rt.seq_rm(a, 16), rt.seq_rm(b, 16)
+        with pytest.raises(LlamaCppError, match="llama_decode failed"):
+            rt.decode([7], [16], [[a, c]], [True], False)
+        rt.decode([7], [16], [[c]], [True], False)  # alone, c's positions follow on: decoded
+    finally:
+        for seq in (a, b, c):
+            rt.give_seq(seq)
+
+
 def test_an_interrupt_stops_a_prefill_between_graph_nodes_and_leaves_no_cells(f32):
     """An interrupt raised from another thread while a 1,200-token prefill runs stops llama.cpp part way
     (its abort callback reads the flag): `Preempted`, well before the prefill's own time, and the sequence
