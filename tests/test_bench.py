@@ -93,6 +93,22 @@ def test_a_plan_names_its_tasks_prompts_heads_and_methods(tmp_path):
     assert plan.out == tmp_path and not (tmp_path / "results.json").exists()  # written only at the end
 
 
+def test_the_peers_load_after_every_engine_and_keep_their_place(monkeypatch):
+    """In one process a llama.cpp model loaded first decoded up to 5-8% slower than the same file loaded after it
+    (docs/results/never-slower/overhead, "load order"): the peers load once every engine of entmtp's is built,
+    so whatever the order gives goes to the baselines, and still come right after plain decoding."""
+    from entmtp.bench import engines as engines_mod
+
+    built, real = [], engines_mod.engine
+    monkeypatch.setattr(engines_mod, "engine", lambda *a, **k: built.append("engine") or real(*a, **k))
+    peers = {"peer": object()}
+    monkeypatch.setattr(engines_mod, "build_peers", lambda *a, **k: built.append("peers") or peers)
+    args = ("--tasks", "gsm8k", "--heads", "none", "--lookup-only", "adaptive", "--peers", "")
+    methods = engines_mod.load(make_plan(bench_args(*args, "--dtype", "float32", "--no-probe")))
+    assert built == ["engine", "engine", "peers"]
+    assert list(methods.static) == ["plain", "peer", "lookup"]
+
+
 def test_a_prompt_file_is_one_task_named_after_it(tmp_path):
     prompts = tmp_path / "mine.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": f"Count to {n}."}) for n in range(5)))

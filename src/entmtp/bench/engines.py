@@ -138,6 +138,12 @@ def load(plan: Plan) -> Methods:
     if args.defaults:
         defaults, methods.plans = _defaults(methods)
         methods.static |= defaults
+    # the peers are loaded last, after every model of entmtp's: in one process a llama.cpp model loaded first
+    # decoded up to 5-8% slower than the same file loaded after it (docs/results/never-slower/overhead, "load
+    # order"), so whatever the order gives goes to the baselines; they keep their place after plain decoding
+    peers = build_peers(plan.peers, methods.model, methods.tokenizer, embedded=args.model is None)
+    static = list(methods.static.items())
+    methods.static = dict(static[:1] + list(peers.items()) + static[1:])
     return methods
 
 
@@ -148,10 +154,10 @@ def heads_labels(specs: list[str]) -> dict[str, str]:
 
 
 def _static(m: Methods) -> dict[str, object]:
-    """Plain decoding, the peers, lookup without heads, and every heads with each static tree."""
+    """Plain decoding, lookup without heads, and every heads with each static tree (the peers join after
+    plain decoding once every engine is built: `load`)."""
     plan, plain = m.plan, replace(m.spec, heads="none")
     static = {"plain": engine(m.loaded["none"], plain)}
-    static |= build_peers(plan.peers, m.model, m.tokenizer, embedded=plan.args.model is None)
     for x in plan.lookup_only:
         static[LOOKUP_VARIANTS[x]] = engine(m.loaded["none"], replace(plain, lookup=plan.lookup(x)))
     for kind in m.heads:
