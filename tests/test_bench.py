@@ -94,7 +94,7 @@ def test_a_plan_names_its_tasks_prompts_heads_and_methods(tmp_path):
 
 
 def test_the_peers_load_after_every_engine_and_keep_their_place(monkeypatch):
-    """In one process a llama.cpp model loaded first decoded up to 5-8% slower than the same file loaded after it
+    """In one process a llama.cpp model loaded first decoded 3-6% slower than the same file loaded after it
     (docs/results/never-slower/overhead, "load order"): the peers load once every engine of entmtp's is built,
     so whatever the order gives goes to the baselines, and still come right after plain decoding."""
     from entmtp.bench import engines as engines_mod

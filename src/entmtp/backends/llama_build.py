@@ -24,7 +24,7 @@ CPU and kept.
    - every decode (src/llama-batch.cpp, the batch's checks): the check that sequences a token shares hold the
      same positions walks the sequences of the batch, and only where a token has several, instead of every
      pair of the context's 256 (entmtp's contexts hold 256 for trees and batches; llama-cpp-python's one):
-     ~0.05 ms of every decode, ~1% of a one-token step of the shipped model on 2 cores;
+     ~0.05 ms of every decode, ~0.7% of a one-token step of the shipped model on 2 cores (perf);
 3. a record of the build (`llama_cpp/entmtp_build.json`: version, the sdist's and the patch's sha256) written
    into the package, so that the runtime can say which build runs and the AMX canary's verdict is keyed by it;
 4. `pip wheel` (llama.cpp compiled for this CPU: GGML_NATIVE), the wheel kept in the cache under a key of the

@@ -139,7 +139,7 @@ def load(plan: Plan) -> Methods:
         defaults, methods.plans = _defaults(methods)
         methods.static |= defaults
     # the peers are loaded last, after every model of entmtp's: in one process a llama.cpp model loaded first
-    # decoded up to 5-8% slower than the same file loaded after it (docs/results/never-slower/overhead, "load
+    # decoded 3-6% slower than the same file loaded after it (docs/results/never-slower/overhead, "load
     # order"), so whatever the order gives goes to the baselines; they keep their place after plain decoding
     peers = build_peers(plan.peers, methods.model, methods.tokenizer, embedded=args.model is None)
     static = list(methods.static.items())
